@@ -1,0 +1,57 @@
+"""`video.chunk_metadata` for media and trailer payloads (PROTOCOL.md §5–6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rtvideo.core.protocol import CHUNK_METADATA
+from rtvideo.core.transitions import ChunkPlan
+
+MEDIA = "media"
+TRAILER = "trailer"
+
+
+def media_metadata(
+    request_id: str, transport_chunk_index: int, plan: ChunkPlan, num_frames: int, byte_length: int
+) -> dict[str, Any]:
+    """Metadata for the payload of one generation chunk, with the tracker's id lists."""
+    return {
+        "type": CHUNK_METADATA,
+        "request_id": request_id,
+        "kind": MEDIA,
+        "transport_chunk_index": transport_chunk_index,
+        "generation_chunk_index": plan.generation_chunk_index,
+        "num_frames": num_frames,
+        "byte_length": byte_length,
+        "started_event_ids": list(plan.started),
+        "active_event_ids": list(plan.active),
+        "completed_event_ids": list(plan.completed),
+        "superseded_event_ids": list(plan.superseded),
+        "interrupted_event_ids": list(plan.interrupted),
+        "transition_progress": dict(plan.progress),
+    }
+
+
+def trailer_metadata(request_id: str, transport_chunk_index: int, byte_length: int) -> dict[str, Any]:
+    """Metadata for the encoder's closing bytes: no generation chunk, no frames, no events."""
+    return {
+        "type": CHUNK_METADATA,
+        "request_id": request_id,
+        "kind": TRAILER,
+        "transport_chunk_index": transport_chunk_index,
+        "generation_chunk_index": None,
+        "num_frames": 0,
+        "byte_length": byte_length,
+        "started_event_ids": [],
+        "active_event_ids": [],
+        "completed_event_ids": [],
+        "superseded_event_ids": [],
+        "interrupted_event_ids": [],
+        "transition_progress": {},
+    }
+
+
+def mentioned_event_ids(metadata: dict[str, Any]) -> set[str]:
+    """Every event id a metadata message names (the ack-before-mention rule checks these)."""
+    keys = ("started_event_ids", "active_event_ids", "completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+    return {event_id for key in keys for event_id in metadata.get(key, ())}

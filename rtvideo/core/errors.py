@@ -1,0 +1,54 @@
+"""The one stable list of error codes and the core's only exception type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    """Codes sent in `error` messages; clients switch on these, so never rename one."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_MESSAGE = "invalid_message"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    START_TIMEOUT = "start_timeout"
+    INVALID_START = "invalid_start"
+    UNSUPPORTED_FORMAT = "unsupported_format"
+    MODEL_MISMATCH = "model_mismatch"
+    INVALID_INTERACTION = "invalid_interaction"
+    EVENT_ID_CONFLICT = "event_id_conflict"
+    INTERACTION_FAILED = "interaction_failed"
+    STALL_TIMEOUT = "stall_timeout"
+    SERVER_BUSY = "server_busy"
+    GENERATION_FAILED = "generation_failed"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+    SLOW_CONSUMER = "slow_consumer"
+
+
+#: Codes after which the session is over (followed by `session.done` where possible).
+SESSION_ENDING_CODES = frozenset(
+    {
+        ErrorCode.START_TIMEOUT,
+        ErrorCode.INVALID_START,
+        ErrorCode.UNSUPPORTED_FORMAT,
+        ErrorCode.MODEL_MISMATCH,
+        ErrorCode.STALL_TIMEOUT,
+        ErrorCode.SERVER_BUSY,
+        ErrorCode.GENERATION_FAILED,
+        ErrorCode.BACKEND_UNAVAILABLE,
+        ErrorCode.SLOW_CONSUMER,
+    }
+)
+
+
+@dataclass
+class ProtocolError(Exception):
+    """A rejected message: carries the wire code and a sentence a person understands."""
+
+    code: ErrorCode
+    message: str
+    event_id: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"

@@ -1,0 +1,412 @@
+"""Client message parsing/validation and server message construction (PROTOCOL.md §2–3).
+
+Pure: bytes or str in, dataclasses or dicts out. Every failure is a
+`ProtocolError` with a stable code, never another exception type.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.event_types import EVENT_FIELDS, OmniInteractionEvent
+
+# --- limits (documented in the README) -------------------------------------------------
+MAX_START_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 128 * 1024
+MAX_JSON_DEPTH = 32
+MAX_EVENT_ID_CHARS = 256
+MAX_TRANSITION_CHUNKS = 1000
+MAX_DIMENSION = 4096
+MAX_FPS = 120
+MAX_NUM_FRAMES = 10_000_000
+MAX_SEED = 2**63 - 1
+
+FORMAT_M4S = "m4s"
+
+# --- message types ----------------------------------------------------------------------
+START = "session.start"
+INTERACTION = "session.interaction"
+STOP = "session.stop"
+PING = "session.ping"
+CLIENT_TYPES = (START, INTERACTION, STOP, PING)
+
+VIDEO_START = "video.start"
+QUEUED = "session.interaction.queued"
+CHUNK_METADATA = "video.chunk_metadata"
+PONG = "session.pong"
+DONE = "session.done"
+ERROR = "error"
+
+# Optional `session.start` fields (vLLM-Omni's VideoGenerationRequest) and their kinds.
+_START_INT_FIELDS = {
+    "width": (1, MAX_DIMENSION),
+    "height": (1, MAX_DIMENSION),
+    "fps": (1, MAX_FPS),
+    "num_frames": (1, MAX_NUM_FRAMES),
+    "seed": (0, MAX_SEED),
+    "num_inference_steps": (1, 10_000),
+}
+_START_NUMBER_FIELDS = {"seconds": (0.0, MAX_NUM_FRAMES), "guidance_scale": (0.0, 1e6)}
+_START_STR_FIELDS = ("model", "negative_prompt", "size", "format", "prompt")
+_START_OBJECT_FIELDS = ("extra_params", "sampling_params")
+START_FIELDS = frozenset(
+    {"type", *_START_INT_FIELDS, *_START_NUMBER_FIELDS, *_START_STR_FIELDS, *_START_OBJECT_FIELDS}
+)
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """A validated `session.start`; `None` means "use the model's default"."""
+
+    prompt: str
+    format: str = FORMAT_M4S
+    model: str | None = None
+    negative_prompt: str | None = None
+    width: int | None = None
+    height: int | None = None
+    fps: int | None = None
+    num_frames: int | None = None
+    seconds: float | None = None
+    seed: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    extra_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InteractionRequest:
+    """A validated `session.interaction`; `event_id` is None when the server must assign one."""
+
+    event: OmniInteractionEvent
+    event_id: str | None = None
+    transition_chunks: int | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """Canonical payload identity for idempotency (PROTOCOL.md §4)."""
+        return json.dumps(
+            {"event": self.event, "transition_chunks": self.transition_chunks},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+
+    def with_event_id(self) -> "InteractionRequest":
+        """The same request with a server-generated id when the client sent none."""
+        if self.event_id is not None:
+            return self
+        return InteractionRequest(self.event, str(uuid.uuid4()), self.transition_chunks)
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    pass
+
+
+@dataclass(frozen=True)
+class PingRequest:
+    pass
+
+
+SessionMessage = Union[InteractionRequest, StopRequest, PingRequest]
+
+
+# --- decoding ----------------------------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth, iteratively so that it cannot itself overflow the stack."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def decode_object(raw: bytes | str, limit: int) -> dict[str, Any]:
+    """Size check on the raw bytes, then UTF-8, JSON, nesting depth and object shape."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if len(data) > limit:
+        raise ProtocolError(
+            ErrorCode.MESSAGE_TOO_LARGE, f"message is {len(data)} bytes; the limit is {limit} bytes"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not valid UTF-8 ({exc.reason})") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ProtocolError(
+            ErrorCode.INVALID_JSON, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError and the number guards above
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not valid JSON: {exc}") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+    if not isinstance(value, dict):
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE, f"message must be a JSON object, not {_json_kind(value)}"
+        )
+    kind = value.get("type")
+    if kind is None:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "message has no 'type'")
+    if not isinstance(kind, str) or kind not in CLIENT_TYPES:
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE,
+            f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}",
+        )
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def as_int(value: Any, name: str, low: int, high: int, code: ErrorCode) -> int:
+    """A JSON integer (3.0 counts as 3; booleans, strings and 2.5 do not) within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(code, f"{name} must be an integer, not {_json_kind(value)}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ProtocolError(code, f"{name} must be an integer, not {value!r}")
+        value = int(value)
+    if not low <= value <= high:
+        raise ProtocolError(code, f"{name} must be between {low} and {high}, not {_short(value)}")
+    return value
+
+
+def _short(value: int | float) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else text[:10] + "…" + f" ({len(text)} digits)"
+
+
+def _as_number(value: Any, name: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(ErrorCode.INVALID_START, f"{name} must be a number, not {_json_kind(value)}")
+    if not low <= value <= high:
+        raise ProtocolError(ErrorCode.INVALID_START, f"{name} must be between {low:g} and {high:g}")
+    return float(value)
+
+
+def _require_prompt(value: Any, name: str, code: ErrorCode) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError(code, f"{name} must be a string, not {_json_kind(value)}")
+    if not value.strip():
+        raise ProtocolError(code, f"{name} must not be empty")
+    return value
+
+
+# --- session.start -----------------------------------------------------------------------
+def parse_start(raw: bytes | str) -> StartRequest:
+    """Validate the first message of a session; anything but a valid start ends the session."""
+    try:
+        obj = decode_object(raw, MAX_START_BYTES)
+    except ProtocolError as exc:
+        if exc.code is ErrorCode.MESSAGE_TOO_LARGE:
+            raise
+        raise ProtocolError(ErrorCode.INVALID_START, f"first message must be session.start: {exc.message}") from None
+    if obj["type"] != START:
+        raise ProtocolError(
+            ErrorCode.INVALID_START, f"first message must be session.start, not {obj['type']}"
+        )
+    return validate_start(obj)
+
+
+def validate_start(obj: Mapping[str, Any]) -> StartRequest:
+    """Field-level validation of a decoded `session.start` object."""
+    fields = dict(obj)
+    sampling = fields.pop("sampling_params", None)
+    if sampling is not None:
+        if not isinstance(sampling, dict):
+            raise ProtocolError(ErrorCode.INVALID_START, "sampling_params must be an object")
+        extra = dict(fields.get("extra_params") or {})
+        for key, value in sampling.items():  # request fields are lifted, the rest are extras
+            if key in START_FIELDS and key not in ("type", "sampling_params", "extra_params"):
+                fields.setdefault(key, value)
+            else:
+                extra.setdefault(key, value)
+        fields["extra_params"] = extra
+    unknown = sorted(set(fields) - START_FIELDS)
+    if unknown:
+        raise ProtocolError(ErrorCode.INVALID_START, f"unknown session.start field(s): {', '.join(unknown)}")
+    if "prompt" not in fields:
+        raise ProtocolError(ErrorCode.INVALID_START, "session.start needs a prompt")
+    values: dict[str, Any] = {"prompt": _require_prompt(fields["prompt"], "prompt", ErrorCode.INVALID_START)}
+    fmt = fields.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, str):
+            raise ProtocolError(ErrorCode.INVALID_START, f"format must be a string, not {_json_kind(fmt)}")
+        if fmt != FORMAT_M4S:
+            raise ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, f"format {fmt!r} is not supported; use 'm4s'")
+        values["format"] = fmt
+    for name in ("model", "negative_prompt"):
+        if fields.get(name) is not None:
+            if not isinstance(fields[name], str):
+                raise ProtocolError(ErrorCode.INVALID_START, f"{name} must be a string")
+            values[name] = fields[name]
+    for name, (low, high) in _START_INT_FIELDS.items():
+        if fields.get(name) is not None:
+            values[name] = as_int(fields[name], name, low, high, ErrorCode.INVALID_START)
+    for name, (low, high) in _START_NUMBER_FIELDS.items():
+        if fields.get(name) is not None:
+            values[name] = _as_number(fields[name], name, low, high)
+    if values.get("seconds") == 0.0:
+        raise ProtocolError(ErrorCode.INVALID_START, "seconds must be greater than 0")
+    if fields.get("size") is not None:
+        values["width"], values["height"] = _parse_size(fields["size"])
+    extra = fields.get("extra_params")
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise ProtocolError(ErrorCode.INVALID_START, "extra_params must be an object")
+        values["extra_params"] = extra
+    return StartRequest(**values)
+
+
+def _parse_size(size: Any) -> tuple[int, int]:
+    if not isinstance(size, str):
+        raise ProtocolError(ErrorCode.INVALID_START, "size must be a string like '256x256'")
+    parts = size.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ProtocolError(ErrorCode.INVALID_START, f"size {size!r} is not of the form 'WIDTHxHEIGHT'")
+    width, height = (int(p) for p in parts)
+    for name, value in (("width", width), ("height", height)):
+        as_int(value, f"size {name}", 1, MAX_DIMENSION, ErrorCode.INVALID_START)
+    return width, height
+
+
+# --- later messages ----------------------------------------------------------------------
+def parse_message(raw: bytes | str) -> SessionMessage:
+    """Validate a message after the start; errors about one message leave the session running."""
+    obj = decode_object(raw, MAX_MESSAGE_BYTES)
+    kind = obj["type"]
+    if kind == START:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "the session has already started")
+    if kind == STOP:
+        return StopRequest()
+    if kind == PING:
+        return PingRequest()
+    return validate_interaction(obj)
+
+
+def validate_interaction(obj: Mapping[str, Any]) -> InteractionRequest:
+    """PROTOCOL.md §2 `session.interaction` rules; failures record nothing."""
+    bad = ErrorCode.INVALID_INTERACTION
+    interaction = obj.get("interaction")
+    if not isinstance(interaction, dict):
+        raise ProtocolError(bad, f"interaction must be an object, not {_json_kind(interaction)}")
+    event_id = interaction.get("event_id")
+    if event_id is not None:
+        if not isinstance(event_id, str) or not event_id:
+            raise ProtocolError(bad, "event_id must be a non-empty string")
+        if len(event_id) > MAX_EVENT_ID_CHARS:
+            raise ProtocolError(bad, f"event_id is longer than {MAX_EVENT_ID_CHARS} characters")
+    report_id = event_id
+    unknown_keys = sorted(set(interaction) - {"event_id", "event", "transition_chunks"})
+    if unknown_keys:
+        raise ProtocolError(bad, f"unknown interaction field(s): {', '.join(unknown_keys)}", report_id)
+    event = interaction.get("event")
+    if not isinstance(event, dict):
+        raise ProtocolError(bad, f"interaction.event must be an object, not {_json_kind(event)}", report_id)
+    unknown = sorted(set(event) - EVENT_FIELDS)
+    if unknown:
+        raise ProtocolError(bad, f"unknown event field(s): {', '.join(unknown)}", report_id)
+    if "prompt" not in event:
+        raise ProtocolError(bad, "interaction.event.prompt is required", report_id)
+    try:
+        _require_prompt(event["prompt"], "event.prompt", bad)
+    except ProtocolError as exc:
+        raise ProtocolError(exc.code, exc.message, report_id) from None
+    chunks = interaction.get("transition_chunks")
+    if chunks is not None:
+        try:
+            chunks = as_int(chunks, "transition_chunks", 0, MAX_TRANSITION_CHUNKS, bad)
+        except ProtocolError as exc:
+            raise ProtocolError(exc.code, exc.message, report_id) from None
+    return InteractionRequest(event=OmniInteractionEvent(**event), event_id=event_id, transition_chunks=chunks)
+
+
+# --- server messages ---------------------------------------------------------------------
+def encode(message: Mapping[str, Any]) -> str:
+    """Compact JSON for the wire."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+
+
+def new_request_id() -> str:
+    return f"video_stream-{uuid.uuid4().hex}"
+
+
+def video_start(request_id: str, fmt: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": VIDEO_START, "request_id": request_id, "format": fmt, "config": dict(config)}
+
+
+def queued(request_id: str, event_id: str) -> dict[str, Any]:
+    return {"type": QUEUED, "request_id": request_id, "event_id": event_id}
+
+
+def pong() -> dict[str, Any]:
+    return {"type": PONG}
+
+
+def done(
+    request_id: str,
+    *,
+    chunks: int,
+    stopped: bool,
+    unapplied_event_ids: list[str],
+    unfinished_event_ids: list[str],
+) -> dict[str, Any]:
+    return {
+        "type": DONE,
+        "request_id": request_id,
+        "chunks": chunks,
+        "stopped": stopped,
+        "unapplied_event_ids": list(unapplied_event_ids),
+        "unfinished_event_ids": list(unfinished_event_ids),
+    }
+
+
+def error(
+    code: ErrorCode, message: str, *, request_id: str | None = None, event_id: str | None = None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": ERROR, "code": code.value, "message": message}
+    if request_id is not None:
+        out["request_id"] = request_id
+    if event_id is not None:
+        out["event_id"] = event_id
+    return out
+
+
+def error_from(exc: ProtocolError, request_id: str | None = None) -> dict[str, Any]:
+    return error(exc.code, exc.message, request_id=request_id, event_id=exc.event_id)

@@ -1,0 +1,150 @@
+"""Prompt-transition tracker (PROTOCOL.md §5, vLLM-Omni's `PromptInteractionHandler`).
+
+Pure and deterministic: events are admitted as they arrive, and each chunk
+boundary resolves into the chunk's prompt mix plus the event-id lists the
+metadata carries. A mix is a convex combination over prompt keys, so a
+generator blends embeddings exactly and never sees protocol messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+Mix = Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Target:
+    """An admitted prompt target waiting for (or in) its transition."""
+
+    event_id: str
+    prompt: str
+    chunks: int
+
+
+@dataclass
+class _Transition:
+    target: Target
+    source: dict[str, float]
+    elapsed: int = 0
+
+    @property
+    def progress(self) -> float:
+        return 1.0 if self.target.chunks == 0 else self.elapsed / self.target.chunks
+
+    @property
+    def done(self) -> bool:
+        return self.elapsed >= self.target.chunks
+
+    def mix(self) -> dict[str, float]:
+        if self.done:
+            return {self.target.prompt: 1.0}
+        alpha = self.progress
+        out = {key: (1.0 - alpha) * weight for key, weight in self.source.items()}
+        out[self.target.prompt] = out.get(self.target.prompt, 0.0) + alpha
+        return {key: weight for key, weight in out.items() if weight > 0.0}
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Everything one generation chunk needs: the mix to render and the ids to report."""
+
+    generation_chunk_index: int
+    mix: dict[str, float]
+    started: tuple[str, ...] = ()
+    active: tuple[str, ...] = ()
+    completed: tuple[str, ...] = ()
+    superseded: tuple[str, ...] = ()
+    interrupted: tuple[str, ...] = ()
+    progress: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Events that reached no visible end on a chunk before the stream ended."""
+
+    unapplied: tuple[str, ...]
+    unfinished: tuple[str, ...]
+
+
+@dataclass
+class TransitionTracker:
+    """Admits prompt targets (the newest pending wins) and resolves chunk boundaries."""
+
+    initial_prompt: str
+    default_chunks: int = 3
+    _state: dict[str, float] = field(init=False)
+    _flight: _Transition | None = field(init=False, default=None)
+    _pending: Target | None = field(init=False, default=None)
+    _dropped: list[str] = field(init=False, default_factory=list)
+    _next_index: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.default_chunks < 0:
+            raise ValueError("default_chunks must be non-negative")
+        self._state = {self.initial_prompt: 1.0}
+
+    def admit(self, event_id: str, prompt: str, chunks: int | None = None) -> Target:
+        """Queue a target for the next boundary; an older pending target is superseded."""
+        target = Target(event_id, prompt, self.default_chunks if chunks is None else chunks)
+        if target.chunks < 0:
+            raise ValueError("transition chunks must be non-negative")
+        if self._pending is not None:
+            self._dropped.append(self._pending.event_id)
+        self._pending = target
+        return target
+
+    def next_chunk(self) -> ChunkPlan:
+        """Resolve the boundary before the next chunk, in the order of PROTOCOL.md §5."""
+        active: list[str] = []
+        completed: list[str] = []
+        started: list[str] = []
+        interrupted: list[str] = []
+        progress: dict[str, float] = {}
+        flight = self._flight
+        if flight is not None:  # step 1: the in-flight transition advances one step
+            flight.elapsed += 1
+            self._state = flight.mix()
+            active.append(flight.target.event_id)
+            progress[flight.target.event_id] = flight.progress
+            if flight.done:
+                completed.append(flight.target.event_id)
+                self._flight = flight = None
+        if self._pending is not None:  # step 2: the newest pending target starts from step 1's state
+            if flight is not None:
+                interrupted.append(flight.target.event_id)
+            target, self._pending = self._pending, None
+            flight = _Transition(target, dict(self._state), elapsed=0 if target.chunks == 0 else 1)
+            self._state = flight.mix()
+            started.append(target.event_id)
+            active.append(target.event_id)
+            progress[target.event_id] = flight.progress
+            if flight.done:
+                completed.append(target.event_id)
+                flight = None
+            self._flight = flight
+        superseded, self._dropped = tuple(self._dropped), []
+        index, self._next_index = self._next_index, self._next_index + 1
+        return ChunkPlan(
+            generation_chunk_index=index,
+            mix=dict(self._state),
+            started=tuple(started),
+            active=tuple(active),
+            completed=tuple(completed),
+            superseded=superseded,
+            interrupted=tuple(interrupted),
+            progress=progress,
+        )
+
+    def finish(self) -> Outcome:
+        """Ends of the events still open when the stream ends (pending or dropped but unreported)."""
+        unapplied = list(self._dropped)
+        if self._pending is not None:
+            unapplied.append(self._pending.event_id)
+        unfinished = (self._flight.target.event_id,) if self._flight is not None else ()
+        return Outcome(tuple(unapplied), unfinished)
+
+    @property
+    def chunks_resolved(self) -> int:
+        return self._next_index
