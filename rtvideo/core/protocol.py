@@ -380,7 +380,7 @@ def pong() -> dict[str, Any]:
 
 
 def done(
-    request_id: str,
+    request_id: str | None,
     *,
     chunks: int,
     stopped: bool,

@@ -1,0 +1,117 @@
+"""A blocking direct-gRPC session client (one Triton stream per session), for tests and benchmarks.
+
+Shows the Triton-level contract of PROTOCOL.md §8 in code: the start request
+carries `sequence_start` and receives the session's stream; every later request
+gets exactly one response; `session.stop` carries `sequence_end`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+MODEL = "realtime_video"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One response: which request it answers, the message, the binary payload, when it arrived."""
+
+    request_tag: str
+    message: dict[str, Any] | None
+    data: bytes
+    received: float
+    error: str | None = None
+
+
+class TritonStreamSession:
+    def __init__(self, url: str, model: str = MODEL, sequence_id: int | None = None) -> None:
+        self.url = url
+        self.model = model
+        self.sequence_id = sequence_id or random.randint(1, 2**62)
+        self.replies: "queue.Queue[Reply]" = queue.Queue()
+        self._client = grpcclient.InferenceServerClient(url)
+        self._client.start_stream(callback=self._on_response)
+        self._counter = 0
+        self._lock = threading.Lock()
+        self.sent_at: dict[str, float] = {}
+
+    def _on_response(self, result: Any, error: Any) -> None:
+        now = time.perf_counter()
+        if error is not None:
+            self.replies.put(Reply("", None, b"", now, str(error)))
+            return
+        response = result.get_response()
+        meta = result.as_numpy("META")
+        data = result.as_numpy("DATA")
+        message = json.loads(meta.reshape(-1)[0]) if meta is not None and meta.size else None
+        payload = data.tobytes() if data is not None else b""
+        self.replies.put(Reply(response.id, message, payload, now))
+
+    def send(self, message: Mapping[str, Any] | str | bytes, *, start: bool = False, end: bool = False) -> str:
+        """Send one raw client message on the session's sequence; returns the request tag."""
+        if isinstance(message, Mapping):
+            raw = json.dumps(message).encode()
+        elif isinstance(message, str):
+            raw = message.encode("utf-8", "surrogatepass")
+        else:
+            raw = message
+        tensor = grpcclient.InferInput("REQUEST", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([raw], dtype=np.object_))
+        with self._lock:
+            self._counter += 1
+            tag = f"r{self._counter}"
+        self.sent_at[tag] = time.perf_counter()
+        self._client.async_stream_infer(
+            self.model, [tensor], request_id=tag, sequence_id=self.sequence_id,
+            sequence_start=start, sequence_end=end,
+        )
+        return tag
+
+    def start(self, prompt: str, **fields: Any) -> str:
+        return self.send({"type": "session.start", "prompt": prompt, **fields}, start=True)
+
+    def interact(self, prompt: str | None = None, *, event_id: str | None = None,
+                 transition_chunks: int | None = None, event: Mapping[str, Any] | None = None) -> str:
+        interaction: dict[str, Any] = {"event": dict(event) if event is not None else {"prompt": prompt}}
+        if event_id is not None:
+            interaction["event_id"] = event_id
+        if transition_chunks is not None:
+            interaction["transition_chunks"] = transition_chunks
+        return self.send({"type": "session.interaction", "interaction": interaction})
+
+    def stop(self) -> str:
+        return self.send({"type": "session.stop"}, end=True)
+
+    def next(self, timeout: float = 30.0) -> Reply:
+        reply = self.replies.get(timeout=timeout)
+        if reply.error is not None:
+            raise RuntimeError(f"stream error: {reply.error}")
+        return reply
+
+    def until(self, kind: str, timeout: float = 60.0) -> Iterator[Reply]:
+        """Yield replies up to and including the first message of type `kind`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.next(max(0.01, deadline - time.monotonic()))
+            yield reply
+            if reply.message is not None and reply.message.get("type") == kind:
+                return
+
+    def close(self) -> None:
+        self._client.stop_stream(cancel_requests=True)
+        self._client.close()
+
+    def __enter__(self) -> "TritonStreamSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

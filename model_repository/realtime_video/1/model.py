@@ -1,0 +1,128 @@
+"""Triton Python-backend adapter for `realtime_video`: translate requests, delegate to rtvideo.
+
+Decoupled: `execute()` hands each request to the session manager and returns at
+once; the session's worker thread streams responses on the start request's sender.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any, Mapping
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from rtvideo.backend.runtime import build_manager
+from rtvideo.backend.settings import BackendSettings
+from rtvideo.core import protocol
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonChannel:
+    """A request's decoupled response sender as the runtime's `Channel`."""
+
+    def __init__(self, sender: Any) -> None:
+        self._sender = sender
+
+    def send(self, message: Mapping[str, Any] | None, data: bytes = b"", *, final: bool = False) -> None:
+        if message is None:
+            self._sender.send(flags=FINAL)
+            return
+        response = pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("META", np.array([protocol.encode(message).encode("utf-8")], dtype=np.object_)),
+                pb_utils.Tensor("DATA", np.frombuffer(data, dtype=np.uint8)),
+            ]
+        )
+        self._sender.send(response, flags=FINAL if final else 0)
+
+    def is_cancelled(self) -> bool:
+        return self._sender.is_cancelled()
+
+
+class TritonMetrics:
+    """Runtime metrics as Triton custom metrics (served on Triton's /metrics)."""
+
+    def __init__(self, model: str) -> None:
+        fam = pb_utils.MetricFamily
+        self._labels = {"model": model}
+        # Families must outlive their metrics, so keep them all.
+        self._families = {
+            name: fam(name, doc, kind)
+            for name, doc, kind in (
+                ("rtvideo_active_sessions", "Sessions streaming now", fam.GAUGE),
+                ("rtvideo_chunks_total", "Media chunks sent", fam.COUNTER),
+                ("rtvideo_frames_total", "Frames sent", fam.COUNTER),
+                ("rtvideo_bytes_total", "Media bytes sent", fam.COUNTER),
+                ("rtvideo_chunk_generate_seconds_total", "Time generating chunks", fam.COUNTER),
+                ("rtvideo_chunk_encode_seconds_total", "Time encoding chunks", fam.COUNTER),
+                ("rtvideo_acks_total", "Interaction acks sent", fam.COUNTER),
+                ("rtvideo_ack_seconds_total", "Time from request to ack", fam.COUNTER),
+                ("rtvideo_interactions_total", "Interactions by outcome", fam.COUNTER),
+                ("rtvideo_session_ends_total", "Session ends by reason", fam.COUNTER),
+            )
+        }
+        self._metrics: dict[tuple[str, str, str], Any] = {}
+
+    def _metric(self, family: str, key: str = "", value: str = "") -> Any:
+        metric = self._metrics.get((family, key, value))
+        if metric is None:
+            labels = {**self._labels, key: value} if key else self._labels
+            metric = self._metrics[(family, key, value)] = self._families[family].Metric(labels)
+        return metric
+
+    def set_active_sessions(self, count: int) -> None:
+        self._metric("rtvideo_active_sessions").set(count)
+
+    def observe_chunk(self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int) -> None:
+        self._metric("rtvideo_chunks_total").increment(1)
+        self._metric("rtvideo_frames_total").increment(frames)
+        self._metric("rtvideo_bytes_total").increment(nbytes)
+        self._metric("rtvideo_chunk_generate_seconds_total").increment(generate_seconds)
+        self._metric("rtvideo_chunk_encode_seconds_total").increment(encode_seconds)
+
+    def count_interaction(self, outcome: str) -> None:
+        self._metric("rtvideo_interactions_total", "outcome", outcome).increment(1)
+
+    def observe_ack(self, seconds: float) -> None:
+        self._metric("rtvideo_acks_total").increment(1)
+        self._metric("rtvideo_ack_seconds_total").increment(seconds)
+
+    def count_session_end(self, reason: str) -> None:
+        self._metric("rtvideo_session_ends_total", "reason", reason).increment(1)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        logging.basicConfig(
+            stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException("realtime_video must be decoupled")
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        settings = BackendSettings.from_parameters(params)
+        self._manager = build_manager(settings, args["model_name"], TritonMetrics(args["model_name"]))
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            payload = pb_utils.get_input_tensor_by_name(request, "REQUEST").as_numpy().reshape(-1)[0]
+            self._manager.on_request(
+                _scalar(request, "CORRID"),
+                bytes(payload),  # copied out: Triton frees input tensors after execute()
+                start=bool(_scalar(request, "START")),
+                end=bool(_scalar(request, "END")),
+                channel=TritonChannel(request.get_response_sender()),
+            )
+        return None
+
+    def finalize(self) -> None:
+        self._manager.shutdown()
+
+
+def _scalar(request: Any, name: str) -> int:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return int(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else 0

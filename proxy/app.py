@@ -1,0 +1,107 @@
+"""The proxy application and a server object that starts and stops it cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import tornado.web
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from rtvideo.core.protocol import MAX_START_BYTES
+from rtvideo.proxy.access import token_ok
+from rtvideo.proxy.bridge import TritonBridge
+from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
+from rtvideo.proxy.settings import ProxySettings
+
+log = logging.getLogger("rtvideo.proxy")
+
+WEBSOCKET_PATH = "/v1/realtime/video"
+
+
+class HealthHandler(tornado.web.RequestHandler):
+    """200 when the proxy, Triton and the model are ready; 503 (same JSON) otherwise."""
+
+    def initialize(self, context: ProxyContext) -> None:
+        self.context = context
+
+    async def get(self) -> None:
+        triton = await self.context.bridge.readiness()
+        ready = triton["server_ready"] and triton["model_ready"]
+        self.set_status(200 if ready else 503)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps({
+            "proxy": "ok", "ready": ready, "model": self.context.bridge.model,
+            "triton": triton, "sessions": len(self.context.sessions),
+        }))
+
+
+class MetricsHandler(tornado.web.RequestHandler):
+    """Prometheus text; behind the token when one is set."""
+
+    def initialize(self, context: ProxyContext) -> None:
+        self.context = context
+
+    def get(self) -> None:
+        if not token_ok(self.request, self.context.settings.token):
+            self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
+            self.send_error(401)
+            return
+        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.finish(self.context.metrics.render())
+
+
+def make_app(settings: ProxySettings) -> tornado.web.Application:
+    """The Tornado application; its shared state is `app.settings["context"]`."""
+    context = ProxyContext(settings=settings, bridge=TritonBridge(settings.triton_url, settings.model))
+    handlers = [
+        (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
+        (r"/healthz", HealthHandler, {"context": context}),
+        (r"/metrics", MetricsHandler, {"context": context}),
+    ]
+    return tornado.web.Application(
+        handlers,
+        context=context,
+        # Above the protocol's limits, so that the proxy answers `message_too_large` itself.
+        websocket_max_message_size=2 * MAX_START_BYTES,
+        websocket_ping_interval=settings.ping_interval or None,
+        websocket_ping_timeout=settings.idle_timeout,
+    )
+
+
+class ProxyServer:
+    """Listens for `settings` (port 0: any free port) on the running event loop."""
+
+    def __init__(self, settings: ProxySettings) -> None:
+        self.settings = settings
+        self.app = make_app(settings)
+        self.context: ProxyContext = self.app.settings["context"]
+        self._server: HTTPServer | None = None
+        self.port = settings.port
+
+    @property
+    def url(self) -> str:
+        host = self.settings.host if self.settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"ws://{host}:{self.port}{WEBSOCKET_PATH}"
+
+    async def start(self) -> None:
+        sockets = bind_sockets(self.settings.port, self.settings.host)
+        self.port = sockets[0].getsockname()[1]
+        self._server = HTTPServer(self.app, xheaders=False)
+        self._server.add_sockets(sockets)
+        log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop accepting, end every session (as a session.stop would), close connections."""
+        if self._server is None:
+            return
+        self._server.stop()
+        sessions = list(self.context.sessions)
+        await asyncio.gather(*(s.shutdown(timeout) for s in sessions), return_exceptions=True)
+        await self._server.close_all_connections()
+        await self.context.bridge.close()
+        self._server = None

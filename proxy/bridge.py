@@ -1,0 +1,136 @@
+"""The Triton side of the proxy: one gRPC channel per proxy, one gRPC stream per session.
+
+A session's stream is fed from an asyncio.Queue of requests (PROTOCOL.md §8: one
+client message per request; `sequence_start` on the start, `sequence_end` on the
+stop) and yields `Reply`s: the request they answer, the server message, the payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import numpy as np
+from tritonclient.grpc import InferInput
+from tritonclient.grpc.aio import InferenceServerClient
+
+#: request id of the `session.start` request: its responses are the session's stream
+START_TAG = "start"
+
+
+class BackendUnavailable(Exception):
+    """Triton is unreachable, refused a request, or the stream broke."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One response: the request it answers (`START_TAG` or the tag `send` returned), the
+    server message as sent (`text`) and parsed (`message`), and the binary payload."""
+
+    tag: str
+    text: str
+    message: dict[str, Any]
+    data: bytes
+
+
+class TritonStream:
+    """One session's sequence on its own bidirectional gRPC stream."""
+
+    def __init__(self, client: InferenceServerClient, model: str) -> None:
+        self._client = client
+        self._model = model
+        self.sequence_id = secrets.randbelow(2**63 - 1) + 1
+        self._requests: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._count = 0
+        self._call: Any = None
+        self._cancelled = False
+
+    def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
+        """Queue one client message (sent verbatim); returns the tag its replies carry."""
+        self._count += 1
+        tag = START_TAG if start else f"m{self._count}"
+        tensor = InferInput("REQUEST", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([raw], dtype=np.object_))
+        self._requests.put_nowait({
+            "model_name": self._model, "inputs": [tensor], "request_id": tag,
+            "sequence_id": self.sequence_id, "sequence_start": start, "sequence_end": end,
+        })
+        return tag
+
+    async def _request_iterator(self) -> AsyncIterator[dict[str, Any]]:
+        while (request := await self._requests.get()) is not None:
+            yield request
+
+    async def replies(self) -> AsyncIterator[Reply]:
+        """Responses in arrival order, until the stream ends; raises BackendUnavailable."""
+        try:
+            self._call = self._client.stream_infer(self._request_iterator())
+            async for result, error in self._call:
+                if error is not None:
+                    raise BackendUnavailable(f"Triton refused a request: {error}")
+                yield _reply(result)
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise
+        except BackendUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - grpc.aio raises several types here
+            if not self._cancelled:
+                raise BackendUnavailable(f"Triton stream failed: {type(exc).__name__}: {exc}") from exc
+
+    def cancel(self) -> None:
+        """End the stream now (the model sees `is_cancelled()` and frees the session)."""
+        self._cancelled = True
+        self._requests.put_nowait(None)
+        if self._call is not None:
+            self._call.cancel()
+
+
+def _reply(result: Any) -> Reply:
+    meta = result.as_numpy("META")
+    if meta is None or meta.size == 0:
+        raise BackendUnavailable("a Triton response carried no META output")
+    data = result.as_numpy("DATA")
+    text = meta.reshape(-1)[0].decode("utf-8")
+    return Reply(
+        tag=result.get_response().id,
+        text=text,
+        message=json.loads(text),
+        data=data.tobytes() if data is not None else b"",
+    )
+
+
+class TritonBridge:
+    """The proxy's connection to Triton (created on the proxy's event loop at first use)."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self.url = url
+        self.model = model
+        self._client: InferenceServerClient | None = None
+
+    @property
+    def client(self) -> InferenceServerClient:
+        if self._client is None:
+            self._client = InferenceServerClient(self.url)
+        return self._client
+
+    def open_stream(self) -> TritonStream:
+        return TritonStream(self.client, self.model)
+
+    async def readiness(self, timeout: float = 2.0) -> dict[str, bool]:
+        """Server and model readiness as Triton reports them (False when unreachable)."""
+        status = {"server_ready": False, "model_ready": False}
+        try:
+            status["server_ready"] = bool(await self.client.is_server_ready(client_timeout=timeout))
+            status["model_ready"] = bool(await self.client.is_model_ready(self.model, client_timeout=timeout))
+        except Exception:  # noqa: BLE001 - any failure means "not ready"
+            pass
+        return status
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

@@ -1,0 +1,120 @@
+"""One writer per connection: frames leave in order, a metadata text frame and its binary
+frame back to back, and the bytes waiting for a slow reader are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping, Protocol
+
+from tornado.iostream import StreamClosedError
+from tornado.websocket import WebSocketClosedError
+
+from rtvideo.proxy.metrics import ProxyMetrics
+
+log = logging.getLogger("rtvideo.proxy.outbox")
+
+
+class Sink(Protocol):
+    """What Tornado's `WebSocketHandler` offers for writing."""
+
+    def write_message(self, message: str | bytes, binary: bool = False) -> Awaitable[None]: ...
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A text frame (`message` is its parsed form), or a metadata text frame with the binary
+    payload that follows it."""
+
+    text: str
+    message: Mapping[str, Any] = field(compare=False)
+    data: bytes | None = None
+    size: int = field(init=False)  # bytes on the wire (payloads), for the buffer bound and metrics
+
+    def __post_init__(self) -> None:
+        size = len(self.text.encode("utf-8")) + (len(self.data) if self.data is not None else 0)
+        object.__setattr__(self, "size", size)
+
+
+class Outbox:
+    """Queue + writer coroutine; awaits Tornado's write futures, so the socket sets the pace.
+
+    `limit` bounds the bytes queued or being written: `put` refuses a frame that would
+    exceed it (the caller ends the session with `slow_consumer`). `on_taken` sees every
+    frame the moment it is handed to the socket, in order.
+    """
+
+    def __init__(
+        self, sink: Sink, limit: int, metrics: ProxyMetrics, on_taken: Callable[[Frame], None]
+    ) -> None:
+        self._sink = sink
+        self._limit = limit
+        self._metrics = metrics
+        self._on_taken = on_taken
+        self._queue: deque[Frame] = deque()
+        self._pending = 0  # bytes queued or in the write in progress
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+        self._task = asyncio.ensure_future(self._run())
+
+    def put(self, frame: Frame, *, force: bool = False) -> bool:
+        """Queue a frame; False (nothing queued) when the reader is too far behind,
+        unless `force` (the few closing messages of a session)."""
+        if self._closed:
+            return True  # the connection is gone: nothing to bound any more
+        if not force and self._pending and self._pending + frame.size > self._limit:
+            return False
+        self._queue.append(frame)
+        self._pending += frame.size
+        self._idle.clear()
+        self._wake.set()
+        return True
+
+    def discard(self) -> None:
+        """Drop what is still queued (not the pair being written)."""
+        self._pending -= sum(f.size for f in self._queue)
+        self._queue.clear()
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until everything queued was written; False on timeout or a closed connection."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return not self._closed
+
+    def close(self) -> None:
+        """Stop writing (the connection is gone)."""
+        self._closed = True
+        self._queue.clear()
+        self._pending = 0
+        self._idle.set()
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                if not self._queue:
+                    self._idle.set()
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                frame = self._queue.popleft()
+                self._on_taken(frame)
+                # Both writes are issued before any await: nothing can come between them.
+                writes = [self._sink.write_message(frame.text)]
+                if frame.data is not None:
+                    writes.append(self._sink.write_message(frame.data, binary=True))
+                for write in writes:
+                    await write
+                self._pending -= frame.size
+                self._metrics.sent(frame.size, frame.data is not None)
+        except (WebSocketClosedError, StreamClosedError):
+            log.debug("connection closed while writing")
+        finally:
+            self._closed = True
+            self._idle.set()

@@ -1,0 +1,170 @@
+"""Routes Triton sequence requests to sessions; admission control and the stall watchdog."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from rtvideo.backend.ports import Channel, Metrics, NullMetrics
+from rtvideo.backend.session import Limits, Session
+from rtvideo.core import protocol
+from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.protocol import InteractionRequest, PingRequest, StopRequest
+from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
+
+log = logging.getLogger("rtvideo.manager")
+
+
+class SessionManager:
+    """One session per correlation id; never more than `max_sessions` at once."""
+
+    def __init__(
+        self,
+        *,
+        generator: Any,
+        encoder_factory: Callable[[int, int, int], Any],
+        capabilities: ModelCapabilities,
+        limits: Limits,
+        max_sessions: int,
+        metrics: Metrics | None = None,
+        watchdog_interval: float = 1.0,
+    ) -> None:
+        self._generator = generator
+        self._encoder_factory = encoder_factory
+        self._caps = capabilities
+        self._limits = limits
+        self._max_sessions = max_sessions
+        self._metrics = metrics or NullMetrics()
+        self._sessions: dict[int, Session] = {}
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, args=(watchdog_interval,), name="stall-watchdog", daemon=True)
+        self._watchdog.start()
+
+    @property
+    def active_sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def on_request(self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel) -> None:
+        """Handle one request of a sequence; returns quickly (generation runs on the session's thread)."""
+        try:
+            self._dispatch(corrid, payload, start=start, end=end, channel=channel)
+        except Exception as exc:  # noqa: BLE001 - a bug must answer the request, not hang it
+            log.exception("corrid=%s request failed", corrid)
+            try:
+                channel.send(protocol.error(ErrorCode.GENERATION_FAILED, f"internal error: {exc}"), final=True)
+            except Exception:  # noqa: BLE001 - the response may already be final
+                pass
+
+    def _dispatch(self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel) -> None:
+        if start:
+            self._start(corrid, payload, channel)
+            if end:  # a one-request sequence: start and stop at once
+                self._stop(corrid)
+            return
+        with self._lock:
+            session = self._sessions.get(corrid)
+        if session is None or session.ended:
+            channel.send(
+                protocol.error(ErrorCode.INVALID_MESSAGE, "this sequence has no running session"), final=True
+            )
+            return
+        try:
+            message = protocol.parse_message(payload)
+        except ProtocolError as exc:
+            channel.send(protocol.error_from(exc, session.request_id), final=True)
+            if end:
+                session.request_stop()
+            return
+        if isinstance(message, InteractionRequest):
+            session.interact(message, channel)
+        elif isinstance(message, PingRequest):
+            session.touch()
+            channel.send(protocol.pong(), final=True)
+        elif isinstance(message, StopRequest):
+            session.request_stop()
+            channel.send(None, final=True)
+            return
+        if end:
+            session.request_stop()
+
+    def _start(self, corrid: int, payload: bytes, channel: Channel) -> None:
+        try:
+            start = protocol.parse_start(payload)
+            config = resolve_session_config(start, self._caps)
+        except ProtocolError as exc:
+            self._refuse(channel, exc.code, exc.message)
+            return
+        with self._lock:
+            previous = self._sessions.pop(corrid, None)
+            busy = len(self._sessions) >= self._max_sessions
+            if busy:
+                if previous is not None:
+                    self._sessions[corrid] = previous
+            else:
+                request_id = protocol.new_request_id()
+                session = Session(
+                    request_id=request_id,
+                    config=config,
+                    channel=channel,
+                    generator_session=self._generator.open_session(
+                        width=config.width, height=config.height, seed=config.seed
+                    ),
+                    encoder=self._encoder_factory(config.width, config.height, config.fps),
+                    limits=self._limits,
+                    metrics=self._metrics,
+                    on_end=lambda s, reason, corrid=corrid: self._ended(corrid, s, reason),
+                )
+                self._sessions[corrid] = session
+                count = len(self._sessions)
+        if previous is not None and not busy:
+            previous.request_stop()
+        if busy:
+            self._refuse(channel, ErrorCode.SERVER_BUSY, f"all {self._max_sessions} session slots are in use; try again later")
+            return
+        self._metrics.set_active_sessions(count)
+        log.info("request_id=%s corrid=%s started config=%s", request_id, corrid, config.to_json())
+        session.start()
+
+    def _refuse(self, channel: Channel, code: ErrorCode, message: str) -> None:
+        log.info("start refused: %s: %s", code.value, message)
+        self._metrics.count_session_end(code.value)
+        channel.send(protocol.error(code, message))
+        channel.send(
+            protocol.done(None, chunks=0, stopped=False, unapplied_event_ids=[], unfinished_event_ids=[]),
+            final=True,
+        )
+
+    def _stop(self, corrid: int) -> None:
+        with self._lock:
+            session = self._sessions.get(corrid)
+        if session is not None:
+            session.request_stop()
+
+    def _ended(self, corrid: int, session: Session, reason: str) -> None:
+        with self._lock:
+            if self._sessions.get(corrid) is session:
+                del self._sessions[corrid]
+            count = len(self._sessions)
+        self._metrics.set_active_sessions(count)
+        self._metrics.count_session_end(reason)
+
+    def _watch(self, interval: float) -> None:
+        while not self._closing.wait(interval):
+            now = time.monotonic()
+            with self._lock:
+                sessions = list(self._sessions.values())
+            for session in sessions:
+                if now - session.stats.last_progress > self._limits.stall_timeout_seconds:
+                    session.fail(ErrorCode.STALL_TIMEOUT, f"no generation progress for {self._limits.stall_timeout_seconds:g} s")
+
+    def shutdown(self) -> None:
+        """Stop every session (model unload / server exit)."""
+        self._closing.set()
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.fail(ErrorCode.BACKEND_UNAVAILABLE, "the server is shutting down")

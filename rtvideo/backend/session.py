@@ -1,0 +1,282 @@
+"""One live session: a worker thread that resolves boundaries, generates, encodes and streams.
+
+The request path (interactions, pings, stop) and the worker share the tracker and
+registry under one lock; the ack is sent while that lock is held and before the
+tracker sees the event, so no chunk metadata can name an event ahead of its ack.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from rtvideo.core import protocol
+from rtvideo.core.chunks import media_metadata, trailer_metadata
+from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.event_types import SUPPORTED_EVENT_FIELDS
+from rtvideo.core.idempotency import IdempotencyRegistry
+from rtvideo.core.protocol import InteractionRequest
+from rtvideo.core.session_config import SessionConfig
+from rtvideo.core.transitions import TransitionTracker
+from rtvideo.backend.ports import Channel, Metrics
+
+log = logging.getLogger("rtvideo.session")
+
+_POLL_SECONDS = 0.05  # how often a pacing wait looks for cancellation
+
+
+@dataclass(frozen=True)
+class Limits:
+    pacing_lead_chunks: float | None
+    max_session_seconds: float
+    stall_timeout_seconds: float
+
+
+@dataclass
+class SessionStats:
+    chunks_sent: int = 0
+    frames_sent: int = 0
+    last_progress: float = field(default_factory=time.monotonic)
+
+
+class Session:
+    """Owns a generator session and an encoder; ends exactly once with `session.done`."""
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        config: SessionConfig,
+        channel: Channel,
+        generator_session: Any,
+        encoder: Any,
+        limits: Limits,
+        metrics: Metrics,
+        on_end: Callable[["Session", str], None],
+    ) -> None:
+        self.request_id = request_id
+        self.config = config
+        self.channel = channel
+        self._generator = generator_session
+        self._encoder = encoder
+        self._limits = limits
+        self._metrics = metrics
+        self._on_end = on_end
+        self.tracker = TransitionTracker(config.prompt, config.default_transition_chunks)
+        self.registry = IdempotencyRegistry()
+        self.stats = SessionStats()
+        self._lock = threading.Lock()  # tracker + registry + "ack before mention"
+        self._send_lock = threading.Lock()  # start-stream sends + the ended flag
+        self._wake = threading.Event()
+        self._stop_requested = False
+        self._ended = False
+        self._thread = threading.Thread(target=self._run, name=f"session-{request_id[-8:]}", daemon=True)
+
+    # --- request path -------------------------------------------------------------------
+    def start(self) -> None:
+        self._send({**protocol.video_start(self.request_id, self.config.format, self.config.to_json())})
+        self._thread.start()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+        self._wake.set()
+
+    def touch(self) -> None:
+        self.stats.last_progress = time.monotonic()
+
+    def interact(self, request: InteractionRequest, reply: Channel) -> None:
+        """Validate idempotency, ack on the request's own stream, then queue for the next boundary."""
+        received = time.monotonic()
+        request = request.with_event_id()
+        event_id = request.event_id
+        assert event_id is not None
+        unsupported = sorted(set(request.event) - SUPPORTED_EVENT_FIELDS)
+        with self._lock:
+            try:
+                new = self.registry.admit(event_id, request.fingerprint)
+            except ProtocolError as exc:
+                self._metrics.count_interaction(exc.code.value)
+                reply.send(protocol.error_from(exc, self.request_id), final=True)
+                log.info("request_id=%s event_id=%s rejected: %s", self.request_id, event_id, exc)
+                return
+            reply.send(protocol.queued(self.request_id, event_id), final=True)
+            self._metrics.observe_ack(time.monotonic() - received)
+            if not new:
+                self._metrics.count_interaction("retry")
+                log.info("request_id=%s event_id=%s retry acked again", self.request_id, event_id)
+                return
+            if unsupported:
+                self._metrics.count_interaction("interaction_failed")
+                log.info("request_id=%s event_id=%s unsupported fields %s", self.request_id, event_id, unsupported)
+            else:
+                self.tracker.admit(event_id, request.event["prompt"], request.transition_chunks)
+                self._metrics.count_interaction("queued")
+                log.info(
+                    "request_id=%s event_id=%s queued transition_chunks=%s",
+                    self.request_id, event_id, request.transition_chunks,
+                )
+        if unsupported:
+            self._send(
+                protocol.error(
+                    ErrorCode.INTERACTION_FAILED,
+                    f"event field(s) {', '.join(unsupported)} not supported by the active model; "
+                    "nothing of this event was applied",
+                    request_id=self.request_id,
+                    event_id=event_id,
+                )
+            )
+
+    def fail(self, code: ErrorCode, message: str) -> None:
+        """End the session from any thread with an error, then `session.done`."""
+        self._finish(stopped=False, reason=code.value, error=(code, message))
+
+    # --- worker -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            reason = self._generate(time.monotonic())
+            trailer = self._close_encoder()
+        except Exception as exc:  # noqa: BLE001 - any generator/encoder crash ends the session
+            log.exception("request_id=%s generation failed", self.request_id)
+            self.fail(ErrorCode.GENERATION_FAILED, f"generation failed: {type(exc).__name__}: {exc}")
+            return
+        finally:
+            self._release()
+        self._finish(stopped=reason == "stopped", reason=reason, trailer=trailer, send=reason != "cancelled")
+
+    def _generate(self, started: float) -> str:
+        cfg = self.config
+        chunk_seconds = cfg.frames_per_chunk / cfg.fps
+        playback_zero: float | None = None
+        while True:
+            if self.channel.is_cancelled():
+                return "cancelled"
+            if self._ended:
+                return "ended"
+            if self._stop_requested:
+                return "stopped"
+            remaining = None if cfg.num_frames is None else cfg.num_frames - self.stats.frames_sent
+            if remaining is not None and remaining <= 0:
+                return "complete"
+            if time.monotonic() - started >= self._limits.max_session_seconds:
+                return "limit"
+            lead = self._limits.pacing_lead_chunks
+            if playback_zero is not None and lead is not None:
+                due = playback_zero + (self.stats.chunks_sent - lead) * chunk_seconds
+                if not self._wait_until(due):
+                    continue  # woken early: re-check stop/cancel before generating
+            frames_wanted = cfg.frames_per_chunk if remaining is None else min(cfg.frames_per_chunk, remaining)
+            with self._lock:
+                plan = self.tracker.next_chunk()
+            t0 = time.perf_counter()
+            frames = self._generator.generate(plan.mix, frames_wanted)
+            t1 = time.perf_counter()
+            payload = self._encoder.encode_chunk(frames)
+            t2 = time.perf_counter()
+            meta = media_metadata(self.request_id, self.stats.chunks_sent, plan, len(frames), len(payload))
+            if not self._send(meta, payload):
+                return "ended"
+            if playback_zero is None:
+                playback_zero = time.monotonic()
+            self.stats.chunks_sent += 1
+            self.stats.frames_sent += len(frames)
+            self.touch()
+            self._metrics.observe_chunk(t1 - t0, t2 - t1, len(frames), len(payload))
+            if plan.started or plan.completed or plan.superseded or plan.interrupted:
+                log.info(
+                    "request_id=%s chunk=%d started=%s completed=%s superseded=%s interrupted=%s",
+                    self.request_id, plan.generation_chunk_index, list(plan.started), list(plan.completed),
+                    list(plan.superseded), list(plan.interrupted),
+                )
+
+    def _wait_until(self, due: float) -> bool:
+        """Sleep until `due`; False if woken by stop, cancel or end (the caller re-checks)."""
+        while True:
+            left = due - time.monotonic()
+            if left <= 0:
+                return True
+            if self._wake.wait(min(left, _POLL_SECONDS)):
+                self._wake.clear()
+                return False
+            if self.channel.is_cancelled() or self._ended:
+                return False
+            self.touch()  # pacing is deliberate waiting, not a stall
+
+    # --- ending -------------------------------------------------------------------------
+    def _send(self, message: Mapping[str, Any], data: bytes = b"", *, final: bool = False) -> bool:
+        with self._send_lock:
+            if self._ended:
+                return False
+            self.channel.send(message, data, final=final)
+            return True
+
+    def _finish(
+        self,
+        *,
+        stopped: bool,
+        reason: str,
+        error: tuple[ErrorCode, str] | None = None,
+        trailer: bytes = b"",
+        send: bool = True,
+    ) -> None:
+        with self._send_lock:
+            if self._ended:
+                return
+            self._ended = True
+            self._wake.set()
+            with self._lock:
+                outcome = self.tracker.finish()
+            if not send or self.channel.is_cancelled():
+                self._complete_quietly()
+            else:
+                try:
+                    if error is not None:
+                        self.channel.send(protocol.error(error[0], error[1], request_id=self.request_id))
+                    if trailer:
+                        meta = trailer_metadata(self.request_id, self.stats.chunks_sent, len(trailer))
+                        self.channel.send(meta, trailer)
+                        self.stats.chunks_sent += 1
+                    self.channel.send(
+                        protocol.done(
+                            self.request_id,
+                            chunks=self.stats.chunks_sent,
+                            stopped=stopped,
+                            unapplied_event_ids=list(outcome.unapplied),
+                            unfinished_event_ids=list(outcome.unfinished),
+                        ),
+                        final=True,
+                    )
+                except Exception:  # noqa: BLE001 - the client may be gone; the session ends anyway
+                    log.warning("request_id=%s could not send the end of the session", self.request_id)
+                    self._complete_quietly()
+        log.info(
+            "request_id=%s ended reason=%s chunks=%d frames=%d unapplied=%s unfinished=%s",
+            self.request_id, reason, self.stats.chunks_sent, self.stats.frames_sent,
+            list(outcome.unapplied), list(outcome.unfinished),
+        )
+        self._on_end(self, reason)
+
+    def _complete_quietly(self) -> None:
+        """Complete the start request without a body: Triton counts it in flight until FINAL."""
+        try:
+            self.channel.send(None, final=True)
+        except Exception:  # noqa: BLE001 - nothing more to tell a client that left
+            log.debug("request_id=%s final flag not delivered", self.request_id)
+
+    def _close_encoder(self) -> bytes:
+        encoder, self._encoder = self._encoder, None
+        return encoder.close() if encoder is not None else b""
+
+    def _release(self) -> None:
+        """Free the generator state and the encoder whatever way the worker ended."""
+        for close in (self._generator.close, self._close_encoder):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - releasing must go on
+                log.exception("request_id=%s release failed", self.request_id)

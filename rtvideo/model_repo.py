@@ -1,0 +1,37 @@
+"""Derive Triton model directories from the shipped one, with `parameters` overrides.
+
+Used by the tests, the benchmarks and `rtvideo serve --width …`: the shipped
+`config.pbtxt` stays the single source, a derived copy only changes values.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Mapping
+
+import rtvideo
+
+#: `model_repository/` of this checkout (the package lives next to it).
+MODEL_REPOSITORY = Path(rtvideo.__file__).resolve().parents[1] / "model_repository"
+#: the shipped model directory (`config.pbtxt` + `1/model.py`)
+MODEL_DIR = MODEL_REPOSITORY / "realtime_video"
+
+
+def derive_model(target: Path, name: str, params: Mapping[str, str], source: Path = MODEL_DIR) -> Path:
+    """Copy the model directory `source` into `target/name` as model `name`, replacing the
+    given `parameters` values; an unknown parameter raises KeyError (a typo never passes)."""
+    dst = Path(target) / name
+    shutil.copytree(Path(source) / "1", dst / "1", ignore=shutil.ignore_patterns("__pycache__"))
+    config = (Path(source) / "config.pbtxt").read_text()
+    config, count = re.subn(r'^name:\s*"[^"]*"', f'name: "{name}"', config, count=1, flags=re.M)
+    if count != 1:
+        raise KeyError(f"{source}/config.pbtxt has no top-level name")
+    for key, value in params.items():
+        pattern = rf'(parameters: \{{ key: "{re.escape(key)}" value: \{{ string_value: )"[^"]*"'
+        config, count = re.subn(pattern, lambda m: f'{m.group(1)}"{value}"', config)
+        if count != 1:
+            raise KeyError(f"parameter {key} not found in {source}/config.pbtxt")
+    (dst / "config.pbtxt").write_text(config)
+    return dst

@@ -1,0 +1,34 @@
+"""One real tritonserver for the whole test session, serving models derived from the real one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.triton_repo import derive_model
+
+#: model names the tests use, and how they differ from the shipped config
+FAST_MODEL = "realtime_video"  # unpaced, so tests run at generator speed
+PACED_MODEL = "realtime_video_paced"  # the shipped pacing, two sessions at most
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator["object"]:
+    from rtvideo.launcher import TritonConfig, TritonServer, free_port
+
+    repo = tmp_path_factory.mktemp("model_repository")
+    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off", "max_sessions": "8"})
+    derive_model(repo, PACED_MODEL, {"max_sessions": "2"})
+    log = Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log")))
+    server = TritonServer(
+        TritonConfig(model_repository=repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()),
+        stdout=log,
+    )
+    server.start(timeout=300)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,86 @@
+"""Helpers shared by the end-to-end tests: collect a session, check the stream rules, decode."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import av
+import numpy as np
+
+from rtvideo.core.chunks import mentioned_event_ids
+
+
+@dataclass
+class Transcript:
+    """Everything one session received, in arrival order."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    pairs: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)
+
+    def add(self, message: dict[str, Any] | None, data: bytes) -> None:
+        if message is None:
+            return
+        self.messages.append(message)
+        if message.get("type") == "video.chunk_metadata":
+            self.pairs.append((message, data))
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m.get("type") == kind]
+
+    @property
+    def media(self) -> list[dict[str, Any]]:
+        return [m for m, _ in self.pairs if m["kind"] == "media"]
+
+    @property
+    def video(self) -> bytes:
+        return b"".join(data for _, data in self.pairs)
+
+
+def check_stream_rules(t: Transcript) -> None:
+    """The rules every session obeys (PROTOCOL.md §3, §6, §7)."""
+    start = t.messages[0]
+    assert start["type"] == "video.start", start
+    rid = start["request_id"]
+    acked: set[str] = set()
+    for m in t.messages:
+        if "request_id" in m and m["type"] != "video.start":
+            assert m["request_id"] == rid
+        if m["type"] == "session.interaction.queued":
+            acked.add(m["event_id"])
+        if m["type"] == "video.chunk_metadata":
+            named = mentioned_event_ids(m)
+            assert named <= acked, f"metadata names {named - acked} before their ack"
+    for i, (meta, data) in enumerate(t.pairs):
+        assert meta["transport_chunk_index"] == i
+        assert meta["byte_length"] == len(data)
+        assert set(meta["transition_progress"]) == set(meta["active_event_ids"])
+    media = t.media
+    assert [m["generation_chunk_index"] for m in media] == list(range(len(media)))
+    if t.pairs and t.pairs[-1][0]["kind"] == "trailer":
+        assert t.pairs[-1][0]["generation_chunk_index"] is None and t.pairs[-1][0]["num_frames"] == 0
+    assert all(m["kind"] == "media" for m, _ in t.pairs[:-1])
+    if t.pairs:
+        assert t.pairs[0][1][4:8] == b"ftyp"
+    done = t.messages[-1]
+    assert done["type"] == "session.done" and done["chunks"] == len(t.pairs)
+
+
+def decode(video: bytes) -> np.ndarray:
+    """Decode a fragmented MP4 with PyAV into RGB frames [N, H, W, 3]."""
+    with av.open(io.BytesIO(video), mode="r", format="mp4") as container:
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    return np.stack(frames) if frames else np.zeros((0, 0, 0, 3), np.uint8)
+
+
+def split_chunks(frames: np.ndarray, counts: Iterable[int]) -> list[np.ndarray]:
+    out, at = [], 0
+    for n in counts:
+        out.append(frames[at : at + n])
+        at += n
+    return out
+
+
+def distance(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).mean())

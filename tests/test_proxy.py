@@ -1,0 +1,602 @@
+"""The WebSocket proxy end to end: real proxies in a background event loop, the session's real
+Triton behind them, real WebSocket clients (`websockets`) in front, real decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
+from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES
+from rtvideo.launcher import free_port
+from rtvideo.proxy.access import origin_allowed
+from rtvideo.proxy.app import ProxyServer
+from rtvideo.proxy.ledger import Ledger
+from rtvideo.proxy.ordering import AckGate
+from rtvideo.proxy.settings import ProxySettings
+from tests.conftest import FAST_MODEL, PACED_MODEL
+from tests.streams import Transcript, check_stream_rules, decode
+from tests.test_backend import ids, metric
+
+T = TypeVar("T")
+
+
+# --- fixtures: proxies on a background event loop ----------------------------------------------
+class ProxyHost:
+    """A thread running one asyncio loop that hosts proxy servers, one per distinct setting."""
+
+    def __init__(self, triton_url: str) -> None:
+        self.triton_url = triton_url
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="proxy-loop", daemon=True)
+        self._thread.start()
+        self._servers: dict[tuple, ProxyServer] = {}
+
+    def call(self, coro: Awaitable[T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
+
+    def server(self, **overrides: Any) -> ProxyServer:
+        values = {"port": 0, "triton_url": self.triton_url, "model": FAST_MODEL, **overrides}
+        key = tuple(sorted(values.items()))
+        if key not in self._servers:
+            async def start() -> ProxyServer:
+                server = ProxyServer(ProxySettings(**values))
+                await server.start()
+                return server
+
+            self._servers[key] = self.call(start())
+        return self._servers[key]
+
+    def url(self, **overrides: Any) -> str:
+        return self.server(**overrides).url
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            self.call(server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def proxies(triton) -> Iterator[ProxyHost]:
+    host = ProxyHost(triton.grpc_url)
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+def run(coro: Awaitable[T], timeout: float = 120.0) -> T:
+    """Run one test body on a fresh client loop (the proxies run on their own loop)."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
+
+
+def wait_idle(triton, model: str = FAST_MODEL, timeout: float = 15.0) -> None:
+    """Wait until the model has no live session (earlier tests' sessions end within a chunk)."""
+    deadline = time.monotonic() + timeout
+    while metric(triton, "rtvideo_active_sessions", model) != 0:
+        assert time.monotonic() < deadline, f"{model} still has live sessions"
+        time.sleep(0.05)
+
+
+# --- a raw WebSocket session that checks framing -----------------------------------------------
+class Ws:
+    """A client connection recording a Transcript; a metadata text frame must be followed
+    immediately by its binary frame (read here as one step)."""
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+        self.t = Transcript()
+
+    async def send(self, message: dict[str, Any] | str | bytes) -> None:
+        await self.conn.send(json.dumps(message) if isinstance(message, dict) else message)
+
+    async def start(self, prompt: str = "a harbour", **fields: Any) -> dict[str, Any]:
+        await self.send({"type": "session.start", "prompt": prompt, **fields})
+        start = await self.next()
+        assert start["type"] == "video.start", start
+        return start
+
+    async def interact(self, prompt: str, event_id: str, transition_chunks: int | None = None) -> None:
+        interaction: dict[str, Any] = {"event_id": event_id, "event": {"prompt": prompt}}
+        if transition_chunks is not None:
+            interaction["transition_chunks"] = transition_chunks
+        await self.send({"type": "session.interaction", "interaction": interaction})
+
+    async def next(self, timeout: float = 30.0) -> dict[str, Any]:
+        frame = await asyncio.wait_for(self.conn.recv(), timeout)
+        assert isinstance(frame, str), "a binary frame without its metadata"
+        message = json.loads(frame)
+        data = b""
+        if message["type"] == "video.chunk_metadata":
+            data = await asyncio.wait_for(self.conn.recv(), timeout)
+            assert isinstance(data, bytes), f"metadata followed by {data!r} instead of its payload"
+            assert len(data) == message["byte_length"]
+        self.t.add(message, data)
+        return message
+
+    async def until(self, match: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            message = await self.next(max(0.01, deadline - time.monotonic()))
+            if match(message):
+                return message
+
+    async def next_media(self) -> dict[str, Any]:
+        return await self.until(lambda m: m["type"] == "video.chunk_metadata" and m["kind"] == "media")
+
+    async def finish(self, timeout: float = 60.0) -> Transcript:
+        """Read to `session.done`, then expect a normal close (1000) and nothing in between."""
+        await self.until(lambda m: m["type"] == "session.done", timeout)
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(self.conn.recv(), 10)
+        assert self.conn.close_code == 1000
+        return self.t
+
+
+def ws(url: str, **kwargs: Any) -> Any:
+    return connect(url, max_size=None, proxy=None, open_timeout=10, **kwargs)
+
+
+def is_error(code: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda m: m["type"] == "error" and m["code"] == code
+
+
+# --- sessions through the proxy ----------------------------------------------------------------
+def test_full_session_pairs_trailer_done_close(proxies) -> None:
+    async def body() -> Transcript:
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            start = await s.start("A quiet harbour at dawn", num_frames=30, seed=7)
+            assert start["request_id"].startswith("video_stream-") and start["config"]["num_frames"] == 30
+            return await s.finish()
+
+    t = run(body())
+    check_stream_rules(t)
+    assert [m["num_frames"] for m in t.media] == [9, 9, 9, 3]
+    assert t.pairs[-1][0]["kind"] == "trailer"
+    assert decode(t.video).shape == (30, 256, 256, 3)
+    done = t.messages[-1]
+    assert done["stopped"] is False and done["chunks"] == 5
+
+
+def test_stop_ends_with_trailer_and_done(proxies) -> None:
+    async def body() -> Transcript:
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            await s.start("lanterns", seed=5)
+            await s.next_media()
+            await s.send({"type": "session.stop"})
+            await s.send({"type": "session.stop"})  # a second stop is harmless
+            return await s.finish()
+
+    t = run(body())
+    check_stream_rules(t)
+    assert t.messages[-1]["stopped"] is True and t.pairs[-1][0]["kind"] == "trailer"
+    assert decode(t.video).shape[0] == sum(m["num_frames"] for m in t.media)
+
+
+def test_retry_conflict_and_interaction_failed(proxies) -> None:
+    async def body() -> tuple[Transcript, list[dict[str, Any]]]:
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            await s.start("source", num_frames=90, seed=3)
+            await s.interact("snow", "e1", 1)
+            await s.interact("snow", "e1", 1)
+            await s.interact("rain", "e1", 1)
+            await s.send({"type": "session.interaction",
+                          "interaction": {"event_id": "neg", "event": {"prompt": "x", "negative_prompt": "blur"}}})
+            await s.send({"type": "session.ping"})
+            t = await s.finish()
+        answers = [m for m in t.messages if m["type"] in ("session.interaction.queued", "session.pong")
+                   or (m["type"] == "error")]
+        return t, answers
+
+    t, answers = run(body())
+    check_stream_rules(t)
+    rid = t.messages[0]["request_id"]
+    queued = [m for m in answers if m["type"] == "session.interaction.queued"]
+    assert [m["event_id"] for m in queued] == ["e1", "e1", "neg"] and all(m["request_id"] == rid for m in queued)
+    errors = {m["code"]: m for m in answers if m["type"] == "error"}
+    assert errors["event_id_conflict"]["event_id"] == "e1"
+    assert errors["interaction_failed"]["event_id"] == "neg"
+    assert sum(m["type"] == "session.pong" for m in answers) == 1
+    started = [e for m in t.media for e in m["started_event_ids"]]
+    assert started.count("e1") == 1 and "neg" not in started
+
+
+def run_trace(proxies, steps: list[list[dict[str, Any]]], chunks_after: int) -> list[dict[str, Any]]:
+    """tests/test_backend.py::run_trace through the paced proxy: after chunk 1, before each
+    following boundary, send that step's updates and wait for their acks."""
+
+    async def body() -> tuple[Transcript, list[dict[str, Any]]]:
+        async with ws(proxies.url(model=PACED_MODEL)) as conn:
+            s = Ws(conn)
+            await s.start("source", seed=1)
+            await s.next_media()
+            await s.next_media()
+            metas = []
+            for step in steps + [[]] * chunks_after:
+                for u in step:
+                    await s.interact(u["prompt"], u["event_id"], u.get("transition_chunks"))
+                for u in step:
+                    await s.until(lambda m: m["type"] == "session.interaction.queued" and m["event_id"] == u["event_id"])
+                metas.append(await s.next_media())
+            await s.send({"type": "session.stop"})
+            return await s.finish(), metas
+
+    t, metas = run(body())
+    check_stream_rules(t)
+    return metas
+
+
+GOLDEN = {
+    "hard": ([[dict(prompt="A", event_id="A", transition_chunks=0)]], 1,
+             [(["A"], ["A"], ["A"], [], []), ([], [], [], [], [])]),
+    "default_n": ([[dict(prompt="A", event_id="A")]], 3,
+                  [(["A"], ["A"], [], [], []), ([], ["A"], [], [], []), ([], ["A"], ["A"], [], []), ([], [], [], [], [])]),
+    "interrupt": ([[dict(prompt="A", event_id="A", transition_chunks=3)], [dict(prompt="B", event_id="B", transition_chunks=2)]], 1,
+                  [(["A"], ["A"], [], [], []), (["B"], ["A", "B"], [], [], ["A"]), ([], ["B"], ["B"], [], [])]),
+    "overlap": ([[dict(prompt="A", event_id="A", transition_chunks=2)], [dict(prompt="B", event_id="B", transition_chunks=2)]], 1,
+                [(["A"], ["A"], [], [], []), (["B"], ["A", "B"], ["A"], [], []), ([], ["B"], ["B"], [], [])]),
+    "supersede": ([[dict(prompt="A", event_id="A"), dict(prompt="B", event_id="B", transition_chunks=0)]], 1,
+                  [(["B"], ["B"], ["B"], ["A"], []), ([], [], [], [], [])]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_golden_traces(proxies, case: str) -> None:
+    steps, after, expected = GOLDEN[case]
+    metas = run_trace(proxies, steps, after)
+    assert [ids(m) for m in metas] == expected
+    if case == "default_n":
+        assert [m["transition_progress"]["A"] for m in metas[:3]] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    if case == "interrupt":
+        assert metas[1]["transition_progress"] == pytest.approx({"A": 2 / 3, "B": 0.5})
+
+
+def test_ack_precedes_first_mention_under_load(proxies) -> None:
+    """Hard updates sent back to back on an unpaced stream: each is named by the very next chunk."""
+
+    async def body() -> Transcript:
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            await s.start("source", seed=4)
+            for i in range(40):
+                await s.interact(f"p{i}", f"h{i}", 0)
+                if i % 8 == 0:
+                    await s.next_media()
+            await s.send({"type": "session.stop"})
+            return await s.finish()
+
+    t = run(body())
+    check_stream_rules(t)  # asserts every named id was acked earlier
+    assert len(t.of_type("session.interaction.queued")) == 40
+
+
+def test_ack_gate_holds_mentions_until_the_ack() -> None:
+    gate: AckGate[str] = AckGate()
+    assert gate.admit("video.start", set()) == ["video.start"]
+    assert gate.admit("chunk names e1", {"e1"}) == []
+    assert gate.admit("next chunk", set()) == []  # order is kept behind the held one
+    assert gate.ack("e0") == [] and gate.held_since is not None
+    assert gate.ack("e1") == ["chunk names e1", "next chunk"] and gate.held_since is None
+    assert gate.admit("chunk names e1 again", {"e1"}) == ["chunk names e1 again"]
+    assert gate.admit("names e2", {"e2"}) == [] and gate.release_all() == ["names e2"]
+
+
+def test_ledger_gives_every_acked_event_one_end() -> None:
+    ledger = Ledger()
+    ledger.observe({"type": "video.start", "request_id": "r"}, False)
+    for eid in ("a", "b", "c", "d"):
+        ledger.observe({"type": "session.interaction.queued", "event_id": eid}, False)
+    ledger.observe({"type": "video.chunk_metadata", "started_event_ids": ["a"], "superseded_event_ids": ["b"]}, True)
+    ledger.observe({"type": "error", "code": "interaction_failed", "event_id": "c"}, False)
+    done = ledger.done()
+    assert (done["request_id"], done["chunks"]) == ("r", 1)
+    assert done["unapplied_event_ids"] == ["d"] and done["unfinished_event_ids"] == ["a"]
+
+
+BAD_INPUTS: list[tuple[str, Any, str]] = [
+    ("bad json", "{", "invalid_json"),
+    ("NaN", '{"type": "session.ping", "x": NaN}', "invalid_json"),
+    ("too deep", '{"type": "session.ping", "x": ' + "[" * 40 + "]" * 40 + "}", "invalid_json"),
+    ("array", "[1, 2]", "invalid_message"),
+    ("string", '"hello"', "invalid_message"),
+    ("no type", '{"prompt": "x"}', "invalid_message"),
+    ("unknown type", '{"type": "session.bogus"}', "invalid_message"),
+    ("binary frame", b"\x00\x01binary", "invalid_message"),
+    ("second start", '{"type": "session.start", "prompt": "again"}', "invalid_message"),
+    ("oversized", '{"type": "session.ping", "pad": "' + "x" * MAX_MESSAGE_BYTES + '"}', "message_too_large"),
+    ("interaction not object", '{"type": "session.interaction", "interaction": 3}', "invalid_interaction"),
+    ("no event", '{"type": "session.interaction", "interaction": {"event_id": "x1"}}', "invalid_interaction"),
+    ("empty prompt", '{"type": "session.interaction", "interaction": {"event": {"prompt": "  "}}}', "invalid_interaction"),
+    ("negative transition", '{"type": "session.interaction", "interaction": {"event": {"prompt": "a"}, "transition_chunks": -1}}', "invalid_interaction"),
+    ("string transition", '{"type": "session.interaction", "interaction": {"event": {"prompt": "a"}, "transition_chunks": "3"}}', "invalid_interaction"),
+    ("empty event id", '{"type": "session.interaction", "interaction": {"event_id": "", "event": {"prompt": "a"}}}', "invalid_interaction"),
+    ("long event id", json.dumps({"type": "session.interaction", "interaction": {"event_id": "e" * 257, "event": {"prompt": "a"}}}), "invalid_interaction"),
+    ("unknown event field", '{"type": "session.interaction", "interaction": {"event": {"prompt": "a", "colour": "red"}}}', "invalid_interaction"),
+]
+
+
+def test_bad_inputs_are_answered_and_the_session_goes_on(proxies) -> None:
+    async def body() -> tuple[Transcript, list[str]]:
+        codes = []
+        async with ws(proxies.url(model=PACED_MODEL)) as conn:
+            s = Ws(conn)
+            await s.start("source", seed=9)
+            for _, raw, code in BAD_INPUTS:
+                await s.send(raw)
+                error = await s.until(lambda m: m["type"] == "error")
+                assert error["request_id"] == s.t.messages[0]["request_id"]
+                codes.append(error["code"])
+            before = len(s.t.media)
+            await s.next_media()  # chunks keep coming after all of it
+            assert len(s.t.media) > before
+            await s.send({"type": "session.stop"})
+            return await s.finish(), codes
+
+    t, codes = run(body())
+    check_stream_rules(t)
+    assert codes == [code for _, _, code in BAD_INPUTS], [name for (name, _, c), got in zip(BAD_INPUTS, codes) if c != got]
+
+
+def test_start_timeout(proxies) -> None:
+    async def body() -> list[dict[str, Any]]:
+        async with ws(proxies.url(start_timeout=0.5)) as conn:
+            s = Ws(conn)
+            error = await s.next(5)
+            done = await s.next(5)
+            with pytest.raises(ConnectionClosed):
+                await conn.recv()
+            assert conn.close_code == 1000
+            return [error, done]
+
+    error, done = run(body())
+    assert error["code"] == "start_timeout" and "request_id" not in error
+    assert done["type"] == "session.done" and done["chunks"] == 0 and done["request_id"] is None
+
+
+@pytest.mark.parametrize("first, code", [
+    (b"binary start", "invalid_start"),
+    ('{"type": "session.ping"}', "invalid_start"),
+    ("not json", "invalid_start"),
+    ('{"type": "session.start", "prompt": "' + "x" * MAX_START_BYTES + '"}', "message_too_large"),
+    ('{"type": "session.start", "prompt": "x", "format": "webm"}', "unsupported_format"),  # refused by the model
+    ('{"type": "session.start", "prompt": "x", "model": "other"}', "model_mismatch"),
+])
+def test_invalid_first_message_ends_the_session(proxies, first: Any, code: str) -> None:
+    async def body() -> list[dict[str, Any]]:
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            await s.send(first)
+            messages = [await s.next(10), await s.next(10)]
+            with pytest.raises(ConnectionClosed):
+                await conn.recv()
+            assert conn.close_code == 1000
+            return messages
+
+    error, done = run(body())
+    assert error["type"] == "error" and error["code"] == code
+    assert done["type"] == "session.done" and done["chunks"] == 0
+
+
+# --- admission ---------------------------------------------------------------------------------
+def status_of(url: str, **kwargs: Any) -> int:
+    async def body() -> int:
+        try:
+            async with ws(url, **kwargs):
+                return 101
+        except InvalidStatus as exc:
+            return exc.response.status_code
+
+    return run(body(), 30)
+
+
+def test_origin_policy(proxies) -> None:
+    url = proxies.url(allowed_origins=("https://app.example",))
+    assert status_of(url, origin="http://evil.example") == 403
+    assert status_of(url, origin="https://app.example") == 101
+    assert status_of(url, origin="http://localhost:3000") == 101
+    assert status_of(url, origin="http://" + url.split("/")[2]) == 101  # same origin
+    assert status_of(url) == 101  # a program without Origin
+    assert origin_allowed("https://x.example", ["*"]) and not origin_allowed("https://x.example", [])
+
+
+def test_bearer_token(proxies) -> None:
+    server = proxies.server(token="s3cret")
+    assert status_of(server.url) == 401
+    assert status_of(server.url, additional_headers={"Authorization": "Bearer wrong"}) == 401
+    assert status_of(server.url, additional_headers={"Authorization": "Bearer s3cret"}) == 101
+    assert status_of(server.url + "?token=s3cret") == 101
+    metrics_url = f"http://127.0.0.1:{server.port}/metrics"
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(metrics_url, timeout=5)
+    assert err.value.code == 401
+    request = urllib.request.Request(metrics_url, headers={"Authorization": "Bearer s3cret"})
+    assert b"rtvideo_proxy_rejected_total" in urllib.request.urlopen(request, timeout=5).read()
+
+
+def test_max_connections(proxies) -> None:
+    url = proxies.url(max_connections=1)
+
+    async def body() -> None:
+        async with ws(url):
+            with pytest.raises(InvalidStatus) as err:
+                async with ws(url):
+                    pass
+            assert err.value.response.status_code == 503
+        for _ in range(100):  # the slot frees when the proxy sees the close
+            try:
+                async with ws(url):
+                    return
+            except InvalidStatus:
+                await asyncio.sleep(0.05)
+        raise AssertionError("the slot was not freed")
+
+    run(body())
+
+
+# --- resources ---------------------------------------------------------------------------------
+def test_disconnect_frees_the_triton_session(proxies, triton) -> None:
+    wait_idle(triton)
+
+    async def body() -> None:
+        conn = await ws(proxies.url())
+        s = Ws(conn)
+        await s.start("endless", seed=2)
+        await s.next_media()
+        await s.next_media()
+        assert metric(triton, "rtvideo_active_sessions", FAST_MODEL) == 1
+        conn.transport.abort()  # gone without a close frame
+
+    run(body())
+    wait_idle(triton, timeout=10)
+
+
+def test_slow_consumer_is_cut_off(proxies, triton) -> None:
+    wait_idle(triton)
+    server = proxies.server(outbound_buffer_bytes=64 * 1024)
+
+    async def body() -> list[Any]:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the kernel buffers little
+        sock.connect(("127.0.0.1", server.port))
+        sock.setblocking(False)
+        conn = await connect(server.url, sock=sock, max_size=None, max_queue=1, proxy=None)
+        await conn.send(json.dumps({"type": "session.start", "prompt": "firehose", "seed": 1}))
+        deadline = time.monotonic() + 60
+        while not server.context.metrics.errors["slow_consumer"]:
+            assert time.monotonic() < deadline, "the proxy never noticed the slow consumer"
+            await asyncio.sleep(0.1)
+        frames = []
+        try:
+            async for frame in conn:
+                frames.append(frame)
+        except ConnectionClosed:
+            pass
+        return frames
+
+    frames = run(body())
+    texts = [json.loads(f) for f in frames if isinstance(f, str)]
+    errors = [m for m in texts if m["type"] == "error"]
+    if errors:  # delivered when the socket drained in time; the close is certain either way
+        assert errors[-1]["code"] == "slow_consumer" and texts[-1]["type"] == "session.done"
+    wait_idle(triton, timeout=10)
+
+
+def test_eight_concurrent_sessions_lose_nothing(proxies, triton) -> None:
+    wait_idle(triton)
+    rng = random.Random(1234)
+
+    async def one(i: int) -> tuple[Transcript, dict[str, int]]:
+        sent: dict[str, int] = {}
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            await s.start(f"scene {i}", seed=i)
+            reader = asyncio.create_task(s.finish(120))
+            for k in range(rng.randint(4, 10)):
+                eid = f"s{i}-e{k}"
+                for _ in range(1 + (rng.random() < 0.3)):  # some retries
+                    await s.interact(f"prompt {i}.{k}", eid, rng.choice([None, 0, 1, 2, 3]) if k else 2)
+                    sent[eid] = sent.get(eid, 0) + 1
+                await asyncio.sleep(rng.uniform(0, 0.15))
+            while len(s.t.of_type("session.interaction.queued")) < sum(sent.values()):
+                await asyncio.sleep(0.01)
+            await s.send({"type": "session.stop"})
+            return await reader, sent
+
+    async def body() -> list[tuple[Transcript, dict[str, int]]]:
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    for t, sent in run(body(), 180):
+        check_stream_rules(t)
+        acks: dict[str, int] = {}
+        for m in t.of_type("session.interaction.queued"):
+            acks[m["event_id"]] = acks.get(m["event_id"], 0) + 1
+        assert acks == sent, "every send is acked exactly once"
+        assert not t.of_type("error")
+        done = t.messages[-1]
+        ends = [e for m in t.media for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+                for e in m[k]] + done["unapplied_event_ids"] + done["unfinished_event_ids"]
+        assert sorted(ends) == sorted(sent), "each admitted event reaches exactly one end"
+        assert decode(t.video).shape[0] == sum(m["num_frames"] for m in t.media)
+
+
+def test_client_library(proxies, tmp_path) -> None:
+    async def body() -> dict[str, Any] | None:
+        async with RealtimeVideoClient(proxies.url()) as c:
+            start = await c.start("a red desert canyon", num_frames=45, seed=3)
+            assert start["config"]["num_frames"] == 45
+            ack = await c.interact("a blue frozen ocean", transition_chunks=2, event_id="to-b")
+            assert await c.interact("a blue frozen ocean", transition_chunks=2, event_id="to-b") == ack
+            with pytest.raises(RealtimeVideoError) as conflict:
+                await c.interact("something else", event_id="to-b")
+            assert conflict.value.code == "event_id_conflict" and conflict.value.event_id == "to-b"
+            generated = await c.interact("fog")
+            assert len(generated["event_id"]) == 36
+            return await c.save_mp4(tmp_path / "out.mp4")
+
+    done = run(body())
+    assert done is not None and done["chunks"] == 6
+    assert decode((tmp_path / "out.mp4").read_bytes()).shape[0] == 45
+
+
+def test_client_raises_session_ending_errors(proxies) -> None:
+    async def body() -> None:
+        async with RealtimeVideoClient(proxies.url()) as c:
+            with pytest.raises(RealtimeVideoError) as err:
+                await c.start("x", format="webm")
+            assert err.value.code == "unsupported_format"
+            with pytest.raises(RealtimeVideoError):
+                async for _ in c.chunks():
+                    pass
+
+    run(body())
+
+
+# --- HTTP endpoints and a dead backend ---------------------------------------------------------
+def test_healthz_and_metrics(proxies) -> None:
+    server = proxies.server()
+    base = f"http://127.0.0.1:{server.port}"
+    health = json.loads(urllib.request.urlopen(base + "/healthz", timeout=5).read())
+    assert health["ready"] is True and health["triton"] == {"server_ready": True, "model_ready": True}
+    text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+    for name in ("rtvideo_proxy_sessions_active", "rtvideo_proxy_sessions_total", "rtvideo_proxy_bytes_out_total",
+                 "rtvideo_proxy_chunks_out_total", "rtvideo_proxy_ack_latency_seconds_count",
+                 'rtvideo_proxy_ack_latency_seconds_bucket{le="0.005"}', 'rtvideo_proxy_errors_total{code="invalid_json"}'):
+        assert name in text, name
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if not line.startswith("#")}
+    assert values["rtvideo_proxy_chunks_out_total"] > 0 and values["rtvideo_proxy_ack_latency_seconds_count"] > 0
+
+
+def test_unreachable_triton(proxies) -> None:
+    server = proxies.server(triton_url=f"127.0.0.1:{free_port()}")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10)
+    assert err.value.code == 503 and json.loads(err.value.read())["triton"]["server_ready"] is False
+
+    async def body() -> list[dict[str, Any]]:
+        async with ws(server.url) as conn:
+            s = Ws(conn)
+            await s.send({"type": "session.start", "prompt": "x"})
+            messages = [await s.next(20), await s.next(5)]
+            with pytest.raises(ConnectionClosed):
+                await conn.recv()
+            assert conn.close_code == 1000
+            return messages
+
+    error, done = run(body())
+    assert error["code"] == "backend_unavailable" and done["type"] == "session.done"
