@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.triton_repo import derive_model
+from rtvideo.model_repo import derive_model
 
 #: model names the tests use, and how they differ from the shipped config
 FAST_MODEL = "realtime_video"  # unpaced, so tests run at generator speed

@@ -48,7 +48,7 @@ class VideoGenerator(Protocol):
         """The prompt's conditioning vector (cached)."""
         ...
 
-    def open_session(self, *, width: int, height: int, seed: int) -> GeneratorSession: ...
+    def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> GeneratorSession: ...
 
 
 def validate_size(width: int, height: int) -> None:
@@ -146,9 +146,12 @@ class _SessionState:
 class BuiltinSession(GeneratorSession):
     """A stream of one scene: the seed picks its framing, phase and drift."""
 
-    def __init__(self, generator: BuiltinGenerator, *, width: int, height: int, seed: int) -> None:
+    def __init__(
+        self, generator: BuiltinGenerator, *, width: int, height: int, seed: int, fps: int | None = None
+    ) -> None:
         validate_size(width, height)
         self.width, self.height = int(width), int(height)
+        self.fps = int(fps or generator.fps)  # the session's playback rate sets the motion per frame
         self._generator = generator
         self._state = self._prepare(int(seed))
 
@@ -191,7 +194,7 @@ class BuiltinSession(GeneratorSession):
         out_b = (embedding @ weights.to_bias)[:, None]
 
         frame_ids = torch.arange(state.frame_cursor, state.frame_cursor + num_frames, device=gen.device)
-        times = (frame_ids.to(torch.float32) / gen.fps)[None, :, None]
+        times = (frame_ids.to(torch.float32) / self.fps)[None, :, None]
         state.frame_cursor += num_frames
 
         hidden = torch.sin(torch.addcmul(state.base, state.time_rate, times))  # [H, T, P]
@@ -250,6 +253,6 @@ class BuiltinGenerator(VideoGenerator):
                 blended += weight * self.embed(prompt)
         return blended
 
-    def open_session(self, *, width: int, height: int, seed: int) -> BuiltinSession:
+    def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> BuiltinSession:
         """A new stream; raises ValueError for sizes the encoder cannot take."""
-        return BuiltinSession(self, width=width, height=height, seed=seed)
+        return BuiltinSession(self, width=width, height=height, seed=seed, fps=fps)

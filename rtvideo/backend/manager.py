@@ -111,7 +111,7 @@ class SessionManager:
                     config=config,
                     channel=channel,
                     generator_session=self._generator.open_session(
-                        width=config.width, height=config.height, seed=config.seed
+                        width=config.width, height=config.height, seed=config.seed, fps=config.fps
                     ),
                     encoder=self._encoder_factory(config.width, config.height, config.fps),
                     limits=self._limits,

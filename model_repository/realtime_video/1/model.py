@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from typing import Any, Mapping
 
 import numpy as np
@@ -19,6 +20,10 @@ from rtvideo.backend.settings import BackendSettings
 from rtvideo.core import protocol
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# Every call into pb_utils is IPC to tritonserver; concurrent calls from several
+# session threads crashed tritonserver 2.51 (SIGSEGV, boost lock_exception) under
+# load, so they are serialized. Each call is short; nothing else waits on it.
+_IPC = threading.Lock()
 
 
 class TritonChannel:
@@ -29,18 +34,19 @@ class TritonChannel:
 
     def send(self, message: Mapping[str, Any] | None, data: bytes = b"", *, final: bool = False) -> None:
         if message is None:
-            self._sender.send(flags=FINAL)
+            with _IPC:
+                self._sender.send(flags=FINAL)
             return
-        response = pb_utils.InferenceResponse(
-            output_tensors=[
-                pb_utils.Tensor("META", np.array([protocol.encode(message).encode("utf-8")], dtype=np.object_)),
-                pb_utils.Tensor("DATA", np.frombuffer(data, dtype=np.uint8)),
-            ]
-        )
-        self._sender.send(response, flags=FINAL if final else 0)
+        meta = np.array([protocol.encode(message).encode("utf-8")], dtype=np.object_)
+        with _IPC:
+            response = pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("META", meta), pb_utils.Tensor("DATA", np.frombuffer(data, dtype=np.uint8))]
+            )
+            self._sender.send(response, flags=FINAL if final else 0)
 
     def is_cancelled(self) -> bool:
-        return self._sender.is_cancelled()
+        with _IPC:
+            return self._sender.is_cancelled()
 
 
 class TritonMetrics:
@@ -74,25 +80,32 @@ class TritonMetrics:
             metric = self._metrics[(family, key, value)] = self._families[family].Metric(labels)
         return metric
 
+    def _add(self, *updates: tuple[str, float], key: str = "", value: str = "") -> None:
+        with _IPC:
+            for family, amount in updates:
+                self._metric(family, key, value).increment(amount)
+
     def set_active_sessions(self, count: int) -> None:
-        self._metric("rtvideo_active_sessions").set(count)
+        with _IPC:
+            self._metric("rtvideo_active_sessions").set(count)
 
     def observe_chunk(self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int) -> None:
-        self._metric("rtvideo_chunks_total").increment(1)
-        self._metric("rtvideo_frames_total").increment(frames)
-        self._metric("rtvideo_bytes_total").increment(nbytes)
-        self._metric("rtvideo_chunk_generate_seconds_total").increment(generate_seconds)
-        self._metric("rtvideo_chunk_encode_seconds_total").increment(encode_seconds)
+        self._add(
+            ("rtvideo_chunks_total", 1),
+            ("rtvideo_frames_total", frames),
+            ("rtvideo_bytes_total", nbytes),
+            ("rtvideo_chunk_generate_seconds_total", generate_seconds),
+            ("rtvideo_chunk_encode_seconds_total", encode_seconds),
+        )
 
     def count_interaction(self, outcome: str) -> None:
-        self._metric("rtvideo_interactions_total", "outcome", outcome).increment(1)
+        self._add(("rtvideo_interactions_total", 1), key="outcome", value=outcome)
 
     def observe_ack(self, seconds: float) -> None:
-        self._metric("rtvideo_acks_total").increment(1)
-        self._metric("rtvideo_ack_seconds_total").increment(seconds)
+        self._add(("rtvideo_acks_total", 1), ("rtvideo_ack_seconds_total", seconds))
 
     def count_session_end(self, reason: str) -> None:
-        self._metric("rtvideo_session_ends_total", "reason", reason).increment(1)
+        self._add(("rtvideo_session_ends_total", 1), key="reason", value=reason)
 
 
 class TritonPythonModel:
@@ -100,6 +113,9 @@ class TritonPythonModel:
         logging.basicConfig(
             stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
+        # Session threads hold the GIL between torch/PyAV calls; a shorter switch interval
+        # lets execute() (acks) in sooner.
+        sys.setswitchinterval(0.001)
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise pb_utils.TritonModelException("realtime_video must be decoupled")
