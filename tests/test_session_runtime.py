@@ -1,0 +1,160 @@
+"""Session runtime without Triton: failure paths that an end-to-end test cannot provoke.
+
+The encoder is the real one; the generator is a small stand-in that can crash or stall.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Mapping
+
+import numpy as np
+import pytest
+
+from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.backend.manager import SessionManager
+from rtvideo.backend.session import Limits
+from rtvideo.backend.settings import BackendSettings
+
+
+class Recorder:
+    """A Channel that keeps what was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[dict | None, bytes, bool]] = []
+        self.cancelled = False
+        self.finished = threading.Event()
+
+    def send(self, message: Mapping[str, Any] | None, data: bytes = b"", *, final: bool = False) -> None:
+        assert not self.finished.is_set(), "nothing may follow a FINAL response"
+        self.sent.append((dict(message) if message is not None else None, data, final))
+        if final:
+            self.finished.set()
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def types(self) -> list[str]:
+        return [m["type"] if m else "<final>" for m, _, _ in self.sent]
+
+
+class StandInGenerator:
+    def __init__(self, behaviour: str = "ok") -> None:
+        self.behaviour = behaviour
+        self.closed = 0
+
+    def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> "StandInGenerator":
+        self.shape = (height, width, 3)
+        return self
+
+    def generate(self, mix: Mapping[str, float], num_frames: int) -> np.ndarray:
+        if self.behaviour == "crash":
+            raise RuntimeError("GPU fell off the bus")
+        if self.behaviour == "stall":
+            time.sleep(1.5)
+        return np.full((num_frames, *self.shape), 90, np.uint8)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def manager(behaviour: str = "ok", **limits: Any) -> tuple[SessionManager, StandInGenerator]:
+    gen = StandInGenerator(behaviour)
+    settings = BackendSettings(width=64, height=64, max_sessions=1)
+    mgr = SessionManager(
+        generator=gen,
+        encoder_factory=FragmentedMp4Encoder,
+        capabilities=settings.capabilities("realtime_video"),
+        limits=Limits(**{"pacing_lead_chunks": None, "max_session_seconds": 60.0, "stall_timeout_seconds": 60.0, **limits}),
+        max_sessions=1,
+        watchdog_interval=0.05,
+    )
+    return mgr, gen
+
+
+def start(mgr: SessionManager, corrid: int = 1, **fields: Any) -> Recorder:
+    ch = Recorder()
+    mgr.on_request(corrid, json.dumps({"type": "session.start", "prompt": "p", **fields}).encode(), start=True, end=False, channel=ch)
+    return ch
+
+
+def test_generator_crash_gives_generation_failed_then_done() -> None:
+    mgr, gen = manager("crash")
+    ch = start(mgr)
+    assert ch.finished.wait(5)
+    assert ch.types() == ["video.start", "error", "session.done"]
+    assert ch.sent[1][0]["code"] == "generation_failed" and "GPU fell off the bus" in ch.sent[1][0]["message"]
+    assert ch.sent[2][2] is True
+    assert gen.closed == 1 and mgr.active_sessions == 0
+
+
+def test_stall_timeout() -> None:
+    mgr, _ = manager("stall", stall_timeout_seconds=0.3)
+    ch = start(mgr)
+    assert ch.finished.wait(5)
+    assert ch.types() == ["video.start", "error", "session.done"]
+    assert ch.sent[1][0]["code"] == "stall_timeout"
+    time.sleep(1.6)  # the stalled worker wakes, finds the session over, sends nothing
+    assert ch.types() == ["video.start", "error", "session.done"] and mgr.active_sessions == 0
+
+
+def test_session_length_limit_ends_with_done() -> None:
+    mgr, _ = manager(max_session_seconds=0.2)
+    ch = start(mgr)
+    assert ch.finished.wait(5)
+    types = ch.types()
+    assert types[0] == "video.start" and types[-1] == "session.done"
+    assert ch.sent[-1][0]["stopped"] is False
+
+
+def test_cancel_completes_quietly_and_frees() -> None:
+    mgr, gen = manager()
+    ch = start(mgr)
+    time.sleep(0.2)
+    ch.cancelled = True
+    assert ch.finished.wait(5)
+    assert ch.sent[-1] == (None, b"", True), "the start request is completed with a flags-only FINAL"
+    assert gen.closed == 1 and mgr.active_sessions == 0
+
+
+def test_requests_after_end_and_unknown_sequences_get_one_answer() -> None:
+    mgr, _ = manager()
+    ch = Recorder()
+    mgr.on_request(42, b'{"type":"session.ping"}', start=False, end=False, channel=ch)
+    assert ch.types() == ["error"] and ch.sent[0][2] is True
+
+
+def test_capacity_refusal_and_stop_with_end_flag() -> None:
+    mgr, _ = manager()
+    first = start(mgr, 1)
+    second = start(mgr, 2)
+    assert second.types() == ["error", "session.done"] and second.sent[0][0]["code"] == "server_busy"
+    stop = Recorder()
+    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=stop)
+    assert stop.sent == [(None, b"", True)]
+    assert first.finished.wait(5)
+    assert first.sent[-1][0]["stopped"] is True
+    assert first.sent[-2][0]["kind"] == "trailer"
+
+
+@pytest.mark.parametrize(
+    "params,fragment",
+    [
+        ({"width": "255"}, "even"),
+        ({"fps": "zero"}, "not a valid value"),
+        ({"generator": "sora"}, "not available"),
+        ({"pacing_lead_chunks": "-1"}, ">= 0"),
+        ({"colour": "red"}, "unknown model parameter"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_backend_settings_reject_bad_parameters(params: dict, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        BackendSettings.from_parameters(params)
+
+
+def test_backend_settings_parse() -> None:
+    s = BackendSettings.from_parameters({"pacing_lead_chunks": "off", "width": "320", "max_session_seconds": "90"})
+    assert s.pacing_lead_chunks is None and s.width == 320 and s.max_session_seconds == 90.0
