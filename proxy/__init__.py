@@ -1,0 +1,6 @@
+"""Tornado WebSocket proxy: `/v1/realtime/video` sessions onto Triton gRPC streams.
+
+settings (flags/env) → app (routes, ProxyServer) → handler (admission, thin) → session
+(one connection's protocol state) using bridge (Triton stream), outbox (writer, bound),
+ordering (ack before mention), ledger (what the client got), access, metrics.
+"""

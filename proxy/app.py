@@ -68,7 +68,7 @@ def make_app(settings: ProxySettings) -> tornado.web.Application:
         # Above the protocol's limits, so that the proxy answers `message_too_large` itself.
         websocket_max_message_size=2 * MAX_START_BYTES,
         websocket_ping_interval=settings.ping_interval or None,
-        websocket_ping_timeout=settings.idle_timeout,
+        websocket_ping_timeout=settings.ping_timeout,
     )
 
 
@@ -105,3 +105,4 @@ class ProxyServer:
         await self._server.close_all_connections()
         await self.context.bridge.close()
         self._server = None
+        log.info("proxy on %s stopped (%d session(s) ended)", self.url, len(sessions))

@@ -33,7 +33,7 @@ class ProxyMetrics:
 
     def sent(self, nbytes: int, chunk: bool) -> None:
         self.bytes_out += nbytes
-        self.chunks_out += chunk
+        self.chunks_out += int(chunk)
 
     def observe_ack(self, seconds: float) -> None:
         self.ack_sum += seconds

@@ -39,11 +39,13 @@ class Frame:
 
 
 class Outbox:
-    """Queue + writer coroutine; awaits Tornado's write futures, so the socket sets the pace.
+    """Queues + writer coroutine; awaits Tornado's write futures, so the socket sets the pace.
 
     `limit` bounds the bytes queued or being written: `put` refuses a frame that would
-    exceed it (the caller ends the session with `slow_consumer`). `on_taken` sees every
-    frame the moment it is handed to the socket, in order.
+    exceed it (the caller ends the session with `slow_consumer`). Urgent frames (acks,
+    pongs: small answers a client waits for) are written before queued video, so they
+    never wait behind a backlog of chunks. `on_taken` sees every frame the moment it is
+    handed to the socket, in order.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class Outbox:
         self._metrics = metrics
         self._on_taken = on_taken
         self._queue: deque[Frame] = deque()
+        self._urgent: deque[Frame] = deque()
         self._pending = 0  # bytes queued or in the write in progress
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -61,14 +64,14 @@ class Outbox:
         self._closed = False
         self._task = asyncio.ensure_future(self._run())
 
-    def put(self, frame: Frame, *, force: bool = False) -> bool:
+    def put(self, frame: Frame, *, urgent: bool = False, force: bool = False) -> bool:
         """Queue a frame; False (nothing queued) when the reader is too far behind,
         unless `force` (the few closing messages of a session)."""
         if self._closed:
             return True  # the connection is gone: nothing to bound any more
         if not force and self._pending and self._pending + frame.size > self._limit:
             return False
-        self._queue.append(frame)
+        (self._urgent if urgent else self._queue).append(frame)
         self._pending += frame.size
         self._idle.clear()
         self._wake.set()
@@ -76,8 +79,9 @@ class Outbox:
 
     def discard(self) -> None:
         """Drop what is still queued (not the pair being written)."""
-        self._pending -= sum(f.size for f in self._queue)
-        self._queue.clear()
+        for queue in (self._urgent, self._queue):
+            self._pending -= sum(f.size for f in queue)
+            queue.clear()
 
     async def flush(self, timeout: float) -> bool:
         """Wait until everything queued was written; False on timeout or a closed connection."""
@@ -90,6 +94,7 @@ class Outbox:
     def close(self) -> None:
         """Stop writing (the connection is gone)."""
         self._closed = True
+        self._urgent.clear()
         self._queue.clear()
         self._pending = 0
         self._idle.set()
@@ -98,12 +103,12 @@ class Outbox:
     async def _run(self) -> None:
         try:
             while True:
-                if not self._queue:
+                if not (self._urgent or self._queue):
                     self._idle.set()
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                frame = self._queue.popleft()
+                frame = (self._urgent or self._queue).popleft()
                 self._on_taken(frame)
                 # Both writes are issued before any await: nothing can come between them.
                 writes = [self._sink.write_message(frame.text)]

@@ -55,6 +55,7 @@ class ProxySession:
         self.peer = peer
         self._on_closed = on_closed
         self.ledger = Ledger()
+        self.request_id: str | None = None  # from video.start, once forwarded
         self._outbox = Outbox(conn, settings.outbound_buffer_bytes, metrics, self._taken)
         self._gate: AckGate[Reply] = AckGate()
         self._gate_timer: asyncio.TimerHandle | None = None
@@ -62,19 +63,15 @@ class ProxySession:
         self._sequence_open = False  # a request with sequence_end has not been sent yet
         self._stop_tag: str | None = None  # the request that carried sequence_end
         self._sequence_ended = asyncio.Event()  # Triton delivered that request to the model
+        self._stream_broken = False
         self._forwarding = True  # model replies still go to the client
         self._ending = False
-        self._closed = False
-        self._closed_event = asyncio.Event()
+        self._closed = asyncio.Event()  # the WebSocket is closed
         self._interactions: dict[str, float] = {}  # request tag → when the client's frame arrived
         self._tasks: set[asyncio.Task] = set()
         self._opened = time.monotonic()
         self._start_timer = asyncio.get_running_loop().call_later(settings.start_timeout, self._start_timed_out)
         metrics.session_opened()
-
-    @property
-    def request_id(self) -> str | None:
-        return self.ledger.request_id
 
     # --- client → Triton -------------------------------------------------------------------
     def on_frame(self, raw: str | bytes, binary: bool) -> None:
@@ -96,7 +93,7 @@ class ProxySession:
             self._reject(ErrorCode.INVALID_MESSAGE, "the session has already started")
         elif not self._sequence_open:  # session.stop went to Triton: the sequence is closed
             if kind == protocol.PING:
-                self._emit(protocol.pong())
+                self._emit(protocol.pong(), urgent=True)
             elif kind != protocol.STOP:
                 self._reject(ErrorCode.INVALID_MESSAGE, "session.stop was sent; the session is ending")
         else:
@@ -136,6 +133,8 @@ class ProxySession:
             if not self._ending:
                 raise BackendUnavailable("Triton ended the stream before session.done")
         except BackendUnavailable as exc:
+            self._stream_broken = True  # nothing left to end on Triton's side
+            self._sequence_ended.set()
             if not self._ending:
                 log.warning("request_id=%s peer=%s backend failure: %s", self.request_id, self.peer, exc)
                 await self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
@@ -152,7 +151,7 @@ class ProxySession:
             self._arm_gate_timer()
             return
         received = self._interactions.pop(reply.tag, None)
-        self._forward(reply)
+        self._forward(reply, urgent=True)
         if kind == protocol.QUEUED:
             if received is not None:
                 self._metrics.observe_ack(time.perf_counter() - received)
@@ -160,14 +159,16 @@ class ProxySession:
             for item in self._gate.ack(reply.message["event_id"]):
                 self._forward(item)
 
-    def _forward(self, reply: Reply) -> None:
+    def _forward(self, reply: Reply, urgent: bool = False) -> None:
+        """To the client; `urgent`: the answer to one request, which may overtake queued video."""
         if not self._forwarding:
             return
         message = reply.message
         if message.get("type") == protocol.VIDEO_START:
-            log.info("request_id=%s peer=%s session started", message.get("request_id"), self.peer)
+            self.request_id = message.get("request_id")
+            log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
         data = reply.data if message.get("type") == protocol.CHUNK_METADATA else None
-        if not self._emit(message, text=reply.text, data=data):
+        if not self._emit(message, text=reply.text, data=data, urgent=urgent):
             self._spawn(self._fail(
                 ErrorCode.SLOW_CONSUMER,
                 f"the client reads too slowly: more than {self._settings.outbound_buffer_bytes} bytes are waiting",
@@ -177,15 +178,16 @@ class ProxySession:
             self._spawn(self._finish(FLUSH_SECONDS))
 
     def _emit(self, message: Mapping[str, Any], *, text: str | None = None, data: bytes | None = None,
-              force: bool = False) -> bool:
+              urgent: bool = False, force: bool = False) -> bool:
         if message.get("type") == protocol.ERROR:
             self._metrics.error_sent(str(message.get("code")))
         frame = Frame(text if text is not None else protocol.encode(message), message, data)
-        return self._outbox.put(frame, force=force)
+        # Nothing overtakes video.start: urgency starts once it was handed to the socket.
+        return self._outbox.put(frame, urgent=urgent and self.ledger.request_id is not None, force=force)
 
     def _reject(self, code: ErrorCode, text: str) -> None:
         """An error about one client message; the session goes on."""
-        self._emit(protocol.error(code, text, request_id=self.request_id))
+        self._emit(protocol.error(code, text, request_id=self.request_id), urgent=True)
 
     def _taken(self, frame: Frame) -> None:
         self.ledger.observe(frame.message, frame.data is not None)
@@ -227,7 +229,7 @@ class ProxySession:
         stream = self._stream
         if stream is None:
             return
-        if self._sequence_open:
+        if self._sequence_open and not self._stream_broken:
             self._sequence_open = False
             self._stop_tag = stream.send(_STOP, end=True)
         try:
@@ -238,9 +240,9 @@ class ProxySession:
 
     def on_disconnect(self) -> None:
         """The WebSocket is closed (by either side): free everything, exactly once."""
-        if self._closed:
+        if self._closed.is_set():
             return
-        self._closed = True
+        self._closed.set()
         self._start_timer.cancel()
         if self._gate_timer is not None:
             self._gate_timer.cancel()
@@ -249,7 +251,6 @@ class ProxySession:
         if not self._ending:
             self._ending = True
             self._spawn(self._end_sequence())
-        self._closed_event.set()
         self._metrics.session_closed()
         log.info("request_id=%s peer=%s session ended chunks=%d after %.1f s", self.request_id, self.peer,
                  self.ledger.chunks, time.monotonic() - self._opened)
@@ -257,12 +258,12 @@ class ProxySession:
 
     async def shutdown(self, timeout: float) -> None:
         """Server shutdown: stop generation like a client's session.stop, then close."""
-        if self._stream is not None and self._sequence_open and not self._ending:
+        if self._stream is None:
+            self._conn.close(1001, "server shutting down")  # no session.start yet
+        elif self._sequence_open and not self._ending:
             self.on_frame(_STOP.decode(), binary=False)
-        elif not self._ending:
-            self._conn.close(1001, "server shutting down")
         try:
-            await asyncio.wait_for(self._closed_event.wait(), timeout)
+            await asyncio.wait_for(self._closed.wait(), timeout)
         except asyncio.TimeoutError:
             self._conn.close(1001, "server shutting down")
         await asyncio.gather(*self._tasks, return_exceptions=True)

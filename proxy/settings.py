@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 MiB = 1024 * 1024
 
@@ -27,15 +27,17 @@ class ProxySettings:
     #: bytes a session may have queued towards a client that does not read, before `slow_consumer`
     outbound_buffer_bytes: int = 16 * MiB
     start_timeout: float = 10.0
-    #: WebSocket ping every N s (0: off); a peer silent for `idle_timeout` s after a ping is closed
+    #: WebSocket ping every N s (0: off); a peer that does not answer within `ping_timeout` s is closed
     ping_interval: float = 20.0
-    idle_timeout: float = 60.0
+    ping_timeout: float = 20.0
 
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.outbound_buffer_bytes < 1 or self.start_timeout <= 0:
             raise ValueError("max_connections, outbound_buffer_bytes and start_timeout must be positive")
-        if self.ping_interval < 0 or self.idle_timeout <= 0:
-            raise ValueError("ping_interval must be >= 0 and idle_timeout positive")
+        if self.ping_interval < 0 or self.ping_timeout <= 0:
+            raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
+        if self.ping_interval and self.ping_timeout > self.ping_interval:
+            raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")
 
 
 #: flag name → (settings field, help); defaults come from RTVIDEO_<FIELD> or the dataclass
@@ -50,28 +52,28 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--outbound-buffer-bytes": ("outbound_buffer_bytes", "per-session outbound buffer before slow_consumer"),
     "--start-timeout": ("start_timeout", "seconds to wait for session.start"),
     "--ping-interval": ("ping_interval", "WebSocket ping interval in seconds (0: off)"),
-    "--idle-timeout": ("idle_timeout", "close a peer that answers no ping for this many seconds"),
+    "--ping-timeout": ("ping_timeout", "close a peer that answers a ping not within this many seconds"),
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (),
-                  environ: Mapping[str, str] | None = None) -> None:
+def add_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     """Add the proxy flags (except those in `skip`) to `parser`; env RTVIDEO_<FIELD> sets defaults."""
-    env = os.environ if environ is None else environ
     defaults = ProxySettings()
     types = {f.name: f.type for f in fields(ProxySettings)}
     for flag, (name, help_text) in _FLAGS.items():
         if flag in skip:
             continue
-        raw = env.get(f"RTVIDEO_{name.upper()}")
+        raw = os.environ.get(f"RTVIDEO_{name.upper()}")
         default: Any = getattr(defaults, name)
         if name == "allowed_origins":  # flags add to the comma-separated env list
             origins = [o.strip() for o in (raw or "").split(",") if o.strip()]
-            parser.add_argument(flag, dest=name, action="append", default=origins, help=help_text)
+            parser.add_argument(flag, dest=name, action="append", default=origins, metavar="ORIGIN", help=help_text)
             continue
         kind = _parser_type(types[name])
         value = kind(raw) if raw is not None else default
-        parser.add_argument(flag, dest=name, type=kind, default=value, help=f"{help_text} (default: {value})")
+        shown = "" if name == "token" else f" (default: {value})"  # never print a secret
+        parser.add_argument(flag, dest=name, type=kind, default=value, metavar=name.split("_")[-1].upper(),
+                            help=help_text + shown)
 
 
 def _parser_type(annotation: Any) -> Any:

@@ -21,8 +21,11 @@ from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
 from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES
 from rtvideo.launcher import free_port
 from rtvideo.proxy.access import origin_allowed
+from rtvideo.proxy import session as proxy_session
 from rtvideo.proxy.app import ProxyServer
+from rtvideo.proxy.bridge import START_TAG, Reply, TritonBridge
 from rtvideo.proxy.ledger import Ledger
+from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.ordering import AckGate
 from rtvideo.proxy.settings import ProxySettings
 from tests.conftest import FAST_MODEL, PACED_MODEL
@@ -83,10 +86,18 @@ def run(coro: Awaitable[T], timeout: float = 120.0) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
 
 
+def active_sessions(triton, model: str = FAST_MODEL) -> float:
+    """Triton's `rtvideo_active_sessions` gauge (absent until the model's first session: 0)."""
+    try:
+        return metric(triton, "rtvideo_active_sessions", model)
+    except AssertionError:
+        return 0.0
+
+
 def wait_idle(triton, model: str = FAST_MODEL, timeout: float = 15.0) -> None:
     """Wait until the model has no live session (earlier tests' sessions end within a chunk)."""
     deadline = time.monotonic() + timeout
-    while metric(triton, "rtvideo_active_sessions", model) != 0:
+    while active_sessions(triton, model) != 0:
         assert time.monotonic() < deadline, f"{model} still has live sessions"
         time.sleep(0.05)
 
@@ -297,6 +308,56 @@ def test_ack_gate_holds_mentions_until_the_ack() -> None:
     assert gate.admit("names e2", {"e2"}) == [] and gate.release_all() == ["names e2"]
 
 
+class FakeConnection:
+    """Records what a ProxySession writes (text frames as dicts)."""
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+
+    def write_message(self, message: str | bytes, binary: bool = False) -> "asyncio.Future[None]":
+        self.frames.append(message if binary else json.loads(message))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    def close(self, code: int | None = None, reason: str | None = None) -> None:
+        pass
+
+
+def test_session_forwards_a_mention_only_after_its_ack(monkeypatch) -> None:
+    """Replies interleaved the wrong way round on the gRPC stream still reach the client in order."""
+    monkeypatch.setattr(proxy_session, "ACK_WAIT_SECONDS", 0.2)
+
+    def reply(tag: str, message: dict[str, Any], data: bytes = b"") -> Reply:
+        return Reply(tag, json.dumps(message), message, data)
+
+    def chunk(index: int, started: list[str]) -> Reply:
+        meta = {"type": "video.chunk_metadata", "request_id": "r", "kind": "media", "transport_chunk_index": index,
+                "started_event_ids": started, "active_event_ids": started, "byte_length": 3}
+        return reply(START_TAG, meta, b"abc")
+
+    async def body() -> list[Any]:
+        conn = FakeConnection()
+        settings = ProxySettings(triton_url="127.0.0.1:1")
+        s = proxy_session.ProxySession(conn, TritonBridge(settings.triton_url, settings.model), settings,
+                                       ProxyMetrics(), "test", lambda _: None)
+        s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r"}))
+        s._on_reply(chunk(0, ["e1"]))  # overtook its ack
+        s._on_reply(chunk(1, []))  # and must stay behind it
+        await asyncio.sleep(0.05)
+        s._on_reply(reply("m1", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
+        s._on_reply(chunk(2, ["e2"]))  # an ack that never comes: released after the bound
+        await asyncio.sleep(0.4)
+        s.on_disconnect()
+        return conn.frames
+
+    frames = run(body())
+    kinds = [f if isinstance(f, bytes) else (f["type"], f.get("transport_chunk_index", f.get("event_id"))) for f in frames]
+    assert kinds == [("video.start", None), ("session.interaction.queued", "e1"),
+                     ("video.chunk_metadata", 0), b"abc", ("video.chunk_metadata", 1), b"abc",
+                     ("video.chunk_metadata", 2), b"abc"]
+
+
 def test_ledger_gives_every_acked_event_one_end() -> None:
     ledger = Ledger()
     ledger.observe({"type": "video.start", "request_id": "r"}, False)
@@ -401,6 +462,8 @@ def status_of(url: str, **kwargs: Any) -> int:
                 return 101
         except InvalidStatus as exc:
             return exc.response.status_code
+        except OSError:
+            return 0  # refused: nothing listens
 
     return run(body(), 30)
 
@@ -459,7 +522,7 @@ def test_disconnect_frees_the_triton_session(proxies, triton) -> None:
         await s.start("endless", seed=2)
         await s.next_media()
         await s.next_media()
-        assert metric(triton, "rtvideo_active_sessions", FAST_MODEL) == 1
+        assert active_sessions(triton) == 1
         conn.transport.abort()  # gone without a close frame
 
     run(body())
@@ -508,9 +571,9 @@ def test_eight_concurrent_sessions_lose_nothing(proxies, triton) -> None:
             await s.start(f"scene {i}", seed=i)
             reader = asyncio.create_task(s.finish(120))
             for k in range(rng.randint(4, 10)):
-                eid = f"s{i}-e{k}"
+                eid, n = f"s{i}-e{k}", rng.choice([None, 0, 1, 2, 3])
                 for _ in range(1 + (rng.random() < 0.3)):  # some retries
-                    await s.interact(f"prompt {i}.{k}", eid, rng.choice([None, 0, 1, 2, 3]) if k else 2)
+                    await s.interact(f"prompt {i}.{k}", eid, n)
                     sent[eid] = sent.get(eid, 0) + 1
                 await asyncio.sleep(rng.uniform(0, 0.15))
             while len(s.t.of_type("session.interaction.queued")) < sum(sent.values()):
@@ -567,10 +630,41 @@ def test_client_raises_session_ending_errors(proxies) -> None:
     run(body())
 
 
+def test_shutdown_ends_sessions_cleanly(proxies, triton) -> None:
+    """Stopping a proxy stops its sessions like a session.stop: trailer, done, close 1000."""
+    server = proxies.server(max_connections=7)  # a proxy of its own, stopped here
+
+    async def body() -> Transcript:
+        async with ws(server.url) as conn:
+            s = Ws(conn)
+            await s.start("until shutdown", seed=6)
+            await s.next_media()
+            stopping = asyncio.get_running_loop().run_in_executor(None, proxies.call, server.stop())
+            t = await s.finish()
+            await stopping
+            return t
+
+    t = run(body())
+    check_stream_rules(t)
+    assert t.messages[-1]["stopped"] is True and t.pairs[-1][0]["kind"] == "trailer"
+    assert status_of(server.url) == 0  # nothing listens any more
+    wait_idle(triton)
+
+
 # --- HTTP endpoints and a dead backend ---------------------------------------------------------
 def test_healthz_and_metrics(proxies) -> None:
     server = proxies.server()
     base = f"http://127.0.0.1:{server.port}"
+
+    async def body() -> None:  # something to count: a chunk, an ack, an error
+        async with ws(server.url) as conn:
+            s = Ws(conn)
+            await s.start("counted", num_frames=9)
+            await s.interact("counted too", "m1")
+            await s.send("{")
+            await s.finish()
+
+    run(body())
     health = json.loads(urllib.request.urlopen(base + "/healthz", timeout=5).read())
     assert health["ready"] is True and health["triton"] == {"server_ready": True, "model_ready": True}
     text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()

@@ -25,7 +25,7 @@ from rtvideo.backend.ports import Channel, Metrics
 
 log = logging.getLogger("rtvideo.session")
 
-_POLL_SECONDS = 0.05  # how often a pacing wait looks for cancellation
+_POLL_SECONDS = 0.25  # how often a pacing wait looks for cancellation (an IPC call each)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,127 @@
+"""`rtvideo serve`: Triton with this checkout's model repository, then the WebSocket proxy.
+
+Prints one line on stdout when ready; SIGINT/SIGTERM stop the proxy (sessions end with
+`session.done`) and then Triton, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from rtvideo.launcher import TritonConfig, TritonServer
+from rtvideo.model_repo import MODEL_REPOSITORY, derive_model
+from rtvideo.proxy import settings as proxy_settings
+from rtvideo.proxy.app import ProxyServer
+
+log = logging.getLogger("rtvideo.cli")
+
+#: generator overrides: flag → model `parameters` key
+GENERATOR_FLAGS = {
+    "--width": "width",
+    "--height": "height",
+    "--fps": "fps",
+    "--frames-per-chunk": "frames_per_chunk",
+    "--transition-chunks": "default_transition_chunks",
+    "--pacing-lead": "pacing_lead_chunks",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rtvideo", description="Realtime text-to-video on Triton")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="start Triton and the WebSocket proxy")
+    proxy_settings.add_arguments(serve, skip=("--triton-url",))
+    serve.add_argument("--triton-url", default=os.environ.get("RTVIDEO_TRITON_URL"), metavar="HOST:PORT",
+                       help="use this running Triton (gRPC) instead of starting one")
+    serve.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY,
+                       help=f"Triton model repository (default: {MODEL_REPOSITORY})")
+    serve.add_argument("--triton-log", type=Path, default=None, metavar="PATH",
+                       help="log file of the Triton started here (default: a new temp file)")
+    for name, port in (("grpc", 8001), ("http", 8000), ("metrics", 8002)):
+        serve.add_argument(f"--triton-{name}-port", type=int, default=port, metavar="PORT",
+                           help=f"{name} port of the Triton started here (default: {port})")
+    generator = serve.add_argument_group("generator overrides (a derived copy of the model repository)")
+    for flag, key in GENERATOR_FLAGS.items():
+        generator.add_argument(flag, dest=key, default=None, metavar="VALUE",
+                               help=f"model parameter {key}" + (" ('off': unpaced)" if key == "pacing_lead_chunks" else ""))
+    serve.add_argument("--log-level", default="INFO", help="proxy log level")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return serve(args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Triton (unless --triton-url), then the proxy until SIGINT/SIGTERM; Triton is always stopped."""
+    overrides = {key: getattr(args, key) for key in GENERATOR_FLAGS.values() if getattr(args, key) is not None}
+    if args.triton_url is not None and overrides:
+        raise SystemExit("generator overrides need a Triton started here; drop --triton-url")
+    signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C until the proxy's loop takes over
+    triton: TritonServer | None = None
+    with tempfile.TemporaryDirectory(prefix="rtvideo-repo-") as scratch:
+        try:
+            triton_url = args.triton_url
+            if triton_url is None:
+                repo = args.model_repository
+                if overrides:
+                    repo = Path(scratch)
+                    derive_model(repo, args.model, overrides, source=args.model_repository / args.model)
+                triton = TritonServer(TritonConfig(
+                    model_repository=repo, grpc_port=args.triton_grpc_port,
+                    http_port=args.triton_http_port, metrics_port=args.triton_metrics_port,
+                ), stdout=args.triton_log)
+                triton.start(timeout=600)
+                log.info("tritonserver ready in %.1f s (log: %s)", triton.startup_seconds, triton.log_path)
+                triton_url = triton.grpc_url
+            return asyncio.run(_run_proxy(proxy_settings.from_namespace(args, triton_url=triton_url), triton))
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: a second signal must not orphan Triton
+                signal.signal(sig, signal.SIG_IGN)
+            if triton is not None:
+                triton.stop()
+                log.info("tritonserver stopped")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+async def _run_proxy(settings: proxy_settings.ProxySettings, triton: TritonServer | None) -> int:
+    """Serve until a signal (exit 0) or until the Triton started here dies (exit 1)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = ProxyServer(settings)
+    await server.start()
+    print(f"rtvideo ready: {server.url} (triton grpc {settings.triton_url})", flush=True)
+    code = 0
+    while not stop.is_set():
+        if triton is not None and not triton.is_alive():
+            log.error("tritonserver exited; stopping")
+            code = 1
+            break
+        try:
+            await asyncio.wait_for(stop.wait(), 1.0)
+        except asyncio.TimeoutError:
+            pass
+    await server.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
