@@ -107,7 +107,8 @@ class Session:
                 log.info("request_id=%s event_id=%s rejected: %s", self.request_id, event_id, exc)
                 return
             reply.send(protocol.queued(self.request_id, event_id), final=True)
-            self._metrics.observe_ack(time.monotonic() - received)
+            ack_seconds = time.monotonic() - received
+            self._metrics.observe_ack(ack_seconds)
             if not new:
                 self._metrics.count_interaction("retry")
                 log.info("request_id=%s event_id=%s retry acked again", self.request_id, event_id)
@@ -119,8 +120,8 @@ class Session:
                 self.tracker.admit(event_id, request.event["prompt"], request.transition_chunks)
                 self._metrics.count_interaction("queued")
                 log.info(
-                    "request_id=%s event_id=%s queued transition_chunks=%s",
-                    self.request_id, event_id, request.transition_chunks,
+                    "request_id=%s event_id=%s queued transition_chunks=%s ack_ms=%.2f",
+                    self.request_id, event_id, request.transition_chunks, ack_seconds * 1e3,
                 )
         if unsupported:
             self._send(
