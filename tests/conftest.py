@@ -9,10 +9,8 @@ from typing import Iterator
 import pytest
 
 from rtvideo.model_repo import derive_model
+from tests.streams import FAST_MODEL, PACED_MODEL
 
-#: model names the tests use, and how they differ from the shipped config
-FAST_MODEL = "realtime_video"  # unpaced, so tests run at generator speed
-PACED_MODEL = "realtime_video_paced"  # the shipped pacing, two sessions at most
 
 
 @pytest.fixture(scope="session")

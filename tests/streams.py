@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -10,6 +12,9 @@ import av
 import numpy as np
 
 from rtvideo.core.chunks import mentioned_event_ids
+
+FAST_MODEL = "realtime_video"  # unpaced, so tests run at generator speed
+PACED_MODEL = "realtime_video_paced"  # the shipped pacing, two sessions at most
 
 
 @dataclass
@@ -84,3 +89,21 @@ def split_chunks(frames: np.ndarray, counts: Iterable[int]) -> list[np.ndarray]:
 
 def distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).mean())
+
+
+def metric(triton: Any, name: str, model: str) -> float:
+    """A model's custom metric from Triton's /metrics, summed over its other labels (0 before any)."""
+    text = urllib.request.urlopen(triton.metrics_url, timeout=5).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and f'model="{model}"' in line
+    )
+
+
+def wait_for_metric(triton: Any, name: str, model: str, expected: float, timeout: float = 15.0) -> None:
+    """Metrics are flushed a few times a second: poll until the value is reached."""
+    deadline = time.monotonic() + timeout
+    while (value := metric(triton, name, model)) != expected:
+        assert time.monotonic() < deadline, f"{name}{{model={model}}} is {value}, expected {expected}"
+        time.sleep(0.05)

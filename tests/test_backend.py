@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 from typing import Any
 
 import pytest
 
 from rtvideo.client.triton_stream import TritonStreamSession
-from tests.conftest import FAST_MODEL, PACED_MODEL
-from tests.streams import Transcript, check_stream_rules, decode, distance, split_chunks
+from tests.streams import (
+    FAST_MODEL, PACED_MODEL, Transcript, check_stream_rules, decode, distance, metric, split_chunks, wait_for_metric,
+)
 
 
 def collect(session: TritonStreamSession, timeout: float = 120.0) -> Transcript:
@@ -29,14 +28,6 @@ def next_media(session: TritonStreamSession, t: Transcript, timeout: float = 30.
         t.add(reply.message, reply.data)
         if reply.message and reply.message.get("type") == "video.chunk_metadata":
             return reply.message
-
-
-def metric(triton, name: str, model: str) -> float:
-    text = urllib.request.urlopen(triton.metrics_url, timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {name} for {model} not found")
 
 
 def test_full_session_decodes(triton) -> None:
@@ -201,13 +192,14 @@ def test_cancel_frees_session(triton) -> None:
     s.start("endless", seed=2)
     next_media(s, t)
     next_media(s, t)
-    assert metric(triton, "rtvideo_active_sessions", FAST_MODEL) >= 1
+    wait_for_metric(triton, "rtvideo_active_sessions", FAST_MODEL, 1)
+    ends = metric(triton, "rtvideo_session_ends_total", FAST_MODEL)
     s.close()
-    deadline = time.monotonic() + 10
-    while metric(triton, "rtvideo_active_sessions", FAST_MODEL) != 0:
-        assert time.monotonic() < deadline, "the cancelled session was not freed"
-        time.sleep(0.1)
-    assert metric(triton, "rtvideo_session_ends_total", FAST_MODEL) >= 1
+    wait_for_metric(triton, "rtvideo_active_sessions", FAST_MODEL, 0, timeout=10)
+    deadline = time.monotonic() + 5
+    while metric(triton, "rtvideo_session_ends_total", FAST_MODEL) <= ends:
+        assert time.monotonic() < deadline, "the session end was not counted"
+        time.sleep(0.05)
 
 
 def test_capacity_gives_server_busy(triton) -> None:

@@ -28,9 +28,8 @@ from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.ordering import AckGate
 from rtvideo.proxy.settings import ProxySettings
-from tests.conftest import FAST_MODEL, PACED_MODEL
-from tests.streams import Transcript, check_stream_rules, decode
-from tests.test_backend import ids, metric
+from tests.streams import FAST_MODEL, PACED_MODEL, Transcript, check_stream_rules, decode, wait_for_metric
+from tests.test_backend import ids
 
 T = TypeVar("T")
 
@@ -86,20 +85,9 @@ def run(coro: Awaitable[T], timeout: float = 120.0) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
 
 
-def active_sessions(triton, model: str = FAST_MODEL) -> float:
-    """Triton's `rtvideo_active_sessions` gauge (absent until the model's first session: 0)."""
-    try:
-        return metric(triton, "rtvideo_active_sessions", model)
-    except AssertionError:
-        return 0.0
-
-
 def wait_idle(triton, model: str = FAST_MODEL, timeout: float = 15.0) -> None:
     """Wait until the model has no live session (earlier tests' sessions end within a chunk)."""
-    deadline = time.monotonic() + timeout
-    while active_sessions(triton, model) != 0:
-        assert time.monotonic() < deadline, f"{model} still has live sessions"
-        time.sleep(0.05)
+    wait_for_metric(triton, "rtvideo_active_sessions", model, 0, timeout)
 
 
 # --- a raw WebSocket session that checks framing -----------------------------------------------
@@ -522,7 +510,7 @@ def test_disconnect_frees_the_triton_session(proxies, triton) -> None:
         await s.start("endless", seed=2)
         await s.next_media()
         await s.next_media()
-        assert active_sessions(triton) == 1
+        await asyncio.to_thread(wait_for_metric, triton, "rtvideo_active_sessions", FAST_MODEL, 1)
         conn.transport.abort()  # gone without a close frame
 
     run(body())

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from rtvideo.backend.metrics import BufferedMetrics
 from rtvideo.backend.runtime import build_manager
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.core import protocol
@@ -49,29 +50,35 @@ class TritonChannel:
             return self._sender.is_cancelled()
 
 
-class TritonMetrics:
-    """Runtime metrics as Triton custom metrics (served on Triton's /metrics)."""
+class TritonMetricsPublisher:
+    """Flushes the runtime's buffered metrics to Triton custom metrics (Triton's /metrics)."""
 
-    def __init__(self, model: str) -> None:
-        fam = pb_utils.MetricFamily
+    FAMILIES = {
+        "rtvideo_active_sessions": ("Sessions streaming now", "GAUGE"),
+        "rtvideo_chunks_total": ("Media chunks sent", "COUNTER"),
+        "rtvideo_frames_total": ("Frames sent", "COUNTER"),
+        "rtvideo_bytes_total": ("Media bytes sent", "COUNTER"),
+        "rtvideo_chunk_generate_seconds_total": ("Time generating chunks", "COUNTER"),
+        "rtvideo_chunk_encode_seconds_total": ("Time encoding chunks", "COUNTER"),
+        "rtvideo_acks_total": ("Interaction acks sent", "COUNTER"),
+        "rtvideo_ack_seconds_total": ("Time from request to ack, in the model", "COUNTER"),
+        "rtvideo_interactions_total": ("Interactions by outcome", "COUNTER"),
+        "rtvideo_session_ends_total": ("Session ends by reason", "COUNTER"),
+    }
+
+    def __init__(self, model: str, source: BufferedMetrics, interval: float = 0.25) -> None:
         self._labels = {"model": model}
+        self._source = source
         # Families must outlive their metrics, so keep them all.
         self._families = {
-            name: fam(name, doc, kind)
-            for name, doc, kind in (
-                ("rtvideo_active_sessions", "Sessions streaming now", fam.GAUGE),
-                ("rtvideo_chunks_total", "Media chunks sent", fam.COUNTER),
-                ("rtvideo_frames_total", "Frames sent", fam.COUNTER),
-                ("rtvideo_bytes_total", "Media bytes sent", fam.COUNTER),
-                ("rtvideo_chunk_generate_seconds_total", "Time generating chunks", fam.COUNTER),
-                ("rtvideo_chunk_encode_seconds_total", "Time encoding chunks", fam.COUNTER),
-                ("rtvideo_acks_total", "Interaction acks sent", fam.COUNTER),
-                ("rtvideo_ack_seconds_total", "Time from request to ack", fam.COUNTER),
-                ("rtvideo_interactions_total", "Interactions by outcome", fam.COUNTER),
-                ("rtvideo_session_ends_total", "Session ends by reason", fam.COUNTER),
-            )
+            name: pb_utils.MetricFamily(name, doc, getattr(pb_utils.MetricFamily, kind))
+            for name, (doc, kind) in self.FAMILIES.items()
         }
         self._metrics: dict[tuple[str, str, str], Any] = {}
+        self._metric("rtvideo_active_sessions").set(0)
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), name="metrics", daemon=True)
+        self._thread.start()
 
     def _metric(self, family: str, key: str = "", value: str = "") -> Any:
         metric = self._metrics.get((family, key, value))
@@ -80,32 +87,24 @@ class TritonMetrics:
             metric = self._metrics[(family, key, value)] = self._families[family].Metric(labels)
         return metric
 
-    def _add(self, *updates: tuple[str, float], key: str = "", value: str = "") -> None:
+    def flush(self) -> None:
+        snapshot = self._source.drain()
+        if not snapshot.increments and not snapshot.gauges:
+            return
         with _IPC:
-            for family, amount in updates:
-                self._metric(family, key, value).increment(amount)
+            for key, amount in snapshot.increments.items():
+                self._metric(*key).increment(amount)
+            for key, value in snapshot.gauges.items():
+                self._metric(*key).set(value)
 
-    def set_active_sessions(self, count: int) -> None:
-        with _IPC:
-            self._metric("rtvideo_active_sessions").set(count)
+    def _run(self, interval: float) -> None:
+        while not self._closing.wait(interval):
+            self.flush()
 
-    def observe_chunk(self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int) -> None:
-        self._add(
-            ("rtvideo_chunks_total", 1),
-            ("rtvideo_frames_total", frames),
-            ("rtvideo_bytes_total", nbytes),
-            ("rtvideo_chunk_generate_seconds_total", generate_seconds),
-            ("rtvideo_chunk_encode_seconds_total", encode_seconds),
-        )
-
-    def count_interaction(self, outcome: str) -> None:
-        self._add(("rtvideo_interactions_total", 1), key="outcome", value=outcome)
-
-    def observe_ack(self, seconds: float) -> None:
-        self._add(("rtvideo_acks_total", 1), ("rtvideo_ack_seconds_total", seconds))
-
-    def count_session_end(self, reason: str) -> None:
-        self._add(("rtvideo_session_ends_total", 1), key="reason", value=reason)
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join()
+        self.flush()
 
 
 class TritonPythonModel:
@@ -121,7 +120,9 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("realtime_video must be decoupled")
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         settings = BackendSettings.from_parameters(params)
-        self._manager = build_manager(settings, args["model_name"], TritonMetrics(args["model_name"]))
+        metrics = BufferedMetrics()
+        self._publisher = TritonMetricsPublisher(args["model_name"], metrics)
+        self._manager = build_manager(settings, args["model_name"], metrics)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -137,6 +138,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self._manager.shutdown()
+        self._publisher.close()
 
 
 def _scalar(request: Any, name: str) -> int:
