@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
+
+from bench_common import PACED_PARAMS, UNPACED_PARAMS, bench_triton, percentile
 
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.launcher import TritonConfig, TritonServer, free_port
-from rtvideo.model_repo import derive_model
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def first_chunk_seconds(url: str, model: str, runs: int) -> list[float]:
@@ -82,22 +75,17 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=40, help="interactions per session")
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between interactions")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        repo = Path(tmp)
-        derive_model(repo, "paced", {"max_sessions": "8"})
-        derive_model(repo, "unpaced", {"max_sessions": "8", "pacing_lead_chunks": "off"})
-        config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port())
-        with TritonServer(config, stdout=repo / "triton.log") as server:
-            print(f"tritonserver ready in {server.startup_seconds:.1f} s")
-            ttfc = first_chunk_seconds(server.grpc_url, "unpaced", 5)
-            print(f"time to first chunk (256x256, 9 frames): median {statistics.median(ttfc) * 1e3:.1f} ms, "
-                  f"max {max(ttfc) * 1e3:.1f} ms over {len(ttfc)} sessions")
-            print(f"{'model':<9} {'sessions':>8} {'acks':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-            for model in ("paced", "unpaced"):
-                for sessions in (1, 4, 8):
-                    lat = ack_latencies(server.grpc_url, model, sessions, args.samples, args.interval)
-                    print(f"{model:<9} {sessions:>8} {len(lat):>5} {percentile(lat, 0.5) * 1e3:>8.2f} "
-                          f"{percentile(lat, 0.99) * 1e3:>8.2f} {max(lat) * 1e3:>8.2f}")
+    with bench_triton({"paced": PACED_PARAMS, "unpaced": UNPACED_PARAMS}) as server:
+        print(f"tritonserver ready in {server.startup_seconds:.1f} s")
+        ttfc = first_chunk_seconds(server.grpc_url, "unpaced", 5)
+        print(f"time to first chunk (256x256, 9 frames): median {statistics.median(ttfc) * 1e3:.1f} ms, "
+              f"max {max(ttfc) * 1e3:.1f} ms over {len(ttfc)} sessions")
+        print(f"{'model':<9} {'sessions':>8} {'acks':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+        for model in ("paced", "unpaced"):
+            for sessions in (1, 4, 8):
+                lat = ack_latencies(server.grpc_url, model, sessions, args.samples, args.interval)
+                print(f"{model:<9} {sessions:>8} {len(lat):>5} {percentile(lat, 0.5) * 1e3:>8.2f} "
+                      f"{percentile(lat, 0.99) * 1e3:>8.2f} {max(lat) * 1e3:>8.2f}")
 
 
 if __name__ == "__main__":

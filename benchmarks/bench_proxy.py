@@ -21,18 +21,17 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from websockets.asyncio.client import connect
 
+from bench_common import PACED_PARAMS, UNPACED_PARAMS, bench_triton, percentile
+
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.launcher import TritonConfig, TritonServer, free_port
-from rtvideo.model_repo import derive_model
+from rtvideo.launcher import free_port
 
 UNPACED, PACED = "realtime_video", "realtime_video_paced"
 
@@ -59,11 +58,6 @@ def abba(measure_direct: Callable[[], Run], measure_proxy: Callable[[], Run]) ->
     for path in (d, p, p, d):
         path.merge(measure_direct() if path is d else measure_proxy())
     return d, p
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
 # --- direct gRPC (client/triton_stream.py), one thread per session -------------------------------
@@ -200,47 +194,42 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=60, help="interactions per session and path")
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between a session's interactions")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        repo = Path(tmp)
-        derive_model(repo, UNPACED, {"max_sessions": "8", "pacing_lead_chunks": "off"})
-        derive_model(repo, PACED, {"max_sessions": "8"})
-        config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port())
-        with TritonServer(config, stdout=repo / "triton.log") as server, \
-                ProxyProcess(server.grpc_url, UNPACED) as fast, ProxyProcess(server.grpc_url, PACED) as paced:
-            grpc = server.grpc_url
-            print(f"tritonserver ready in {server.startup_seconds:.1f} s (256x256, 9 frames per chunk)")
-            for model, proxy in ((UNPACED, fast), (PACED, paced)):  # warm-up: the generator speeds up
-                direct(grpc, model, 8, 10, 0.02)
-                proxied(proxy.url, 8, 10, 0.02)
+    with bench_triton({UNPACED: UNPACED_PARAMS, PACED: PACED_PARAMS}) as server, \
+            ProxyProcess(server.grpc_url, UNPACED) as fast, ProxyProcess(server.grpc_url, PACED) as paced:
+        grpc = server.grpc_url
+        print(f"tritonserver ready in {server.startup_seconds:.1f} s (256x256, 9 frames per chunk)")
+        for model, proxy in ((UNPACED, fast), (PACED, paced)):  # warm-up: the generator speeds up
+            direct(grpc, model, 8, 10, 0.02)
+            proxied(proxy.url, 8, 10, 0.02)
 
-            print("\ninteraction ack latency (ms): send → ack received, sessions streaming; runs in ABBA order")
-            print(f"{'model':<8} {'sessions':>8} {'path':<7} {'acks':>5} {'p50':>8} {'p99':>8} {'max':>8}")
-            for label, model, proxy in (("unpaced", UNPACED, fast), ("paced", PACED, paced)):
-                for sessions in (1, 8):
-                    d, p = abba(lambda: direct(grpc, model, sessions, args.samples // 2, args.interval),
-                                lambda: proxied(proxy.url, sessions, args.samples // 2, args.interval))
-                    for path, run in (("direct", d), ("proxy", p)):
-                        print(f"{label:<8} {sessions:>8} {path:<7} {len(run.acks):>5} {ms(run.acks, .5)} "
-                              f"{ms(run.acks, .99)} {max(run.acks) * 1e3:8.2f}")
-                    print(f"{'':<8} {'':>8} {'added':<7} {'':>5} "
-                          f"{(percentile(p.acks, .5) - percentile(d.acks, .5)) * 1e3:8.2f} "
-                          f"{(percentile(p.acks, .99) - percentile(d.acks, .99)) * 1e3:8.2f}")
-
-            runs, d_first, p_first = 10, Run(), Run()
-            for _ in range(runs):  # alternating one-chunk sessions
-                d_first.merge(direct(grpc, UNPACED, 1, 0, 0.0, num_frames=9))
-                p_first.merge(proxied(fast.url, 1, 0, 0.0, num_frames=9))
-            d_ttfc, p_ttfc = statistics.median(d_first.first_chunk), statistics.median(p_first.first_chunk)
-            print(f"\ntime to first chunk (ms, median of {runs}): direct {d_ttfc * 1e3:.1f}, "
-                  f"proxy {p_ttfc * 1e3:.1f}, ratio {p_ttfc / d_ttfc:.2f}")
-
-            print("\nbytes/s delivered, unpaced, 540 frames per session, ABBA")
-            print(f"{'sessions':>8} {'direct MB/s':>12} {'proxy MB/s':>12} {'ratio':>6}")
+        print("\ninteraction ack latency (ms): send → ack received, sessions streaming; runs in ABBA order")
+        print(f"{'model':<8} {'sessions':>8} {'path':<7} {'acks':>5} {'p50':>8} {'p99':>8} {'max':>8}")
+        for label, model, proxy in (("unpaced", UNPACED, fast), ("paced", PACED, paced)):
             for sessions in (1, 8):
-                d, p = abba(lambda: direct(grpc, UNPACED, sessions, 0, 0.0, num_frames=540),
-                            lambda: proxied(fast.url, sessions, 0, 0.0, num_frames=540))
-                d_rate, p_rate = d.nbytes / d.seconds, p.nbytes / p.seconds
-                print(f"{sessions:>8} {d_rate / 1e6:12.2f} {p_rate / 1e6:12.2f} {p_rate / d_rate:6.2f}")
+                d, p = abba(lambda: direct(grpc, model, sessions, args.samples // 2, args.interval),
+                            lambda: proxied(proxy.url, sessions, args.samples // 2, args.interval))
+                for path, run in (("direct", d), ("proxy", p)):
+                    print(f"{label:<8} {sessions:>8} {path:<7} {len(run.acks):>5} {ms(run.acks, .5)} "
+                          f"{ms(run.acks, .99)} {max(run.acks) * 1e3:8.2f}")
+                print(f"{'':<8} {'':>8} {'added':<7} {'':>5} "
+                      f"{(percentile(p.acks, .5) - percentile(d.acks, .5)) * 1e3:8.2f} "
+                      f"{(percentile(p.acks, .99) - percentile(d.acks, .99)) * 1e3:8.2f}")
+
+        runs, d_first, p_first = 10, Run(), Run()
+        for _ in range(runs):  # alternating one-chunk sessions
+            d_first.merge(direct(grpc, UNPACED, 1, 0, 0.0, num_frames=9))
+            p_first.merge(proxied(fast.url, 1, 0, 0.0, num_frames=9))
+        d_ttfc, p_ttfc = statistics.median(d_first.first_chunk), statistics.median(p_first.first_chunk)
+        print(f"\ntime to first chunk (ms, median of {runs}): direct {d_ttfc * 1e3:.1f}, "
+              f"proxy {p_ttfc * 1e3:.1f}, ratio {p_ttfc / d_ttfc:.2f}")
+
+        print("\nbytes/s delivered, unpaced, 540 frames per session, ABBA")
+        print(f"{'sessions':>8} {'direct MB/s':>12} {'proxy MB/s':>12} {'ratio':>6}")
+        for sessions in (1, 8):
+            d, p = abba(lambda: direct(grpc, UNPACED, sessions, 0, 0.0, num_frames=540),
+                        lambda: proxied(fast.url, sessions, 0, 0.0, num_frames=540))
+            d_rate, p_rate = d.nbytes / d.seconds, p.nbytes / p.seconds
+            print(f"{sessions:>8} {d_rate / 1e6:12.2f} {p_rate / 1e6:12.2f} {p_rate / d_rate:6.2f}")
 
 
 if __name__ == "__main__":

@@ -255,7 +255,8 @@ def paced_frames(triton, prompt: str, update: str | None, chunks: int) -> tuple[
                 t.add(reply.message, reply.data)
                 if reply.request_tag == tag:
                     break
-        metas = [next_media(s, t) for _ in range(chunks)]
+        for _ in range(chunks):
+            next_media(s, t)
         s.stop()
         for reply in s.until("session.done"):
             t.add(reply.message, reply.data)

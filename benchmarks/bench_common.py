@@ -1,0 +1,32 @@
+"""Shared by the benchmark scripts: percentiles and a tritonserver with derived models."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from rtvideo.launcher import TritonConfig, TritonServer, free_port
+from rtvideo.model_repo import derive_model
+
+#: the two load shapes every benchmark compares: shipped pacing, and as fast as the CPU goes
+PACED_PARAMS = {"max_sessions": "8"}
+UNPACED_PARAMS = {"max_sessions": "8", "pacing_lead_chunks": "off"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+@contextlib.contextmanager
+def bench_triton(models: Mapping[str, Mapping[str, str]]) -> Iterator[TritonServer]:
+    """A tritonserver on free loopback ports serving `name -> parameter overrides` models."""
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp)
+        for name, params in models.items():
+            derive_model(repo, name, params)
+        config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port())
+        with TritonServer(config, stdout=repo / "triton.log") as server:
+            yield server
