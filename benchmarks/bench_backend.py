@@ -33,19 +33,24 @@ def first_chunk_seconds(url: str, model: str, runs: int) -> list[float]:
     return out
 
 
-def ack_latencies(url: str, model: str, sessions: int, samples: int, interval: float) -> list[float]:
-    """`sessions` streams at once; each sends `samples` interactions and times every ack."""
+def ack_latencies(
+    url: str, model: str, sessions: int, samples: int, interval: float, warmup: float = 1.0
+) -> list[float]:
+    """`sessions` streams at once; each sends `samples` interactions (each a new prompt) and times every ack."""
     results: list[float] = []
     lock = threading.Lock()
+    started = threading.Barrier(sessions)
 
     def one(index: int) -> None:
         with TritonStreamSession(url, model) as s:
             s.start(f"load session {index}", seed=index)
             assert s.next().message["type"] == "video.start"
+            started.wait()  # measure while every session streams, not while they start
+            time.sleep(warmup)
             pending: dict[str, float] = {}
             mine: list[float] = []
             for k in range(samples):
-                tag = s.interact(f"prompt {index}-{k % 5}", event_id=f"e{k}", transition_chunks=2)
+                tag = s.interact(f"prompt {index}-{k}", event_id=f"e{k}", transition_chunks=2)
                 pending[tag] = s.sent_at[tag]
                 deadline = time.monotonic() + interval
                 while time.monotonic() < deadline or pending:
