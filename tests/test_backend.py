@@ -51,8 +51,9 @@ def test_bad_start_is_refused_with_done(triton) -> None:
     with TritonStreamSession(triton.grpc_url, FAST_MODEL) as s:
         s.send({"type": "session.start", "prompt": "x", "format": "webm"}, start=True)
         first, second = s.next(), s.next()
-        s.send({"type": "session.stop"}, end=True)
+        s.send({"type": "session.ping"})
         late = s.next()
+        s.send({"type": "session.stop"}, end=True)  # completes flags-only: nothing reaches this client
     assert first.message["code"] == "unsupported_format"
     assert second.message["type"] == "session.done" and second.message["chunks"] == 0
     assert late.message["code"] == "invalid_message", "a request after the end still gets its one answer"

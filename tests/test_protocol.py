@@ -171,6 +171,11 @@ BAD_STARTS = [
     ("extra_params list", start(prompt="x", extra_params=[]), ErrorCode.INVALID_START, "extra_params"),
     ("sampling_params str", start(prompt="x", sampling_params="a"), ErrorCode.INVALID_START, "sampling_params"),
     ("oversized", start(prompt="x" * MAX_START_BYTES), ErrorCode.MESSAGE_TOO_LARGE, "limit is"),
+    ("size superscript digit", start(prompt="x", size="2\u00b2x64"), ErrorCode.INVALID_START, "WIDTHxHEIGHT"),
+    ("size 5000 digits", start(prompt="x", size="9" * 5000 + "x2"), ErrorCode.INVALID_START, "WIDTHxHEIGHT"),
+    ("extra_params string with sampling", start(prompt="x", extra_params="ab", sampling_params={}),
+     ErrorCode.INVALID_START, "extra_params must be an object"),
+    ("sampling_params list", start(prompt="x", sampling_params=[1]), ErrorCode.INVALID_START, "sampling_params"),
 ]
 
 
@@ -204,3 +209,18 @@ def test_server_messages() -> None:
     assert err == {"type": "error", "code": "event_id_conflict", "message": "m", "request_id": rid, "event_id": "e"}
     assert "request_id" not in protocol.error(ErrorCode.INVALID_START, "m")
     assert json.loads(protocol.encode(protocol.video_start(rid, "m4s", {"width": 1})))["config"] == {"width": 1}
+
+
+start_values = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=12),
+    st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=6), st.integers(), max_size=3),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(protocol.START_FIELDS - {"type"}) + ["other"]), start_values, max_size=8))
+def test_start_validation_never_raises_anything_else(fields: dict) -> None:
+    try:
+        parse_start(json.dumps({"type": "session.start", **fields}))
+    except ProtocolError as exc:
+        assert isinstance(exc.code, ErrorCode) and exc.message

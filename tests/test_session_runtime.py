@@ -17,6 +17,8 @@ from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.manager import SessionManager
 from rtvideo.backend.session import Limits
 from rtvideo.backend.settings import BackendSettings
+from rtvideo.core.errors import ErrorCode
+from rtvideo.core.protocol import InteractionRequest
 
 
 class Recorder:
@@ -158,3 +160,46 @@ def test_backend_settings_reject_bad_parameters(params: dict, fragment: str) -> 
 def test_backend_settings_parse() -> None:
     s = BackendSettings.from_parameters({"pacing_lead_chunks": "off", "width": "320", "max_session_seconds": "90"})
     assert s.pacing_lead_chunks is None and s.width == 320 and s.max_session_seconds == 90.0
+
+
+def test_interaction_after_the_end_is_refused_not_lost() -> None:
+    mgr, _ = manager("stall", stall_timeout_seconds=60.0)
+    ch = start(mgr)
+    session = next(iter(mgr._sessions.values()))
+    session.fail(ErrorCode.GENERATION_FAILED, "boom")
+    late = Recorder()
+    session.interact(InteractionRequest(event={"prompt": "late"}, event_id="late"), late)
+    assert late.types() == ["error"] and late.sent[0][0]["code"] == "invalid_message"
+    assert late.sent[0][0]["request_id"] == session.request_id
+    done = ch.sent[-1][0]
+    assert done["type"] == "session.done" and done["unapplied_event_ids"] == []
+
+
+def test_requests_after_the_end_carry_the_request_id_and_stop_completes() -> None:
+    mgr, _ = manager()
+    ch = start(mgr, num_frames=9)
+    assert ch.finished.wait(5)
+    rid = ch.sent[0][0]["request_id"]
+    ping = Recorder()
+    mgr.on_request(1, b'{"type":"session.ping"}', start=False, end=False, channel=ping)
+    assert ping.sent[0][0]["request_id"] == rid and ping.sent[0][2] is True
+    stop = Recorder()
+    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=stop)
+    assert stop.sent == [(None, b"", True)]
+
+
+def test_start_that_cannot_build_its_encoder_is_refused_and_frees_everything() -> None:
+    gen = StandInGenerator()
+    settings = BackendSettings(width=64, height=64, max_sessions=1)
+
+    def broken_encoder(width: int, height: int, fps: int) -> Any:
+        raise RuntimeError("no libx264")
+
+    mgr = SessionManager(
+        generator=gen, encoder_factory=broken_encoder, capabilities=settings.capabilities("realtime_video"),
+        limits=Limits(None, 60.0, 60.0), max_sessions=1,
+    )
+    ch = start(mgr)
+    assert ch.types() == ["error", "session.done"] and ch.sent[0][0]["code"] == "generation_failed"
+    assert "no libx264" in ch.sent[0][0]["message"] and ch.sent[-1][2] is True
+    assert gen.closed == 1 and mgr.active_sessions == 0

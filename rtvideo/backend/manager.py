@@ -5,16 +5,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable
 
 from rtvideo.backend.ports import Channel, Metrics, NullMetrics
-from rtvideo.backend.session import Limits, Session
+from rtvideo.backend.session import Limits, Session, ended_error
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import InteractionRequest, PingRequest, StopRequest
-from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
+from rtvideo.core.session_config import ModelCapabilities, SessionConfig, resolve_session_config
 
 log = logging.getLogger("rtvideo.manager")
+
+_ENDED_IDS_KEPT = 1024
+
+
+def _is_stop(payload: bytes) -> bool:
+    try:
+        return isinstance(protocol.parse_message(payload), StopRequest)
+    except ProtocolError:
+        return False
 
 
 class SessionManager:
@@ -38,6 +48,9 @@ class SessionManager:
         self._max_sessions = max_sessions
         self._metrics = metrics or NullMetrics()
         self._sessions: dict[int, Session] = {}
+        # request ids of ended sessions whose sequence is still open, so late requests
+        # are answered with their request_id; bounded, dropped at sequence end
+        self._ended_ids: OrderedDict[int, str] = OrderedDict()
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, args=(watchdog_interval,), name="stall-watchdog", daemon=True)
@@ -55,7 +68,10 @@ class SessionManager:
         except Exception as exc:  # noqa: BLE001 - a bug must answer the request, not hang it
             log.exception("corrid=%s request failed", corrid)
             try:
-                channel.send(protocol.error(ErrorCode.GENERATION_FAILED, f"internal error: {exc}"), final=True)
+                if start:  # the start stream must still end with session.done
+                    self._refuse(channel, ErrorCode.GENERATION_FAILED, f"the session could not start: {exc}")
+                else:
+                    channel.send(protocol.error(ErrorCode.GENERATION_FAILED, f"internal error: {exc}"), final=True)
             except Exception:  # noqa: BLE001 - the response may already be final
                 pass
 
@@ -67,10 +83,12 @@ class SessionManager:
             return
         with self._lock:
             session = self._sessions.get(corrid)
+            ended_id = self._ended_ids.pop(corrid, None) if end else self._ended_ids.get(corrid)
         if session is None or session.ended:
-            channel.send(
-                protocol.error(ErrorCode.INVALID_MESSAGE, "this sequence has no running session"), final=True
-            )
+            if _is_stop(payload):
+                channel.send(None, final=True)  # a stop that raced the end completes as always
+            else:
+                channel.send(ended_error(session.request_id if session else ended_id), final=True)
             return
         try:
             message = protocol.parse_message(payload)
@@ -99,35 +117,48 @@ class SessionManager:
             self._refuse(channel, exc.code, exc.message)
             return
         with self._lock:
-            previous = self._sessions.pop(corrid, None)
-            busy = len(self._sessions) >= self._max_sessions
-            if busy:
-                if previous is not None:
-                    self._sessions[corrid] = previous
+            previous = self._sessions.pop(corrid, None)  # a new START on a live sequence replaces it
+            if previous is not None:
+                previous.request_stop()
+            if len(self._sessions) >= self._max_sessions:
+                session = None
             else:
-                request_id = protocol.new_request_id()
-                session = Session(
-                    request_id=request_id,
-                    config=config,
-                    channel=channel,
-                    generator_session=self._generator.open_session(
-                        width=config.width, height=config.height, seed=config.seed, fps=config.fps
-                    ),
-                    encoder=self._encoder_factory(config.width, config.height, config.fps),
-                    limits=self._limits,
-                    metrics=self._metrics,
-                    on_end=lambda s, reason, corrid=corrid: self._ended(corrid, s, reason),
-                )
-                self._sessions[corrid] = session
-                count = len(self._sessions)
-        if previous is not None and not busy:
-            previous.request_stop()
-        if busy:
+                session = self._sessions[corrid] = self._new_session(corrid, config, channel)
+            count = len(self._sessions)
+        if session is None:
             self._refuse(channel, ErrorCode.SERVER_BUSY, f"all {self._max_sessions} session slots are in use; try again later")
             return
         self._metrics.set_active_sessions(count)
-        log.info("request_id=%s corrid=%s started config=%s", request_id, corrid, config.to_json())
-        session.start()
+        log.info("request_id=%s corrid=%s started config=%s", session.request_id, corrid, config.to_json())
+        try:
+            session.start()
+        except Exception:
+            with self._lock:
+                if self._sessions.get(corrid) is session:
+                    del self._sessions[corrid]
+            session.abandon()
+            raise
+
+    def _new_session(self, corrid: int, config: SessionConfig, channel: Channel) -> Session:
+        """Generator state and encoder for one session; nothing is left open if either fails."""
+        generator_session = self._generator.open_session(
+            width=config.width, height=config.height, seed=config.seed, fps=config.fps
+        )
+        try:
+            encoder = self._encoder_factory(config.width, config.height, config.fps)
+        except Exception:
+            generator_session.close()
+            raise
+        return Session(
+            request_id=protocol.new_request_id(),
+            config=config,
+            channel=channel,
+            generator_session=generator_session,
+            encoder=encoder,
+            limits=self._limits,
+            metrics=self._metrics,
+            on_end=lambda s, reason: self._ended(corrid, s, reason),
+        )
 
     def _refuse(self, channel: Channel, code: ErrorCode, message: str) -> None:
         log.info("start refused: %s: %s", code.value, message)
@@ -148,6 +179,9 @@ class SessionManager:
         with self._lock:
             if self._sessions.get(corrid) is session:
                 del self._sessions[corrid]
+                self._ended_ids[corrid] = session.request_id
+                while len(self._ended_ids) > _ENDED_IDS_KEPT:
+                    self._ended_ids.popitem(last=False)
             count = len(self._sessions)
         self._metrics.set_active_sessions(count)
         self._metrics.count_session_end(reason)

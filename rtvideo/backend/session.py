@@ -28,6 +28,13 @@ log = logging.getLogger("rtvideo.session")
 _POLL_SECONDS = 0.25  # how often a pacing wait looks for cancellation (an IPC call each)
 
 
+def ended_error(request_id: str | None) -> dict[str, Any]:
+    """The answer to a request that arrives after the session ended (or never started)."""
+    if request_id is None:
+        return protocol.error(ErrorCode.INVALID_MESSAGE, "this sequence has no running session")
+    return protocol.error(ErrorCode.INVALID_MESSAGE, "the session has ended", request_id=request_id)
+
+
 @dataclass(frozen=True)
 class Limits:
     pacing_lead_chunks: float | None
@@ -80,6 +87,11 @@ class Session:
         self._send({**protocol.video_start(self.request_id, self.config.format, self.config.to_json())})
         self._thread.start()
 
+    def abandon(self) -> None:
+        """Free everything of a session whose worker never started (its start failed)."""
+        self._ended = True
+        self._release()
+
     @property
     def ended(self) -> bool:
         return self._ended
@@ -92,13 +104,21 @@ class Session:
         self.stats.last_progress = time.monotonic()
 
     def interact(self, request: InteractionRequest, reply: Channel) -> None:
-        """Validate idempotency, ack on the request's own stream, then queue for the next boundary."""
+        """Validate idempotency, ack on the request's own stream, then queue for the next boundary.
+
+        Holds the send lock too (in `_finish`'s order), so an event is either admitted
+        before the session's end is computed, and so reaches an end in `session.done`,
+        or refused because the session has ended.
+        """
         received = time.monotonic()
         request = request.with_event_id()
         event_id = request.event_id
         assert event_id is not None
         unsupported = sorted(set(request.event) - SUPPORTED_EVENT_FIELDS)
-        with self._lock:
+        with self._send_lock, self._lock:
+            if self._ended:
+                reply.send(ended_error(self.request_id), final=True)
+                return
             try:
                 new = self.registry.admit(event_id, request.fingerprint)
             except ProtocolError as exc:
@@ -106,16 +126,27 @@ class Session:
                 reply.send(protocol.error_from(exc, self.request_id), final=True)
                 log.info("request_id=%s event_id=%s rejected: %s", self.request_id, event_id, exc)
                 return
-            reply.send(protocol.queued(self.request_id, event_id), final=True)
+            try:
+                reply.send(protocol.queued(self.request_id, event_id), final=True)
+            except Exception:  # noqa: BLE001 - recorded ids must be applied, or a retry would skip them
+                log.warning("request_id=%s event_id=%s ack not delivered", self.request_id, event_id)
             ack_seconds = time.monotonic() - received
             self._metrics.observe_ack(ack_seconds)
             if not new:
                 self._metrics.count_interaction("retry")
                 log.info("request_id=%s event_id=%s retry acked again", self.request_id, event_id)
-                return
-            if unsupported:
+            elif unsupported:
                 self._metrics.count_interaction("interaction_failed")
                 log.info("request_id=%s event_id=%s unsupported fields %s", self.request_id, event_id, unsupported)
+                self.channel.send(
+                    protocol.error(
+                        ErrorCode.INTERACTION_FAILED,
+                        f"event field(s) {', '.join(unsupported)} not supported by the active model; "
+                        "nothing of this event was applied",
+                        request_id=self.request_id,
+                        event_id=event_id,
+                    )
+                )
             else:
                 self.tracker.admit(event_id, request.event["prompt"], request.transition_chunks)
                 self._metrics.count_interaction("queued")
@@ -123,16 +154,6 @@ class Session:
                     "request_id=%s event_id=%s queued transition_chunks=%s ack_ms=%.2f",
                     self.request_id, event_id, request.transition_chunks, ack_seconds * 1e3,
                 )
-        if unsupported:
-            self._send(
-                protocol.error(
-                    ErrorCode.INTERACTION_FAILED,
-                    f"event field(s) {', '.join(unsupported)} not supported by the active model; "
-                    "nothing of this event was applied",
-                    request_id=self.request_id,
-                    event_id=event_id,
-                )
-            )
 
     def fail(self, code: ErrorCode, message: str) -> None:
         """End the session from any thread with an error, then `session.done`."""

@@ -247,10 +247,11 @@ def parse_start(raw: bytes | str) -> StartRequest:
 def validate_start(obj: Mapping[str, Any]) -> StartRequest:
     """Field-level validation of a decoded `session.start` object."""
     fields = dict(obj)
+    for name in _START_OBJECT_FIELDS:
+        if fields.get(name) is not None and not isinstance(fields[name], dict):
+            raise ProtocolError(ErrorCode.INVALID_START, f"{name} must be an object, not {_json_kind(fields[name])}")
     sampling = fields.pop("sampling_params", None)
     if sampling is not None:
-        if not isinstance(sampling, dict):
-            raise ProtocolError(ErrorCode.INVALID_START, "sampling_params must be an object")
         extra = dict(fields.get("extra_params") or {})
         for key, value in sampling.items():  # request fields are lifted, the rest are extras
             if key in START_FIELDS and key not in ("type", "sampling_params", "extra_params"):
@@ -286,21 +287,18 @@ def validate_start(obj: Mapping[str, Any]) -> StartRequest:
         raise ProtocolError(ErrorCode.INVALID_START, "seconds must be greater than 0")
     if fields.get("size") is not None:
         values["width"], values["height"] = _parse_size(fields["size"])
-    extra = fields.get("extra_params")
-    if extra is not None:
-        if not isinstance(extra, dict):
-            raise ProtocolError(ErrorCode.INVALID_START, "extra_params must be an object")
-        values["extra_params"] = extra
+    if fields.get("extra_params") is not None:
+        values["extra_params"] = fields["extra_params"]
     return StartRequest(**values)
 
 
 def _parse_size(size: Any) -> tuple[int, int]:
     if not isinstance(size, str):
         raise ProtocolError(ErrorCode.INVALID_START, "size must be a string like '256x256'")
-    parts = size.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise ProtocolError(ErrorCode.INVALID_START, f"size {size!r} is not of the form 'WIDTHxHEIGHT'")
-    width, height = (int(p) for p in parts)
+    parts = [part.strip() for part in size.lower().split("x")]
+    if len(parts) != 2 or not all(part.isascii() and part.isdigit() and len(part) <= 6 for part in parts):
+        raise ProtocolError(ErrorCode.INVALID_START, f"size {size[:40]!r} is not of the form 'WIDTHxHEIGHT'")
+    width, height = (int(part) for part in parts)
     for name, value in (("width", width), ("height", height)):
         as_int(value, f"size {name}", 1, MAX_DIMENSION, ErrorCode.INVALID_START)
     return width, height
