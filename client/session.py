@@ -48,6 +48,14 @@ class RealtimeVideoError(Exception):
 _END = object()  # end-of-stream marker in the chunk queue
 
 
+@dataclass
+class _AckWait:
+    """The future every `interact()` for one event id waits on, and how many do."""
+
+    future: asyncio.Future[dict[str, Any]]
+    waiters: int = 0
+
+
 class RealtimeVideoClient:
     """One session. Errors that do not end the session go to `on_error` (default: the
     `errors` queue); a session-ending error is raised by `chunks()` (and `start()`)."""
@@ -64,7 +72,7 @@ class RealtimeVideoClient:
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task | None = None
         self._started: asyncio.Future[dict[str, Any]] | None = None
-        self._acks: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._acks: dict[str, _AckWait] = {}
         self._chunks: asyncio.Queue[Any] = asyncio.Queue()
         self.video_start: dict[str, Any] | None = None
         self.done: dict[str, Any] | None = None
@@ -100,19 +108,26 @@ class RealtimeVideoClient:
         if transition_chunks is not None:
             interaction["transition_chunks"] = transition_chunks
         eid = interaction["event_id"]
-        ack = self._acks.setdefault(eid, asyncio.get_running_loop().create_future())
+        if self.done is not None or self.failure is not None:  # over: no ack can come any more
+            raise self._end_error()
+        wait = self._acks.get(eid)
+        if wait is None or wait.future.done():  # concurrent calls for one id share a pending future
+            wait = self._acks[eid] = _AckWait(asyncio.get_running_loop().create_future())
+        wait.waiters += 1
         sent = 0
         try:
             while True:
                 await self._send({"type": "session.interaction", "interaction": interaction})
                 sent += 1
                 try:
-                    return await asyncio.wait_for(asyncio.shield(ack), timeout)
+                    return await asyncio.wait_for(asyncio.shield(wait.future), timeout)
                 except asyncio.TimeoutError:
                     if sent >= attempts:
                         raise
         finally:
-            self._acks.pop(eid, None)
+            wait.waiters -= 1
+            if not wait.waiters and self._acks.get(eid) is wait:
+                del self._acks[eid]
 
     async def stop(self) -> None:
         """Ask for the end: the stream then ends with the trailer and `session.done`."""
@@ -166,7 +181,8 @@ class RealtimeVideoClient:
             self.video_start = message
             self._resolve(self._started, message)
         elif kind == "session.interaction.queued":
-            self._resolve(self._acks.get(message["event_id"]), message)
+            wait = self._acks.get(message["event_id"])
+            self._resolve(wait and wait.future, message)
         elif kind == "session.done":
             self.done = message
             self._settle()
@@ -175,19 +191,26 @@ class RealtimeVideoClient:
             waiting = self._acks.get(error.event_id or "")
             if error.code in _ENDING:
                 self.failure = error
+                self._wake(error)  # no video.start or ack comes after it; done may be late or never
             elif waiting is not None and error.code in _INTERACTION_REJECTED:
-                if not waiting.done():
-                    waiting.set_exception(error)
+                if not waiting.future.done():
+                    waiting.future.set_exception(error)
             else:
                 self._on_error(error)
 
     def _settle(self) -> None:
         """The session is over: wake everything that waits on it."""
-        end = self.failure or RealtimeVideoError("session_done", "the session ended")
-        for future in [self._started, *self._acks.values()]:
+        self._wake(self._end_error())
+        self._chunks.put_nowait(_END)
+
+    def _end_error(self) -> RealtimeVideoError:
+        return self.failure or RealtimeVideoError("session_done", "the session ended")
+
+    def _wake(self, end: RealtimeVideoError) -> None:
+        """Fail `start()` and every `interact()` still waiting."""
+        for future in [self._started, *(wait.future for wait in self._acks.values())]:
             if future is not None and not future.done():
                 future.set_exception(end)
-        self._chunks.put_nowait(_END)
 
     @staticmethod
     def _resolve(future: asyncio.Future | None, value: dict[str, Any]) -> None:

@@ -65,7 +65,9 @@ class ProxySession:
         self._sequence_ended = asyncio.Event()  # Triton delivered that request to the model
         self._stream_broken = False
         self._forwarding = True  # model replies still go to the client
-        self._ending = False
+        self._ending = False  # the end is decided (set synchronously, before any task reports it)
+        self._early: list[Callable[[], None]] | None = []  # answers held until video.start is forwarded
+        self._early_bytes = 0
         self._closed = asyncio.Event()  # the WebSocket is closed
         self._interactions: dict[str, float] = {}  # request tag → when the client's frame arrived
         self._tasks: set[asyncio.Task] = set()
@@ -93,7 +95,7 @@ class ProxySession:
             self._reject(ErrorCode.INVALID_MESSAGE, "the session has already started")
         elif not self._sequence_open:  # session.stop went to Triton: the sequence is closed
             if kind == protocol.PING:
-                self._emit(protocol.pong(), urgent=True)
+                self._answer(protocol.pong)
             elif kind != protocol.STOP:
                 self._reject(ErrorCode.INVALID_MESSAGE, "session.stop was sent; the session is ending")
         else:
@@ -114,7 +116,7 @@ class ProxySession:
         except ProtocolError as exc:
             code = exc.code if exc.code is ErrorCode.MESSAGE_TOO_LARGE else ErrorCode.INVALID_START
             message = exc.message if code is exc.code else f"first message must be session.start: {exc.message}"
-            self._spawn(self._fail(code, message))
+            self._fail(code, message)  # claims the end now: frames already buffered are ignored
             return
         self._stream = self._bridge.open_stream()
         self._stream.send(_raw_bytes(raw), start=True)
@@ -122,8 +124,8 @@ class ProxySession:
         self._spawn(self._pump(self._stream))
 
     def _start_timed_out(self) -> None:
-        if self._stream is None and not self._ending:
-            self._spawn(self._fail(ErrorCode.START_TIMEOUT, f"no session.start within {self._settings.start_timeout:g} s"))
+        if self._stream is None:
+            self._fail(ErrorCode.START_TIMEOUT, f"no session.start within {self._settings.start_timeout:g} s")
 
     # --- Triton → client -------------------------------------------------------------------
     async def _pump(self, stream: TritonStream) -> None:
@@ -137,7 +139,7 @@ class ProxySession:
             self._sequence_ended.set()
             if not self._ending:
                 log.warning("request_id=%s peer=%s backend failure: %s", self.request_id, self.peer, exc)
-                await self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
+                self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
 
     def _on_reply(self, reply: Reply) -> None:
         kind = reply.message.get("type")
@@ -150,6 +152,14 @@ class ProxySession:
                 self._forward(item)
             self._arm_gate_timer()
             return
+        if self._early is not None:  # an answer that overtook video.start on the gRPC stream: wait behind it
+            self._hold(lambda: self._on_answer(reply), len(reply.text) + len(reply.data))
+            return
+        self._on_answer(reply)
+
+    def _on_answer(self, reply: Reply) -> None:
+        """The answer to one later request (ack, pong, per-message error), once video.start is out."""
+        kind = reply.message.get("type")
         received = self._interactions.pop(reply.tag, None)
         self._forward(reply, urgent=True)
         if kind == protocol.QUEUED:
@@ -169,13 +179,14 @@ class ProxySession:
             log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
         data = reply.data if message.get("type") == protocol.CHUNK_METADATA else None
         if not self._emit(message, text=reply.text, data=data, urgent=urgent):
-            self._spawn(self._fail(
-                ErrorCode.SLOW_CONSUMER,
-                f"the client reads too slowly: more than {self._settings.outbound_buffer_bytes} bytes are waiting",
-            ))
+            self._slow_consumer()
         elif message.get("type") == protocol.DONE:
             self._ending, self._forwarding = True, False
             self._spawn(self._finish(FLUSH_SECONDS))
+        elif message.get("type") == protocol.VIDEO_START:
+            early, self._early = self._early or [], None
+            for release in early:  # queued behind video.start, in arrival order
+                release()
 
     def _emit(self, message: Mapping[str, Any], *, text: str | None = None, data: bytes | None = None,
               urgent: bool = False, force: bool = False) -> bool:
@@ -187,7 +198,32 @@ class ProxySession:
 
     def _reject(self, code: ErrorCode, text: str) -> None:
         """An error about one client message; the session goes on."""
-        self._emit(protocol.error(code, text, request_id=self.request_id), urgent=True)
+        self._answer(lambda: protocol.error(code, text, request_id=self.request_id))
+
+    def _answer(self, build: Callable[[], Mapping[str, Any]]) -> None:
+        """An answer of the proxy's own (pong, error about one message): urgent, but never ahead of
+        video.start, and bounded like any reply (refused by a full buffer → slow_consumer)."""
+        if self._ending:
+            return
+        if self._early is not None:
+            self._hold(lambda: self._answer(build), len(protocol.encode(build())))
+        elif not self._emit(build(), urgent=True):
+            self._slow_consumer()
+
+    def _hold(self, release: Callable[[], None], size: int) -> None:
+        """Keep an answer until video.start is forwarded; held bytes count against the outbound bound."""
+        assert self._early is not None
+        self._early_bytes += size
+        if self._early_bytes > self._settings.outbound_buffer_bytes:
+            self._slow_consumer()
+        else:
+            self._early.append(release)
+
+    def _slow_consumer(self) -> None:
+        self._fail(
+            ErrorCode.SLOW_CONSUMER,
+            f"the client reads too slowly: more than {self._settings.outbound_buffer_bytes} bytes are waiting",
+        )
 
     def _taken(self, frame: Frame) -> None:
         self.ledger.observe(frame.message, frame.data is not None)
@@ -206,11 +242,16 @@ class ProxySession:
             self._forward(item)
 
     # --- ending ----------------------------------------------------------------------------
-    async def _fail(self, code: ErrorCode, message: str) -> None:
-        """End the session from the proxy's side: error, `session.done`, close."""
+    def _fail(self, code: ErrorCode, message: str) -> None:
+        """End the session from the proxy's side. The end is claimed at once, so nothing else is
+        forwarded or accepted, not even later in the current synchronous burst; a task reports it."""
         if self._ending:
             return
         self._ending, self._forwarding = True, False
+        self._spawn(self._report_failure(code, message))
+
+    async def _report_failure(self, code: ErrorCode, message: str) -> None:
+        """Error, `session.done` (from the ledger: what the client was actually sent), close."""
         if code is ErrorCode.SLOW_CONSUMER or not await self._outbox.flush(1.0):
             self._outbox.discard()  # the client cannot take more; the end must still fit
         # Nothing is queued now but the error: the ledger has seen every frame before the done.
