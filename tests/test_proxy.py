@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import signal
 import socket
 import threading
 import time
@@ -682,3 +684,44 @@ def test_unreachable_triton(proxies) -> None:
 
     error, done = run(body())
     assert error["code"] == "backend_unavailable" and done["type"] == "session.done"
+
+
+def test_triton_dying_mid_session(proxies, tmp_path) -> None:
+    """A second, throwaway tritonserver is killed under a live session: the client gets
+    backend_unavailable, then a session.done that still counts what it received, then 1000."""
+    from rtvideo.launcher import TritonConfig, TritonServer
+    from rtvideo.model_repo import derive_model
+
+    derive_model(tmp_path, FAST_MODEL, {"pacing_lead_chunks": "1.0", "max_sessions": "1"})
+    doomed = TritonServer(
+        TritonConfig(tmp_path, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()),
+        stdout=tmp_path / "triton.log",
+    )
+    doomed.start(timeout=300)
+    try:
+        server = proxies.server(triton_url=doomed.grpc_url)
+
+        async def body() -> Ws:
+            async with ws(server.url) as conn:
+                s = Ws(conn)
+                await s.start("doomed", seed=3)
+                await s.next_media()
+                await s.interact("still queued", event_id="late", transition_chunks=50)
+                await s.until(lambda m: m["type"] == "session.interaction.queued")
+                await asyncio.to_thread(os.killpg, doomed.pid, signal.SIGKILL)
+                await s.until(lambda m: m["type"] == "error", timeout=30)
+                await s.until(lambda m: m["type"] == "session.done", timeout=10)
+                with pytest.raises(ConnectionClosed):
+                    await conn.recv()
+                assert conn.close_code == 1000
+                return s
+
+        s = run(body())
+    finally:
+        doomed.stop()
+    errors = s.t.of_type("error")
+    assert [e["code"] for e in errors] == ["backend_unavailable"]
+    done = s.t.messages[-1]
+    assert done["chunks"] == len(s.t.pairs)
+    named = {e for m in s.t.media for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids") for e in m[k]}
+    assert "late" in named | set(done["unapplied_event_ids"]) | set(done["unfinished_event_ids"])
