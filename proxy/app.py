@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 
 import tornado.web
 from tornado.httpserver import HTTPServer
@@ -19,6 +20,8 @@ from rtvideo.proxy.settings import ProxySettings
 log = logging.getLogger("rtvideo.proxy")
 
 WEBSOCKET_PATH = "/v1/realtime/video"
+#: the single-file browser demo served at `GET /`
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 class HealthHandler(tornado.web.RequestHandler):
@@ -61,6 +64,7 @@ def make_app(settings: ProxySettings) -> tornado.web.Application:
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
         (r"/healthz", HealthHandler, {"context": context}),
         (r"/metrics", MetricsHandler, {"context": context}),
+        (r"/()", tornado.web.StaticFileHandler, {"path": str(STATIC_DIR), "default_filename": "index.html"}),
     ]
     return tornado.web.Application(
         handlers,
