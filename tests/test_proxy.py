@@ -151,6 +151,18 @@ def ws(url: str, **kwargs: Any) -> Any:
     return connect(url, max_size=None, proxy=None, open_timeout=10, **kwargs)
 
 
+async def first_message_answers(url: str, first: Any, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Send one first message; read the two answers (an error, then session.done) and the 1000 close."""
+    async with ws(url) as conn:
+        s = Ws(conn)
+        await s.send(first)
+        messages = [await s.next(timeout), await s.next(timeout)]
+        with pytest.raises(ConnectionClosed):
+            await conn.recv()
+        assert conn.close_code == 1000
+        return messages
+
+
 def is_error(code: str) -> Callable[[dict[str, Any]], bool]:
     return lambda m: m["type"] == "error" and m["code"] == code
 
@@ -429,17 +441,7 @@ def test_start_timeout(proxies) -> None:
     ('{"type": "session.start", "prompt": "x", "model": "other"}', "model_mismatch"),
 ])
 def test_invalid_first_message_ends_the_session(proxies, first: Any, code: str) -> None:
-    async def body() -> list[dict[str, Any]]:
-        async with ws(proxies.url()) as conn:
-            s = Ws(conn)
-            await s.send(first)
-            messages = [await s.next(10), await s.next(10)]
-            with pytest.raises(ConnectionClosed):
-                await conn.recv()
-            assert conn.close_code == 1000
-            return messages
-
-    error, done = run(body())
+    error, done = run(first_message_answers(proxies.url(), first))
     assert error["type"] == "error" and error["code"] == code
     assert done["type"] == "session.done" and done["chunks"] == 0
 
@@ -672,17 +674,7 @@ def test_unreachable_triton(proxies) -> None:
         urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10)
     assert err.value.code == 503 and json.loads(err.value.read())["triton"]["server_ready"] is False
 
-    async def body() -> list[dict[str, Any]]:
-        async with ws(server.url) as conn:
-            s = Ws(conn)
-            await s.send({"type": "session.start", "prompt": "x"})
-            messages = [await s.next(20), await s.next(5)]
-            with pytest.raises(ConnectionClosed):
-                await conn.recv()
-            assert conn.close_code == 1000
-            return messages
-
-    error, done = run(body())
+    error, done = run(first_message_answers(server.url, {"type": "session.start", "prompt": "x"}, timeout=20))
     assert error["code"] == "backend_unavailable" and done["type"] == "session.done"
 
 

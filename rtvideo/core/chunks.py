@@ -11,44 +11,37 @@ MEDIA = "media"
 TRAILER = "trailer"
 
 
+def _metadata(request_id: str, kind: str, transport_chunk_index: int, generation_chunk_index: int | None,
+              num_frames: int, byte_length: int, plan: ChunkPlan | None) -> dict[str, Any]:
+    """The one shape of `video.chunk_metadata`; without a plan every event list is empty."""
+    return {
+        "type": CHUNK_METADATA,
+        "request_id": request_id,
+        "kind": kind,
+        "transport_chunk_index": transport_chunk_index,
+        "generation_chunk_index": generation_chunk_index,
+        "num_frames": num_frames,
+        "byte_length": byte_length,
+        "started_event_ids": list(plan.started) if plan else [],
+        "active_event_ids": list(plan.active) if plan else [],
+        "completed_event_ids": list(plan.completed) if plan else [],
+        "superseded_event_ids": list(plan.superseded) if plan else [],
+        "interrupted_event_ids": list(plan.interrupted) if plan else [],
+        "transition_progress": dict(plan.progress) if plan else {},
+    }
+
+
 def media_metadata(
     request_id: str, transport_chunk_index: int, plan: ChunkPlan, num_frames: int, byte_length: int
 ) -> dict[str, Any]:
     """Metadata for the payload of one generation chunk, with the tracker's id lists."""
-    return {
-        "type": CHUNK_METADATA,
-        "request_id": request_id,
-        "kind": MEDIA,
-        "transport_chunk_index": transport_chunk_index,
-        "generation_chunk_index": plan.generation_chunk_index,
-        "num_frames": num_frames,
-        "byte_length": byte_length,
-        "started_event_ids": list(plan.started),
-        "active_event_ids": list(plan.active),
-        "completed_event_ids": list(plan.completed),
-        "superseded_event_ids": list(plan.superseded),
-        "interrupted_event_ids": list(plan.interrupted),
-        "transition_progress": dict(plan.progress),
-    }
+    return _metadata(request_id, MEDIA, transport_chunk_index, plan.generation_chunk_index,
+                     num_frames, byte_length, plan)
 
 
 def trailer_metadata(request_id: str, transport_chunk_index: int, byte_length: int) -> dict[str, Any]:
     """Metadata for the encoder's closing bytes: no generation chunk, no frames, no events."""
-    return {
-        "type": CHUNK_METADATA,
-        "request_id": request_id,
-        "kind": TRAILER,
-        "transport_chunk_index": transport_chunk_index,
-        "generation_chunk_index": None,
-        "num_frames": 0,
-        "byte_length": byte_length,
-        "started_event_ids": [],
-        "active_event_ids": [],
-        "completed_event_ids": [],
-        "superseded_event_ids": [],
-        "interrupted_event_ids": [],
-        "transition_progress": {},
-    }
+    return _metadata(request_id, TRAILER, transport_chunk_index, None, 0, byte_length, None)
 
 
 def mentioned_event_ids(metadata: dict[str, Any]) -> set[str]:
