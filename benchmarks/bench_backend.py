@@ -60,8 +60,8 @@ def ack_latencies(
                         if not pending:
                             break
                         continue
-                    if reply.request_tag in pending:
-                        mine.append(reply.received - pending.pop(reply.request_tag))
+                    if reply.tag in pending:
+                        mine.append(reply.received - pending.pop(reply.tag))
             s.stop()
             list(s.until("session.done"))
         with lock:

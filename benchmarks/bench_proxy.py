@@ -80,8 +80,8 @@ def direct_session(url: str, model: str, index: int, samples: int, interval: flo
             except Exception:  # queue.Empty: time to send the next interaction
                 continue
             run.nbytes += len(reply.data)
-            if reply.request_tag in pending:
-                run.acks.append(reply.received - pending.pop(reply.request_tag))
+            if reply.tag in pending:
+                run.acks.append(reply.received - pending.pop(reply.tag))
             kind = reply.message and reply.message["type"]
             if kind == "video.chunk_metadata" and not run.first_chunk:
                 run.first_chunk.append(reply.received - t0)

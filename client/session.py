@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Callable
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from rtvideo.core import protocol
 from rtvideo.core.errors import SESSION_ENDING_CODES, ErrorCode
 
 _ENDING = {code.value for code in SESSION_ENDING_CODES}
@@ -95,7 +96,7 @@ class RealtimeVideoClient:
     async def start(self, prompt: str, **fields: Any) -> dict[str, Any]:
         """Send `session.start`; returns `video.start` (raises RealtimeVideoError if refused)."""
         assert self._started is not None, "use `async with`"
-        await self._send({"type": "session.start", "prompt": prompt, **fields})
+        await self._send({"type": protocol.START, "prompt": prompt, **fields})
         return await self._started
 
     async def interact(
@@ -117,7 +118,7 @@ class RealtimeVideoClient:
         sent = 0
         try:
             while True:
-                await self._send({"type": "session.interaction", "interaction": interaction})
+                await self._send({"type": protocol.INTERACTION, "interaction": interaction})
                 sent += 1
                 try:
                     return await asyncio.wait_for(asyncio.shield(wait.future), timeout)
@@ -131,7 +132,7 @@ class RealtimeVideoClient:
 
     async def stop(self) -> None:
         """Ask for the end: the stream then ends with the trailer and `session.done`."""
-        await self._send({"type": "session.stop"})
+        await self._send({"type": protocol.STOP})
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         """Chunks as they arrive, until `session.done`; raises a session-ending error."""
@@ -164,7 +165,7 @@ class RealtimeVideoClient:
                     metadata = None
                     continue
                 message = json.loads(frame)
-                if message.get("type") == "video.chunk_metadata":
+                if message.get("type") == protocol.CHUNK_METADATA:
                     metadata = message
                 else:
                     self._dispatch(message)
@@ -177,16 +178,16 @@ class RealtimeVideoClient:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
-        if kind == "video.start":
+        if kind == protocol.VIDEO_START:
             self.video_start = message
             self._resolve(self._started, message)
-        elif kind == "session.interaction.queued":
+        elif kind == protocol.QUEUED:
             wait = self._acks.get(message["event_id"])
             self._resolve(wait and wait.future, message)
-        elif kind == "session.done":
+        elif kind == protocol.DONE:
             self.done = message
             self._settle()
-        elif kind == "error":
+        elif kind == protocol.ERROR:
             error = RealtimeVideoError.from_message(message)
             waiting = self._acks.get(error.event_id or "")
             if error.code in _ENDING:

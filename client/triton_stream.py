@@ -7,29 +7,19 @@ gets exactly one response; `session.stop` carries `sequence_end`.
 
 from __future__ import annotations
 
-import json
 import queue
 import random
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 
+from rtvideo import wire
+from rtvideo.core import protocol
+from rtvideo.wire import Reply
+
 MODEL = "realtime_video"
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One response: which request it answers, the message, the binary payload, when it arrived."""
-
-    request_tag: str
-    message: dict[str, Any] | None
-    data: bytes
-    received: float
-    error: str | None = None
 
 
 class TritonStreamSession:
@@ -37,7 +27,7 @@ class TritonStreamSession:
         self.url = url
         self.model = model
         self.sequence_id = sequence_id or random.randint(1, 2**62)
-        self.replies: "queue.Queue[Reply]" = queue.Queue()
+        self.replies: "queue.Queue[Reply | RuntimeError]" = queue.Queue()
         self._client = grpcclient.InferenceServerClient(url)
         self._client.start_stream(callback=self._on_response)
         self._counter = 0
@@ -47,25 +37,15 @@ class TritonStreamSession:
     def _on_response(self, result: Any, error: Any) -> None:
         now = time.perf_counter()
         if error is not None:
-            self.replies.put(Reply("", None, b"", now, str(error)))
+            self.replies.put(RuntimeError(f"stream error: {error}"))
             return
-        response = result.get_response()
-        meta = result.as_numpy("META")
-        data = result.as_numpy("DATA")
-        message = json.loads(meta.reshape(-1)[0]) if meta is not None and meta.size else None
-        payload = data.tobytes() if data is not None else b""
-        self.replies.put(Reply(response.id, message, payload, now))
+        tag = result.get_response().id
+        self.replies.put(wire.parse_reply(tag, result.as_numpy(wire.META), result.as_numpy(wire.DATA), now))
 
     def send(self, message: Mapping[str, Any] | str | bytes, *, start: bool = False, end: bool = False) -> str:
         """Send one raw client message on the session's sequence; returns the request tag."""
-        if isinstance(message, Mapping):
-            raw = json.dumps(message).encode()
-        elif isinstance(message, str):
-            raw = message.encode("utf-8", "surrogatepass")
-        else:
-            raw = message
-        tensor = grpcclient.InferInput("REQUEST", [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([raw], dtype=np.object_))
+        tensor = grpcclient.InferInput(wire.REQUEST, [1], "BYTES")
+        tensor.set_data_from_numpy(wire.request_array(message))
         with self._lock:
             self._counter += 1
             tag = f"r{self._counter}"
@@ -77,7 +57,7 @@ class TritonStreamSession:
         return tag
 
     def start(self, prompt: str, **fields: Any) -> str:
-        return self.send({"type": "session.start", "prompt": prompt, **fields}, start=True)
+        return self.send({"type": protocol.START, "prompt": prompt, **fields}, start=True)
 
     def interact(self, prompt: str | None = None, *, event_id: str | None = None,
                  transition_chunks: int | None = None, event: Mapping[str, Any] | None = None) -> str:
@@ -86,15 +66,15 @@ class TritonStreamSession:
             interaction["event_id"] = event_id
         if transition_chunks is not None:
             interaction["transition_chunks"] = transition_chunks
-        return self.send({"type": "session.interaction", "interaction": interaction})
+        return self.send({"type": protocol.INTERACTION, "interaction": interaction})
 
     def stop(self) -> str:
-        return self.send({"type": "session.stop"}, end=True)
+        return self.send({"type": protocol.STOP}, end=True)
 
     def next(self, timeout: float = 30.0) -> Reply:
         reply = self.replies.get(timeout=timeout)
-        if reply.error is not None:
-            raise RuntimeError(f"stream error: {reply.error}")
+        if isinstance(reply, RuntimeError):
+            raise reply
         return reply
 
     def until(self, kind: str, timeout: float = 60.0) -> Iterator[Reply]:

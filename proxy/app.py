@@ -17,7 +17,7 @@ from rtvideo.proxy.bridge import TritonBridge
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.settings import ProxySettings
 
-log = logging.getLogger("rtvideo.proxy")
+log = logging.getLogger(__name__)
 
 WEBSOCKET_PATH = "/v1/realtime/video"
 #: the single-file browser demo served at `GET /`

@@ -8,32 +8,21 @@ stop) and yields `Reply`s: the request they answer, the server message, the payl
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
-from dataclasses import dataclass
+import time
 from typing import Any, AsyncIterator
 
-import numpy as np
 from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 
-#: request id of the `session.start` request: its responses are the session's stream
-START_TAG = "start"
+from rtvideo import wire
+from rtvideo.wire import START_TAG, Reply
+
+__all__ = ["BackendUnavailable", "Reply", "START_TAG", "TritonBridge", "TritonStream"]
 
 
 class BackendUnavailable(Exception):
     """Triton is unreachable, refused a request, or the stream broke."""
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One response: the request it answers (`START_TAG` or the tag `send` returned), the
-    server message as sent (`text`) and parsed (`message`), and the binary payload."""
-
-    tag: str
-    text: str
-    message: dict[str, Any]
-    data: bytes
 
 
 class TritonStream:
@@ -52,8 +41,8 @@ class TritonStream:
         """Queue one client message (sent verbatim); returns the tag its replies carry."""
         self._count += 1
         tag = START_TAG if start else f"m{self._count}"
-        tensor = InferInput("REQUEST", [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([raw], dtype=np.object_))
+        tensor = InferInput(wire.REQUEST, [1], "BYTES")
+        tensor.set_data_from_numpy(wire.request_array(raw))
         self._requests.put_nowait({
             "model_name": self._model, "inputs": [tensor], "request_id": tag,
             "sequence_id": self.sequence_id, "sequence_start": start, "sequence_end": end,
@@ -90,17 +79,12 @@ class TritonStream:
 
 
 def _reply(result: Any) -> Reply:
-    meta = result.as_numpy("META")
-    if meta is None or meta.size == 0:
-        raise BackendUnavailable("a Triton response carried no META output")
-    data = result.as_numpy("DATA")
-    text = meta.reshape(-1)[0].decode("utf-8")
-    return Reply(
-        tag=result.get_response().id,
-        text=text,
-        message=json.loads(text),
-        data=data.tobytes() if data is not None else b"",
+    reply = wire.parse_reply(
+        result.get_response().id, result.as_numpy(wire.META), result.as_numpy(wire.DATA), time.perf_counter()
     )
+    if reply.message is None:
+        raise BackendUnavailable("a Triton response carried no META output")
+    return reply
 
 
 class TritonBridge:

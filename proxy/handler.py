@@ -14,7 +14,7 @@ from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 
-log = logging.getLogger("rtvideo.proxy")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from tornado.websocket import WebSocketClosedError
 
 from rtvideo.proxy.metrics import ProxyMetrics
 
-log = logging.getLogger("rtvideo.proxy.outbox")
+log = logging.getLogger(__name__)
 
 
 class Sink(Protocol):

@@ -1,11 +1,13 @@
-"""Proxy settings: one dataclass, filled from command-line flags whose defaults come from the environment."""
+"""Proxy settings: each declared once; command-line flags whose defaults come from `RTVIDEO_<NAME>`."""
 
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from rtvideo import settings_text
+from rtvideo.settings_text import setting
 
 MiB = 1024 * 1024
 
@@ -14,22 +16,20 @@ MiB = 1024 * 1024
 class ProxySettings:
     """Everything the WebSocket proxy needs; the defaults are the documented ones."""
 
-    host: str = "127.0.0.1"
-    port: int = 8080
-    #: Triton gRPC endpoint, `host:port` (no scheme), as tritonclient expects
-    triton_url: str = "127.0.0.1:8001"
-    model: str = "realtime_video"
-    #: extra allowed browser origins (`scheme://host[:port]`, or `*`); same-origin and localhost always pass
-    allowed_origins: tuple[str, ...] = ()
-    #: when set, clients must send `Authorization: Bearer <token>` or `?token=<token>`
-    token: str | None = None
-    max_connections: int = 64
-    #: bytes a session may have queued towards a client that does not read, before `slow_consumer`
-    outbound_buffer_bytes: int = 16 * MiB
-    start_timeout: float = 10.0
-    #: WebSocket ping every N s (0: off); a peer that does not answer within `ping_timeout` s is closed
-    ping_interval: float = 20.0
-    ping_timeout: float = 20.0
+    host: str = setting("127.0.0.1", "address the proxy listens on")
+    port: int = setting(8080, "port of the proxy")
+    triton_url: str = setting("127.0.0.1:8001", "Triton gRPC host:port (no scheme), as tritonclient expects")
+    model: str = setting("realtime_video", "Triton model name")
+    allowed_origins: tuple[str, ...] = setting(
+        (), "extra allowed browser Origin, scheme://host[:port] (repeatable; '*' allows any); "
+        "same-origin and localhost pages always pass", flag="--allow-origin")
+    token: str | None = setting(
+        None, "bearer token clients must present (Authorization: Bearer, or ?token=)", secret=True)
+    max_connections: int = setting(64, "concurrent WebSocket sessions (HTTP 503 beyond)")
+    outbound_buffer_bytes: int = setting(16 * MiB, "per-session outbound buffer before slow_consumer")
+    start_timeout: float = setting(10.0, "seconds to wait for session.start")
+    ping_interval: float = setting(20.0, "WebSocket ping interval in seconds (0: off)")
+    ping_timeout: float = setting(20.0, "close a peer that answers a ping not within this many seconds")
 
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.outbound_buffer_bytes < 1 or self.start_timeout <= 0:
@@ -40,54 +40,11 @@ class ProxySettings:
             raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")
 
 
-#: flag name → (settings field, help); defaults come from RTVIDEO_<FIELD> or the dataclass
-_FLAGS: dict[str, tuple[str, str]] = {
-    "--host": ("host", "address the proxy listens on"),
-    "--port": ("port", "port of the proxy"),
-    "--triton-url": ("triton_url", "Triton gRPC host:port"),
-    "--model": ("model", "Triton model name"),
-    "--allow-origin": ("allowed_origins", "extra allowed Origin (repeatable; '*' allows any)"),
-    "--token": ("token", "bearer token clients must present"),
-    "--max-connections": ("max_connections", "concurrent WebSocket sessions (503 beyond)"),
-    "--outbound-buffer-bytes": ("outbound_buffer_bytes", "per-session outbound buffer before slow_consumer"),
-    "--start-timeout": ("start_timeout", "seconds to wait for session.start"),
-    "--ping-interval": ("ping_interval", "WebSocket ping interval in seconds (0: off)"),
-    "--ping-timeout": ("ping_timeout", "close a peer that answers a ping not within this many seconds"),
-}
-
-
 def add_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """Add the proxy flags (except those in `skip`) to `parser`; env RTVIDEO_<FIELD> sets defaults."""
-    defaults = ProxySettings()
-    types = {f.name: f.type for f in fields(ProxySettings)}
-    for flag, (name, help_text) in _FLAGS.items():
-        if flag in skip:
-            continue
-        raw = os.environ.get(f"RTVIDEO_{name.upper()}")
-        default: Any = getattr(defaults, name)
-        if name == "allowed_origins":  # flags add to the comma-separated env list
-            origins = [o.strip() for o in (raw or "").split(",") if o.strip()]
-            parser.add_argument(flag, dest=name, action="append", default=origins, metavar="ORIGIN", help=help_text)
-            continue
-        kind = _parser_type(types[name])
-        value = kind(raw) if raw is not None else default
-        shown = "" if name == "token" else f" (default: {value})"  # never print a secret
-        parser.add_argument(flag, dest=name, type=kind, default=value, metavar=name.split("_")[-1].upper(),
-                            help=help_text + shown)
-
-
-def _parser_type(annotation: Any) -> Any:
-    text = str(annotation)
-    if text.startswith("int"):
-        return int
-    if text.startswith("float"):
-        return float
-    return str
+    """Add the proxy flags (except the settings named in `skip`) to `parser`."""
+    settings_text.add_flags(parser, ProxySettings, skip=skip)
 
 
 def from_namespace(ns: argparse.Namespace, **overrides: Any) -> ProxySettings:
     """Settings from parsed flags (see `add_arguments`), with explicit overrides on top."""
-    values = {f.name: getattr(ns, f.name) for f in fields(ProxySettings) if hasattr(ns, f.name)}
-    values["allowed_origins"] = tuple(values.get("allowed_origins") or ())
-    values.update(overrides)
-    return ProxySettings(**values)
+    return ProxySettings(**{**settings_text.values_from(ns, ProxySettings), **overrides})

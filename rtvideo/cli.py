@@ -16,29 +16,21 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from rtvideo import settings_text
+from rtvideo.backend.settings import BackendSettings
 from rtvideo.launcher import TritonConfig, TritonServer
 from rtvideo.model_repo import MODEL_REPOSITORY, derive_model
 from rtvideo.proxy import settings as proxy_settings
 from rtvideo.proxy.app import ProxyServer
 
-log = logging.getLogger("rtvideo.cli")
-
-#: generator overrides: flag → model `parameters` key
-GENERATOR_FLAGS = {
-    "--width": "width",
-    "--height": "height",
-    "--fps": "fps",
-    "--frames-per-chunk": "frames_per_chunk",
-    "--transition-chunks": "default_transition_chunks",
-    "--pacing-lead": "pacing_lead_chunks",
-}
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtvideo", description="Realtime text-to-video on Triton")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="start Triton and the WebSocket proxy")
-    proxy_settings.add_arguments(serve, skip=("--triton-url",))
+    proxy_settings.add_arguments(serve, skip=("triton_url",))
     serve.add_argument("--triton-url", default=os.environ.get("RTVIDEO_TRITON_URL"), metavar="HOST:PORT",
                        help="use this running Triton (gRPC) instead of starting one")
     serve.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY,
@@ -48,10 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, port in (("grpc", 8001), ("http", 8000), ("metrics", 8002)):
         serve.add_argument(f"--triton-{name}-port", type=int, default=port, metavar="PORT",
                            help=f"{name} port of the Triton started here (default: {port})")
-    generator = serve.add_argument_group("generator overrides (a derived copy of the model repository)")
-    for flag, key in GENERATOR_FLAGS.items():
-        generator.add_argument(flag, dest=key, default=None, metavar="VALUE",
-                               help=f"model parameter {key}" + (" ('off': unpaced)" if key == "pacing_lead_chunks" else ""))
+    model = serve.add_argument_group(
+        "model parameters (given ones override config.pbtxt in a derived copy of the model repository)")
+    settings_text.add_flags(model, BackendSettings, text_only=True)
     serve.add_argument("--log-level", default="INFO", help="proxy log level")
     return parser
 
@@ -65,9 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     """Triton (unless --triton-url), then the proxy until SIGINT/SIGTERM; Triton is always stopped."""
-    overrides = {key: getattr(args, key) for key in GENERATOR_FLAGS.values() if getattr(args, key) is not None}
+    overrides = settings_text.values_from(args, BackendSettings)
     if args.triton_url is not None and overrides:
-        raise SystemExit("generator overrides need a Triton started here; drop --triton-url")
+        raise SystemExit("model parameters need a Triton started here; drop --triton-url")
     signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C until the proxy's loop takes over
     triton: TritonServer | None = None
     with tempfile.TemporaryDirectory(prefix="rtvideo-repo-") as scratch:

@@ -73,7 +73,7 @@ def run_trace(triton, steps: list[list[dict[str, Any]]], chunks_after: int) -> l
                 while True:
                     r = s.next()
                     t.add(r.message, r.data)
-                    if r.request_tag in tags:
+                    if r.tag in tags:
                         break
             metas.append(next_media(s, t))
         s.stop()
@@ -146,9 +146,9 @@ def test_retry_conflict_and_generated_ids(triton) -> None:
         answers: dict[str, dict] = {}
         for reply in s.until("session.done"):
             t.add(reply.message, reply.data)
-            if reply.request_tag in tags:
-                assert reply.request_tag not in answers, "exactly one response per request"
-                answers[reply.request_tag] = reply.message
+            if reply.tag in tags:
+                assert reply.tag not in answers, "exactly one response per request"
+                answers[reply.tag] = reply.message
     check_stream_rules(t)
     a = [answers[tag] for tag in tags]
     assert a[0] == a[1] == {"type": "session.interaction.queued", "request_id": t.messages[0]["request_id"], "event_id": "e1"}
@@ -254,7 +254,7 @@ def paced_frames(triton, prompt: str, update: str | None, chunks: int) -> tuple[
             while True:
                 reply = s.next()
                 t.add(reply.message, reply.data)
-                if reply.request_tag == tag:
+                if reply.tag == tag:
                     break
         for _ in range(chunks):
             next_media(s, t)

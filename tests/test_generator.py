@@ -27,7 +27,7 @@ def distance(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def test_satisfies_the_interfaces(generator: BuiltinGenerator) -> None:
-    assert isinstance(generator.name, str)
+    assert generator.limits.size_problem(SIZE["width"], SIZE["height"]) is None
     generator_api: VideoGenerator = generator
     session: GeneratorSession = generator_api.open_session(seed=1, **SIZE)
     session.close()

@@ -22,6 +22,8 @@ import numpy as np
 from av.video.frame import PictureType
 from av.video.reformatter import VideoReformatter
 
+from rtvideo.core.session_config import GeneratorLimits
+
 _MUX_OPTIONS = {
     # skip_trailer: the per-chunk muxer's own mfra would index one fragment at wrong offsets.
     "movflags": "empty_moov+default_base_moof+frag_discont+skip_trailer",
@@ -86,12 +88,10 @@ class _FragmentIndex:
 class FragmentedMp4Encoder:
     """RGB chunks in, one self-contained fMP4 fragment per chunk out, with zero frame lag."""
 
-    def __init__(self, width: int, height: int, fps: int) -> None:
-        for label, side in (("width", width), ("height", height)):
-            if side <= 0 or side % 2:
-                raise ValueError(f"{label} must be a positive even number (yuv420p), got {side}")
-        if fps <= 0:
-            raise ValueError(f"fps must be positive, got {fps}")
+    def __init__(self, width: int, height: int, fps: int, limits: GeneratorLimits = GeneratorLimits()) -> None:
+        problem = limits.size_problem(width, height) or limits.fps_problem(fps)
+        if problem:
+            raise ValueError(problem)
         self.width, self.height, self.fps = width, height, fps
         self.encoded_frames = 0
         self._time_base = Fraction(1, fps)

@@ -13,7 +13,6 @@ is upsampled bilinearly, which keeps it far above real time on one CPU core.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,10 +21,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rtvideo.backend import catalog
 from rtvideo.backend.text_encoder import EMBEDDING_DIM, PromptEncoder
+from rtvideo.core.session_config import GeneratorLimits
 
-MIN_SIDE = 32
-MAX_SIDE = 1280
 MIX_TOLERANCE = 1e-4
 
 
@@ -42,22 +41,13 @@ class GeneratorSession(Protocol):
 class VideoGenerator(Protocol):
     """What the Triton backend talks to; it never sees protocol messages."""
 
-    name: str
+    limits: GeneratorLimits
 
     def embed(self, prompt: str) -> torch.Tensor:
         """The prompt's conditioning vector (cached)."""
         ...
 
     def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> GeneratorSession: ...
-
-
-def validate_size(width: int, height: int) -> None:
-    """Even sides in [32, 1280]: yuv420p needs even sides, and the encoder agrees."""
-    for label, side in (("width", width), ("height", height)):
-        if not isinstance(side, numbers.Integral) or isinstance(side, bool):
-            raise ValueError(f"{label} must be an integer, got {side!r}")
-        if side % 2 or not MIN_SIDE <= side <= MAX_SIDE:
-            raise ValueError(f"{label} must be even and in [{MIN_SIDE}, {MAX_SIDE}], got {side}")
 
 
 def validate_mix(mix: Mapping[str, float]) -> None:
@@ -149,7 +139,9 @@ class BuiltinSession(GeneratorSession):
     def __init__(
         self, generator: BuiltinGenerator, *, width: int, height: int, seed: int, fps: int | None = None
     ) -> None:
-        validate_size(width, height)
+        problem = generator.limits.size_problem(width, height)
+        if problem:
+            raise ValueError(problem)
         self.width, self.height = int(width), int(height)
         self.fps = int(fps or generator.fps)  # the session's playback rate sets the motion per frame
         self._generator = generator
@@ -229,7 +221,7 @@ def _quantise(rgb: torch.Tensor) -> torch.Tensor:
 class BuiltinGenerator(VideoGenerator):
     """Seeded neural renderer conditioned on MiniLM prompt embeddings; CPU or CUDA."""
 
-    name = "builtin"
+    limits = catalog.BUILTIN
 
     def __init__(self, device: str = "cpu", fps: int = 16, config: RendererConfig | None = None) -> None:
         if fps < 1:

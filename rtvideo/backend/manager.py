@@ -6,16 +6,19 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import TYPE_CHECKING
 
-from rtvideo.backend.ports import Channel, Metrics, NullMetrics
+from rtvideo.backend.ports import Channel, EncoderFactory, Metrics, NullMetrics
 from rtvideo.backend.session import Limits, Session, ended_error
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import InteractionRequest, PingRequest, StopRequest
 from rtvideo.core.session_config import ModelCapabilities, SessionConfig, resolve_session_config
 
-log = logging.getLogger("rtvideo.manager")
+if TYPE_CHECKING:
+    from rtvideo.backend.generator import VideoGenerator
+
+log = logging.getLogger(__name__)
 
 _ENDED_IDS_KEPT = 1024
 
@@ -33,8 +36,8 @@ class SessionManager:
     def __init__(
         self,
         *,
-        generator: Any,
-        encoder_factory: Callable[[int, int, int], Any],
+        generator: "VideoGenerator",
+        encoder_factory: EncoderFactory,
         capabilities: ModelCapabilities,
         limits: Limits,
         max_sessions: int,

@@ -1,7 +1,7 @@
 """Metrics buffered in process memory, so hot paths never pay an IPC call per update.
 
 Triton's custom metrics are IPC calls from the stub; the model flushes this buffer
-to them from one thread, a few times a second (ARCHITECTURE.md).
+to them from one thread, a few times a second.
 """
 
 from __future__ import annotations
@@ -11,6 +11,31 @@ from dataclasses import dataclass, field
 
 #: (metric family, label name, label value); label name "" = no extra label
 Key = tuple[str, str, str]
+
+ACTIVE_SESSIONS = "rtvideo_active_sessions"
+CHUNKS = "rtvideo_chunks_total"
+FRAMES = "rtvideo_frames_total"
+BYTES = "rtvideo_bytes_total"
+GENERATE_SECONDS = "rtvideo_chunk_generate_seconds_total"
+ENCODE_SECONDS = "rtvideo_chunk_encode_seconds_total"
+ACKS = "rtvideo_acks_total"
+ACK_SECONDS = "rtvideo_ack_seconds_total"
+INTERACTIONS = "rtvideo_interactions_total"
+SESSION_ENDS = "rtvideo_session_ends_total"
+
+#: every family the model exports on Triton's /metrics: name → (help, kind)
+FAMILIES: dict[str, tuple[str, str]] = {
+    ACTIVE_SESSIONS: ("Sessions streaming now", "GAUGE"),
+    CHUNKS: ("Media chunks sent", "COUNTER"),
+    FRAMES: ("Frames sent", "COUNTER"),
+    BYTES: ("Media bytes sent", "COUNTER"),
+    GENERATE_SECONDS: ("Time generating chunks", "COUNTER"),
+    ENCODE_SECONDS: ("Time encoding chunks", "COUNTER"),
+    ACKS: ("Interaction acks sent", "COUNTER"),
+    ACK_SECONDS: ("Time from request to ack, in the model", "COUNTER"),
+    INTERACTIONS: ("Interactions by outcome", "COUNTER"),
+    SESSION_ENDS: ("Session ends by reason", "COUNTER"),
+}
 
 
 @dataclass
@@ -36,25 +61,25 @@ class BufferedMetrics:
 
     def set_active_sessions(self, count: int) -> None:
         with self._lock:
-            self._pending.gauges[("rtvideo_active_sessions", "", "")] = float(count)
+            self._pending.gauges[(ACTIVE_SESSIONS, "", "")] = float(count)
 
     def observe_chunk(self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int) -> None:
         self._add(
-            ("rtvideo_chunks_total", 1),
-            ("rtvideo_frames_total", frames),
-            ("rtvideo_bytes_total", nbytes),
-            ("rtvideo_chunk_generate_seconds_total", generate_seconds),
-            ("rtvideo_chunk_encode_seconds_total", encode_seconds),
+            (CHUNKS, 1),
+            (FRAMES, frames),
+            (BYTES, nbytes),
+            (GENERATE_SECONDS, generate_seconds),
+            (ENCODE_SECONDS, encode_seconds),
         )
 
     def count_interaction(self, outcome: str) -> None:
-        self._add(("rtvideo_interactions_total", 1), label=("outcome", outcome))
+        self._add((INTERACTIONS, 1), label=("outcome", outcome))
 
     def observe_ack(self, seconds: float) -> None:
-        self._add(("rtvideo_acks_total", 1), ("rtvideo_ack_seconds_total", seconds))
+        self._add((ACKS, 1), (ACK_SECONDS, seconds))
 
     def count_session_end(self, reason: str) -> None:
-        self._add(("rtvideo_session_ends_total", 1), label=("reason", reason))
+        self._add((SESSION_ENDS, 1), label=("reason", reason))
 
     def drain(self) -> Snapshot:
         with self._lock:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
+
+import numpy as np
 
 
 class Channel(Protocol):
@@ -13,6 +15,19 @@ class Channel(Protocol):
 
     def is_cancelled(self) -> bool:
         """True once the client cancelled the stream or went away."""
+
+
+class ChunkEncoder(Protocol):
+    """One session's encoder: RGB chunks in, one self-contained fMP4 payload per chunk out."""
+
+    def encode_chunk(self, frames: np.ndarray) -> bytes: ...
+
+    def close(self) -> bytes:
+        """The stream's closing bytes (the trailer; empty when there are none)."""
+
+
+#: (width, height, fps) → a new encoder
+EncoderFactory = Callable[[int, int, int], ChunkEncoder]
 
 
 class Metrics(Protocol):

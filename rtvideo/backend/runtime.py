@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from rtvideo.backend.manager import SessionManager
@@ -9,7 +10,7 @@ from rtvideo.backend.ports import Metrics
 from rtvideo.backend.session import Limits
 from rtvideo.backend.settings import BackendSettings
 
-log = logging.getLogger("rtvideo.runtime")
+log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> str:
@@ -34,7 +35,7 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
     log.info("generator=%s device=%s settings=%s", settings.generator, device, settings)
     return SessionManager(
         generator=generator,
-        encoder_factory=FragmentedMp4Encoder,
+        encoder_factory=functools.partial(FragmentedMp4Encoder, limits=generator.limits),
         capabilities=settings.capabilities(model_name),
         limits=Limits(
             pacing_lead_chunks=settings.pacing_lead_chunks,

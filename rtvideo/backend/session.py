@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from rtvideo.core import protocol
 from rtvideo.core.chunks import media_metadata, trailer_metadata
@@ -21,9 +21,12 @@ from rtvideo.core.idempotency import IdempotencyRegistry
 from rtvideo.core.protocol import InteractionRequest
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.transitions import TransitionTracker
-from rtvideo.backend.ports import Channel, Metrics
+from rtvideo.backend.ports import Channel, ChunkEncoder, Metrics
 
-log = logging.getLogger("rtvideo.session")
+if TYPE_CHECKING:
+    from rtvideo.backend.generator import GeneratorSession
+
+log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.25  # how often a pacing wait looks for cancellation (an IPC call each)
 
@@ -58,8 +61,8 @@ class Session:
         request_id: str,
         config: SessionConfig,
         channel: Channel,
-        generator_session: Any,
-        encoder: Any,
+        generator_session: "GeneratorSession",
+        encoder: ChunkEncoder,
         limits: Limits,
         metrics: Metrics,
         on_end: Callable[["Session", str], None],
@@ -68,7 +71,7 @@ class Session:
         self.config = config
         self.channel = channel
         self._generator = generator_session
-        self._encoder = encoder
+        self._encoder: ChunkEncoder | None = encoder
         self._limits = limits
         self._metrics = metrics
         self._on_end = on_end

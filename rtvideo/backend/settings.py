@@ -1,67 +1,58 @@
-"""Backend settings: the `parameters` of `config.pbtxt`, validated once at model load."""
+"""Backend settings: the `parameters` of `config.pbtxt`, each declared once, validated at model load.
+
+`rtvideo serve` derives one flag per field (`--max-sessions`, ...) and passes the
+values on as `parameters` of a derived model copy.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Mapping
 
+from rtvideo import settings_text
+from rtvideo.backend import catalog
 from rtvideo.core.session_config import ModelCapabilities
-
-GENERATORS = ("builtin",)
+from rtvideo.settings_text import setting
 
 
 @dataclass(frozen=True)
 class BackendSettings:
     """Every knob of the model, with the defaults documented in the README."""
 
-    generator: str = "builtin"
-    width: int = 256
-    height: int = 256
-    fps: int = 16
-    frames_per_chunk: int = 9
-    default_transition_chunks: int = 3
+    generator: str = setting("builtin", "video generator: " + ", ".join(catalog.LIMITS))
+    width: int = setting(256, "default frame width")
+    height: int = setting(256, "default frame height")
+    fps: int = setting(16, "default frames per second")
+    frames_per_chunk: int = setting(9, "frames in each generation chunk")
+    default_transition_chunks: int = setting(
+        3, "transition length when an interaction gives none", flag="--transition-chunks")
     #: chunks generation may run ahead of real-time playback; None = unpaced (benchmarks, offline)
-    pacing_lead_chunks: float | None = 1.0
-    max_sessions: int = 8
-    max_session_seconds: float = 3600.0
-    stall_timeout_seconds: float = 60.0
-    device: str = "auto"
-    torch_threads: int = 1
+    pacing_lead_chunks: float | None = setting(
+        1.0, "chunks generation may run ahead of playback ('off': unpaced)", flag="--pacing-lead")
+    max_sessions: int = setting(8, "concurrent sessions in the model (server_busy beyond)")
+    max_session_seconds: float = setting(3600.0, "longest session, in seconds")
+    stall_timeout_seconds: float = setting(60.0, "end a session without generation progress for this long")
+    device: str = setting("auto", "auto, cpu or cuda[:N]")
+    torch_threads: int = setting(1, "torch intra-op threads of the model")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "BackendSettings":
         """Parse string parameters; unknown names and bad values fail the model load loudly."""
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(params) - set(known))
-        if unknown:
-            raise ValueError(f"unknown model parameter(s): {', '.join(unknown)}")
-        values: dict[str, object] = {}
-        for name, raw in params.items():
-            text = raw.strip()
-            try:
-                if name in ("generator", "device"):
-                    values[name] = text
-                elif name == "pacing_lead_chunks":
-                    values[name] = None if text.lower() in ("off", "none", "unpaced") else float(text)
-                elif name in ("max_session_seconds", "stall_timeout_seconds"):
-                    values[name] = float(text)
-                else:
-                    values[name] = int(text)
-            except ValueError:
-                raise ValueError(f"model parameter {name}={raw!r} is not a valid value") from None
-        settings = cls(**values)  # type: ignore[arg-type]
+        settings = settings_text.from_text(cls, params, what="model parameter")
         settings.check()
         return settings
 
     def check(self) -> None:
-        if self.generator not in GENERATORS:
-            raise ValueError(f"generator {self.generator!r} is not available; choose one of {GENERATORS}")
+        limits = catalog.LIMITS.get(self.generator)
+        if limits is None:
+            raise ValueError(f"generator {self.generator!r} is not available; choose one of {tuple(catalog.LIMITS)}")
         positive = ("width", "height", "fps", "frames_per_chunk", "max_sessions", "torch_threads")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"model parameter {name} must be positive")
-        if self.width % 2 or self.height % 2:
-            raise ValueError("width and height must be even (H.264 4:2:0)")
+        problem = limits.size_problem(self.width, self.height) or limits.fps_problem(self.fps)
+        if problem:
+            raise ValueError(f"model parameters width/height/fps: {problem}")
         if self.default_transition_chunks < 0:
             raise ValueError("default_transition_chunks must be >= 0")
         if self.pacing_lead_chunks is not None and self.pacing_lead_chunks < 0:
@@ -79,4 +70,5 @@ class BackendSettings:
             fps=self.fps,
             frames_per_chunk=self.frames_per_chunk,
             default_transition_chunks=self.default_transition_chunks,
+            limits=catalog.LIMITS[self.generator],
         )

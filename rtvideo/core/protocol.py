@@ -229,8 +229,12 @@ def _require_prompt(value: Any, name: str, code: ErrorCode) -> str:
 
 
 # --- session.start -----------------------------------------------------------------------
-def parse_start(raw: bytes | str) -> StartRequest:
-    """Validate the first message of a session; anything but a valid start ends the session."""
+def check_first_message(raw: bytes | str, *, binary: bool = False) -> dict[str, Any]:
+    """The rules of a session's first message, one definition for the proxy (which answers
+    them itself) and the model: a text frame, within the start limit, a `session.start`
+    JSON object. Anything else ends the session, so every failure but the size is `invalid_start`."""
+    if binary:
+        raise ProtocolError(ErrorCode.INVALID_START, "the first message must be a session.start text frame")
     try:
         obj = decode_object(raw, MAX_START_BYTES)
     except ProtocolError as exc:
@@ -241,7 +245,12 @@ def parse_start(raw: bytes | str) -> StartRequest:
         raise ProtocolError(
             ErrorCode.INVALID_START, f"first message must be session.start, not {obj['type']}"
         )
-    return validate_start(obj)
+    return obj
+
+
+def parse_start(raw: bytes | str) -> StartRequest:
+    """Validate the first message of a session; anything but a valid start ends the session."""
+    return validate_start(check_first_message(raw))
 
 
 def validate_start(obj: Mapping[str, Any]) -> StartRequest:
@@ -305,12 +314,21 @@ def _parse_size(size: Any) -> tuple[int, int]:
 
 
 # --- later messages ----------------------------------------------------------------------
-def parse_message(raw: bytes | str) -> SessionMessage:
-    """Validate a message after the start; errors about one message leave the session running."""
+def decode_later(raw: bytes | str, *, binary: bool = False) -> dict[str, Any]:
+    """A message after the start, decoded: a text frame, within the message limit, a known
+    type, and not a second `session.start`. Errors about one message leave the session running."""
+    if binary:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "binary frames are not accepted from clients; send JSON text")
     obj = decode_object(raw, MAX_MESSAGE_BYTES)
-    kind = obj["type"]
-    if kind == START:
+    if obj["type"] == START:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "the session has already started")
+    return obj
+
+
+def parse_message(raw: bytes | str) -> SessionMessage:
+    """Validate a message after the start (see `decode_later`)."""
+    obj = decode_later(raw)
+    kind = obj["type"]
     if kind == STOP:
         return StopRequest()
     if kind == PING:

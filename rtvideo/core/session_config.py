@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import numbers
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import MAX_SEED, StartRequest
+
+
+@dataclass(frozen=True)
+class GeneratorLimits:
+    """What a generator, and the encoder behind it, can produce. One object per generator,
+    read by the generator, the encoder, the model's settings check and start validation,
+    so the four cannot disagree. Wire limits (what any message may say) stay in `protocol`."""
+
+    min_side: int = 32
+    max_side: int = 1280
+    max_fps: int = 60
+
+    def size_problem(self, width: int, height: int) -> str | None:
+        """Why a frame size cannot be produced (H.264 4:2:0 needs even sides), or None."""
+        for name, side in (("width", width), ("height", height)):
+            if not isinstance(side, numbers.Integral) or isinstance(side, bool):
+                return f"{name} must be an integer, not {side!r}"
+            if side % 2 or not self.min_side <= side <= self.max_side:
+                return (f"{name} {side} is not supported: use an even number "
+                        f"from {self.min_side} to {self.max_side}")
+        return None
+
+    def fps_problem(self, fps: int) -> str | None:
+        """Why a frame rate cannot be produced, or None."""
+        if not 1 <= fps <= self.max_fps:
+            return f"fps {fps} is not supported: use 1 to {self.max_fps}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -20,9 +48,7 @@ class ModelCapabilities:
     fps: int
     frames_per_chunk: int
     default_transition_chunks: int
-    min_dimension: int = 32
-    max_dimension: int = 1280
-    max_fps: int = 60
+    limits: GeneratorLimits = GeneratorLimits()
     #: start fields the generator cannot honour at all (rejected when given)
     unsupported_fields: tuple[str, ...] = ("negative_prompt", "num_inference_steps", "guidance_scale")
 
@@ -64,16 +90,10 @@ def resolve_session_config(
         )
     width = start.width if start.width is not None else caps.width
     height = start.height if start.height is not None else caps.height
-    for name, value in (("width", width), ("height", height)):
-        if value % 2 or not caps.min_dimension <= value <= caps.max_dimension:
-            raise ProtocolError(
-                ErrorCode.INVALID_START,
-                f"{name} {value} is not supported: use an even number from "
-                f"{caps.min_dimension} to {caps.max_dimension}",
-            )
     fps = start.fps if start.fps is not None else caps.fps
-    if fps > caps.max_fps:
-        raise ProtocolError(ErrorCode.INVALID_START, f"fps {fps} is not supported: the maximum is {caps.max_fps}")
+    problem = caps.limits.size_problem(width, height) or caps.limits.fps_problem(fps)
+    if problem:
+        raise ProtocolError(ErrorCode.INVALID_START, problem)
     num_frames = start.num_frames
     if num_frames is None and start.seconds is not None:
         num_frames = max(1, round(start.seconds * fps))

@@ -144,7 +144,3 @@ class TransitionTracker:
             unapplied.append(self._pending.event_id)
         unfinished = (self._flight.target.event_id,) if self._flight is not None else ()
         return Outcome(tuple(unapplied), unfinished)
-
-    @property
-    def chunks_resolved(self) -> int:
-        return self._next_index

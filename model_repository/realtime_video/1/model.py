@@ -12,13 +12,13 @@ import sys
 import threading
 from typing import Any, Mapping
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from rtvideo.backend import metrics
 from rtvideo.backend.metrics import BufferedMetrics
 from rtvideo.backend.runtime import build_manager
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.core import protocol
+from rtvideo import wire
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Every call into pb_utils is IPC to tritonserver; concurrent calls from several
@@ -38,10 +38,10 @@ class TritonChannel:
             with _IPC:
                 self._sender.send(flags=FINAL)
             return
-        meta = np.array([protocol.encode(message).encode("utf-8")], dtype=np.object_)
+        meta, payload = wire.response_arrays(message, data)
         with _IPC:
             response = pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("META", meta), pb_utils.Tensor("DATA", np.frombuffer(data, dtype=np.uint8))]
+                output_tensors=[pb_utils.Tensor(wire.META, meta), pb_utils.Tensor(wire.DATA, payload)]
             )
             self._sender.send(response, flags=FINAL if final else 0)
 
@@ -53,29 +53,16 @@ class TritonChannel:
 class TritonMetricsPublisher:
     """Flushes the runtime's buffered metrics to Triton custom metrics (Triton's /metrics)."""
 
-    FAMILIES = {
-        "rtvideo_active_sessions": ("Sessions streaming now", "GAUGE"),
-        "rtvideo_chunks_total": ("Media chunks sent", "COUNTER"),
-        "rtvideo_frames_total": ("Frames sent", "COUNTER"),
-        "rtvideo_bytes_total": ("Media bytes sent", "COUNTER"),
-        "rtvideo_chunk_generate_seconds_total": ("Time generating chunks", "COUNTER"),
-        "rtvideo_chunk_encode_seconds_total": ("Time encoding chunks", "COUNTER"),
-        "rtvideo_acks_total": ("Interaction acks sent", "COUNTER"),
-        "rtvideo_ack_seconds_total": ("Time from request to ack, in the model", "COUNTER"),
-        "rtvideo_interactions_total": ("Interactions by outcome", "COUNTER"),
-        "rtvideo_session_ends_total": ("Session ends by reason", "COUNTER"),
-    }
-
     def __init__(self, model: str, source: BufferedMetrics, interval: float = 0.25) -> None:
         self._labels = {"model": model}
         self._source = source
         # Families must outlive their metrics, so keep them all.
         self._families = {
             name: pb_utils.MetricFamily(name, doc, getattr(pb_utils.MetricFamily, kind))
-            for name, (doc, kind) in self.FAMILIES.items()
+            for name, (doc, kind) in metrics.FAMILIES.items()
         }
         self._metrics: dict[tuple[str, str, str], Any] = {}
-        self._metric("rtvideo_active_sessions").set(0)
+        self._metric(metrics.ACTIVE_SESSIONS).set(0)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(interval,), name="metrics", daemon=True)
         self._thread.start()
@@ -120,18 +107,17 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("realtime_video must be decoupled")
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         settings = BackendSettings.from_parameters(params)
-        metrics = BufferedMetrics()
-        self._publisher = TritonMetricsPublisher(args["model_name"], metrics)
-        self._manager = build_manager(settings, args["model_name"], metrics)
+        buffered = BufferedMetrics()
+        self._publisher = TritonMetricsPublisher(args["model_name"], buffered)
+        self._manager = build_manager(settings, args["model_name"], buffered)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            payload = pb_utils.get_input_tensor_by_name(request, "REQUEST").as_numpy().reshape(-1)[0]
             self._manager.on_request(
-                _scalar(request, "CORRID"),
-                bytes(payload),  # copied out: Triton frees input tensors after execute()
-                start=bool(_scalar(request, "START")),
-                end=bool(_scalar(request, "END")),
+                _control(request, wire.CORRID),
+                wire.request_payload(_input(request, wire.REQUEST)),
+                start=bool(_control(request, wire.START)),
+                end=bool(_control(request, wire.END)),
                 channel=TritonChannel(request.get_response_sender()),
             )
         return None
@@ -141,6 +127,10 @@ class TritonPythonModel:
         self._publisher.close()
 
 
-def _scalar(request: Any, name: str) -> int:
+def _input(request: Any, name: str) -> Any:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return int(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else 0
+    return tensor.as_numpy() if tensor is not None else None
+
+
+def _control(request: Any, name: str) -> int:
+    return wire.control_value(_input(request, name))

@@ -1,0 +1,138 @@
+"""Settings from text: one declaration per setting, one parser for every place text arrives.
+
+Both settings dataclasses (the proxy's and the model's) declare each setting once with
+`setting(default, help)`. Its type annotation decides how text becomes a value, whether
+the text comes from a command-line flag, an `RTVIDEO_<NAME>` environment variable or a
+Triton model `parameters` entry, so the three cannot parse the same setting differently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from typing import Any, Callable, Mapping, TypeVar
+
+T = TypeVar("T")
+
+#: words that turn an optional number off (e.g. `pacing_lead_chunks=off`)
+OFF_WORDS = frozenset({"off", "none", "unpaced"})
+ENV_PREFIX = "RTVIDEO_"
+
+
+def setting(default: Any, help: str, *, flag: str | None = None, secret: bool = False) -> Any:
+    """A dataclass field with its documentation; `flag` overrides the derived `--flag-name`."""
+    metadata = {"help": help, "flag": flag, "secret": secret}
+    if isinstance(default, (list, dict, set)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def env_name(f: dataclasses.Field) -> str:
+    return ENV_PREFIX + f.name.upper()
+
+
+def _types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def parser_for(annotation: Any) -> Callable[[str], Any]:
+    """Text → value for one annotated type: int, float, str, bool, `X | None`, `tuple[str, ...]`."""
+    args = typing.get_args(annotation)
+    if type(None) in args:  # optional: "off"/"none" → None, else the inner type
+        inner = parser_for(next(a for a in args if a is not type(None)))
+        return lambda text: None if text.strip().lower() in OFF_WORDS else inner(text)
+    if typing.get_origin(annotation) is tuple:
+        return lambda text: tuple(part.strip() for part in text.split(",") if part.strip())
+    if annotation is bool:
+        return _parse_bool
+    if annotation in (int, float):
+        return lambda text: annotation(text.strip())
+    return lambda text: text.strip()
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean")
+
+
+def parse(cls: type, name: str, text: str, what: str = "setting") -> Any:
+    """One setting of `cls` from text; ValueError says which setting and why."""
+    try:
+        return parser_for(_types(cls)[name])(text)
+    except (ValueError, TypeError):
+        raise ValueError(f"{what} {name}={text!r} is not a valid value") from None
+
+
+def from_text(cls: type[T], values: Mapping[str, str], what: str = "setting") -> T:
+    """An instance of `cls` from text values; unknown names and bad values raise ValueError
+    naming the setting as `what` calls it (e.g. "model parameter")."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown {what}(s): {', '.join(unknown)}")
+    return cls(**{name: parse(cls, name, text, what) for name, text in values.items()})
+
+
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *,
+    skip: tuple[str, ...] = (), text_only: bool = False,
+) -> None:
+    """One flag per field of `cls`, defaulting to `RTVIDEO_<NAME>` when set, else the field's default.
+
+    `text_only`: values stay text (validated as `cls` would parse them) and default to None,
+    for settings passed on as text (the model's `parameters`)."""
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in skip or "help" not in f.metadata:
+            continue
+        convert = parser_for(_types(cls)[f.name])
+
+        def checked(text: str, name: str = f.name, convert: Callable[[str], Any] = convert) -> Any:
+            try:
+                value = convert(text)
+            except (ValueError, TypeError):
+                raise argparse.ArgumentTypeError(f"{name}={text!r} is not a valid value") from None
+            return text.strip() if text_only else value
+
+        # A string default goes through `type` too: a bad environment value is a usage error (exit 2).
+        default = os.environ.get(env_name(f))
+        if default is None and not text_only:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        shown = "" if f.metadata.get("secret") or default is None else f" (default: {_show(default)})"
+        repeatable = typing.get_origin(_types(cls)[f.name]) is tuple  # each use adds to the list
+        parser.add_argument(flag_name(f), dest=f.name, type=checked, default=default,
+                            action=_Extend if repeatable else "store",
+                            metavar=f.name.split("_")[-1].upper(), help=f"{f.metadata['help']}{shown}")
+
+
+class _Extend(argparse.Action):
+    """A repeatable list flag: every use adds its (comma-separated) items to the default's."""
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        current = getattr(ns, self.dest) or ()
+        if isinstance(current, str):  # the environment's text, not converted yet
+            current = self.type(current) if self.type else (current,)
+        setattr(ns, self.dest, tuple(current) + tuple(values))
+
+
+def _show(value: Any) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)
+
+
+def values_from(ns: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of `cls` that `ns` holds and that were set (not None)."""
+    return {
+        f.name: getattr(ns, f.name)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if getattr(ns, f.name, None) is not None
+    }
