@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from rtvideo.launcher import TritonConfig, TritonServer
+from rtvideo.triton import TritonConfig, TritonServer
 from rtvideo.model_repo import MODEL_REPOSITORY, derive_model
 from rtvideo.proxy import settings as proxy_settings
 from rtvideo.proxy.app import ProxyServer
