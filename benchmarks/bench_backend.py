@@ -1,6 +1,6 @@
 """Backend figures over direct gRPC: time to first chunk and interaction ack latency under load.
 
-Starts its own tritonserver (launcher) with models derived from the shipped one:
+Starts its own tritonserver (rtvideo.triton) with models derived from the shipped one:
 `paced` (the shipped real-time pacing) and `unpaced` (generation as fast as the CPU
 allows, the worst case for ack latency). Prints figures; asserts nothing.
 

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from rtvideo.launcher import TritonConfig, TritonServer, free_port
+from rtvideo.triton import TritonConfig, TritonServer, free_port
 from rtvideo.model_repo import derive_model
 
 #: the two load shapes every benchmark compares: shipped pacing, and as fast as the CPU goes

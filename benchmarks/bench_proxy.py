@@ -1,6 +1,6 @@
 """What the WebSocket proxy costs: the same sessions through `rtvideo.proxy` and over direct gRPC.
 
-Starts its own tritonserver (launcher + rtvideo/model_repo.py) with the unpaced model (and
+Starts its own tritonserver (rtvideo/triton + rtvideo/model_repo.py) with the unpaced model (and
 the shipped pacing, for ack latency under a realistic load), and one proxy process per
 model (`python -m rtvideo.cli serve --triton-url …`, so the proxy has its own interpreter
 as in production). Measures, in the same run:
@@ -31,7 +31,7 @@ from websockets.asyncio.client import connect
 from bench_common import PACED_PARAMS, UNPACED_PARAMS, bench_triton, percentile
 
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.launcher import free_port
+from rtvideo.triton import free_port
 
 UNPACED, PACED = "realtime_video", "realtime_video_paced"
 

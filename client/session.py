@@ -1,4 +1,4 @@
-"""A small async client for `WebSocket /v1/realtime/video` (PROTOCOL.md), on `websockets`.
+"""A small async client for `WebSocket /v1/realtime/video` (docs/protocol.md), on `websockets`.
 
     async with RealtimeVideoClient("ws://127.0.0.1:8080/v1/realtime/video") as c:
         start = await c.start("A quiet harbour at dawn", num_frames=144)

@@ -1,6 +1,6 @@
 """A blocking direct-gRPC session client (one Triton stream per session), for tests and benchmarks.
 
-Shows the Triton-level contract of PROTOCOL.md §8 in code: the start request
+Shows the Triton-level contract of docs/protocol.md §8 in code: the start request
 carries `sequence_start` and receives the session's stream; every later request
 gets exactly one response; `session.stop` carries `sequence_end`.
 """

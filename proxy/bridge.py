@@ -1,6 +1,6 @@
 """The Triton side of the proxy: one gRPC channel per proxy, one gRPC stream per session.
 
-A session's stream is fed from an asyncio.Queue of requests (PROTOCOL.md §8: one
+A session's stream is fed from an asyncio.Queue of requests (docs/protocol.md §8: one
 client message per request; `sequence_start` on the start, `sequence_end` on the
 stop) and yields `Reply`s: the request they answer, the server message, the payload.
 """

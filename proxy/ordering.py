@@ -1,4 +1,4 @@
-"""The "ack before mention" guard (PROTOCOL.md §7).
+"""The "ack before mention" guard (docs/protocol.md §7).
 
 Triton may interleave the responses of different requests on one gRPC stream, so a
 chunk that names an event can overtake that event's ack (which travels on the

@@ -1,4 +1,4 @@
-"""One WebSocket session translated onto one Triton sequence (PROTOCOL.md §2–3, §7–8).
+"""One WebSocket session translated onto one Triton sequence (docs/protocol.md §2–3, §7–8).
 
 The proxy checks only what it must answer itself (first message, size, JSON, type,
 binary frames) and forwards every other message verbatim; the model validates the

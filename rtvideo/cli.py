@@ -18,7 +18,7 @@ from typing import Sequence
 
 from rtvideo import settings_text
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.launcher import TritonConfig, TritonServer
+from rtvideo.triton import TritonConfig, TritonServer
 from rtvideo.model_repo import MODEL_REPOSITORY, derive_model
 from rtvideo.proxy import settings as proxy_settings
 from rtvideo.proxy.app import ProxyServer

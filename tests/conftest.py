@@ -15,7 +15,7 @@ from tests.streams import FAST_MODEL, PACED_MODEL
 
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator["object"]:
-    from rtvideo.launcher import TritonConfig, TritonServer, free_port
+    from rtvideo.triton import TritonConfig, TritonServer, free_port
 
     repo = tmp_path_factory.mktemp("model_repository")
     derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off", "max_sessions": "8"})

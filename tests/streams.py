@@ -44,7 +44,7 @@ class Transcript:
 
 
 def check_stream_rules(t: Transcript) -> None:
-    """The rules every session obeys (PROTOCOL.md §3, §6, §7)."""
+    """The rules every session obeys (docs/protocol.md §3, §6, §7)."""
     start = t.messages[0]
     assert start["type"] == "video.start", start
     rid = start["request_id"]

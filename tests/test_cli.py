@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from rtvideo.client.session import RealtimeVideoClient
-from rtvideo.launcher import free_port
+from rtvideo.triton import free_port
 from tests.streams import decode
 
 RTVIDEO = Path(sys.executable).parent / "rtvideo"

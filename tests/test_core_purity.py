@@ -1,4 +1,4 @@
-"""The pure core stays pure: no I/O, no framework imports (ARCHITECTURE.md)."""
+"""The pure core stays pure: no I/O, no framework imports, so the backend and the proxy share it."""
 
 from __future__ import annotations
 

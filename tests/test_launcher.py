@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from rtvideo.launcher import TritonConfig, TritonServer, find_tritonserver, free_port
+from rtvideo.triton import TritonConfig, TritonServer, find_tritonserver, free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REAL_CONFIG = REPO_ROOT / "model_repository" / "realtime_video" / "config.pbtxt"

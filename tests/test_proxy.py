@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
 from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES
-from rtvideo.launcher import free_port
+from rtvideo.triton import free_port
 from rtvideo.proxy.access import origin_allowed
 from rtvideo.proxy import session as proxy_session
 from rtvideo.proxy.app import ProxyServer
@@ -681,7 +681,7 @@ def test_unreachable_triton(proxies) -> None:
 def test_triton_dying_mid_session(proxies, tmp_path) -> None:
     """A second, throwaway tritonserver is killed under a live session: the client gets
     backend_unavailable, then a session.done that still counts what it received, then 1000."""
-    from rtvideo.launcher import TritonConfig, TritonServer
+    from rtvideo.triton import TritonConfig, TritonServer
     from rtvideo.model_repo import derive_model
 
     derive_model(tmp_path, FAST_MODEL, {"pacing_lead_chunks": "1.0", "max_sessions": "1"})

@@ -126,7 +126,7 @@ def test_negative_chunks_rejected() -> None:
         TransitionTracker("src").admit("A", "A", -2)
 
 
-# --- independent reference: a direct transcription of PROTOCOL.md §5 over scalar states ----
+# --- independent reference: a direct transcription of docs/protocol.md §5 over scalar states ----
 @dataclass
 class RefFlight:
     eid: str

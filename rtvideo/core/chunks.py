@@ -1,4 +1,4 @@
-"""`video.chunk_metadata` for media and trailer payloads (PROTOCOL.md §5–6)."""
+"""`video.chunk_metadata` for media and trailer payloads (docs/protocol.md §5–6)."""
 
 from __future__ import annotations
 

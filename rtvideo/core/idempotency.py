@@ -1,4 +1,4 @@
-"""Per-session event-id registry: retry versus conflict by payload fingerprint (PROTOCOL.md §4)."""
+"""Per-session event-id registry: retry versus conflict by payload fingerprint (docs/protocol.md §4)."""
 
 from __future__ import annotations
 

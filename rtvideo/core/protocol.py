@@ -1,4 +1,4 @@
-"""Client message parsing/validation and server message construction (PROTOCOL.md §2–3).
+"""Client message parsing/validation and server message construction (docs/protocol.md §2–3).
 
 Pure: bytes or str in, dataclasses or dicts out. Every failure is a
 `ProtocolError` with a stable code, never another exception type.
@@ -15,7 +15,7 @@ from typing import Any, Mapping, Union
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.event_types import EVENT_FIELDS, OmniInteractionEvent
 
-# --- limits (documented in the README) -------------------------------------------------
+# --- limits (documented in docs/protocol.md §7) ----------------------------------------
 MAX_START_BYTES = 4 * 1024 * 1024
 MAX_MESSAGE_BYTES = 128 * 1024
 MAX_JSON_DEPTH = 32
@@ -88,7 +88,7 @@ class InteractionRequest:
 
     @property
     def fingerprint(self) -> str:
-        """Canonical payload identity for idempotency (PROTOCOL.md §4)."""
+        """Canonical payload identity for idempotency (docs/protocol.md §4)."""
         return json.dumps(
             {"event": self.event, "transition_chunks": self.transition_chunks},
             sort_keys=True,
@@ -337,7 +337,7 @@ def parse_message(raw: bytes | str) -> SessionMessage:
 
 
 def validate_interaction(obj: Mapping[str, Any]) -> InteractionRequest:
-    """PROTOCOL.md §2 `session.interaction` rules; failures record nothing."""
+    """docs/protocol.md §2.2 `session.interaction` rules; failures record nothing."""
     bad = ErrorCode.INVALID_INTERACTION
     interaction = obj.get("interaction")
     if not isinstance(interaction, dict):

@@ -1,4 +1,4 @@
-"""Prompt-transition tracker (PROTOCOL.md §5, vLLM-Omni's `PromptInteractionHandler`).
+"""Prompt-transition tracker (docs/protocol.md §5, vLLM-Omni's `PromptInteractionHandler`).
 
 Pure and deterministic: events are admitted as they arrive, and each chunk
 boundary resolves into the chunk's prompt mix plus the event-id lists the
@@ -96,7 +96,7 @@ class TransitionTracker:
         return target
 
     def next_chunk(self) -> ChunkPlan:
-        """Resolve the boundary before the next chunk, in the order of PROTOCOL.md §5."""
+        """Resolve the boundary before the next chunk, in the order of docs/protocol.md §5."""
         active: list[str] = []
         completed: list[str] = []
         started: list[str] = []

@@ -1,0 +1,24 @@
+"""A local ``tritonserver`` for the model repository, split by job.
+
+- :mod:`.install`: where the binary and its backends come from (``$TRITONSERVER``,
+  ``PATH`` as in the NGC container, or the ``nvidia-pytriton`` wheel);
+- :mod:`.server`: running it (start, health polling, stop without leftover stubs);
+- :mod:`.logs`: its log file, and what of it to show when it fails.
+
+The names below are the public surface; import them from here.
+"""
+
+from rtvideo.triton.install import TritonInstall, find_tritonserver
+from rtvideo.triton.logs import LogTarget, ServerLog
+from rtvideo.triton.server import TritonConfig, TritonServer, free_port, is_ready
+
+__all__ = [
+    "LogTarget",
+    "ServerLog",
+    "TritonConfig",
+    "TritonInstall",
+    "TritonServer",
+    "find_tritonserver",
+    "free_port",
+    "is_ready",
+]
