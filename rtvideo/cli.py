@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from rtvideo import settings_text
+from rtvideo import logsetup, settings_text
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.triton import TritonConfig, TritonServer
 from rtvideo.model_repo import MODEL_REPOSITORY, derive_model
@@ -49,8 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logsetup.configure(args.log_level)
     return serve(args)
 
 

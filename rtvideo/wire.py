@@ -67,8 +67,17 @@ def control_value(array: np.ndarray | None) -> int:
 
 def response_arrays(message: Mapping[str, Any], data: bytes = b"") -> tuple[np.ndarray, np.ndarray]:
     """META and DATA values of one response."""
-    meta = np.array([protocol.encode(message).encode("utf-8")], dtype=np.object_)
+    meta = np.array([_meta_bytes(message)], dtype=np.object_)
     return meta, np.frombuffer(data, dtype=np.uint8)
+
+
+def _meta_bytes(message: Mapping[str, Any]) -> bytes:
+    """UTF-8 JSON; never raises on text: the core refuses unpaired surrogates at the door, and
+    should one come from elsewhere it travels as a JSON escape rather than failing the send."""
+    try:
+        return protocol.encode(message).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(message, separators=(",", ":")).encode("ascii")
 
 
 def parse_reply(tag: str, meta: np.ndarray | None, data: np.ndarray | None, received: float = 0.0) -> Reply:

@@ -140,3 +140,22 @@ def test_closed_session_refuses_to_generate(generator: BuiltinGenerator) -> None
     session.close()
     with pytest.raises(RuntimeError):
         session.generate({A: 1.0}, 1)
+
+
+def test_text_encoder_cache_is_bounded_in_bytes() -> None:
+    encoder = PromptEncoder(cache_size=1000, cache_bytes=20_000)
+    for i in range(12):
+        encoder.encode(f"{i} " + "long prompt text " * 200)  # ~3.4 kB of text + 1.5 kB embedding
+    assert encoder.cached_bytes() <= 20_000
+    assert 1 <= encoder.cached_prompts() <= 4
+
+
+def test_a_cache_hit_never_waits_for_a_new_embedding() -> None:
+    """A neighbour embedding a new prompt must not stall every session's next chunk."""
+    encoder = PromptEncoder()
+    hit = encoder.encode("a lighthouse")
+    with encoder._model_lock:  # as if another thread were embedding a huge new prompt
+        done = threading.Event()
+        threading.Thread(target=lambda: (encoder.encode("a lighthouse"), done.set()), daemon=True).start()
+        assert done.wait(2.0), "a cached prompt waited for the model"
+    assert torch.equal(encoder.encode("a lighthouse"), hit)

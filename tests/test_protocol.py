@@ -224,3 +224,52 @@ def test_start_validation_never_raises_anything_else(fields: dict) -> None:
         parse_start(json.dumps({"type": "session.start", **fields}))
     except ProtocolError as exc:
         assert isinstance(exc.code, ErrorCode) and exc.message
+
+
+# --- hostile text (issue: lone surrogates, huge prompts) -------------------------------------
+SURROGATE_MESSAGES = [
+    ("event_id", r'{"type":"session.interaction","interaction":{"event_id":"\ud800","event":{"prompt":"a"}}}'),
+    ("prompt", r'{"type":"session.interaction","interaction":{"event":{"prompt":"a\udfffb"}}}'),
+    ("key", r'{"type":"session.ping","\udc00":1}'),
+    ("nested", r'{"type":"session.interaction","interaction":{"event":{"prompt":"a","additional_information":{"x":["\ud83d"]}}}}'),
+]
+
+
+@pytest.mark.parametrize("label,raw", SURROGATE_MESSAGES, ids=[m[0] for m in SURROGATE_MESSAGES])
+def test_lone_surrogates_are_invalid_json(label: str, raw: str) -> None:
+    json.loads(raw)  # valid JSON ...
+    with pytest.raises(ProtocolError) as info:
+        parse_message(raw)  # ... but not text anything could send on
+    assert info.value.code is ErrorCode.INVALID_JSON and "surrogate" in info.value.message
+
+
+def test_lone_surrogate_in_start_is_invalid_start_and_pairs_pass() -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_start(r'{"type":"session.start","prompt":"\ud800"}')
+    assert info.value.code is ErrorCode.INVALID_START and "surrogate" in info.value.message
+    assert parse_start(r'{"type":"session.start","prompt":"smile \ud83d\ude00"}').prompt == "smile \U0001F600"
+
+
+def test_accepted_text_always_encodes_as_utf8() -> None:
+    """Whatever the core accepts, the model can send back (the ack quotes the event id)."""
+    req = parse_message(r'{"type":"session.interaction","interaction":{"event_id":"\u00e9\ud83d\ude00\u2028","event":{"prompt":"a"}}}')
+    assert isinstance(req, InteractionRequest)
+    protocol.encode(protocol.queued("r", req.event_id)).encode("utf-8")
+
+
+def test_prompt_length_is_capped() -> None:
+    long = "x" * (protocol.MAX_PROMPT_CHARS + 1)
+    with pytest.raises(ProtocolError) as info:
+        parse_start(start(prompt=long))
+    assert info.value.code is ErrorCode.INVALID_START and str(protocol.MAX_PROMPT_CHARS) in info.value.message
+    with pytest.raises(ProtocolError) as info:
+        parse_message(json.dumps({"type": "session.interaction", "interaction": {"event_id": "e", "event": {"prompt": long}}}))
+    assert info.value.code is ErrorCode.INVALID_INTERACTION and info.value.event_id == "e"
+    assert parse_start(start(prompt="y" * protocol.MAX_PROMPT_CHARS)).prompt
+
+
+def test_fingerprint_is_a_fixed_size_digest() -> None:
+    small = InteractionRequest(event={"prompt": "a"}, event_id="e")
+    big = InteractionRequest(event={"prompt": "b" * protocol.MAX_PROMPT_CHARS}, event_id="e")
+    assert len(small.fingerprint) == len(big.fingerprint) == 32
+    assert small.fingerprint != big.fingerprint

@@ -203,3 +203,20 @@ def test_start_that_cannot_build_its_encoder_is_refused_and_frees_everything() -
     assert ch.types() == ["error", "session.done"] and ch.sent[0][0]["code"] == "generation_failed"
     assert "no libx264" in ch.sent[0][0]["message"] and ch.sent[-1][2] is True
     assert gen.closed == 1 and mgr.active_sessions == 0
+
+
+def test_pacing_rebases_after_a_pause_instead_of_bursting() -> None:
+    """A 1.5 s freeze (stand-in: one slow chunk) must not be followed by a burst of chunks."""
+    mgr, gen = manager(pacing_lead_chunks=1.0)
+    ch = start(mgr, fps=16)  # 9 frames a chunk: 0.5625 s per chunk
+    time.sleep(1.3)
+    gen.behaviour = "stall"  # the next chunk takes 1.5 s
+    time.sleep(1.6)
+    gen.behaviour = "ok"
+    mark = len(ch.sent)
+    time.sleep(1.2)
+    after = [m for m, _, _ in ch.sent[mark:] if m and m["type"] == "video.chunk_metadata"]
+    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=Recorder())
+    assert ch.finished.wait(5)
+    # paced: about 1.2 / 0.5625 ≈ 2 chunks (+1 for the lead), never the ~3 missed during the freeze at once
+    assert len(after) <= 4, f"{len(after)} chunks in 1.2 s after a freeze: a burst"

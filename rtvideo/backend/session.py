@@ -194,6 +194,12 @@ class Session:
             lead = self._limits.pacing_lead_chunks
             if playback_zero is not None and lead is not None:
                 due = playback_zero + (self.stats.chunks_sent - lead) * chunk_seconds
+                behind = time.monotonic() - due
+                if behind > chunk_seconds:
+                    # A pause (a starved CPU, a stopped process) also stalled the client's playback:
+                    # re-base the clock instead of bursting the missed chunks out at once.
+                    playback_zero += behind
+                    due += behind
                 if not self._wait_until(due):
                     continue  # woken early: re-check stop/cancel before generating
             frames_wanted = cfg.frames_per_chunk if remaining is None else min(cfg.frames_per_chunk, remaining)

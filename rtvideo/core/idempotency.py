@@ -6,15 +6,19 @@ from dataclasses import dataclass, field
 
 from rtvideo.core.errors import ErrorCode, ProtocolError
 
+#: distinct event ids one session may admit: ~3 new events a second for the longest session
+MAX_EVENTS_PER_SESSION = 10_000
+
 
 @dataclass
 class IdempotencyRegistry:
-    """Remembers every admitted event id with its fingerprint for the life of the session."""
+    """Remembers every admitted event id with its fingerprint (a fixed-size digest) for the life
+    of the session. Bounded: at most `max_events` ids, each at most `MAX_EVENT_ID_CHARS`."""
 
-    max_events: int = 100_000
-    _seen: dict[str, str] = field(default_factory=dict)
+    max_events: int = MAX_EVENTS_PER_SESSION
+    _seen: dict[str, bytes] = field(default_factory=dict)
 
-    def admit(self, event_id: str, fingerprint: str) -> bool:
+    def admit(self, event_id: str, fingerprint: bytes) -> bool:
         """True: a new event, now recorded. False: a retry, to be acked again and not applied.
 
         Raises `event_id_conflict` when the id was admitted with another payload; the

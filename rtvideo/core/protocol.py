@@ -6,8 +6,10 @@ Pure: bytes or str in, dataclasses or dicts out. Every failure is a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
@@ -20,6 +22,9 @@ MAX_START_BYTES = 4 * 1024 * 1024
 MAX_MESSAGE_BYTES = 128 * 1024
 MAX_JSON_DEPTH = 32
 MAX_EVENT_ID_CHARS = 256
+#: prompts (start, interaction, negative) in characters: far above what a text encoder reads
+#: (MiniLM 256 tokens, UMT5 512), far below what could stall an embedding or fill a cache
+MAX_PROMPT_CHARS = 4096
 MAX_TRANSITION_CHUNKS = 1000
 MAX_DIMENSION = 4096
 MAX_FPS = 120
@@ -87,14 +92,15 @@ class InteractionRequest:
     transition_chunks: int | None = None
 
     @property
-    def fingerprint(self) -> str:
-        """Canonical payload identity for idempotency (docs/protocol.md §4)."""
-        return json.dumps(
+    def fingerprint(self) -> bytes:
+        """Canonical payload identity for idempotency (docs/protocol.md §4): the SHA-256 of the
+        canonical JSON, so a session keeps 32 bytes per event id, whatever the prompt's size."""
+        canonical = json.dumps(
             {"event": self.event, "transition_chunks": self.transition_chunks},
             sort_keys=True,
             separators=(",", ":"),
-            ensure_ascii=False,
         )
+        return hashlib.sha256(canonical.encode("ascii")).digest()
 
     def with_event_id(self) -> "InteractionRequest":
         """The same request with a server-generated id when the client sent none."""
@@ -165,6 +171,11 @@ def decode_object(raw: bytes | str, limit: int) -> dict[str, Any]:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not valid JSON: {exc}") from None
     if _depth(value) > MAX_JSON_DEPTH:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+    if _LONE_SURROGATE.search(text) and _has_lone_surrogate(value):
+        raise ProtocolError(
+            ErrorCode.INVALID_JSON,
+            "message contains a lone UTF-16 surrogate escape (e.g. \\ud800), which is not Unicode text",
+        )
     if not isinstance(value, dict):
         raise ProtocolError(
             ErrorCode.INVALID_MESSAGE, f"message must be a JSON object, not {_json_kind(value)}"
@@ -178,6 +189,28 @@ def decode_object(raw: bytes | str, limit: int) -> dict[str, Any]:
             f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}",
         )
     return value
+
+
+# A \\uD800-\\uDFFF escape in the raw text; only then is the decoded value searched.
+_LONE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_CHAR = re.compile("[\ud800-\udfff]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string (key or value) holds a surrogate that did not pair up: valid JSON,
+    but it cannot be encoded as UTF-8, so nothing downstream could send it on."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE_CHAR.search(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def _json_kind(value: Any) -> str:
@@ -225,6 +258,8 @@ def _require_prompt(value: Any, name: str, code: ErrorCode) -> str:
         raise ProtocolError(code, f"{name} must be a string, not {_json_kind(value)}")
     if not value.strip():
         raise ProtocolError(code, f"{name} must not be empty")
+    if len(value) > MAX_PROMPT_CHARS:
+        raise ProtocolError(code, f"{name} is {len(value)} characters; the limit is {MAX_PROMPT_CHARS}")
     return value
 
 
@@ -285,6 +320,8 @@ def validate_start(obj: Mapping[str, Any]) -> StartRequest:
         if fields.get(name) is not None:
             if not isinstance(fields[name], str):
                 raise ProtocolError(ErrorCode.INVALID_START, f"{name} must be a string")
+            if len(fields[name]) > MAX_PROMPT_CHARS:
+                raise ProtocolError(ErrorCode.INVALID_START, f"{name} is longer than {MAX_PROMPT_CHARS} characters")
             values[name] = fields[name]
     for name, (low, high) in _START_INT_FIELDS.items():
         if fields.get(name) is not None:

@@ -7,7 +7,6 @@ once; the session's worker thread streams responses on the start request's sende
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import threading
 from typing import Any, Mapping
@@ -18,7 +17,7 @@ from rtvideo.backend import metrics
 from rtvideo.backend.metrics import BufferedMetrics
 from rtvideo.backend.runtime import build_manager
 from rtvideo.backend.settings import BackendSettings
-from rtvideo import wire
+from rtvideo import logsetup, wire
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Every call into pb_utils is IPC to tritonserver; concurrent calls from several
@@ -96,9 +95,7 @@ class TritonMetricsPublisher:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        logging.basicConfig(
-            stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
+        logsetup.configure("INFO")
         # Session threads hold the GIL between torch/PyAV calls; a shorter switch interval
         # lets execute() (acks) in sooner.
         sys.setswitchinterval(0.001)
