@@ -1,14 +1,16 @@
-"""Who may connect: bearer token and browser Origin policy (checked before the upgrade)."""
+"""Who may connect: the Host the request names, the browser Origin, the bearer token, and how
+many sessions one client address holds (all checked before the upgrade)."""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from typing import Iterable
 from urllib.parse import urlsplit
 
-from tornado.httputil import HTTPServerRequest
+from tornado.httputil import HTTPServerRequest, split_host_and_port
 
-#: browser origins on this machine are allowed by default (local development pages)
+#: names of this machine: pages served from them are local development pages
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
@@ -23,14 +25,49 @@ def token_ok(request: HTTPServerRequest, token: str | None) -> bool:
     return hmac.compare_digest(presented.strip().encode(), token.encode())
 
 
-def origin_allowed(origin: str, allowed: Iterable[str]) -> bool:
-    """A cross-origin browser page (same-origin pages never reach here, see Tornado's
-    `check_origin`): allowed when it is served from this machine or listed in `allowed`."""
+def is_loopback(host: str) -> bool:
+    """Whether a bind address (or name) only reaches this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _hostname(netloc: str) -> str:
+    """`Host` header or origin netloc → its lower-case name, without port or IPv6 brackets."""
+    name, _ = split_host_and_port(netloc.lower())
+    return name.strip("[]")
+
+
+def host_allowed(host_header: str, bind_host: str, allowed: Iterable[str]) -> bool:
+    """DNS rebinding guard: a server bound to loopback answers only requests that name this
+    machine (or a listed name); a server bound elsewhere answers any name unless names are
+    listed. `*` in `allowed` allows any."""
+    listed = {name.lower().strip("[]") for name in allowed}
+    if "*" in listed:
+        return True
+    name = _hostname(host_header)
+    if name in listed:
+        return True
+    if is_loopback(bind_host):
+        return name in LOCAL_HOSTS
+    return not listed or name in LOCAL_HOSTS
+
+
+def origin_allowed(origin: str, allowed: Iterable[str], host_header: str | None = None) -> bool:
+    """A browser page's Origin: allowed when it is the page this server served (same host and
+    port as the request's `Host`), a page served from this machine, or listed in `allowed`
+    (`*`: any). The rule is explicit, so it holds on every Tornado version."""
     listed = {o.rstrip("/").lower() for o in allowed}
     if "*" in listed or origin.rstrip("/").lower() in listed:
         return True
     try:
-        host = urlsplit(origin).hostname
+        parts = urlsplit(origin)
+        host = parts.hostname
     except ValueError:
         return False
+    if host_header is not None and parts.netloc.lower() == host_header.lower():
+        return True
     return host in LOCAL_HOSTS

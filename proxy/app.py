@@ -6,13 +6,15 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import tornado.web
+from tornado.httputil import HTTPServerRequest
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from rtvideo.core.protocol import MAX_START_BYTES
-from rtvideo.proxy.access import token_ok
+from rtvideo.proxy.access import host_allowed, token_ok
 from rtvideo.proxy.bridge import TritonBridge
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.settings import ProxySettings
@@ -57,6 +59,25 @@ class MetricsHandler(tornado.web.RequestHandler):
         self.finish(self.context.metrics.render())
 
 
+class HostRefusedHandler(tornado.web.RequestHandler):
+    """The answer to a request whose `Host` this server does not serve (DNS rebinding)."""
+
+    def prepare(self) -> None:
+        self.set_status(403, "Host not allowed")
+        self.finish("Host not allowed\n")
+
+
+class ProxyApplication(tornado.web.Application):
+    """Checks the `Host` of every request (page, WebSocket, health, metrics) in one place."""
+
+    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Any:
+        settings: ProxySettings = self.settings["context"].settings
+        if not host_allowed(request.host, settings.host, settings.allowed_hosts):
+            log.info("peer=%s Host %r refused", request.remote_ip, request.host)
+            return self.get_handler_delegate(request, HostRefusedHandler)
+        return super().find_handler(request, **kwargs)
+
+
 def make_app(settings: ProxySettings) -> tornado.web.Application:
     """The Tornado application; its shared state is `app.settings["context"]`."""
     context = ProxyContext(settings=settings, bridge=TritonBridge(settings.triton_url, settings.model))
@@ -66,7 +87,7 @@ def make_app(settings: ProxySettings) -> tornado.web.Application:
         (r"/metrics", MetricsHandler, {"context": context}),
         (r"/()", tornado.web.StaticFileHandler, {"path": str(STATIC_DIR), "default_filename": "index.html"}),
     ]
-    return tornado.web.Application(
+    return ProxyApplication(
         handlers,
         context=context,
         # Above the protocol's limits, so that the proxy answers `message_too_large` itself.

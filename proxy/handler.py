@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tornado.websocket import WebSocketHandler
+from tornado.websocket import WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
 from rtvideo.proxy.access import origin_allowed, token_ok
 from rtvideo.proxy.bridge import TritonBridge
@@ -44,9 +44,13 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.metrics.connection_rejected("capacity")
             self.set_header("Retry-After", "5")
             self.send_error(503, reason="Too many connections")
+        elif sum(s.peer == self.request.remote_ip for s in ctx.sessions) >= ctx.settings.max_sessions_per_client:
+            ctx.metrics.connection_rejected("per_client")
+            self.set_header("Retry-After", "5")
+            self.send_error(429, reason="Too many sessions from this client")
 
     def check_origin(self, origin: str) -> bool:
-        allowed = origin_allowed(origin, self.context.settings.allowed_origins)
+        allowed = origin_allowed(origin, self.context.settings.allowed_origins, self.request.host)
         if not allowed:
             self.context.metrics.connection_rejected("origin")
             log.info("peer=%s origin %r refused", self.request.remote_ip, origin)
@@ -60,6 +64,19 @@ class RealtimeVideoHandler(WebSocketHandler):
         )
         ctx.sessions.add(self.session)
 
+    def get_websocket_protocol(self) -> WebSocketProtocol | None:
+        protocol = super().get_websocket_protocol()
+        if type(protocol) is WebSocketProtocol13:  # same object, stricter text handling; no private API
+            protocol.__class__ = _StrictTextProtocol
+        return protocol
+
+    def on_invalid_text(self) -> None:
+        """A text frame that is not UTF-8 (RFC 6455 §8.1): the session ends with close 1007."""
+        if self.session is not None:
+            self.session.on_invalid_text()
+        else:
+            self.close(1007, "text frames must be UTF-8")
+
     def on_message(self, message: str | bytes) -> None:
         assert self.session is not None
         self.session.on_frame(message, isinstance(message, bytes))
@@ -67,3 +84,17 @@ class RealtimeVideoHandler(WebSocketHandler):
     def on_close(self) -> None:
         if self.session is not None:
             self.session.on_disconnect()
+
+
+class _StrictTextProtocol(WebSocketProtocol13):
+    """Tornado aborts the TCP connection on a text frame that is not UTF-8, with no close frame;
+    this hands it to the handler instead, which answers and closes with 1007."""
+
+    def _handle_message(self, opcode: int, data: bytes) -> Any:
+        if opcode == 0x1 and not self.client_terminated and not getattr(self, "_frame_compressed", False):
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                self.handler.on_invalid_text()  # type: ignore[attr-defined]
+                return None
+        return super()._handle_message(opcode, data)

@@ -23,17 +23,22 @@ class ProxySettings:
     allowed_origins: tuple[str, ...] = setting(
         (), "extra allowed browser Origin, scheme://host[:port] (repeatable; '*' allows any); "
         "same-origin and localhost pages always pass", flag="--allow-origin")
+    allowed_hosts: tuple[str, ...] = setting(
+        (), "extra allowed Host name (repeatable; '*' allows any). Bound to loopback, only this "
+        "machine's names pass; bound elsewhere, any name passes unless names are listed", flag="--allowed-host")
     token: str | None = setting(
         None, "bearer token clients must present (Authorization: Bearer, or ?token=)", secret=True)
     max_connections: int = setting(64, "concurrent WebSocket sessions (HTTP 503 beyond)")
+    max_sessions_per_client: int = setting(16, "concurrent WebSocket sessions from one client address (HTTP 429 beyond)")
     outbound_buffer_bytes: int = setting(16 * MiB, "per-session outbound buffer before slow_consumer")
     start_timeout: float = setting(10.0, "seconds to wait for session.start")
     ping_interval: float = setting(20.0, "WebSocket ping interval in seconds (0: off)")
     ping_timeout: float = setting(20.0, "close a peer that answers a ping not within this many seconds")
 
     def __post_init__(self) -> None:
-        if self.max_connections < 1 or self.outbound_buffer_bytes < 1 or self.start_timeout <= 0:
-            raise ValueError("max_connections, outbound_buffer_bytes and start_timeout must be positive")
+        if min(self.max_connections, self.max_sessions_per_client, self.outbound_buffer_bytes) < 1 or self.start_timeout <= 0:
+            raise ValueError(
+                "max_connections, max_sessions_per_client, outbound_buffer_bytes and start_timeout must be positive")
         if self.ping_interval < 0 or self.ping_timeout <= 0:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.ping_interval and self.ping_timeout > self.ping_interval:
