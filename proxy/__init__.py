@@ -2,5 +2,5 @@
 
 settings (flags/env) → app (routes, ProxyServer) → handler (admission, thin) → session
 (one connection's protocol state) using bridge (Triton stream), outbox (writer, bound),
-ordering (ack before mention), ledger (what the client got), access, metrics.
+ordering (what may be written when), ledger (what the client got), access, metrics.
 """

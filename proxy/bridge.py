@@ -18,7 +18,6 @@ from tritonclient.grpc.aio import InferenceServerClient
 from rtvideo import wire
 from rtvideo.wire import START_TAG, Reply
 
-__all__ = ["BackendUnavailable", "Reply", "START_TAG", "TritonBridge", "TritonStream"]
 
 
 class BackendUnavailable(Exception):

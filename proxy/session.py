@@ -6,25 +6,31 @@ rest. Each session ends exactly once: the model's `session.done`, or an end the 
 reports itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`),
 or the client going away. In every case the Triton sequence is ended before the
 stream is dropped, so its slot is freed.
+
+Where a session is lives in one `Phase`; what may be written when is decided by its
+`OutboundOrder` (rtvideo.proxy.ordering), which the session feeds and obeys.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.proxy.bridge import START_TAG, BackendUnavailable, Reply, TritonBridge, TritonStream
+from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge, TritonStream
+from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.ordering import AckGate, named_event_ids
+from rtvideo.proxy.ordering import OutboundOrder, Send
 from rtvideo.proxy.outbox import Frame, Outbox, Sink
 from rtvideo.proxy.settings import ProxySettings
 
-log = logging.getLogger("rtvideo.proxy")
+log = logging.getLogger(__name__)
 
 #: how long a chunk may wait for the ack of an event it names (the ack is already on its way)
 ACK_WAIT_SECONDS = 1.0
@@ -39,6 +45,33 @@ class Connection(Sink, Protocol):
     """The WebSocket (Tornado's handler): writes and a close."""
 
     def close(self, code: int | None = None, reason: str | None = None) -> None: ...
+
+
+class Phase(enum.Enum):
+    """Where a session is. Moves forward only: AWAITING_START → STREAMING → STOP_SENT, then
+    one end (REFUSED before a session.start was forwarded, ENDING after), then CLOSED."""
+
+    AWAITING_START = enum.auto()  # connected; the first message decides
+    STREAMING = enum.auto()  # the sequence is open: client messages go to Triton
+    STOP_SENT = enum.auto()  # sequence_end went to Triton: pings are answered, model replies still go out
+    REFUSED = enum.auto()  # the first message was refused or never came: error, done, close; no sequence
+    ENDING = enum.auto()  # the end is claimed: nothing more forwarded or accepted; end sequence, flush, close
+    CLOSED = enum.auto()  # the WebSocket is closed
+
+
+#: phases in which replies (Triton's and the proxy's own) still go to the client
+_LIVE = frozenset({Phase.AWAITING_START, Phase.STREAMING, Phase.STOP_SENT})
+
+
+@dataclass(frozen=True)
+class _OwnAnswer:
+    """An answer the proxy writes itself (pong, error about one message). Built when it is
+    written, so that an error held behind video.start names the request."""
+
+    build: Callable[[], Mapping[str, Any]]
+
+
+_Item = Reply | _OwnAnswer
 
 
 class ProxySession:
@@ -56,75 +89,83 @@ class ProxySession:
         self._on_closed = on_closed
         self.ledger = Ledger()
         self.request_id: str | None = None  # from video.start, once forwarded
+        self._phase = Phase.AWAITING_START
         self._outbox = Outbox(conn, settings.outbound_buffer_bytes, metrics, self._taken)
-        self._gate: AckGate[Reply] = AckGate()
-        self._gate_timer: asyncio.TimerHandle | None = None
-        self._stream: TritonStream | None = None
-        self._sequence_open = False  # a request with sequence_end has not been sent yet
+        self._order: OutboundOrder[_Item] = OutboundOrder(ack_wait=ACK_WAIT_SECONDS)
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._stream: TritonStream | None = None  # the Triton sequence, while there is one to end
         self._stop_tag: str | None = None  # the request that carried sequence_end
         self._sequence_ended = asyncio.Event()  # Triton delivered that request to the model
-        self._stream_broken = False
-        self._forwarding = True  # model replies still go to the client
-        self._ending = False  # the end is decided (set synchronously, before any task reports it)
-        self._early: list[Callable[[], None]] | None = []  # answers held until video.start is forwarded
-        self._early_bytes = 0
-        self._closed = asyncio.Event()  # the WebSocket is closed
+        self._closed = asyncio.Event()  # the WebSocket is closed (awaited by shutdown)
         self._interactions: dict[str, float] = {}  # request tag → when the client's frame arrived
         self._tasks: set[asyncio.Task] = set()
         self._opened = time.monotonic()
         self._start_timer = asyncio.get_running_loop().call_later(settings.start_timeout, self._start_timed_out)
         metrics.session_opened()
 
+    # --- phase transitions -----------------------------------------------------------------
+    def _open_sequence(self, stream: TritonStream) -> None:
+        """AWAITING_START → STREAMING: session.start went to Triton on its own stream."""
+        self._stream, self._phase = stream, Phase.STREAMING
+
+    def _stop_sent(self, tag: str) -> None:
+        """STREAMING → STOP_SENT: the client's session.stop carried sequence_end."""
+        self._stop_tag, self._phase = tag, Phase.STOP_SENT
+
+    def _claim_end(self) -> bool:
+        """A live session → REFUSED or ENDING, at once, so nothing else is forwarded or accepted,
+        not even later in the current synchronous burst. False if the end was already claimed."""
+        if self._phase not in _LIVE:
+            return False
+        self._phase = Phase.REFUSED if self._phase is Phase.AWAITING_START else Phase.ENDING
+        return True
+
+    def _mark_closed(self) -> Phase:
+        """Any phase → CLOSED; returns the phase it left."""
+        left, self._phase = self._phase, Phase.CLOSED
+        self._closed.set()
+        return left
+
     # --- client → Triton -------------------------------------------------------------------
     def on_frame(self, raw: str | bytes, binary: bool) -> None:
         """A frame from the client: early checks, then forwarded verbatim (or answered here)."""
-        if self._ending:
-            return
-        if self._stream is None:
+        if self._phase is Phase.AWAITING_START:
             self._on_first(raw, binary)
             return
-        if binary:
-            self._reject(ErrorCode.INVALID_MESSAGE, "binary frames are not accepted from clients; send JSON text")
-            return
+        if self._phase not in (Phase.STREAMING, Phase.STOP_SENT):
+            return  # the end is claimed: frames still buffered behind it are ignored
         try:
-            kind = protocol.decode_object(raw, protocol.MAX_MESSAGE_BYTES)["type"]
+            kind = protocol.decode_later(raw, binary=binary)["type"]
         except ProtocolError as exc:
             self._reject(exc.code, exc.message)
             return
-        if kind == protocol.START:
-            self._reject(ErrorCode.INVALID_MESSAGE, "the session has already started")
-        elif not self._sequence_open:  # session.stop went to Triton: the sequence is closed
+        if self._phase is Phase.STOP_SENT:  # the sequence is closed
             if kind == protocol.PING:
                 self._answer(protocol.pong)
             elif kind != protocol.STOP:
                 self._reject(ErrorCode.INVALID_MESSAGE, "session.stop was sent; the session is ending")
         else:
+            assert self._stream is not None  # STREAMING
             tag = self._stream.send(_raw_bytes(raw), end=kind == protocol.STOP)
             if kind == protocol.STOP:
-                self._sequence_open, self._stop_tag = False, tag
+                self._stop_sent(tag)
             elif kind == protocol.INTERACTION:
                 self._interactions[tag] = time.perf_counter()
 
     def _on_first(self, raw: str | bytes, binary: bool) -> None:
         self._start_timer.cancel()
         try:
-            if binary:
-                raise ProtocolError(ErrorCode.INVALID_START, "the first message must be a session.start text frame")
-            kind = protocol.decode_object(raw, protocol.MAX_START_BYTES)["type"]
-            if kind != protocol.START:
-                raise ProtocolError(ErrorCode.INVALID_START, f"first message must be session.start, not {kind}")
+            protocol.check_first_message(raw, binary=binary)
         except ProtocolError as exc:
-            code = exc.code if exc.code is ErrorCode.MESSAGE_TOO_LARGE else ErrorCode.INVALID_START
-            message = exc.message if code is exc.code else f"first message must be session.start: {exc.message}"
-            self._fail(code, message)  # claims the end now: frames already buffered are ignored
+            self._fail(exc.code, exc.message)
             return
-        self._stream = self._bridge.open_stream()
-        self._stream.send(_raw_bytes(raw), start=True)
-        self._sequence_open = True
-        self._spawn(self._pump(self._stream))
+        stream = self._bridge.open_stream()
+        stream.send(_raw_bytes(raw), start=True)
+        self._open_sequence(stream)
+        self._spawn(self._pump(stream))
 
     def _start_timed_out(self) -> None:
-        if self._stream is None:
+        if self._phase is Phase.AWAITING_START:
             self._fail(ErrorCode.START_TIMEOUT, f"no session.start within {self._settings.start_timeout:g} s")
 
     # --- Triton → client -------------------------------------------------------------------
@@ -132,12 +173,13 @@ class ProxySession:
         try:
             async for reply in stream.replies():
                 self._on_reply(reply)
-            if not self._ending:
+            if self._phase in _LIVE:
                 raise BackendUnavailable("Triton ended the stream before session.done")
         except BackendUnavailable as exc:
-            self._stream_broken = True  # nothing left to end on Triton's side
+            self._stream = None  # nothing left to end on Triton's side
+            stream.cancel()
             self._sequence_ended.set()
-            if not self._ending:
+            if self._phase in _LIVE:
                 log.warning("request_id=%s peer=%s backend failure: %s", self.request_id, self.peer, exc)
                 self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
 
@@ -145,79 +187,60 @@ class ProxySession:
         kind = reply.message.get("type")
         if reply.tag == self._stop_tag or (kind == protocol.DONE and reply.message.get("stopped")):
             self._sequence_ended.set()  # the model saw sequence_end: its slot is free
-        if reply.tag == self._stop_tag or not self._forwarding:
+        if reply.tag == self._stop_tag or self._phase not in _LIVE:
             return  # the answer to session.stop is the trailer and session.done, not this
         if reply.tag == START_TAG:
-            for item in self._gate.admit(reply, named_event_ids(reply.message)):
-                self._forward(item)
-            self._arm_gate_timer()
-            return
-        if self._early is not None:  # an answer that overtook video.start on the gRPC stream: wait behind it
-            self._hold(lambda: self._on_answer(reply), len(reply.text) + len(reply.data))
-            return
-        self._on_answer(reply)
-
-    def _on_answer(self, reply: Reply) -> None:
-        """The answer to one later request (ack, pong, per-message error), once video.start is out."""
-        kind = reply.message.get("type")
-        received = self._interactions.pop(reply.tag, None)
-        self._forward(reply, urgent=True)
-        if kind == protocol.QUEUED:
-            if received is not None:
-                self._metrics.observe_ack(time.perf_counter() - received)
-            log.debug("request_id=%s event_id=%s queued", self.request_id, reply.message["event_id"])
-            for item in self._gate.ack(reply.message["event_id"]):
-                self._forward(item)
-
-    def _forward(self, reply: Reply, urgent: bool = False) -> None:
-        """To the client; `urgent`: the answer to one request, which may overtake queued video."""
-        if not self._forwarding:
-            return
-        message = reply.message
-        if message.get("type") == protocol.VIDEO_START:
-            self.request_id = message.get("request_id")
-            log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
-        data = reply.data if message.get("type") == protocol.CHUNK_METADATA else None
-        if not self._emit(message, text=reply.text, data=data, urgent=urgent):
-            self._slow_consumer()
-        elif message.get("type") == protocol.DONE:
-            self._ending, self._forwarding = True, False
-            self._spawn(self._finish(FLUSH_SECONDS))
-        elif message.get("type") == protocol.VIDEO_START:
-            early, self._early = self._early or [], None
-            for release in early:  # queued behind video.start, in arrival order
-                release()
-
-    def _emit(self, message: Mapping[str, Any], *, text: str | None = None, data: bytes | None = None,
-              urgent: bool = False, force: bool = False) -> bool:
-        if message.get("type") == protocol.ERROR:
-            self._metrics.error_sent(str(message.get("code")))
-        frame = Frame(text if text is not None else protocol.encode(message), message, data)
-        # Nothing overtakes video.start: urgency starts once it was handed to the socket.
-        return self._outbox.put(frame, urgent=urgent and self.ledger.request_id is not None, force=force)
+            self._deliver(self._order.stream(reply, reply.message, time.monotonic()))
+        else:  # the answer to one later request (ack, pong, per-message error)
+            ack = reply.message["event_id"] if kind == protocol.QUEUED else None
+            self._deliver(self._order.answer(reply, len(reply.text) + len(reply.data), ack))
 
     def _reject(self, code: ErrorCode, text: str) -> None:
         """An error about one client message; the session goes on."""
         self._answer(lambda: protocol.error(code, text, request_id=self.request_id))
 
     def _answer(self, build: Callable[[], Mapping[str, Any]]) -> None:
-        """An answer of the proxy's own (pong, error about one message): urgent, but never ahead of
-        video.start, and bounded like any reply (refused by a full buffer → slow_consumer)."""
-        if self._ending:
-            return
-        if self._early is not None:
-            self._hold(lambda: self._answer(build), len(protocol.encode(build())))
-        elif not self._emit(build(), urgent=True):
-            self._slow_consumer()
+        """An answer of the proxy's own: ordered and bounded like any reply."""
+        self._deliver(self._order.answer(_OwnAnswer(build), len(protocol.encode(build()))))
 
-    def _hold(self, release: Callable[[], None], size: int) -> None:
-        """Keep an answer until video.start is forwarded; held bytes count against the outbound bound."""
-        assert self._early is not None
-        self._early_bytes += size
-        if self._early_bytes > self._settings.outbound_buffer_bytes:
+    def _deliver(self, sends: list[Send[_Item]]) -> None:
+        """Write what the ordering released, in order, until the end is claimed (a refused
+        write, session.done); answers held for video.start count against the outbound bound."""
+        if self._order.early_bytes > self._settings.outbound_buffer_bytes:
             self._slow_consumer()
-        else:
-            self._early.append(release)
+        for send in sends:
+            if self._phase not in _LIVE:
+                return
+            if isinstance(send.item, Reply):
+                self._forward(send.item, send.urgent)
+            elif not self._emit(send.item.build(), urgent=send.urgent):
+                self._slow_consumer()
+        if self._phase in _LIVE:
+            self._arm_ack_timer()
+
+    def _forward(self, reply: Reply, urgent: bool) -> None:
+        message = reply.message
+        kind = message.get("type")
+        received = self._interactions.pop(reply.tag, None)
+        if kind == protocol.VIDEO_START:
+            self.request_id = message.get("request_id")
+            log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
+        data = reply.data if kind == protocol.CHUNK_METADATA else None
+        if not self._emit(message, text=reply.text, data=data, urgent=urgent):
+            self._slow_consumer()
+        elif kind == protocol.DONE and self._claim_end():
+            self._spawn(self._finish(FLUSH_SECONDS))
+        if kind == protocol.QUEUED:
+            if received is not None:
+                self._metrics.observe_ack(time.perf_counter() - received)
+            log.debug("request_id=%s event_id=%s queued", self.request_id, message["event_id"])
+
+    def _emit(self, message: Mapping[str, Any], *, text: str | None = None, data: bytes | None = None,
+              urgent: bool = False, force: bool = False) -> bool:
+        if message.get("type") == protocol.ERROR:
+            self._metrics.error_sent(str(message.get("code")))
+        frame = Frame(text if text is not None else protocol.encode(message), message, data)
+        return self._outbox.put(frame, urgent=urgent, force=force)
 
     def _slow_consumer(self) -> None:
         self._fail(
@@ -227,51 +250,58 @@ class ProxySession:
 
     def _taken(self, frame: Frame) -> None:
         self.ledger.observe(frame.message, frame.data is not None)
+        self._order.handed_out(frame.message)
 
-    def _arm_gate_timer(self) -> None:
-        if self._gate.held_since is not None and self._gate_timer is None:
-            self._gate_timer = asyncio.get_running_loop().call_later(ACK_WAIT_SECONDS, self._gate_expired)
+    def _arm_ack_timer(self) -> None:
+        """One timer, for the ordering's deadline. The deadline only moves later while it is armed,
+        so firing early at worst finds nothing due and re-arms."""
+        deadline = self._order.deadline
+        if deadline is not None and self._ack_timer is None:
+            delay = max(0.0, deadline - time.monotonic())
+            self._ack_timer = asyncio.get_running_loop().call_later(delay, self._ack_wait_over)
 
-    def _gate_expired(self) -> None:
-        self._gate_timer = None
-        held = self._gate.release_all()
-        if held:
+    def _ack_wait_over(self) -> None:
+        self._ack_timer = None
+        released = self._order.expire(time.monotonic())
+        if released:
             log.warning("request_id=%s released %d message(s) whose ack did not arrive in %.1f s",
-                        self.request_id, len(held), ACK_WAIT_SECONDS)
-        for item in held:
-            self._forward(item)
+                        self.request_id, len(released), self._order.ack_wait)
+        self._deliver(released)
 
     # --- ending ----------------------------------------------------------------------------
-    def _fail(self, code: ErrorCode, message: str) -> None:
-        """End the session from the proxy's side. The end is claimed at once, so nothing else is
-        forwarded or accepted, not even later in the current synchronous burst; a task reports it."""
-        if self._ending:
-            return
-        self._ending, self._forwarding = True, False
-        self._spawn(self._report_failure(code, message))
+    def _fail(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
+        """End the session from the proxy's side: claimed at once, reported by a task."""
+        if self._claim_end():
+            self._spawn(self._report_failure(code, message, close_code))
 
-    async def _report_failure(self, code: ErrorCode, message: str) -> None:
+    def on_invalid_text(self) -> None:
+        """A text frame that is not UTF-8 breaks the WebSocket contract (RFC 6455 §8.1): the
+        error and a complete `session.done` while the socket still takes them, then close 1007."""
+        self._start_timer.cancel()
+        code = ErrorCode.INVALID_START if self._phase is Phase.AWAITING_START else ErrorCode.INVALID_JSON
+        self._fail(code, "a text frame was not valid UTF-8; closing (1007)", close_code=1007)
+
+    async def _report_failure(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
         """Error, `session.done` (from the ledger: what the client was actually sent), close."""
         if code is ErrorCode.SLOW_CONSUMER or not await self._outbox.flush(1.0):
             self._outbox.discard()  # the client cannot take more; the end must still fit
         # Nothing is queued now but the error: the ledger has seen every frame before the done.
         self._emit(protocol.error(code, message, request_id=self.request_id), force=True)
         self._emit(self.ledger.done(), force=True)
-        await self._finish(1.0 if code is ErrorCode.SLOW_CONSUMER else FLUSH_SECONDS)
+        await self._finish(1.0 if code is ErrorCode.SLOW_CONSUMER else FLUSH_SECONDS, close_code)
 
-    async def _finish(self, flush_seconds: float) -> None:
-        """After the session's last message: end the sequence, flush, close normally."""
+    async def _finish(self, flush_seconds: float, close_code: int = 1000) -> None:
+        """After the session's last message: end the sequence, flush, close (normally, by default)."""
         await self._end_sequence()
         await self._outbox.flush(flush_seconds)
-        self._conn.close(1000)
+        self._conn.close(close_code)
 
     async def _end_sequence(self) -> None:
         """Send `sequence_end` if not done yet, wait (bounded) until the model has it, drop the stream."""
         stream = self._stream
         if stream is None:
-            return
-        if self._sequence_open and not self._stream_broken:
-            self._sequence_open = False
+            return  # never opened, or broken
+        if self._stop_tag is None:
             self._stop_tag = stream.send(_STOP, end=True)
         try:
             await asyncio.wait_for(self._sequence_ended.wait(), END_GRACE_SECONDS)
@@ -281,16 +311,14 @@ class ProxySession:
 
     def on_disconnect(self) -> None:
         """The WebSocket is closed (by either side): free everything, exactly once."""
-        if self._closed.is_set():
+        left = self._mark_closed()
+        if left is Phase.CLOSED:
             return
-        self._closed.set()
         self._start_timer.cancel()
-        if self._gate_timer is not None:
-            self._gate_timer.cancel()
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
         self._outbox.close()
-        self._forwarding = False
-        if not self._ending:
-            self._ending = True
+        if left in _LIVE:  # no end was claimed: the sequence is still open
             self._spawn(self._end_sequence())
         self._metrics.session_closed()
         log.info("request_id=%s peer=%s session ended chunks=%d after %.1f s", self.request_id, self.peer,
@@ -299,9 +327,9 @@ class ProxySession:
 
     async def shutdown(self, timeout: float) -> None:
         """Server shutdown: stop generation like a client's session.stop, then close."""
-        if self._stream is None:
-            self._conn.close(1001, "server shutting down")  # no session.start yet
-        elif self._sequence_open and not self._ending:
+        if self._phase in (Phase.AWAITING_START, Phase.REFUSED):
+            self._conn.close(1001, "server shutting down")  # no session.start was forwarded
+        elif self._phase is Phase.STREAMING:
             self.on_frame(_STOP.decode(), binary=False)
         try:
             await asyncio.wait_for(self._closed.wait(), timeout)

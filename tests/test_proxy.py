@@ -25,10 +25,10 @@ from rtvideo.triton import free_port
 from rtvideo.proxy.access import origin_allowed
 from rtvideo.proxy import session as proxy_session
 from rtvideo.proxy.app import ProxyServer
-from rtvideo.proxy.bridge import START_TAG, Reply, TritonBridge
+from rtvideo.proxy.bridge import TritonBridge
+from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.ordering import AckGate
 from rtvideo.proxy.settings import ProxySettings
 from tests.streams import FAST_MODEL, PACED_MODEL, Transcript, check_stream_rules, decode, wait_for_metric
 from tests.test_backend import ids
@@ -297,17 +297,6 @@ def test_ack_precedes_first_mention_under_load(proxies) -> None:
     t = run(body())
     check_stream_rules(t)  # asserts every named id was acked earlier
     assert len(t.of_type("session.interaction.queued")) == 40
-
-
-def test_ack_gate_holds_mentions_until_the_ack() -> None:
-    gate: AckGate[str] = AckGate()
-    assert gate.admit("video.start", set()) == ["video.start"]
-    assert gate.admit("chunk names e1", {"e1"}) == []
-    assert gate.admit("next chunk", set()) == []  # order is kept behind the held one
-    assert gate.ack("e0") == [] and gate.held_since is not None
-    assert gate.ack("e1") == ["chunk names e1", "next chunk"] and gate.held_since is None
-    assert gate.admit("chunk names e1 again", {"e1"}) == ["chunk names e1 again"]
-    assert gate.admit("names e2", {"e2"}) == [] and gate.release_all() == ["names e2"]
 
 
 class FakeConnection:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-from typing import Any
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus

@@ -13,7 +13,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
 from rtvideo.proxy import session as proxy_session
-from rtvideo.proxy.bridge import START_TAG, Reply
+from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.settings import ProxySettings
 
@@ -192,6 +192,37 @@ def test_answers_never_overtake_video_start() -> None:
     assert kinds(conn.frames) == [("video.start", None), ("session.interaction.queued", "e1"),
                                   ("error", "invalid_message"), ("video.chunk_metadata", 0), "<10 bytes>"]
     assert conn.texts()[2]["request_id"] == "r"  # sent after video.start, so it names the request
+
+
+def test_a_held_chunk_waits_for_its_ack_from_its_own_arrival(monkeypatch) -> None:
+    """A chunk held after another waits its full ack wait, not what is left of the first one's."""
+    monkeypatch.setattr(proxy_session, "ACK_WAIT_SECONDS", 0.5)
+
+    def naming(index: int, event_id: str) -> Reply:
+        meta = {"type": "video.chunk_metadata", "request_id": "r", "kind": "media", "transport_chunk_index": index,
+                "started_event_ids": [event_id], "byte_length": 1}
+        return reply(START_TAG, meta, b"x")
+
+    async def body() -> tuple[FakeConnection, float]:
+        s, conn, _ = session()
+        s.on_frame(START, False)
+        s._on_reply(VIDEO_START)
+        s._on_reply(naming(0, "e1"))  # overtook its ack
+        await asyncio.sleep(0.3)
+        s._on_reply(naming(1, "e2"))  # an ack that never comes
+        held = time.monotonic()
+        s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
+        while len(conn.texts()) < 4:
+            await asyncio.sleep(0.01)
+        waited = time.monotonic() - held
+        s.on_disconnect()
+        await ended(s, conn)
+        return conn, waited
+
+    conn, waited = run(body())
+    assert kinds(conn.frames) == [("video.start", None), ("session.interaction.queued", "e1"),
+                                  ("video.chunk_metadata", 0), "<1 bytes>", ("video.chunk_metadata", 1), "<1 bytes>"]
+    assert waited >= 0.5 - 0.02, f"chunk 1 was released after {waited:.2f} s"
 
 
 @pytest.mark.parametrize("answer", ["error", "pong"])
