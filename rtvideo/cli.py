@@ -14,21 +14,28 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from rtvideo import logsetup, settings_text
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.triton import TritonConfig, TritonServer
-from rtvideo.model_repo import MODEL_REPOSITORY, derive_model
+from rtvideo.model_repo import MODEL_REPOSITORY, derive_model, read_parameters
 from rtvideo.proxy import settings as proxy_settings
 from rtvideo.proxy.app import ProxyServer
 
 log = logging.getLogger(__name__)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (`rtvideo serve: error: ...`) and exit code 2, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rtvideo", description="Realtime text-to-video on Triton")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="rtvideo", description="Realtime text-to-video on Triton")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = commands.add_parser("serve", help="start Triton and the WebSocket proxy")
     proxy_settings.add_arguments(serve, skip=("triton_url",))
     serve.add_argument("--triton-url", default=os.environ.get("RTVIDEO_TRITON_URL"), metavar="HOST:PORT",
@@ -48,16 +55,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:  # every value is checked before anything starts: a bad one is one line, exit 2
+        check_settings(args)
+    except ValueError as exc:
+        parser.exit(2, f"rtvideo {args.command}: error: {exc}\n")
     logsetup.configure(args.log_level)
     return serve(args)
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """The proxy's settings, and the model's parameters as the model would load them."""
+    proxy_settings.from_namespace(args, triton_url=args.triton_url or "127.0.0.1:1")
+    overrides = settings_text.values_from(args, BackendSettings)
+    if args.triton_url is not None and overrides:
+        raise ValueError("model parameters need a Triton started here; drop --triton-url")
+    source = Path(args.model_repository) / args.model
+    if args.triton_url is None:
+        if not (source / "config.pbtxt").is_file():
+            raise ValueError(f"model {args.model!r} not found in the model repository {args.model_repository}")
+        BackendSettings.from_parameters({**read_parameters(source), **overrides})
 
 
 def serve(args: argparse.Namespace) -> int:
     """Triton (unless --triton-url), then the proxy until SIGINT/SIGTERM; Triton is always stopped."""
     overrides = settings_text.values_from(args, BackendSettings)
-    if args.triton_url is not None and overrides:
-        raise SystemExit("model parameters need a Triton started here; drop --triton-url")
     signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C until the proxy's loop takes over
     triton: TritonServer | None = None
     with tempfile.TemporaryDirectory(prefix="rtvideo-repo-") as scratch:

@@ -13,10 +13,30 @@ from typing import Mapping
 
 import rtvideo
 
-#: `model_repository/` of this checkout (the package lives next to it).
-MODEL_REPOSITORY = Path(rtvideo.__file__).resolve().parents[1] / "model_repository"
+
+
+def _shipped_repository() -> Path:
+    """The model repository: inside the installed package (`rtvideo/model_repository`, package
+    data of a wheel), or `model_repository/` beside the package in a checkout."""
+    package = Path(rtvideo.__file__).resolve().parent
+    for candidate in (package / "model_repository", package.parent / "model_repository"):
+        if (candidate / "realtime_video" / "config.pbtxt").is_file():
+            return candidate
+    raise FileNotFoundError(f"no model repository in {package} or beside it: a broken install")
+
+
+#: the repository `rtvideo serve` serves by default
+MODEL_REPOSITORY = _shipped_repository()
 #: the shipped model directory (`config.pbtxt` + `1/model.py`)
 MODEL_DIR = MODEL_REPOSITORY / "realtime_video"
+
+
+_PARAMETER = re.compile(r'^parameters: \{ key: "([^"]+)" value: \{ string_value: "([^"]*)" \} \}', re.M)
+
+
+def read_parameters(source: Path = MODEL_DIR) -> dict[str, str]:
+    """The `parameters` of a model directory's `config.pbtxt`, as text."""
+    return dict(_PARAMETER.findall((Path(source) / "config.pbtxt").read_text()))
 
 
 def derive_model(target: Path, name: str, params: Mapping[str, str], source: Path = MODEL_DIR) -> Path:

@@ -100,18 +100,32 @@ def add_flags(
             try:
                 value = convert(text)
             except (ValueError, TypeError):
-                raise argparse.ArgumentTypeError(f"{name}={text!r} is not a valid value") from None
+                origin = f" (from the environment, {text.variable})" if isinstance(text, _FromEnv) else ""
+                raise argparse.ArgumentTypeError(f"{name}={str(text)!r} is not a valid value{origin}") from None
             return text.strip() if text_only else value
 
         # A string default goes through `type` too: a bad environment value is a usage error (exit 2).
-        default = os.environ.get(env_name(f))
-        if default is None and not text_only:
+        default: Any = os.environ.get(env_name(f))
+        if default is not None:
+            default = _FromEnv(default, env_name(f))
+        elif not text_only:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         shown = "" if f.metadata.get("secret") or default is None else f" (default: {_show(default)})"
         repeatable = typing.get_origin(_types(cls)[f.name]) is tuple  # each use adds to the list
         parser.add_argument(flag_name(f), dest=f.name, type=checked, default=default,
                             action=_Extend if repeatable else "store",
                             metavar=f.name.split("_")[-1].upper(), help=f"{f.metadata['help']}{shown}")
+
+
+class _FromEnv(str):
+    """A value read from the environment, so that an error can name the variable."""
+
+    variable: str
+
+    def __new__(cls, value: str, variable: str) -> "_FromEnv":
+        text = super().__new__(cls, value)
+        text.variable = variable
+        return text
 
 
 class _Extend(argparse.Action):

@@ -46,14 +46,19 @@ def alive(pid: int) -> bool:
 
 
 def test_serve_session_and_clean_sigterm(tmp_path: Path) -> None:
+    serve_one_session(RTVIDEO, tmp_path)
+
+
+def serve_one_session(rtvideo: Path, tmp_path: Path, cwd: Path | None = None) -> None:
+    """`rtvideo serve` as a subprocess: the ready line, one session decoded, SIGTERM, nothing left."""
     ports = [free_port() for _ in range(4)]
     log = tmp_path / "serve.log"
     with log.open("wb") as stderr:
         proc = subprocess.Popen(
-            [str(RTVIDEO), "serve", "--port", str(ports[0]), "--triton-grpc-port", str(ports[1]),
+            [str(rtvideo), "serve", "--port", str(ports[0]), "--triton-grpc-port", str(ports[1]),
              "--triton-http-port", str(ports[2]), "--triton-metrics-port", str(ports[3]),
              "--triton-log", str(tmp_path / "triton.log"), "--pacing-lead", "off", "--frames-per-chunk", "6"],
-            stdout=subprocess.PIPE, stderr=stderr, text=True,
+            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=cwd,
         )
     children: set[int] = set()
     try:

@@ -1,0 +1,92 @@
+"""Installed like a user would: a wheel in fresh virtual environments outside the checkout, the
+container recipe linted, and `rtvideo serve` refusing bad settings with one clear line."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.test_cli import RTVIDEO, serve_one_session
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pip(python: Path, *args: str, cwd: Path) -> None:
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-compile", *args],
+                   cwd=cwd, check=True, timeout=900, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+
+
+def fresh_venv(path: Path) -> Path:
+    venv.EnvBuilder(with_pip=True).create(path)
+    return path / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The project's wheel, built from this checkout (not editable)."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(out), str(ROOT)], check=True, timeout=600, cwd=out)
+    (found,) = out.glob("rtvideo-*.whl")
+    yield found
+
+
+def test_client_only_install_needs_neither_torch_nor_tornado(wheel: Path, tmp_path: Path) -> None:
+    python = fresh_venv(tmp_path / "venv")
+    pip(python, str(wheel), cwd=tmp_path)
+    check = ("import sys, rtvideo.client.session, rtvideo.core.protocol; "
+             "heavy = {'torch', 'tornado', 'tritonclient', 'numpy', 'av'} & set(sys.modules); "
+             "assert not heavy, heavy; print('ok')")
+    out = subprocess.run([str(python), "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+    freeze = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
+    assert not re.search(r"^(torch|tornado|av|tritonclient)==", freeze, re.M | re.I), freeze
+
+
+def test_wheel_with_server_extra_serves_from_another_directory(wheel: Path, tmp_path: Path) -> None:
+    """Non-editable [server] install: the model repository comes from the package data."""
+    python = fresh_venv(tmp_path / "venv")
+    import torch  # the same build as the checkout's (on these machines a local CPU wheel: no download)
+
+    pip(python, f"torch=={torch.__version__.split('+')[0]}", f"{wheel}[server]", cwd=tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    repo = subprocess.run([str(python), "-c", "from rtvideo.model_repo import MODEL_REPOSITORY as r; print(r)"],
+                          cwd=elsewhere, capture_output=True, text=True, check=True).stdout.strip()
+    assert repo.startswith(str(tmp_path / "venv")), repo  # inside the installed package, not the checkout
+    serve_one_session(python.parent / "rtvideo", tmp_path, cwd=elsewhere)
+
+
+def test_dockerfile_lints_and_copies_what_exists() -> None:
+    dockerfile = ROOT / "Dockerfile"
+    lint = subprocess.run([str(Path(sys.executable).parent / "hadolint"), str(dockerfile)],
+                          capture_output=True, text=True, timeout=120)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    copies = re.findall(r"^COPY\s+(?!--from)(.+?)\s+\S+$", dockerfile.read_text(), re.M)
+    assert copies, "no COPY in the Dockerfile"
+    for line in copies:
+        for source in line.split():
+            if not source.startswith("--"):
+                assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which does not exist"
+
+
+@pytest.mark.parametrize("args,env,fragment", [
+    (["--fps", "abc"], {}, "fps='abc' is not a valid value"),
+    (["--width", "255"], {}, "width 255 is not supported"),
+    (["--max-connections", "0"], {}, "must be positive"),
+    ([], {"RTVIDEO_MAX_SESSIONS": "many"}, "RTVIDEO_MAX_SESSIONS"),
+    ([], {"RTVIDEO_PORT": "http"}, "RTVIDEO_PORT"),
+])
+def test_bad_values_give_one_line_and_exit_2(args: list[str], env: dict[str, str], fragment: str) -> None:
+    out = subprocess.run([str(RTVIDEO), "serve", *args], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **env})
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in out.stderr, out.stderr
