@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     model = serve.add_argument_group(
         "model parameters (given ones override config.pbtxt in a derived copy of the model repository)")
     settings_text.add_flags(model, BackendSettings, text_only=True)
-    serve.add_argument("--log-level", default="INFO", help="proxy log level")
+    serve.add_argument("--log-level", default=os.environ.get("RTVIDEO_LOG_LEVEL", "INFO"), help="proxy log level")
+    serve.add_argument("--log-format", choices=logsetup.FORMATS, default=os.environ.get("RTVIDEO_LOG_FORMAT", "text"),
+                       help="text lines, or one JSON object per line with request_id/event_id fields")
     return parser
 
 
@@ -61,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_settings(args)
     except ValueError as exc:
         parser.exit(2, f"rtvideo {args.command}: error: {exc}\n")
-    logsetup.configure(args.log_level)
+    logsetup.configure(args.log_level, fmt=args.log_format)
+    os.environ["RTVIDEO_LOG_FORMAT"] = args.log_format  # the model, in Triton's stub, logs alike
     return serve(args)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
+import time
 
 #: longest message kept whole (prompts are at most 4096 characters; config lines quote one)
 MAX_MESSAGE_CHARS = 6000
@@ -35,10 +37,36 @@ class SafeFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
-def configure(level: str | int = "INFO", stream: object = None) -> None:
-    """Root logging to standard error (or `stream`) through `SafeFormatter`."""
+#: `key=value` fields that log lines carry by convention and JSON lines lift into fields
+_FIELDS = re.compile(r"\b(request_id|event_id|corrid|peer)=(\S+)")
+FORMATS = ("text", "json")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and the `request_id`, `event_id`,
+    `corrid` and `peer` the message names (`key=value`) as fields of their own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = escape(record.getMessage())
+        line: dict[str, object] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": message,
+        }
+        for key, value in _FIELDS.findall(message):
+            line.setdefault(key, value)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure(level: str | int = "INFO", stream: object = None, fmt: str = "text") -> None:
+    """Root logging to standard error (or `stream`): escaped text lines, or JSON lines."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r}: use one of {', '.join(FORMATS)}")
     handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
-    handler.setFormatter(SafeFormatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else SafeFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -7,6 +7,7 @@ once; the session's worker thread streams responses on the start request's sende
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from typing import Any, Mapping
@@ -95,7 +96,7 @@ class TritonMetricsPublisher:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        logsetup.configure("INFO")
+        logsetup.configure("INFO", fmt=os.environ.get("RTVIDEO_LOG_FORMAT", "text"))
         # Session threads hold the GIL between torch/PyAV calls; a shorter switch interval
         # lets execute() (acks) in sooner.
         sys.setswitchinterval(0.001)
