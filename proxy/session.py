@@ -242,6 +242,15 @@ class ProxySession:
             self._forward(item)
 
     # --- ending ----------------------------------------------------------------------------
+    def backend_lost(self, reason: str) -> None:
+        """The supervisor found the backend down: end with `backend_unavailable` and `session.done`,
+        then close, without waiting for the model to confirm the end of the sequence."""
+        if self._ending:
+            return
+        log.warning("request_id=%s peer=%s backend down: %s", self.request_id, self.peer, reason)
+        self._sequence_ended.set()  # the stop is still sent, but nobody may be there to confirm it
+        self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
+
     def _fail(self, code: ErrorCode, message: str) -> None:
         """End the session from the proxy's side. The end is claimed at once, so nothing else is
         forwarded or accepted, not even later in the current synchronous burst; a task reports it."""
