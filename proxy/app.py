@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import tornado.web
 from tornado.httputil import HTTPServerRequest
@@ -18,6 +18,7 @@ from rtvideo.proxy.access import host_allowed, token_ok
 from rtvideo.proxy.bridge import TritonBridge
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -26,22 +27,46 @@ WEBSOCKET_PATH = "/v1/realtime/video"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
-class HealthHandler(tornado.web.RequestHandler):
-    """200 when the proxy, Triton and the model are ready; 503 (same JSON) otherwise."""
-
+class _JsonHandler(tornado.web.RequestHandler):
     def initialize(self, context: ProxyContext) -> None:
         self.context = context
 
-    async def get(self) -> None:
-        triton = await self.context.bridge.readiness()
-        ready = triton["server_ready"] and triton["model_ready"]
-        self.set_status(200 if ready else 503)
+    def reply(self, ok: bool, body: dict) -> None:
+        self.set_status(200 if ok else 503)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({
-            "proxy": "ok", "ready": ready, "model": self.context.bridge.model,
-            "triton": triton, "sessions": len(self.context.sessions),
-        }))
+        self.finish(json.dumps(body))
+
+
+class HealthHandler(_JsonHandler):
+    """200 when Triton and the model say they are ready and the model answers the health probe;
+    503 (same JSON) otherwise."""
+
+    async def get(self) -> None:
+        ctx = self.context
+        triton = await ctx.bridge.readiness()
+        ready = triton["server_ready"] and triton["model_ready"] and ctx.supervisor.ready
+        self.reply(ready, {
+            "proxy": "ok", "ready": ready, "model": ctx.bridge.model,
+            "triton": triton, "sessions": len(ctx.sessions), **ctx.supervisor.status(),
+        })
+
+
+class ReadyHandler(_JsonHandler):
+    """200 when a new session can be taken: the model answers the probe and there is room."""
+
+    def get(self) -> None:
+        ctx = self.context
+        room = len(ctx.sessions) < ctx.settings.max_connections
+        self.reply(ctx.supervisor.ready and room, {"ready": ctx.supervisor.ready and room,
+                                                   "backend": ctx.supervisor.state.value, "room": room})
+
+
+class LiveHandler(_JsonHandler):
+    """200 while the proxy process serves (whatever the backend's state)."""
+
+    def get(self) -> None:
+        self.reply(True, {"proxy": "ok"})
 
 
 class MetricsHandler(tornado.web.RequestHandler):
@@ -78,12 +103,19 @@ class ProxyApplication(tornado.web.Application):
         return super().find_handler(request, **kwargs)
 
 
-def make_app(settings: ProxySettings) -> tornado.web.Application:
-    """The Tornado application; its shared state is `app.settings["context"]`."""
+def make_app(settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None) -> tornado.web.Application:
+    """The Tornado application; its shared state is `app.settings["context"]`. `restart`, when given,
+    restarts the backend after the supervisor found it down (`rtvideo serve` with its own Triton)."""
     context = ProxyContext(settings=settings, bridge=TritonBridge(settings.triton_url, settings.model))
+    context.supervisor = Supervisor(
+        context.bridge, context.metrics, interval=settings.probe_interval, timeout=settings.probe_timeout,
+        failures=settings.probe_failures, on_down=context.backend_lost, restart=restart,
+    )
     handlers = [
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
         (r"/healthz", HealthHandler, {"context": context}),
+        (r"/readyz", ReadyHandler, {"context": context}),
+        (r"/livez", LiveHandler, {"context": context}),
         (r"/metrics", MetricsHandler, {"context": context}),
         (r"/()", tornado.web.StaticFileHandler, {"path": str(STATIC_DIR), "default_filename": "index.html"}),
     ]
@@ -98,12 +130,14 @@ def make_app(settings: ProxySettings) -> tornado.web.Application:
 
 
 class ProxyServer:
-    """Listens for `settings` (port 0: any free port) on the running event loop."""
+    """Listens for `settings` (port 0: any free port) on the running event loop; supervises the
+    backend (see `make_app` for `restart`)."""
 
-    def __init__(self, settings: ProxySettings) -> None:
+    def __init__(self, settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None) -> None:
         self.settings = settings
-        self.app = make_app(settings)
+        self.app = make_app(settings, restart)
         self.context: ProxyContext = self.app.settings["context"]
+        self.supervisor = self.context.supervisor
         self._server: HTTPServer | None = None
         self.port = settings.port
 
@@ -118,6 +152,7 @@ class ProxyServer:
         self.port = sockets[0].getsockname()[1]
         self._server = HTTPServer(self.app, xheaders=False)
         self._server.add_sockets(sockets)
+        self.supervisor.start()
         log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
 
     async def stop(self, timeout: float = 5.0) -> None:
@@ -125,6 +160,7 @@ class ProxyServer:
         if self._server is None:
             return
         self._server.stop()
+        await self.supervisor.stop()
         sessions = list(self.context.sessions)
         await asyncio.gather(*(s.shutdown(timeout) for s in sessions), return_exceptions=True)
         await self._server.close_all_connections()

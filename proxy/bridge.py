@@ -3,6 +3,7 @@
 A session's stream is fed from an asyncio.Queue of requests (docs/protocol.md §8: one
 client message per request; `sequence_start` on the start, `sequence_end` on the
 stop) and yields `Reply`s: the request they answer, the server message, the payload.
+`TritonBridge.probe` is the health probe the supervisor sends (a one-request sequence).
 """
 
 from __future__ import annotations
@@ -16,12 +17,26 @@ from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 
 from rtvideo import wire
+from rtvideo.core import protocol
 from rtvideo.wire import START_TAG, Reply
 
+
+_PING = protocol.encode({"type": protocol.PING}).encode()
 
 
 class BackendUnavailable(Exception):
     """Triton is unreachable, refused a request, or the stream broke."""
+
+
+def new_sequence_id() -> int:
+    """A random non-zero 64-bit correlation id (docs/protocol.md §8)."""
+    return secrets.randbelow(2**63 - 1) + 1
+
+
+def _request_tensor(raw: bytes) -> InferInput:
+    tensor = InferInput(wire.REQUEST, [1], "BYTES")
+    tensor.set_data_from_numpy(wire.request_array(raw))
+    return tensor
 
 
 class TritonStream:
@@ -30,7 +45,7 @@ class TritonStream:
     def __init__(self, client: InferenceServerClient, model: str) -> None:
         self._client = client
         self._model = model
-        self.sequence_id = secrets.randbelow(2**63 - 1) + 1
+        self.sequence_id = new_sequence_id()
         self._requests: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._count = 0
         self._call: Any = None
@@ -40,10 +55,8 @@ class TritonStream:
         """Queue one client message (sent verbatim); returns the tag its replies carry."""
         self._count += 1
         tag = START_TAG if start else f"m{self._count}"
-        tensor = InferInput(wire.REQUEST, [1], "BYTES")
-        tensor.set_data_from_numpy(wire.request_array(raw))
         self._requests.put_nowait({
-            "model_name": self._model, "inputs": [tensor], "request_id": tag,
+            "model_name": self._model, "inputs": [_request_tensor(raw)], "request_id": tag,
             "sequence_id": self.sequence_id, "sequence_start": start, "sequence_end": end,
         })
         return tag
@@ -112,6 +125,39 @@ class TritonBridge:
         except Exception:  # noqa: BLE001 - any failure means "not ready"
             pass
         return status
+
+    async def probe(self, timeout: float) -> float:
+        """The health probe (docs/protocol.md §8): `session.ping` alone on a fresh sequence, with
+        `sequence_start` and `sequence_end`; returns the round trip in seconds. Raises
+        BackendUnavailable unless a `session.pong` comes back within `timeout`."""
+        request = {
+            "model_name": self.model, "inputs": [_request_tensor(_PING)], "request_id": "probe",
+            "sequence_id": new_sequence_id(), "sequence_start": True, "sequence_end": True,
+        }
+
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
+            yield request
+
+        t0 = time.perf_counter()
+        call: Any = None
+        try:
+            call = self.client.stream_infer(one_request())
+            result, error = await asyncio.wait_for(call.__anext__(), timeout)
+        except asyncio.TimeoutError:
+            raise BackendUnavailable(f"no answer to the health probe within {timeout:g} s") from None
+        except StopAsyncIteration:
+            raise BackendUnavailable("the health probe's stream ended without an answer") from None
+        except Exception as exc:  # noqa: BLE001 - grpc.aio raises several types here
+            raise BackendUnavailable(f"health probe failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if call is not None:
+                call.cancel()
+        if error is not None:
+            raise BackendUnavailable(f"health probe refused: {error}")
+        reply = _reply(result)
+        if reply.message.get("type") != protocol.PONG:
+            raise BackendUnavailable(f"health probe answered with {reply.text[:200]}")
+        return time.perf_counter() - t0
 
     async def close(self) -> None:
         if self._client is not None:

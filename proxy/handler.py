@@ -13,6 +13,7 @@ from rtvideo.proxy.bridge import TritonBridge
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,12 @@ class ProxyContext:
     bridge: TritonBridge
     metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
     sessions: set[ProxySession] = field(default_factory=set)
+    supervisor: Supervisor = field(init=False)  # set by make_app (it needs the context)
+
+    def backend_lost(self, reason: str) -> None:
+        """The supervisor found the backend down: every live session ends with backend_unavailable."""
+        for session in list(self.sessions):
+            session.backend_lost(reason)
 
 
 class RealtimeVideoHandler(WebSocketHandler):
@@ -48,6 +55,10 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.metrics.connection_rejected("per_client")
             self.set_header("Retry-After", "5")
             self.send_error(429, reason="Too many sessions from this client")
+        elif not ctx.supervisor.admitting:
+            ctx.metrics.connection_rejected("backend_down")
+            self.set_header("Retry-After", "5")
+            self.send_error(503, reason="Video backend unavailable")
 
     def check_origin(self, origin: str) -> bool:
         allowed = origin_allowed(origin, self.context.settings.allowed_origins, self.request.host)

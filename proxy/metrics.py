@@ -23,6 +23,10 @@ class ProxyMetrics:
     ack_buckets: list[int] = field(default_factory=lambda: [0] * len(ACK_BUCKETS))
     errors: Counter = field(default_factory=Counter)
     rejected: Counter = field(default_factory=Counter)
+    backend_up: int = 0
+    probe_latency: float = 0.0
+    probe_failures: int = 0
+    backend_restarts: int = 0
 
     def session_opened(self) -> None:
         self.sessions_active += 1
@@ -47,6 +51,18 @@ class ProxyMetrics:
 
     def connection_rejected(self, reason: str) -> None:
         self.rejected[reason] += 1
+
+    def probe_answered(self, seconds: float) -> None:
+        self.probe_latency = seconds
+
+    def probe_failed(self) -> None:
+        self.probe_failures += 1
+
+    def backend_restarted(self) -> None:
+        self.backend_restarts += 1
+
+    def set_backend_up(self, up: bool) -> None:
+        self.backend_up = int(up)
 
     def render(self) -> str:
         """The exposition text served on `GET /metrics`."""
@@ -80,5 +96,17 @@ class ProxyMetrics:
             "# HELP rtvideo_proxy_rejected_total Connections refused before the upgrade, by reason",
             "# TYPE rtvideo_proxy_rejected_total counter",
             *(f'rtvideo_proxy_rejected_total{{reason="{r}"}} {n}' for r, n in sorted(self.rejected.items())),
+            "# HELP rtvideo_proxy_backend_up 1 while the model answers the health probe, else 0",
+            "# TYPE rtvideo_proxy_backend_up gauge",
+            f"rtvideo_proxy_backend_up {self.backend_up}",
+            "# HELP rtvideo_proxy_probe_latency_seconds Round trip of the last answered health probe",
+            "# TYPE rtvideo_proxy_probe_latency_seconds gauge",
+            f"rtvideo_proxy_probe_latency_seconds {self.probe_latency:.6f}",
+            "# HELP rtvideo_proxy_probe_failures_total Health probes that failed or timed out",
+            "# TYPE rtvideo_proxy_probe_failures_total counter",
+            f"rtvideo_proxy_probe_failures_total {self.probe_failures}",
+            "# HELP rtvideo_proxy_backend_restarts_total Restarts of the Triton started by rtvideo serve",
+            "# TYPE rtvideo_proxy_backend_restarts_total counter",
+            f"rtvideo_proxy_backend_restarts_total {self.backend_restarts}",
         ]
         return "\n".join(out) + "\n"

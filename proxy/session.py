@@ -269,6 +269,15 @@ class ProxySession:
         self._deliver(released)
 
     # --- ending ----------------------------------------------------------------------------
+    def backend_lost(self, reason: str) -> None:
+        """The supervisor found the backend down: end with `backend_unavailable` and `session.done`,
+        then close, without waiting for the model to confirm the end of the sequence."""
+        if self._phase not in _LIVE:
+            return
+        log.warning("request_id=%s peer=%s backend down: %s", self.request_id, self.peer, reason)
+        self._sequence_ended.set()  # the stop is still sent, but nobody may be there to confirm it
+        self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
+
     def _fail(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
         """End the session from the proxy's side: claimed at once, reported by a task."""
         if self._claim_end():

@@ -34,6 +34,9 @@ class ProxySettings:
     start_timeout: float = setting(10.0, "seconds to wait for session.start")
     ping_interval: float = setting(20.0, "WebSocket ping interval in seconds (0: off)")
     ping_timeout: float = setting(20.0, "close a peer that answers a ping not within this many seconds")
+    probe_interval: float = setting(2.0, "seconds between health probes of the model (a round trip through it)")
+    probe_timeout: float = setting(5.0, "a health probe not answered within this many seconds has failed")
+    probe_failures: int = setting(2, "consecutive failed probes after which the backend is down")
 
     def __post_init__(self) -> None:
         if min(self.max_connections, self.max_sessions_per_client, self.outbound_buffer_bytes) < 1 or self.start_timeout <= 0:
@@ -41,6 +44,8 @@ class ProxySettings:
                 "max_connections, max_sessions_per_client, outbound_buffer_bytes and start_timeout must be positive")
         if self.ping_interval < 0 or self.ping_timeout <= 0:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
+        if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:
+            raise ValueError("probe_interval and probe_timeout must be positive, probe_failures at least 1")
         if self.ping_interval and self.ping_timeout > self.ping_interval:
             raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")
 

@@ -1,7 +1,9 @@
 """`rtvideo serve`: Triton with this checkout's model repository, then the WebSocket proxy.
 
 Prints one line on stdout when ready; SIGINT/SIGTERM stop the proxy (sessions end with
-`session.done`) and then Triton, leaving no process behind.
+`session.done`) and then Triton, leaving no process behind. While serving, the proxy's
+supervisor probes the model; when it stops answering, the Triton started here is
+restarted (`_restart`). Triton dies with this process, even on `kill -9`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, port in (("grpc", 8001), ("http", 8000), ("metrics", 8002)):
         serve.add_argument(f"--triton-{name}-port", type=int, default=port, metavar="PORT",
                            help=f"{name} port of the Triton started here (default: {port})")
+    serve.add_argument("--triton-http", action="store_true",
+                       help="open the HTTP endpoint of the Triton started here on --triton-http-port "
+                            "(off by default: it takes unauthenticated POSTs that any web page can send)")
     model = serve.add_argument_group(
         "model parameters (given ones override config.pbtxt in a derived copy of the model repository)")
     settings_text.add_flags(model, BackendSettings, text_only=True)
@@ -96,7 +101,7 @@ def serve(args: argparse.Namespace) -> int:
                     derive_model(repo, args.model, overrides, source=args.model_repository / args.model)
                 triton = TritonServer(TritonConfig(
                     model_repository=repo, grpc_port=args.triton_grpc_port,
-                    http_port=args.triton_http_port, metrics_port=args.triton_metrics_port,
+                    http_port=args.triton_http_port, metrics_port=args.triton_metrics_port, http=args.triton_http,
                 ), stdout=args.triton_log)
                 triton.start(timeout=600)
                 log.info("tritonserver ready in %.1f s (log: %s)", triton.startup_seconds, triton.log_path)
@@ -117,26 +122,28 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def _run_proxy(settings: proxy_settings.ProxySettings, triton: TritonServer | None) -> int:
-    """Serve until a signal (exit 0) or until the Triton started here dies (exit 1)."""
+    """Serve until a signal (exit 0); the supervisor restarts the Triton started here when needed."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    server = ProxyServer(settings)
+    server = ProxyServer(settings, restart=(lambda: _restart(triton)) if triton is not None else None)
     await server.start()
     print(f"rtvideo ready: {server.url} (triton grpc {settings.triton_url})", flush=True)
-    code = 0
-    while not stop.is_set():
-        if triton is not None and not triton.is_alive():
-            log.error("tritonserver exited; stopping")
-            code = 1
-            break
-        try:
-            await asyncio.wait_for(stop.wait(), 1.0)
-        except asyncio.TimeoutError:
-            pass
+    await stop.wait()
     await server.stop()
-    return code
+    return 0
+
+
+async def _restart(triton: TritonServer) -> None:
+    """Stop the Triton started here at once (its model does not answer: nothing to wait for), with
+    its stubs and shared memory, and start it again on the same ports. The spawn runs on the event
+    loop's thread, the main thread, because the server is killed when its spawning thread ends."""
+    old = triton.pid
+    await asyncio.to_thread(triton.stop, 0)
+    triton.spawn()
+    await asyncio.to_thread(triton.wait_ready, 600)
+    log.info("tritonserver restarted in %.1f s (pid %s, was %s)", triton.startup_seconds, triton.pid, old)
 
 
 if __name__ == "__main__":

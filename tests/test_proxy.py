@@ -658,7 +658,7 @@ def test_healthz_and_metrics(proxies) -> None:
 
 
 def test_unreachable_triton(proxies) -> None:
-    server = proxies.server(triton_url=f"127.0.0.1:{free_port()}")
+    server = proxies.server(triton_url=f"127.0.0.1:{free_port()}", probe_interval=60)  # one probe: not down yet
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10)
     assert err.value.code == 503 and json.loads(err.value.read())["triton"]["server_ready"] is False

@@ -30,6 +30,14 @@ def _is_stop(payload: bytes) -> bool:
         return False
 
 
+def _is_probe(payload: bytes) -> bool:
+    """`session.ping` as the only request of a sequence: the health probe (docs/protocol.md §8)."""
+    try:
+        return isinstance(protocol.parse_message(payload), PingRequest)
+    except ProtocolError:
+        return False
+
+
 class SessionManager:
     """One session per correlation id; never more than `max_sessions` at once."""
 
@@ -79,6 +87,9 @@ class SessionManager:
                 pass
 
     def _dispatch(self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel) -> None:
+        if start and end and _is_probe(payload):
+            self._probe(corrid, channel)
+            return
         if start:
             self._start(corrid, payload, channel)
             if end:  # a one-request sequence: start and stop at once
@@ -111,6 +122,14 @@ class SessionManager:
             return
         if end:
             session.request_stop()
+
+    def _probe(self, corrid: int, channel: Channel) -> None:
+        """The health probe: one pong with FINAL at once; no session, no slot, no session-end metric.
+        Like any new sequence on a live correlation id, it ends a session still running there."""
+        self._stop(corrid)
+        with self._lock:
+            self._ended_ids.pop(corrid, None)
+        channel.send(protocol.pong(), final=True)
 
     def _start(self, corrid: int, payload: bytes, channel: Channel) -> None:
         try:

@@ -2,7 +2,8 @@
 
 - :mod:`.install`: where the binary and its backends come from (``$TRITONSERVER``,
   ``PATH`` as in the NGC container, or the ``nvidia-pytriton`` wheel);
-- :mod:`.server`: running it (start, health polling, stop without leftover stubs);
+- :mod:`.server`: running it (start, gRPC health polling, stop without leftover stubs or
+  shared memory; the server dies with its launcher);
 - :mod:`.logs`: its log file, and what of it to show when it fails.
 
 The names below are the public surface; import them from here.
@@ -10,7 +11,7 @@ The names below are the public surface; import them from here.
 
 from rtvideo.triton.install import TritonInstall, find_tritonserver
 from rtvideo.triton.logs import LogTarget, ServerLog
-from rtvideo.triton.server import TritonConfig, TritonServer, free_port, is_ready
+from rtvideo.triton.server import TritonConfig, TritonServer, clean_stale_shm, free_port, is_ready
 
 __all__ = [
     "LogTarget",
@@ -18,6 +19,7 @@ __all__ = [
     "TritonConfig",
     "TritonInstall",
     "TritonServer",
+    "clean_stale_shm",
     "find_tritonserver",
     "free_port",
     "is_ready",

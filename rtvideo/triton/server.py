@@ -1,29 +1,51 @@
 """Running a ``tritonserver``: spawn, wait for readiness, stop with nothing left behind.
 
 :class:`TritonServer` runs the binary in its own session (process group), polls
-``/v2/health/ready`` and, on :meth:`TritonServer.stop`, makes sure neither the server
+readiness over gRPC and, on :meth:`TritonServer.stop`, makes sure neither the server
 nor any ``triton_python_backend_stub`` child survives: the stubs outlive a crashed
 server, so the whole group is signalled, not just the server's pid.
+
+Nothing is left behind when the launcher itself dies either (even by ``kill -9``): on
+Linux the server gets ``SIGKILL`` when the thread that spawned it ends
+(``PR_SET_PDEATHSIG``), so spawn from a thread that lives as long as the server (the
+main thread). Its stubs then notice that their parent is gone (the stub polls
+``kill(parent, 0)`` every 0.3 s; the orphaned server is reaped by init) and exit, about
+2 s after the launcher's death here.
+Their shared-memory files (``/dev/shm/rtvideo_<launcher pid>_<hex>_*``) are removed on
+:meth:`~TritonServer.stop`, and those of launchers that no longer run at the next start.
+
+Triton's HTTP endpoint is off unless ``TritonConfig.http`` asks for it: it accepts
+unauthenticated ``text/plain`` POSTs, which any web page can send to a loopback port.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import re
 import secrets
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import Any, Callable, Optional
 
 from rtvideo.triton.install import TritonInstall, find_tritonserver
 from rtvideo.triton.logs import LogTarget, ServerLog
 
-__all__ = ["TritonConfig", "TritonServer", "free_port", "is_ready"]
+__all__ = ["TritonConfig", "TritonServer", "clean_stale_shm", "free_port", "is_ready"]
+
+log = logging.getLogger(__name__)
+
+#: where POSIX shared memory lives on Linux
+SHM_DIR = Path("/dev/shm")
+#: Python-backend shared-memory names: ``rtvideo_<launcher pid>_<8 hex>_<Triton's suffix>``
+_SHM_NAME = re.compile(r"^rtvideo_(\d+)_[0-9a-f]{8}_")
 
 
 @dataclass
@@ -34,6 +56,8 @@ class TritonConfig:
     grpc_port: int = 8001
     http_port: int = 8000
     metrics_port: int = 8002
+    #: open Triton's HTTP endpoint (``http_port``); off by default (see the module docstring)
+    http: bool = False
     host: str = "127.0.0.1"
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
@@ -48,21 +72,77 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-# No proxies: a loopback health check must not go through $http_proxy.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def is_ready(grpc_url: str, timeout: float = 1.0) -> bool:
+    """Whether the Triton at ``grpc_url`` (``host:port``) says it is ready, over gRPC (within ``timeout``)."""
+    import tritonclient.grpc as grpcclient  # the launcher's only tritonclient use; imported when needed
 
-
-def is_ready(http_url: str) -> bool:
-    """Whether the Triton at ``http_url`` answers ``/v2/health/ready`` with 200 (within 1 s)."""
-    return _http_ok(f"{http_url}/v2/health/ready")
-
-
-def _http_ok(url: str) -> bool:
     try:
-        with _OPENER.open(url, timeout=1.0) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+        client = grpcclient.InferenceServerClient(grpc_url)
+    except Exception:  # noqa: BLE001 - a bad address is "not ready"
         return False
+    try:
+        return bool(client.is_server_ready(client_timeout=timeout))
+    except Exception:  # noqa: BLE001 - unreachable, refused, timed out
+        return False
+    finally:
+        client.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _remove_shm(names: list[str]) -> list[str]:
+    removed = []
+    for name in names:
+        try:
+            (SHM_DIR / name).unlink()
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not remove %s: %s", SHM_DIR / name, exc)
+    return removed
+
+
+def clean_stale_shm() -> list[str]:
+    """Remove ``/dev/shm/rtvideo_<pid>_*`` whose launcher pid no longer runs; returns the names removed.
+
+    A stub killed with ``kill -9`` (or a launcher killed the same way) leaves its regions behind."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    stale = [n for n in names if (m := _SHM_NAME.match(n)) and not _pid_alive(int(m.group(1)))]
+    removed = _remove_shm(stale)
+    if removed:
+        log.info("removed %d stale shared-memory file(s) of launchers that are gone", len(removed))
+    return removed
+
+
+def _parent_death_signal() -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the spawning thread ends (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
 
 
 class TritonServer:
@@ -81,6 +161,9 @@ class TritonServer:
         self._proc: Optional[subprocess.Popen] = None
         self.command: list[str] = []
         self.startup_seconds: Optional[float] = None
+        #: prefix of the Python backend's shared-memory names for the current run
+        self.shm_prefix: Optional[str] = None
+        self._spawned_at = 0.0
 
     # -- endpoints ---------------------------------------------------------------------------
     @property
@@ -99,6 +182,7 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
+        """Triton's HTTP endpoint; it answers only when ``config.http`` is set."""
         return f"http://{self._url_host}:{self.config.http_port}"
 
     @property
@@ -133,8 +217,16 @@ class TritonServer:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def build_command(self, install: TritonInstall) -> list[str]:
-        """The ``tritonserver`` command line for ``config`` with ``install``'s directories."""
+        """The ``tritonserver`` command line for ``config`` with ``install``'s directories
+        (and a new shared-memory prefix, ``shm_prefix``)."""
         c = self.config
+        # Python-backend shared-memory names are <prefix><uuid>: two servers on one host must not
+        # share a prefix, and the launcher's pid in it lets a later start clean up after a crash.
+        self.shm_prefix = f"rtvideo_{os.getpid()}_{secrets.token_hex(4)}_"
+        if c.http:
+            http = ["--allow-http=true", f"--http-address={c.host}", f"--http-port={c.http_port}"]
+        else:
+            http = ["--allow-http=false"]
         cmd = [
             str(install.binary),
             f"--model-repository={Path(c.model_repository).resolve()}",
@@ -145,16 +237,12 @@ class TritonServer:
             "--allow-grpc=true",
             f"--grpc-address={c.host}",
             f"--grpc-port={c.grpc_port}",
-            "--allow-http=true",
-            f"--http-address={c.host}",
-            f"--http-port={c.http_port}",
+            *http,
             "--allow-metrics=true",
             f"--metrics-address={c.host}",
             f"--metrics-port={c.metrics_port}",
             f"--log-verbose={c.log_verbose}",
-            # Python-backend shared-memory names are <prefix><model instance>: two servers
-            # loading the same model on one host must not share a prefix.
-            f"--backend-config=python,shm-region-prefix-name=rtvideo_{os.getpid()}_{secrets.token_hex(4)}_",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
         if install.backend_directory is not None:
             cmd.append(f"--backend-directory={install.backend_directory}")
@@ -164,77 +252,98 @@ class TritonServer:
         return cmd
 
     def start(self, timeout: float = 120.0) -> None:
-        """Spawn tritonserver and wait until ``/v2/health/ready`` answers 200.
+        """Spawn tritonserver and wait until it is ready (:meth:`spawn`, then :meth:`wait_ready`).
 
         On any failure (the server exits, never gets ready, or we are interrupted) the
         server is stopped before the exception propagates: no half-started process stays.
         """
+        self.spawn()
+        self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the process and return at once. Call it from a thread that lives as long as
+        the server (the main thread): on Linux the server is killed when that thread ends."""
         if self.is_alive():
             raise RuntimeError("tritonserver is already running")
         repo = Path(self.config.model_repository)
         if not repo.is_dir():
             raise FileNotFoundError(f"model repository {repo} does not exist")
+        clean_stale_shm()
         install = self._install or find_tritonserver()
         self._install = install
         self.command = self.build_command(install)
-        log_file = self.log.open(temp_prefix=f"rtvideo-tritonserver-{self.config.http_port}-")
-        t0 = time.monotonic()
-        self._proc = self._spawn(install, log_file)
-        try:
-            self._wait_ready(t0, timeout)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _spawn(self, install: TritonInstall, log_file: IO) -> subprocess.Popen:
-        return subprocess.Popen(
+        log_file = self.log.open(temp_prefix=f"rtvideo-tritonserver-{self.config.grpc_port}-")
+        self.startup_seconds = None
+        self._spawned_at = time.monotonic()
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("tritonserver spawned from thread %s: it dies when that thread ends",
+                      threading.current_thread().name)
+        self._proc = subprocess.Popen(
             self.command,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=install.environment(),
             start_new_session=True,  # own process group: stop() can reach the stubs too
+            preexec_fn=_parent_death_signal(),  # dies with its launcher, even on kill -9
         )
 
-    def _wait_ready(self, t0: float, timeout: float) -> None:
-        """Poll readiness every 0.1 s until ``t0 + timeout``; an exit ends the wait early."""
-        assert self._proc is not None
-        ready_url = f"{self.http_url}/v2/health/ready"
-        deadline = t0 + timeout
-        while True:
-            if self._proc.poll() is not None:
-                raise self.log.failure(
-                    f"tritonserver exited with code {self._proc.returncode} while starting", self.command
-                )
-            if is_ready(self.http_url):
-                self.startup_seconds = time.monotonic() - t0
-                return
-            if time.monotonic() > deadline:
-                raise self.log.failure(f"tritonserver not ready after {timeout:.0f} s ({ready_url})", self.command)
-            time.sleep(0.1)
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Poll gRPC readiness every 0.1 s until ``timeout`` s after the spawn; an exit ends the
+        wait early. On failure the server is stopped before the exception propagates."""
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError("tritonserver was not spawned")
+        deadline = self._spawned_at + timeout
+        try:
+            while True:
+                if proc.poll() is not None:
+                    raise self.log.failure(f"tritonserver exited with code {proc.returncode} while starting", self.command)
+                if is_ready(self.grpc_url, timeout=1.0):
+                    self.startup_seconds = time.monotonic() - self._spawned_at
+                    return
+                if time.monotonic() > deadline:
+                    raise self.log.failure(
+                        f"tritonserver not ready after {timeout:.0f} s (gRPC {self.grpc_url})", self.command)
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM tritonserver, wait up to ``timeout``, then SIGKILL its whole process group;
-        returns once no process of the group (backend stubs included) is left."""
+        """SIGTERM tritonserver, wait up to ``timeout`` (0: not at all), then SIGKILL its whole
+        process group; returns once no process of the group (backend stubs included) is left,
+        and its shared-memory files are removed."""
         proc = self._proc
         if proc is None:
             return
         pgid = proc.pid
         try:
-            if proc.poll() is None:
+            if proc.poll() is None and timeout > 0:
                 # Signal only the server first: it unloads the models, which ends the stubs cleanly.
                 try:
                     proc.send_signal(signal.SIGTERM)
                     proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
                     pass
-            _kill_group(pgid, grace=2.0)
+            _kill_group(pgid, grace=2.0 if timeout > 0 else 0.0)
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
                 pass
         finally:
             self.log.close()
+            self.remove_shm()
+
+    def remove_shm(self) -> list[str]:
+        """Remove this run's shared-memory files (a stub killed hard leaves them); returns their names."""
+        if self.shm_prefix is None:
+            return []
+        try:
+            names = [n for n in os.listdir(SHM_DIR) if n.startswith(self.shm_prefix)]
+        except OSError:
+            return []
+        return _remove_shm(names)
 
     def __enter__(self) -> "TritonServer":
         self.start()
@@ -263,8 +372,10 @@ def _live_group_members(pgid: int) -> list[int]:
 
 
 def _kill_group(pgid: int, grace: float) -> None:
-    """SIGTERM what is left of the group, then SIGKILL, until nothing live remains."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+    """SIGTERM what is left of the group (skipped when ``grace`` is 0), then SIGKILL, until
+    nothing live remains."""
+    steps = ((signal.SIGTERM, grace),) if grace > 0 else ()
+    for sig, wait in (*steps, (signal.SIGKILL, 5.0)):
         if not _live_group_members(pgid):
             return
         try:

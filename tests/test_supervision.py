@@ -1,0 +1,320 @@
+"""Supervision with real parts: the model's health probe over gRPC, a `kill -9` of the model's stub
+under a live WebSocket session of `rtvideo serve` (noticed, reported, recovered by itself), and a
+`kill -9` of `rtvideo serve` itself (nothing of it left running)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import tritonclient.grpc as grpcclient
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from rtvideo import wire
+from rtvideo.triton import clean_stale_shm, free_port
+from tests.streams import FAST_MODEL, metric
+from tests.test_cli import RTVIDEO, alive, descendants
+
+
+# --- the probe, directly over gRPC -------------------------------------------------------------
+def _first_request_answers(triton: Any, message: dict, *, end: bool) -> list[tuple[dict | None, bool]]:
+    """Send `message` as the start of a fresh sequence; its responses as (META, FINAL) until FINAL."""
+    replies: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    sequence_id = int.from_bytes(os.urandom(7), "big") + 1
+
+    def send(message: dict, *, start: bool, end: bool) -> list[tuple[dict | None, bool]]:
+        tensor = grpcclient.InferInput(wire.REQUEST, [1], "BYTES")
+        tensor.set_data_from_numpy(wire.request_array(message))
+        client.async_stream_infer(FAST_MODEL, [tensor], sequence_id=sequence_id, sequence_start=start,
+                                  sequence_end=end, enable_empty_final_response=True)
+        got: list[tuple[dict | None, bool]] = []
+        while not (got and got[-1][1]):
+            result, error = replies.get(timeout=10)
+            assert error is None, error
+            reply = wire.parse_reply("", result.as_numpy(wire.META), result.as_numpy(wire.DATA))
+            got.append((reply.message, result.get_response().parameters["triton_final_response"].bool_param))
+        with pytest.raises(queue.Empty):  # nothing after the FINAL response
+            replies.get(timeout=0.3)
+        return got
+
+    try:
+        client.start_stream(callback=lambda result, error: replies.put((result, error)))
+        got = send(message, start=True, end=end)
+        if not end:  # end the sequence, or it holds a batcher slot
+            assert send({"type": "session.stop"}, start=False, end=True) == [(None, True)]
+        client.stop_stream()
+        return got
+    finally:
+        client.close()
+
+
+def test_health_probe_is_answered_without_a_session(triton) -> None:
+    ends = metric(triton, "rtvideo_session_ends_total", FAST_MODEL)
+    for _ in range(3):
+        assert _first_request_answers(triton, {"type": "session.ping"}, end=True) == [({"type": "session.pong"}, True)]
+    time.sleep(0.6)  # metrics are flushed four times a second
+    assert metric(triton, "rtvideo_active_sessions", FAST_MODEL) == 0
+    assert metric(triton, "rtvideo_session_ends_total", FAST_MODEL) == ends
+    # Without sequence_end it is an ordinary first message: refused as before.
+    refused = _first_request_answers(triton, {"type": "session.ping"}, end=False)
+    assert [m["type"] for m, _ in refused] == ["error", "session.done"] and refused[0][0]["code"] == "invalid_start"
+
+
+# --- rtvideo serve as a subprocess ---------------------------------------------------------------
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/realtime/video"
+
+    def get(self, path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def tail(self) -> str:
+        return self.log.read_text()[-4000:]
+
+
+def _serve(tmp: Path, *extra: str) -> Served:
+    ports = [free_port() for _ in range(3)]
+    log = tmp / "serve.log"
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [str(RTVIDEO), "serve", "--port", str(ports[0]), "--triton-grpc-port", str(ports[1]),
+             "--triton-metrics-port", str(ports[2]), "--triton-log", str(tmp / "triton.log"), *extra],
+            stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )
+    served = Served(proc, ports[0], log)
+    assert proc.stdout is not None
+    ready = select.select([proc.stdout], [], [], 300)[0]
+    line = proc.stdout.readline() if ready else ""
+    if not line.startswith("rtvideo ready:"):
+        _end(proc)
+        pytest.fail("rtvideo serve did not get ready:\n" + served.tail())
+    return served
+
+
+def _end(proc: subprocess.Popen) -> None:
+    pids = descendants(proc.pid)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _triton_pids(served_pid: int) -> tuple[int, list[int]]:
+    """tritonserver (a child of `rtvideo serve`) and its Python-backend stubs (its children)."""
+    pids = descendants(served_pid)
+    server = next(p for p in pids if "tritonserver" in _cmdline(p) and "stub" not in _cmdline(p))
+    return server, [p for p in descendants(server) if "triton_python_backend_stub" in _cmdline(p)]
+
+
+def _shm_of(launcher_pid: int) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"rtvideo_{launcher_pid}_")}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    s = _serve(tmp_path_factory.mktemp("served"), "--probe-interval", "1")
+    try:
+        yield s
+    finally:
+        _end(s.proc)
+
+
+async def _stream_one_chunk(url: str, timeout: float = 30.0) -> Any:
+    """Open a session and read up to its first media chunk; returns the open connection."""
+    conn = await connect(url, max_size=None)
+    await conn.send(json.dumps({"type": "session.start", "prompt": "a lighthouse in fog", "seed": 5}))
+    deadline = time.monotonic() + timeout
+    types: list[str] = []
+    while "video.chunk_metadata" not in types:
+        frame = await asyncio.wait_for(conn.recv(), deadline - time.monotonic())
+        if isinstance(frame, str):
+            types.append(json.loads(frame)["type"])
+            assert types[0] == "video.start", types
+    await asyncio.wait_for(conn.recv(), deadline - time.monotonic())  # its payload
+    return conn
+
+
+def test_stub_kill_is_reported_and_recovered(served: Served) -> None:
+    server_pid, stubs = _triton_pids(served.proc.pid)
+    assert stubs, "no Python-backend stub under tritonserver"
+    shm_before = _shm_of(served.proc.pid)
+    timings: dict[str, float] = {}
+
+    async def body() -> list[dict]:
+        conn = await _stream_one_chunk(served.url)
+        os.kill(stubs[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        messages = []
+        with pytest.raises(ConnectionClosed):
+            while True:
+                frame = await asyncio.wait_for(conn.recv(), 10)
+                if isinstance(frame, str):
+                    messages.append(json.loads(frame))
+                    timings.setdefault(messages[-1]["type"], time.monotonic() - t0)
+        timings["close"] = time.monotonic() - t0
+        assert conn.close_code == 1000
+        status, body = served.get("/readyz")
+        timings["readyz 503"] = time.monotonic() - t0
+        assert status == 503 and body["backend"] in ("down", "restarting"), body
+        with pytest.raises(InvalidStatus) as refused:  # refused before the upgrade while down
+            await connect(served.url)
+        assert refused.value.response.status_code == 503
+        while True:  # recovers with no one acting
+            assert time.monotonic() - t0 < 60, "no new session streamed within 60 s:\n" + served.tail()
+            try:
+                conn = await _stream_one_chunk(served.url)
+            except (InvalidStatus, ConnectionClosed, OSError):
+                await asyncio.sleep(0.25)
+                continue
+            timings["new session streams"] = time.monotonic() - t0
+            await conn.close()
+            return messages
+
+    messages = asyncio.run(body())
+    print("from the stub's kill -9:", ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+    media_and_more = [m["type"] for m in messages if m["type"] != "video.chunk_metadata"]
+    assert media_and_more == ["error", "session.done"], messages
+    assert messages[-2]["code"] == "backend_unavailable"
+    assert messages[-1]["chunks"] == sum(m["type"] == "video.chunk_metadata" for m in messages) + 1
+    assert timings["close"] < 5.0, timings
+
+    status, health = served.get("/healthz")
+    assert status == 200 and health["backend"] == "up" and health["restarts"] == 1, health
+    assert not alive(server_pid) and not any(alive(p) for p in stubs)
+    assert shm_before and not (shm_before & _shm_of(served.proc.pid)), "the old run's shared memory is left"
+    assert _triton_pids(served.proc.pid)[1], "the restarted Triton has no stub"
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{served.port}/metrics", timeout=10).read().decode()
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if not line.startswith("#")}
+    assert values["rtvideo_proxy_backend_up"] == 1 and values["rtvideo_proxy_backend_restarts_total"] == 1
+    assert values["rtvideo_proxy_probe_failures_total"] >= 2
+    assert values['rtvideo_proxy_errors_total{code="backend_unavailable"}'] >= 1
+
+
+def test_sigterm_leaves_no_process_or_shared_memory(served: Served) -> None:
+    assert served.get("/livez")[0] == 200 and served.get("/readyz")[0] == 200
+    pids = descendants(served.proc.pid)
+    assert _shm_of(served.proc.pid)
+    served.proc.send_signal(signal.SIGTERM)
+    assert served.proc.wait(60) == 0
+    assert not [p for p in pids if alive(p)]
+    assert not _shm_of(served.proc.pid)
+
+
+def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:
+    s = _serve(tmp_path, "--probe-interval", "5")
+    server_pid, stubs = _triton_pids(s.proc.pid)
+    try:
+        assert stubs
+        launcher = s.proc.pid
+        assert _shm_of(launcher)
+        s.proc.kill()
+        s.proc.wait()
+        t0 = time.monotonic()
+        while alive(server_pid) or any(alive(p) for p in stubs):
+            assert time.monotonic() - t0 < 10, f"left running: {[p for p in (server_pid, *stubs) if alive(p)]}"
+            time.sleep(0.1)
+        print(f"tritonserver and its stub gone {time.monotonic() - t0:.2f} s after the kill -9 of rtvideo serve")
+        # What the dead launcher's stub left in /dev/shm goes at the next start (clean_stale_shm).
+        clean_stale_shm()
+        assert not _shm_of(launcher)
+    finally:
+        _end(s.proc)
+        for pid in (server_pid, *stubs):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+# --- the supervisor's states, with a stand-in bridge -----------------------------------------------
+class _Backend:
+    """Answers probes while `alive`; `restart()` brings it back after one call."""
+
+    def __init__(self) -> None:
+        self.alive = True
+        self.probes = 0
+        self.restarts = 0
+
+    async def probe(self, timeout: float) -> float:
+        from rtvideo.proxy.bridge import BackendUnavailable
+
+        self.probes += 1
+        if not self.alive:
+            raise BackendUnavailable("stub gone")
+        return 0.001
+
+    async def restart(self) -> None:
+        self.restarts += 1
+        self.alive = True
+
+
+def test_supervisor_turns_down_once_restarts_and_comes_back() -> None:
+    from rtvideo.proxy.metrics import ProxyMetrics
+    from rtvideo.proxy.supervisor import BackendState, Supervisor
+
+    async def body() -> None:
+        backend, metrics, downs = _Backend(), ProxyMetrics(), []
+        sup = Supervisor(backend, metrics, interval=0.01, timeout=1, failures=2,  # type: ignore[arg-type]
+                         on_down=downs.append, restart=None)
+        assert sup.state is BackendState.STARTING and sup.admitting and not sup.ready
+        await sup.check()
+        assert sup.ready and metrics.backend_up == 1
+        backend.alive = False
+        await sup.check()
+        assert sup.ready and downs == []  # one failure is not enough
+        await sup.check()
+        assert sup.state is BackendState.DOWN and not sup.admitting and downs == ["stub gone"]
+        await sup.check()
+        assert downs == ["stub gone"] and metrics.probe_failures == 3 and metrics.backend_up == 0
+        backend.alive = True
+        await sup.check()
+        assert sup.ready and sup.status()["restarts"] == 0
+
+        # With a restart: down, restarting, up, by itself.
+        backend.alive = False
+        sup = Supervisor(backend, metrics, interval=0.01, timeout=1, failures=2,  # type: ignore[arg-type]
+                         on_down=downs.append, restart=backend.restart)
+        sup.start()
+        for _ in range(200):
+            if backend.restarts and sup.ready:
+                break
+            await asyncio.sleep(0.01)
+        await sup.stop()
+        assert backend.restarts == 1 and sup.ready and sup.status()["restarts"] == 1 and metrics.backend_restarts == 1
+
+    asyncio.run(body())
