@@ -1,0 +1,227 @@
+"""Generation and encoding in worker processes, so the model's interpreter never waits for a
+GIL that video work holds.
+
+The Triton stub runs `execute()` (acks, pongs), every response send and every session's
+pacing on one interpreter. Rendering a chunk (prompt embedding, the network, RGB→YUV,
+x264) holds that interpreter's GIL for milliseconds at a time, and with many sessions the
+ack path queues behind it. Here each chunk is rendered in one of a few worker processes
+(at a lower scheduling priority), and the session thread only waits on a pipe.
+
+A worker hosts many sessions (its generator state and encoder per session) and renders
+their chunks one at a time: video work is CPU-bound, so one worker per core is the most
+that helps. The wire between the stub and a worker is length-prefixed pickle over the
+worker's stdin/stdout, private to this module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import pickle
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import IO, Any, Mapping
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">I")
+
+
+@dataclass(frozen=True)
+class RenderedChunk:
+    """One chunk, encoded: the fMP4 payload, how many frames it holds, and where the time went."""
+
+    payload: bytes
+    frames: int
+    generate_seconds: float
+    encode_seconds: float
+
+
+class WorkerDied(RuntimeError):
+    """The worker process ended (crashed or was killed); its sessions cannot go on."""
+
+
+def write_message(stream: IO[bytes], message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_message(stream: IO[bytes]) -> Any:
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        raise EOFError("the other side closed the pipe")
+    (size,) = _HEADER.unpack(header)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("the other side closed the pipe mid-message")
+    return pickle.loads(data)
+
+
+def worker_python() -> str:
+    """The interpreter for workers: `$RTVIDEO_WORKER_PYTHON`, else this process's interpreter when it
+    is a Python (inside Triton's stub `sys.executable` may be the stub), else `python3` on PATH."""
+    explicit = os.environ.get("RTVIDEO_WORKER_PYTHON")
+    if explicit:
+        return explicit
+    if sys.executable and os.path.basename(sys.executable).startswith("python"):
+        return sys.executable
+    found = shutil.which("python3")
+    if found is None:
+        raise RuntimeError("no Python interpreter for render workers: set RTVIDEO_WORKER_PYTHON")
+    return found
+
+
+class RenderWorker:
+    """One worker process and the calls in flight to it (thread-safe)."""
+
+    def __init__(self, index: int, options: Mapping[str, Any], nice: int = 5) -> None:
+        self.index = index
+        self._proc = subprocess.Popen(
+            [worker_python(), "-m", "rtvideo.backend.render_worker", str(nice)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
+        self._write = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.sessions = 0  # sessions placed here (the pool balances on it)
+        self._dead: str | None = None
+        self._closing = False
+        self._reader = threading.Thread(target=self._read, name=f"render-worker-{index}", daemon=True)
+        self._reader.start()
+        self.ready = self.call("init", dict(options))  # loading torch and the text encoder takes seconds
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and self._proc.poll() is None
+
+    def call(self, op: str, *args: Any) -> Future:
+        """Send one request; the future holds its answer (or the worker's exception)."""
+        future: Future = Future()
+        with self._lock:
+            if self._dead is not None:
+                future.set_exception(WorkerDied(self._dead))
+                return future
+            call_id = next(self._ids)
+            self._pending[call_id] = future
+        try:
+            with self._write:
+                write_message(self._stdin, (call_id, op, args))
+        except (OSError, ValueError) as exc:
+            self._fail(f"render worker {self.index} is gone ({exc})")
+        return future
+
+    def _read(self) -> None:
+        while True:
+            try:
+                call_id, ok, value = read_message(self._stdout)
+            except (EOFError, OSError, pickle.UnpicklingError) as exc:
+                self._fail(f"render worker {self.index} (pid {self._proc.pid}) ended: {exc}")
+                return
+            with self._lock:
+                future = self._pending.pop(call_id, None)
+            if future is not None:
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value if isinstance(value, BaseException) else RuntimeError(str(value)))
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = reason
+                if not self._closing:
+                    log.error("%s", reason)
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(WorkerDied(reason))
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._closing = True
+        try:
+            self._stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join(timeout)
+
+
+class RenderPool:
+    """A few workers; each session lives on the least loaded live one for its whole life."""
+
+    def __init__(self, workers: int, options: Mapping[str, Any]) -> None:
+        if workers < 1:
+            raise ValueError("a render pool needs at least one worker")
+        self._options = dict(options)
+        self._lock = threading.Lock()
+        self._workers = [RenderWorker(i, self._options) for i in range(workers)]
+        for worker in self._workers:  # started together, waited for together
+            worker.ready.result()
+
+    def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> "RemoteSession":
+        with self._lock:
+            for i, worker in enumerate(self._workers):  # a dead worker is replaced for new sessions
+                if not worker.alive:
+                    worker.close(0.1)
+                    self._workers[i] = RenderWorker(i, self._options)
+                    self._workers[i].ready.result()
+            worker = min(self._workers, key=lambda w: w.sessions)
+            worker.sessions += 1
+        try:
+            session_id = worker.call("open", width, height, seed, fps).result()
+        except BaseException:
+            with self._lock:
+                worker.sessions -= 1
+            raise
+        return RemoteSession(self, worker, session_id)
+
+    def _released(self, worker: RenderWorker) -> None:
+        with self._lock:
+            worker.sessions -= 1
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self._workers]
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.close()
+
+
+class RemoteSession:
+    """A session's generator state and encoder, in a worker: render chunks, then close."""
+
+    def __init__(self, pool: RenderPool, worker: RenderWorker, session_id: int) -> None:
+        self._pool, self._worker, self._id = pool, worker, session_id
+        self._open = True
+
+    def render(self, mix: Mapping[str, float], num_frames: int) -> RenderedChunk:
+        return self._worker.call("render", self._id, dict(mix), num_frames).result()
+
+    def close(self) -> bytes:
+        """The encoder's trailer; frees the session in the worker. Later calls return b''."""
+        if not self._open:
+            return b""
+        self._open = False
+        try:
+            return self._worker.call("close", self._id).result()
+        finally:
+            self._pool._released(self._worker)
