@@ -14,6 +14,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from rtvideo.core.protocol import MAX_START_BYTES
+from rtvideo.proxy import accesslog
 from rtvideo.proxy.access import host_allowed, token_ok
 from rtvideo.proxy.bridge import TritonBridge
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
@@ -70,7 +71,7 @@ class LiveHandler(_JsonHandler):
 
 
 class MetricsHandler(tornado.web.RequestHandler):
-    """Prometheus text; behind the token when one is set."""
+    """Prometheus text (OpenMetrics when the `Accept` header asks for it); behind the token when one is set."""
 
     def initialize(self, context: ProxyContext) -> None:
         self.context = context
@@ -80,8 +81,9 @@ class MetricsHandler(tornado.web.RequestHandler):
             self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
             self.send_error(401)
             return
-        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.finish(self.context.metrics.render())
+        body, content_type = self.context.metrics.exposition(self.request.headers.get("Accept"))
+        self.set_header("Content-Type", content_type)
+        self.finish(body)
 
 
 class HostRefusedHandler(tornado.web.RequestHandler):
@@ -119,9 +121,11 @@ def make_app(settings: ProxySettings, restart: Callable[[], Awaitable[None]] | N
         (r"/metrics", MetricsHandler, {"context": context}),
         (r"/()", tornado.web.StaticFileHandler, {"path": str(STATIC_DIR), "default_filename": "index.html"}),
     ]
+    accesslog.install_filter()
     return ProxyApplication(
         handlers,
         context=context,
+        log_function=accesslog.log_request,  # `?token=` values masked, refusals not at ERROR
         # Above the protocol's limits, so that the proxy answers `message_too_large` itself.
         websocket_max_message_size=2 * MAX_START_BYTES,
         websocket_ping_interval=settings.ping_interval or None,

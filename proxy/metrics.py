@@ -1,112 +1,231 @@
-"""Proxy metrics in the Prometheus text format (no client library: a handful of numbers)."""
+"""Proxy metrics, exposed with `prometheus_client` on `GET /metrics`.
+
+Each proxy application has its own `CollectorRegistry` (tests run several proxies in one
+process; the global registry would mix them), with the process collector
+(`process_resident_memory_bytes`, CPU seconds, open fds, …), the platform and the GC
+collectors. Everything is fed from the proxy's event loop.
+
+`StreamTiming` is one session's clock for the stream histograms: it sees every frame the
+moment it is handed to the socket (`ProxySession._taken`).
+"""
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
-from dataclasses import dataclass, field
+import time
+from collections import Counter as Tally
+from typing import Any, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from rtvideo.core import protocol
+
+__all__ = ["ACK_BUCKETS", "FIRST_CHUNK_BUCKETS", "LEAD_BUCKETS", "ProxyMetrics", "StreamTiming"]
 
 #: ack latency histogram bounds in seconds (what a person looks at: 1, 2, 5 ms, …)
 ACK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+#: session.start → first media chunk handed to the socket, in seconds
+FIRST_CHUNK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: how far a stream runs ahead of real-time playback, in seconds (negative: behind)
+LEAD_BUCKETS = (-10.0, -5.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: reasons a connection is refused before the upgrade (exported at 0 from the start)
+REJECT_REASONS = ("unauthorized", "origin", "capacity", "per_client", "backend_down")
 
 
-@dataclass
 class ProxyMetrics:
-    """Counters of one proxy application; everything runs on its event loop, so no locks."""
+    """The metrics of one proxy application, in their own registry."""
 
-    sessions_active: int = 0
-    sessions_total: int = 0
-    bytes_out: int = 0
-    chunks_out: int = 0
-    ack_sum: float = 0.0
-    ack_count: int = 0
-    ack_buckets: list[int] = field(default_factory=lambda: [0] * len(ACK_BUCKETS))
-    errors: Counter = field(default_factory=Counter)
-    rejected: Counter = field(default_factory=Counter)
-    backend_up: int = 0
-    probe_latency: float = 0.0
-    probe_failures: int = 0
-    backend_restarts: int = 0
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self._sessions_active = Gauge("rtvideo_proxy_sessions_active", "WebSocket sessions open now", registry=r)
+        self._sessions = Counter("rtvideo_proxy_sessions", "WebSocket sessions opened", registry=r)
+        self._bytes_out = Counter("rtvideo_proxy_bytes_out", "Bytes written to clients (text and binary frames)",
+                                  registry=r)
+        self._chunks_out = Counter("rtvideo_proxy_chunks_out", "Binary chunk frames written to clients", registry=r)
+        self._ack = Histogram("rtvideo_proxy_ack_latency_seconds",
+                              "From a client's session.interaction to its ack, in the proxy",
+                              buckets=ACK_BUCKETS, registry=r)
+        self._first_chunk = Histogram(
+            "rtvideo_proxy_time_to_first_chunk_seconds",
+            "From a session.start to its first media chunk handed to the socket", buckets=FIRST_CHUNK_BUCKETS,
+            registry=r)
+        self._lead = Histogram(
+            "rtvideo_proxy_chunk_lead_seconds",
+            "Per media chunk handed out: its end time in the stream minus the wall time since the first "
+            "media chunk (how far ahead of real-time playback; negative = behind)",
+            buckets=LEAD_BUCKETS, registry=r)
+        self._errors = Counter("rtvideo_proxy_errors", "Error messages sent to clients, by code", ["code"], registry=r)
+        self._rejected = Counter("rtvideo_proxy_rejected", "Connections refused before the upgrade, by reason",
+                                 ["reason"], registry=r)
+        for reason in REJECT_REASONS:
+            self._rejected.labels(reason)
+        self._backend_up = Gauge("rtvideo_proxy_backend_up", "1 while the model answers the health probe, else 0",
+                                 registry=r)
+        self._probe_latency = Gauge("rtvideo_proxy_probe_latency_seconds",
+                                    "Round trip of the last answered health probe", registry=r)
+        self._probe_failures = Counter("rtvideo_proxy_probe_failures", "Health probes that failed or timed out",
+                                       registry=r)
+        self._backend_restarts = Counter("rtvideo_proxy_backend_restarts",
+                                         "Restarts of the Triton started by rtvideo serve", registry=r)
 
+    # --- what the proxy reports ------------------------------------------------------------
     def session_opened(self) -> None:
-        self.sessions_active += 1
-        self.sessions_total += 1
+        self._sessions_active.inc()
+        self._sessions.inc()
 
     def session_closed(self) -> None:
-        self.sessions_active -= 1
+        self._sessions_active.dec()
 
     def sent(self, nbytes: int, chunk: bool) -> None:
-        self.bytes_out += nbytes
-        self.chunks_out += int(chunk)
+        self._bytes_out.inc(nbytes)
+        if chunk:
+            self._chunks_out.inc()
 
     def observe_ack(self, seconds: float) -> None:
-        self.ack_sum += seconds
-        self.ack_count += 1
-        at = bisect.bisect_left(ACK_BUCKETS, seconds)
-        if at < len(ACK_BUCKETS):
-            self.ack_buckets[at] += 1
+        self._ack.observe(seconds)
+
+    def first_chunk(self, seconds: float) -> None:
+        self._first_chunk.observe(seconds)
+
+    def chunk_lead(self, seconds: float) -> None:
+        self._lead.observe(seconds)
+
+    def stream_timing(self) -> "StreamTiming":
+        """A clock for one session's stream histograms (see `StreamTiming`)."""
+        return StreamTiming(self)
 
     def error_sent(self, code: str) -> None:
-        self.errors[code] += 1
+        self._errors.labels(code).inc()
 
     def connection_rejected(self, reason: str) -> None:
-        self.rejected[reason] += 1
+        self._rejected.labels(reason).inc()
 
     def probe_answered(self, seconds: float) -> None:
-        self.probe_latency = seconds
+        self._probe_latency.set(seconds)
 
     def probe_failed(self) -> None:
-        self.probe_failures += 1
+        self._probe_failures.inc()
 
     def backend_restarted(self) -> None:
-        self.backend_restarts += 1
+        self._backend_restarts.inc()
 
     def set_backend_up(self, up: bool) -> None:
-        self.backend_up = int(up)
+        self._backend_up.set(int(up))
+
+    # --- exposition ------------------------------------------------------------------------
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The body and content type for `GET /metrics`, negotiated from the `Accept` header
+        (Prometheus text unless OpenMetrics is asked for)."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
 
     def render(self) -> str:
-        """The exposition text served on `GET /metrics`."""
-        out = [
-            "# HELP rtvideo_proxy_sessions_active WebSocket sessions open now",
-            "# TYPE rtvideo_proxy_sessions_active gauge",
-            f"rtvideo_proxy_sessions_active {self.sessions_active}",
-            "# HELP rtvideo_proxy_sessions_total WebSocket sessions opened",
-            "# TYPE rtvideo_proxy_sessions_total counter",
-            f"rtvideo_proxy_sessions_total {self.sessions_total}",
-            "# HELP rtvideo_proxy_bytes_out_total Bytes written to clients (text and binary frames)",
-            "# TYPE rtvideo_proxy_bytes_out_total counter",
-            f"rtvideo_proxy_bytes_out_total {self.bytes_out}",
-            "# HELP rtvideo_proxy_chunks_out_total Binary chunk frames written to clients",
-            "# TYPE rtvideo_proxy_chunks_out_total counter",
-            f"rtvideo_proxy_chunks_out_total {self.chunks_out}",
-            "# HELP rtvideo_proxy_ack_latency_seconds From a client's session.interaction to its ack, in the proxy",
-            "# TYPE rtvideo_proxy_ack_latency_seconds histogram",
-        ]
-        cumulative = 0
-        for bound, count in zip(ACK_BUCKETS, self.ack_buckets):
-            cumulative += count
-            out.append(f'rtvideo_proxy_ack_latency_seconds_bucket{{le="{bound:g}"}} {cumulative}')
-        out += [
-            f'rtvideo_proxy_ack_latency_seconds_bucket{{le="+Inf"}} {self.ack_count}',
-            f"rtvideo_proxy_ack_latency_seconds_sum {self.ack_sum:.6f}",
-            f"rtvideo_proxy_ack_latency_seconds_count {self.ack_count}",
-            "# HELP rtvideo_proxy_errors_total Error messages sent to clients, by code",
-            "# TYPE rtvideo_proxy_errors_total counter",
-            *(f'rtvideo_proxy_errors_total{{code="{code}"}} {n}' for code, n in sorted(self.errors.items())),
-            "# HELP rtvideo_proxy_rejected_total Connections refused before the upgrade, by reason",
-            "# TYPE rtvideo_proxy_rejected_total counter",
-            *(f'rtvideo_proxy_rejected_total{{reason="{r}"}} {n}' for r, n in sorted(self.rejected.items())),
-            "# HELP rtvideo_proxy_backend_up 1 while the model answers the health probe, else 0",
-            "# TYPE rtvideo_proxy_backend_up gauge",
-            f"rtvideo_proxy_backend_up {self.backend_up}",
-            "# HELP rtvideo_proxy_probe_latency_seconds Round trip of the last answered health probe",
-            "# TYPE rtvideo_proxy_probe_latency_seconds gauge",
-            f"rtvideo_proxy_probe_latency_seconds {self.probe_latency:.6f}",
-            "# HELP rtvideo_proxy_probe_failures_total Health probes that failed or timed out",
-            "# TYPE rtvideo_proxy_probe_failures_total counter",
-            f"rtvideo_proxy_probe_failures_total {self.probe_failures}",
-            "# HELP rtvideo_proxy_backend_restarts_total Restarts of the Triton started by rtvideo serve",
-            "# TYPE rtvideo_proxy_backend_restarts_total counter",
-            f"rtvideo_proxy_backend_restarts_total {self.backend_restarts}",
-        ]
-        return "\n".join(out) + "\n"
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry).decode("utf-8")
+
+    # --- current values (for tests and status pages) -----------------------------------------
+    @property
+    def sessions_active(self) -> int:
+        return int(_value(self._sessions_active))
+
+    @property
+    def sessions_total(self) -> int:
+        return int(_value(self._sessions))
+
+    @property
+    def bytes_out(self) -> int:
+        return int(_value(self._bytes_out))
+
+    @property
+    def chunks_out(self) -> int:
+        return int(_value(self._chunks_out))
+
+    @property
+    def ack_count(self) -> int:
+        return int(_value(self._ack, "_count"))
+
+    @property
+    def errors(self) -> Tally:
+        """Errors sent, by code (0 for a code never sent)."""
+        return _by_label(self._errors, "code")
+
+    @property
+    def rejected(self) -> Tally:
+        return _by_label(self._rejected, "reason")
+
+    @property
+    def backend_up(self) -> int:
+        return int(_value(self._backend_up))
+
+    @property
+    def probe_latency(self) -> float:
+        return _value(self._probe_latency)
+
+    @property
+    def probe_failures(self) -> int:
+        return int(_value(self._probe_failures))
+
+    @property
+    def backend_restarts(self) -> int:
+        return int(_value(self._backend_restarts))
+
+
+def _samples(metric: Any, suffix: str) -> list[Any]:
+    return [s for family in metric.collect() for s in family.samples if s.name == family.name + suffix]
+
+
+def _value(metric: Any, suffix: str | None = None) -> float:
+    """The value of an unlabelled metric (a counter's `_total`, a gauge, or a histogram's `suffix`)."""
+    if suffix is None:
+        suffix = "_total" if isinstance(metric, Counter) else ""
+    return sum(s.value for s in _samples(metric, suffix))
+
+
+def _by_label(counter: Counter, label: str) -> Tally:
+    return Tally({s.labels[label]: int(s.value) for s in _samples(counter, "_total") if s.value})
+
+
+class StreamTiming:
+    """One session's stream clock, fed every frame handed to the socket, in order.
+
+    `started()` marks the session.start going to the model; the first media chunk handed out
+    after it gives `rtvideo_proxy_time_to_first_chunk_seconds`. Every media chunk gives
+    `rtvideo_proxy_chunk_lead_seconds`: the chunk's end time in the stream (frames so far /
+    the fps of `video.start`'s config) minus the wall time since the first media chunk was
+    handed out, i.e. how far a player that started on the first chunk is from running dry.
+    """
+
+    def __init__(self, metrics: ProxyMetrics, clock: Any = time.monotonic) -> None:
+        self._metrics = metrics
+        self._clock = clock
+        self._started: float | None = None
+        self._fps: float | None = None
+        self._first: float | None = None
+        self._frames = 0
+
+    def started(self) -> None:
+        self._started = self._clock()
+
+    def taken(self, message: Mapping[str, Any] | None) -> None:
+        if message is None:
+            return
+        kind = message.get("type")
+        if kind == protocol.VIDEO_START:
+            fps = (message.get("config") or {}).get("fps")
+            self._fps = float(fps) if isinstance(fps, (int, float)) and fps > 0 else None
+        elif kind == protocol.CHUNK_METADATA and message.get("kind") == "media":
+            now = self._clock()
+            if self._first is None:
+                self._first = now
+                if self._started is not None:
+                    self._metrics.first_chunk(now - self._started)
+            frames = message.get("num_frames")
+            self._frames += frames if isinstance(frames, int) else 0
+            if self._fps:
+                self._metrics.chunk_lead(self._frames / self._fps - (now - self._first))

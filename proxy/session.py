@@ -100,6 +100,7 @@ class ProxySession:
         self._interactions: dict[str, float] = {}  # request tag → when the client's frame arrived
         self._tasks: set[asyncio.Task] = set()
         self._opened = time.monotonic()
+        self._timing = metrics.stream_timing()  # time to first chunk, chunk lead
         self._start_timer = asyncio.get_running_loop().call_later(settings.start_timeout, self._start_timed_out)
         metrics.session_opened()
 
@@ -160,6 +161,7 @@ class ProxySession:
             self._fail(exc.code, exc.message)
             return
         stream = self._bridge.open_stream()
+        self._timing.started()
         stream.send(_raw_bytes(raw), start=True)
         self._open_sequence(stream)
         self._spawn(self._pump(stream))
@@ -250,6 +252,7 @@ class ProxySession:
 
     def _taken(self, frame: Frame) -> None:
         self.ledger.observe(frame.message, frame.data is not None)
+        self._timing.taken(frame.message)
         self._order.handed_out(frame.message)
 
     def _arm_ack_timer(self) -> None:

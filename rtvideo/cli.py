@@ -20,7 +20,7 @@ from typing import NoReturn, Sequence
 
 from rtvideo import logsetup, settings_text
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.triton import TritonConfig, TritonServer
+from rtvideo.triton import STDERR, TritonConfig, TritonServer
 from rtvideo.model_repo import MODEL_REPOSITORY, derive_model, read_parameters
 from rtvideo.proxy import settings as proxy_settings
 from rtvideo.proxy.app import ProxyServer
@@ -44,8 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="use this running Triton (gRPC) instead of starting one")
     serve.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY,
                        help=f"Triton model repository (default: {MODEL_REPOSITORY})")
-    serve.add_argument("--triton-log", type=Path, default=None, metavar="PATH",
-                       help="log file of the Triton started here (default: a new temp file)")
+    serve.add_argument("--triton-host", default=os.environ.get("RTVIDEO_TRITON_HOST", "127.0.0.1"), metavar="HOST",
+                       help="address the Triton started here binds its gRPC, HTTP and metrics ports to "
+                            "(default: 127.0.0.1; 0.0.0.0 to publish them; the proxy still uses loopback then)")
+    serve.add_argument("--triton-log", type=_log_target, default=_log_target(os.environ.get("RTVIDEO_TRITON_LOG")),
+                       metavar="PATH|-",
+                       help="log file of the Triton started here, or - for this process's standard error "
+                            "(default: a new temp file)")
     for name, port in (("grpc", 8001), ("http", 8000), ("metrics", 8002)):
         serve.add_argument(f"--triton-{name}-port", type=int, default=port, metavar="PORT",
                            help=f"{name} port of the Triton started here (default: {port})")
@@ -59,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", choices=logsetup.FORMATS, default=os.environ.get("RTVIDEO_LOG_FORMAT", "text"),
                        help="text lines, or one JSON object per line with request_id/event_id fields")
     return parser
+
+
+def _log_target(value: str | None) -> str | Path | None:
+    """--triton-log: "-" (standard error), a path, or unset (a temp file)."""
+    if not value:
+        return None
+    return STDERR if value == STDERR else Path(value)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,6 +91,8 @@ def check_settings(args: argparse.Namespace) -> None:
     overrides = settings_text.values_from(args, BackendSettings)
     if args.triton_url is not None and overrides:
         raise ValueError("model parameters need a Triton started here; drop --triton-url")
+    if args.triton_url is None and (not args.triton_host or any(c.isspace() or c in "/[]" for c in args.triton_host)):
+        raise ValueError(f"--triton-host {args.triton_host!r}: give an address (127.0.0.1, 0.0.0.0, ::) or a host name")
     source = Path(args.model_repository) / args.model
     if args.triton_url is None:
         if not (source / "config.pbtxt").is_file():
@@ -102,9 +116,11 @@ def serve(args: argparse.Namespace) -> int:
                 triton = TritonServer(TritonConfig(
                     model_repository=repo, grpc_port=args.triton_grpc_port,
                     http_port=args.triton_http_port, metrics_port=args.triton_metrics_port, http=args.triton_http,
+                    host=args.triton_host,
                 ), stdout=args.triton_log)
                 triton.start(timeout=600)
-                log.info("tritonserver ready in %.1f s (log: %s)", triton.startup_seconds, triton.log_path)
+                log.info("tritonserver ready in %.1f s on %s (log: %s)", triton.startup_seconds, args.triton_host,
+                         triton.log.describe())
                 triton_url = triton.grpc_url
             return asyncio.run(_run_proxy(proxy_settings.from_namespace(args, triton_url=triton_url), triton))
         except KeyboardInterrupt:

@@ -83,6 +83,7 @@ def test_dockerfile_lints_and_copies_what_exists() -> None:
     (["--max-connections", "0"], {}, "must be positive"),
     ([], {"RTVIDEO_MAX_SESSIONS": "many"}, "RTVIDEO_MAX_SESSIONS"),
     ([], {"RTVIDEO_PORT": "http"}, "RTVIDEO_PORT"),
+    (["--triton-host", "0.0.0.0 8001"], {}, "--triton-host"),
 ])
 def test_bad_values_give_one_line_and_exit_2(args: list[str], env: dict[str, str], fragment: str) -> None:
     out = subprocess.run([str(RTVIDEO), "serve", *args], capture_output=True, text=True, timeout=60,

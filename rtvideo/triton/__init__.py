@@ -4,17 +4,18 @@
   ``PATH`` as in the NGC container, or the ``nvidia-pytriton`` wheel);
 - :mod:`.server`: running it (start, gRPC health polling, stop without leftover stubs or
   shared memory; the server dies with its launcher);
-- :mod:`.logs`: its log file, and what of it to show when it fails.
+- :mod:`.logs`: its log (a file, or relayed to standard error), and what of it to show when it fails.
 
 The names below are the public surface; import them from here.
 """
 
 from rtvideo.triton.install import TritonInstall, find_tritonserver
-from rtvideo.triton.logs import LogTarget, ServerLog
+from rtvideo.triton.logs import STDERR, LogTarget, ServerLog
 from rtvideo.triton.server import TritonConfig, TritonServer, clean_stale_shm, free_port, is_ready
 
 __all__ = [
     "LogTarget",
+    "STDERR",
     "ServerLog",
     "TritonConfig",
     "TritonInstall",

@@ -148,7 +148,8 @@ def _parent_death_signal() -> Optional[Callable[[], None]]:
 class TritonServer:
     """A ``tritonserver`` process for ``config``; a context manager (start on enter, stop on exit).
 
-    ``stdout``: where the server logs go, a path or an open file (``None``: a temp file).
+    ``stdout``: where the server logs go, a path or an open file (``None``: a temp file; ``"-"``:
+    this process's standard error, with a bounded tail kept in memory).
     The tail of that log is in the ``RuntimeError`` raised when the server dies while starting.
     """
 
@@ -205,7 +206,7 @@ class TritonServer:
     # -- log ---------------------------------------------------------------------------------
     @property
     def log_path(self) -> Optional[Path]:
-        """The server's log file, once started (``None`` for an open file without a path)."""
+        """The server's log file, once started (``None`` for an open file without a path, or stderr)."""
         return self.log.path
 
     def log_tail(self, max_bytes: int = 8000) -> str:
@@ -278,15 +279,20 @@ class TritonServer:
         if threading.current_thread() is not threading.main_thread():
             log.debug("tritonserver spawned from thread %s: it dies when that thread ends",
                       threading.current_thread().name)
-        self._proc = subprocess.Popen(
-            self.command,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=install.environment(),
-            start_new_session=True,  # own process group: stop() can reach the stubs too
-            preexec_fn=_parent_death_signal(),  # dies with its launcher, even on kill -9
-        )
+        try:
+            self._proc = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=install.environment(),
+                start_new_session=True,  # own process group: stop() can reach the stubs too
+                preexec_fn=_parent_death_signal(),  # dies with its launcher, even on kill -9
+            )
+        except BaseException:
+            self.log.close()
+            raise
+        self.log.spawned()
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Poll gRPC readiness every 0.1 s until ``timeout`` s after the spawn; an exit ends the
