@@ -34,11 +34,22 @@ class ProxySettings:
     start_timeout: float = setting(10.0, "seconds to wait for session.start")
     ping_interval: float = setting(20.0, "WebSocket ping interval in seconds (0: off)")
     ping_timeout: float = setting(20.0, "close a peer that answers a ping not within this many seconds")
+    max_messages_per_second: float = setting(
+        20.0, "client messages per second a session may send after session.start (rate_limited beyond)")
+    message_burst: int = setting(40, "client messages a session may send at once, above the rate")
+    max_requests_in_flight: int = setting(
+        32, "requests of one session sent to Triton and not answered yet (rate_limited beyond)")
+    backend_silence_seconds: float = setting(
+        90.0, "end a live session with backend_unavailable when Triton sends nothing this long")
 
     def __post_init__(self) -> None:
         if min(self.max_connections, self.max_sessions_per_client, self.outbound_buffer_bytes) < 1 or self.start_timeout <= 0:
             raise ValueError(
                 "max_connections, max_sessions_per_client, outbound_buffer_bytes and start_timeout must be positive")
+        if min(self.max_messages_per_second, self.backend_silence_seconds) <= 0 or \
+                min(self.message_burst, self.max_requests_in_flight) < 1:
+            raise ValueError("max_messages_per_second, message_burst, max_requests_in_flight and "
+                             "backend_silence_seconds must be positive")
         if self.ping_interval < 0 or self.ping_timeout <= 0:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.ping_interval and self.ping_timeout > self.ping_interval:
