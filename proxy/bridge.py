@@ -82,6 +82,11 @@ class TritonStream:
             if not self._cancelled:
                 raise BackendUnavailable(f"Triton stream failed: {type(exc).__name__}: {exc}") from exc
 
+    def close_requests(self) -> None:
+        """Half-close: end the request iterator, so gRPC ends the client's side of the call;
+        Triton then ends the call once every request sent has completed."""
+        self._requests.put_nowait(None)
+
     def cancel(self) -> None:
         """End the stream now (the model sees `is_cancelled()` and frees the session)."""
         self._cancelled = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable
 
 from tornado.websocket import WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
@@ -88,9 +88,10 @@ class RealtimeVideoHandler(WebSocketHandler):
         else:
             self.close(1007, "text frames must be UTF-8")
 
-    def on_message(self, message: str | bytes) -> None:
+    def on_message(self, message: str | bytes) -> Awaitable[None] | None:
+        """Tornado reads the next frame only once an awaitable returned here is done."""
         assert self.session is not None
-        self.session.on_frame(message, isinstance(message, bytes))
+        return self.session.on_frame(message, isinstance(message, bytes))
 
     def on_close(self) -> None:
         if self.session is not None:

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode
+from rtvideo.proxy.limits import RecentIds
 
 
 @dataclass
@@ -16,7 +17,7 @@ class Ledger:
     chunks: int = 0
     unapplied: dict[str, None] = field(default_factory=dict)  # acked, not started (insertion-ordered)
     unfinished: dict[str, None] = field(default_factory=dict)  # started, not completed
-    ended: set[str] = field(default_factory=set)
+    ended: RecentIds = field(default_factory=RecentIds)  # bounded like the model's event ids (RecentIds)
 
     def observe(self, message: Mapping[str, Any] | None, has_data: bool) -> None:
         """One frame (or pair) handed to the socket, in order."""

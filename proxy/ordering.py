@@ -26,6 +26,7 @@ from typing import Any, Generic, Mapping, TypeVar
 
 from rtvideo.core import protocol
 from rtvideo.core.chunks import mentioned_event_ids
+from rtvideo.proxy.limits import RecentIds
 
 T = TypeVar("T")
 
@@ -80,7 +81,7 @@ class OutboundOrder(Generic[T]):
     _started: bool = field(default=False, init=False)  # video.start was returned
     _start_taken: bool = field(default=False, init=False)  # ... and handed to the socket
     _early: list[_Early[T]] = field(default_factory=list, init=False)
-    _acked: set[str] = field(default_factory=set, init=False)
+    _acked: RecentIds = field(default_factory=RecentIds, init=False)  # bounded: see RecentIds
     _held: deque[_Held[T]] = field(default_factory=deque, init=False)  # in arrival order
     _overdue: int = field(default=0, init=False)  # held messages at the front that go regardless of acks
 
@@ -120,7 +121,7 @@ class OutboundOrder(Generic[T]):
     def _flow(self) -> list[Send[T]]:
         """The held messages that may go now, from the front, in order."""
         sends: list[Send[T]] = []
-        while self._held and (self._overdue or self._held[0].names <= self._acked):
+        while self._held and (self._overdue or self._acked.issuperset(self._held[0].names)):
             self._overdue = max(0, self._overdue - 1)
             held = self._held.popleft()
             sends.append(Send(held.item))

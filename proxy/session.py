@@ -2,10 +2,15 @@
 
 The proxy checks only what it must answer itself (first message, size, JSON, type,
 binary frames) and forwards every other message verbatim; the model validates the
-rest. Each session ends exactly once: the model's `session.done`, or an end the proxy
+rest. It bounds what one client can make it and Triton hold (§7): a token bucket for
+the message rate, a bound on requests in flight to Triton, and `session.ping` answered
+here (at most one a second goes on, to keep the model's stall clock running).
+
+Each session ends exactly once: the model's `session.done`, or an end the proxy
 reports itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`),
 or the client going away. In every case the Triton sequence is ended before the
-stream is dropped, so its slot is freed.
+stream is dropped, so its slot is freed: `session.stop` with `sequence_end`, then the
+request stream is half-closed, and Triton ends the call once every request completed.
 
 Where a session is lives in one `Phase`; what may be written when is decided by its
 `OutboundOrder` (rtvideo.proxy.ordering), which the session feeds and obeys.
@@ -18,13 +23,14 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge, TritonStream
 from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.ledger import Ledger
+from rtvideo.proxy.limits import TokenBucket
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.ordering import OutboundOrder, Send
 from rtvideo.proxy.outbox import Frame, Outbox, Sink
@@ -34,11 +40,22 @@ log = logging.getLogger(__name__)
 
 #: how long a chunk may wait for the ack of an event it names (the ack is already on its way)
 ACK_WAIT_SECONDS = 1.0
-#: how long to wait for Triton to confirm the end of the sequence before dropping the stream
+#: how long Triton may take to end the call after the sequence was ended and the requests
+#: half-closed (it ends it when every request has completed: about a millisecond, or a chunk
+#: when generation was still running), before the stream is cancelled
 END_GRACE_SECONDS = 3.0
+#: at most one client session.ping a second goes on to Triton (it resets the model's stall clock)
+PING_FORWARD_SECONDS = 1.0
+#: a frame over the rate this small is parsed anyway, so that a session.stop is never refused
+STOP_PEEK_BYTES = 256
+#: after a frame over the rate, the client's next frame is read this much later: a flooding client
+#: costs the proxy at most about 1,000 answered frames a second and meets TCP backpressure
+#: beyond, while what it has already pushed into its socket is still drained and answered
+OVER_RATE_READ_PAUSE_SECONDS = 0.001
 #: how long the last messages of a session may take to reach a client before the close
 FLUSH_SECONDS = 10.0
 _STOP = protocol.encode({"type": protocol.STOP}).encode()
+_PING = protocol.encode({"type": protocol.PING}).encode()
 
 
 class Connection(Sink, Protocol):
@@ -95,9 +112,15 @@ class ProxySession:
         self._ack_timer: asyncio.TimerHandle | None = None
         self._stream: TritonStream | None = None  # the Triton sequence, while there is one to end
         self._stop_tag: str | None = None  # the request that carried sequence_end
-        self._sequence_ended = asyncio.Event()  # Triton delivered that request to the model
+        self._stream_over = asyncio.Event()  # Triton ended the call (or it broke, or was cancelled)
         self._closed = asyncio.Event()  # the WebSocket is closed (awaited by shutdown)
         self._interactions: dict[str, float] = {}  # request tag → when the client's frame arrived
+        self._in_flight: set[str] = set()  # tags of requests sent to Triton whose one answer is due
+        self._ping_tag: str | None = None  # the forwarded session.ping in flight (its pong is dropped)
+        self._ping_forwarded = float("-inf")  # when the last one went
+        self._bucket = TokenBucket(settings.max_messages_per_second, settings.message_burst, time.monotonic())
+        self._heard = time.monotonic()  # when Triton last sent anything on this session's stream
+        self._silence_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self._opened = time.monotonic()
         self._timing = metrics.stream_timing()  # time to first chunk, chunk lead
@@ -108,6 +131,8 @@ class ProxySession:
     def _open_sequence(self, stream: TritonStream) -> None:
         """AWAITING_START → STREAMING: session.start went to Triton on its own stream."""
         self._stream, self._phase = stream, Phase.STREAMING
+        self._heard = time.monotonic()
+        self._watch_silence()
 
     def _stop_sent(self, tag: str) -> None:
         """STREAMING → STOP_SENT: the client's session.stop carried sequence_end."""
@@ -128,30 +153,66 @@ class ProxySession:
         return left
 
     # --- client → Triton -------------------------------------------------------------------
-    def on_frame(self, raw: str | bytes, binary: bool) -> None:
-        """A frame from the client: early checks, then forwarded verbatim (or answered here)."""
+    def on_frame(self, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
+        """A frame from the client: early checks, then forwarded verbatim (or answered here).
+        Returns an awaitable when the frame was over the rate: Tornado reads the next frame
+        only once it is done, so a flood meets TCP backpressure and costs the proxy little."""
         if self._phase is Phase.AWAITING_START:
             self._on_first(raw, binary)
-            return
+            return None
         if self._phase not in (Phase.STREAMING, Phase.STOP_SENT):
-            return  # the end is claimed: frames still buffered behind it are ignored
+            return None  # the end is claimed: frames still buffered behind it are ignored
+        if not self._bucket.take(time.monotonic()) and not _is_stop(raw, binary):
+            self._reject(ErrorCode.RATE_LIMITED, f"over the rate of {self._settings.max_messages_per_second:g} "
+                         f"messages a second (burst {self._settings.message_burst}); this one was not processed")
+            return _after(OVER_RATE_READ_PAUSE_SECONDS)
+        self._on_later(raw, binary)
+        return None
+
+    def _on_later(self, raw: str | bytes, binary: bool) -> None:
         try:
-            kind = protocol.decode_later(raw, binary=binary)["type"]
+            message = protocol.decode_later(raw, binary=binary)
         except ProtocolError as exc:
             self._reject(exc.code, exc.message)
             return
-        if self._phase is Phase.STOP_SENT:  # the sequence is closed
-            if kind == protocol.PING:
-                self._answer(protocol.pong)
-            elif kind != protocol.STOP:
-                self._reject(ErrorCode.INVALID_MESSAGE, "session.stop was sent; the session is ending")
+        kind = message["type"]
+        if kind == protocol.STOP:
+            self._send_stop()  # once; a repeated stop is harmless
+        elif kind == protocol.PING:
+            self._answer(protocol.pong)
+            self._forward_ping()
+        elif self._phase is Phase.STOP_SENT:  # the sequence is closed
+            self._reject(ErrorCode.INVALID_MESSAGE, "session.stop was sent; the session is ending")
+        elif len(self._in_flight) >= self._settings.max_requests_in_flight:
+            self._reject(ErrorCode.RATE_LIMITED, f"too many requests in flight (at most "
+                         f"{self._settings.max_requests_in_flight}); this one was not processed")
         else:
-            assert self._stream is not None  # STREAMING
-            tag = self._stream.send(_raw_bytes(raw), end=kind == protocol.STOP)
-            if kind == protocol.STOP:
-                self._stop_sent(tag)
-            elif kind == protocol.INTERACTION:
+            tag = self._send(_raw_bytes(raw))
+            if kind == protocol.INTERACTION:
                 self._interactions[tag] = time.perf_counter()
+
+    def _send(self, raw: bytes) -> str:
+        """One later request to Triton; it counts as in flight until its one answer arrives."""
+        assert self._stream is not None  # STREAMING
+        tag = self._stream.send(raw)
+        self._in_flight.add(tag)
+        return tag
+
+    def _send_stop(self) -> None:
+        """STREAMING: the client's (or the shutdown's) session.stop goes with sequence_end. It
+        completes flags-only, so it is never counted in flight."""
+        if self._phase is Phase.STREAMING:
+            assert self._stream is not None
+            self._stop_sent(self._stream.send(_STOP, end=True))
+
+    def _forward_ping(self) -> None:
+        """Pings are answered here; one a second at most, and one at a time, goes to Triton to
+        reset the model's stall clock (docs/protocol.md §7). The model's pong is dropped."""
+        now = time.monotonic()
+        if (self._phase is Phase.STREAMING and self._ping_tag is None
+                and now - self._ping_forwarded >= PING_FORWARD_SECONDS
+                and len(self._in_flight) < self._settings.max_requests_in_flight):
+            self._ping_tag, self._ping_forwarded = self._send(_PING), now
 
     def _on_first(self, raw: str | bytes, binary: bool) -> None:
         self._start_timer.cancel()
@@ -175,22 +236,46 @@ class ProxySession:
         try:
             async for reply in stream.replies():
                 self._on_reply(reply)
-            if self._phase in _LIVE:
+            if self._phase in _LIVE and self._stream is stream:
                 raise BackendUnavailable("Triton ended the stream before session.done")
         except BackendUnavailable as exc:
-            self._stream = None  # nothing left to end on Triton's side
-            stream.cancel()
-            self._sequence_ended.set()
-            if self._phase in _LIVE:
-                log.warning("request_id=%s peer=%s backend failure: %s", self.request_id, self.peer, exc)
-                self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
+            self._stream_broke(stream, str(exc))
+        finally:
+            self._stream_over.set()
+
+    def _stream_broke(self, stream: TritonStream, reason: str) -> None:
+        """The stream failed (or fell silent): nothing is left to end on Triton's side; a live
+        session ends with backend_unavailable and a session.done written here."""
+        if self._stream is stream:
+            self._stream = None
+        stream.cancel()
+        if self._phase in _LIVE:
+            log.warning("request_id=%s peer=%s backend failure: %s", self.request_id, self.peer, reason)
+            self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
+
+    def _watch_silence(self) -> None:
+        """One timer while the stream is live; when it fires early (Triton spoke since it was
+        armed) it re-arms for the rest, so a reply costs only a clock read."""
+        self._silence_timer = None
+        stream = self._stream
+        if stream is None or self._phase not in _LIVE:
+            return
+        limit = self._settings.backend_silence_seconds
+        quiet = time.monotonic() - self._heard
+        if quiet < limit:
+            self._silence_timer = asyncio.get_running_loop().call_later(limit - quiet, self._watch_silence)
+        else:
+            self._stream_broke(stream, f"Triton sent nothing for {limit:g} s")
 
     def _on_reply(self, reply: Reply) -> None:
-        kind = reply.message.get("type")
-        if reply.tag == self._stop_tag or (kind == protocol.DONE and reply.message.get("stopped")):
-            self._sequence_ended.set()  # the model saw sequence_end: its slot is free
+        self._heard = time.monotonic()
+        self._in_flight.discard(reply.tag)
+        if reply.tag == self._ping_tag:
+            self._ping_tag = None
+            return  # the client had its pong from the proxy
         if reply.tag == self._stop_tag or self._phase not in _LIVE:
             return  # the answer to session.stop is the trailer and session.done, not this
+        kind = reply.message.get("type")
         if reply.tag == START_TAG:
             self._deliver(self._order.stream(reply, reply.message, time.monotonic()))
         else:  # the answer to one later request (ack, pong, per-message error)
@@ -273,13 +358,13 @@ class ProxySession:
 
     # --- ending ----------------------------------------------------------------------------
     def backend_lost(self, reason: str) -> None:
-        """The supervisor found the backend down: end with `backend_unavailable` and `session.done`,
-        then close, without waiting for the model to confirm the end of the sequence."""
-        if self._phase not in _LIVE:
-            return
-        log.warning("request_id=%s peer=%s backend down: %s", self.request_id, self.peer, reason)
-        self._sequence_ended.set()  # the stop is still sent, but nobody may be there to confirm it
-        self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
+        """The supervisor found the backend down: the stream is as good as broken (nobody may be
+        there to end the call), so the session ends like one, without waiting for Triton."""
+        stream = self._stream
+        if stream is not None:
+            self._stream_broke(stream, f"backend down: {reason}")
+        elif self._phase in _LIVE:
+            self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
 
     def _fail(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
         """End the session from the proxy's side: claimed at once, reported by a task."""
@@ -309,16 +394,22 @@ class ProxySession:
         self._conn.close(close_code)
 
     async def _end_sequence(self) -> None:
-        """Send `sequence_end` if not done yet, wait (bounded) until the model has it, drop the stream."""
+        """End the sequence and the call: `sequence_end` (unless the client's stop carried it),
+        then half-close the request stream; Triton ends the call once every request has
+        completed. The stop's own answer is flags-only and never reaches an aio client, so the
+        end of the call is what is awaited (bounded), then the stream is dropped."""
         stream = self._stream
         if stream is None:
             return  # never opened, or broken
+        self._stream = None
         if self._stop_tag is None:
             self._stop_tag = stream.send(_STOP, end=True)
+        stream.close_requests()
         try:
-            await asyncio.wait_for(self._sequence_ended.wait(), END_GRACE_SECONDS)
+            await asyncio.wait_for(self._stream_over.wait(), END_GRACE_SECONDS)
         except asyncio.TimeoutError:
-            log.warning("request_id=%s Triton did not confirm the end of sequence %d", self.request_id, stream.sequence_id)
+            log.warning("request_id=%s Triton did not end the call of sequence %d within %g s; cancelling",
+                        self.request_id, stream.sequence_id, END_GRACE_SECONDS)
         stream.cancel()
 
     def on_disconnect(self) -> None:
@@ -327,8 +418,9 @@ class ProxySession:
         if left is Phase.CLOSED:
             return
         self._start_timer.cancel()
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
+        for timer in (self._ack_timer, self._silence_timer):
+            if timer is not None:
+                timer.cancel()
         self._outbox.close()
         if left in _LIVE:  # no end was claimed: the sequence is still open
             self._spawn(self._end_sequence())
@@ -341,8 +433,8 @@ class ProxySession:
         """Server shutdown: stop generation like a client's session.stop, then close."""
         if self._phase in (Phase.AWAITING_START, Phase.REFUSED):
             self._conn.close(1001, "server shutting down")  # no session.start was forwarded
-        elif self._phase is Phase.STREAMING:
-            self.on_frame(_STOP.decode(), binary=False)
+        else:
+            self._send_stop()  # not through on_frame: never rate-limited
         try:
             await asyncio.wait_for(self._closed.wait(), timeout)
         except asyncio.TimeoutError:
@@ -353,6 +445,24 @@ class ProxySession:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _after(delay: float) -> "asyncio.Future[None]":
+    """A future that is done in `delay` seconds (never cancelled: Tornado would abort the
+    connection on a cancelled one)."""
+    future = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(delay, lambda: future.done() or future.set_result(None))
+    return future
+
+
+def _is_stop(raw: str | bytes, binary: bool) -> bool:
+    """Whether a frame over the rate is a session.stop anyway (looked at only when small)."""
+    if binary or len(raw) > STOP_PEEK_BYTES or protocol.STOP not in raw:
+        return False
+    try:
+        return protocol.decode_later(raw)["type"] == protocol.STOP
+    except ProtocolError:
+        return False
 
 
 def _raw_bytes(raw: str | bytes) -> bytes:

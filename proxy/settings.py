@@ -37,11 +37,22 @@ class ProxySettings:
     probe_interval: float = setting(2.0, "seconds between health probes of the model (a round trip through it)")
     probe_timeout: float = setting(5.0, "a health probe not answered within this many seconds has failed")
     probe_failures: int = setting(2, "consecutive failed probes after which the backend is down")
+    max_messages_per_second: float = setting(
+        20.0, "client messages per second a session may send after session.start (rate_limited beyond)")
+    message_burst: int = setting(40, "client messages a session may send at once, above the rate")
+    max_requests_in_flight: int = setting(
+        32, "requests of one session sent to Triton and not answered yet (rate_limited beyond)")
+    backend_silence_seconds: float = setting(
+        90.0, "end a live session with backend_unavailable when Triton sends nothing this long")
 
     def __post_init__(self) -> None:
         if min(self.max_connections, self.max_sessions_per_client, self.outbound_buffer_bytes) < 1 or self.start_timeout <= 0:
             raise ValueError(
                 "max_connections, max_sessions_per_client, outbound_buffer_bytes and start_timeout must be positive")
+        if min(self.max_messages_per_second, self.backend_silence_seconds) <= 0 or \
+                min(self.message_burst, self.max_requests_in_flight) < 1:
+            raise ValueError("max_messages_per_second, message_burst, max_requests_in_flight and "
+                             "backend_silence_seconds must be positive")
         if self.ping_interval < 0 or self.ping_timeout <= 0:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:

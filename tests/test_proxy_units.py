@@ -83,6 +83,12 @@ class FakeStream:
         while (item := await self._replies.get()) is not None:
             yield item
 
+    def close_requests(self) -> None:
+        """Half-close: like Triton, the call ends once every request has completed (here: at
+        once, unless the model is made not to answer the stop)."""
+        if self.auto_done:
+            self._replies.put_nowait(None)
+
     def cancel(self) -> None:
         self._replies.put_nowait(None)
 

@@ -24,6 +24,7 @@ class ErrorCode(str, Enum):
     GENERATION_FAILED = "generation_failed"
     BACKEND_UNAVAILABLE = "backend_unavailable"
     SLOW_CONSUMER = "slow_consumer"
+    RATE_LIMITED = "rate_limited"  # one message refused by the proxy's bounds; the session goes on
 
 
 #: Codes after which the session is over (followed by `session.done` where possible).
