@@ -2,7 +2,8 @@
 
 Shows the Triton-level contract of docs/protocol.md §8 in code: the start request
 carries `sequence_start` and receives the session's stream; every later request
-gets exactly one response; `session.stop` carries `sequence_end`.
+gets exactly one response; `session.stop` carries `sequence_end`. `close()` ends a
+sequence the caller did not end, so its batcher slot is freed at once.
 """
 
 from __future__ import annotations
@@ -33,14 +34,22 @@ class TritonStreamSession:
         self._counter = 0
         self._lock = threading.Lock()
         self.sent_at: dict[str, float] = {}
+        self._started = False  # a sequence_start was sent
+        self._ended = False  # a sequence_end was sent
+        self._done = threading.Event()  # session.done arrived (or the stream broke)
+        self._closed = False
 
     def _on_response(self, result: Any, error: Any) -> None:
         now = time.perf_counter()
         if error is not None:
+            self._done.set()  # nothing more comes on a broken stream
             self.replies.put(RuntimeError(f"stream error: {error}"))
             return
         tag = result.get_response().id
-        self.replies.put(wire.parse_reply(tag, result.as_numpy(wire.META), result.as_numpy(wire.DATA), now))
+        reply = wire.parse_reply(tag, result.as_numpy(wire.META), result.as_numpy(wire.DATA), now)
+        if reply.message is not None and reply.message.get("type") == protocol.DONE:
+            self._done.set()
+        self.replies.put(reply)
 
     def send(self, message: Mapping[str, Any] | str | bytes, *, start: bool = False, end: bool = False) -> str:
         """Send one raw client message on the session's sequence; returns the request tag."""
@@ -50,6 +59,10 @@ class TritonStreamSession:
             self._counter += 1
             tag = f"r{self._counter}"
         self.sent_at[tag] = time.perf_counter()
+        if start:
+            self._started, self._ended = True, False
+            self._done.clear()
+        self._ended = self._ended or end
         self._client.async_stream_infer(
             self.model, [tensor], request_id=tag, sequence_id=self.sequence_id,
             sequence_start=start, sequence_end=end,
@@ -86,7 +99,27 @@ class TritonStreamSession:
             if reply.message is not None and reply.message.get("type") == kind:
                 return
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """End the session and the stream. A session still running (started, no `sequence_end`
+        sent, no `session.done` seen) is stopped first: `session.stop` with `sequence_end`,
+        then up to `timeout` s for its `session.done`, so Triton frees the sequence's slot now
+        rather than after `max_sequence_idle_microseconds` (docs/protocol.md §8)."""
+        if self._closed:
+            return
+        try:
+            if self._started and not self._done.is_set():
+                if not self._ended:
+                    self.stop()
+                self._done.wait(timeout)
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        """Drop the stream without ending the sequence: the model frees the session within a
+        chunk, but Triton keeps the slot until the idle limit. `close()` is the polite way."""
+        if self._closed:
+            return
+        self._closed = True
         self._client.stop_stream(cancel_requests=True)
         self._client.close()
 

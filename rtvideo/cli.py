@@ -1,9 +1,14 @@
-"""`rtvideo serve`: Triton with this checkout's model repository, then the WebSocket proxy.
+"""The `rtvideo` command.
 
+`rtvideo serve`: Triton with this checkout's model repository, then the WebSocket proxy.
 Prints one line on stdout when ready; SIGINT/SIGTERM stop the proxy (sessions end with
 `session.done`) and then Triton, leaving no process behind. While serving, the proxy's
 supervisor probes the model; when it stops answering, the Triton started here is
 restarted (`_restart`). Triton dies with this process, even on `kill -9`.
+
+`rtvideo record`: a WebSocket client that records one session (`rtvideo.client.record`).
+It needs only `websockets` and PyAV: the serving modules (Tornado, tritonclient, torch)
+are imported by `serve` alone, so this module imports none of them at the top.
 """
 
 from __future__ import annotations
@@ -16,14 +21,15 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import TYPE_CHECKING, NoReturn, Sequence
 
 from rtvideo import logsetup, settings_text
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.triton import STDERR, TritonConfig, TritonServer
 from rtvideo.model_repo import MODEL_REPOSITORY, derive_model, read_parameters
 from rtvideo.proxy import settings as proxy_settings
-from rtvideo.proxy.app import ProxyServer
+
+if TYPE_CHECKING:
+    from rtvideo.triton import TritonServer
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default=os.environ.get("RTVIDEO_LOG_LEVEL", "INFO"), help="proxy log level")
     serve.add_argument("--log-format", choices=logsetup.FORMATS, default=os.environ.get("RTVIDEO_LOG_FORMAT", "text"),
                        help="text lines, or one JSON object per line with request_id/event_id fields")
+    from rtvideo.client import record  # websockets only; PyAV when the recording is saved
+
+    record.add_arguments(commands.add_parser(
+        "record", help="record one session to an MP4 (a WebSocket client)", description=record.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
 
 
 def _log_target(value: str | None) -> str | Path | None:
     """--triton-log: "-" (standard error), a path, or unset (a temp file)."""
+    from rtvideo.triton.logs import STDERR
+
     if not value:
         return None
     return STDERR if value == STDERR else Path(value)
@@ -76,6 +89,10 @@ def _log_target(value: str | None) -> str | Path | None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "record":
+        from rtvideo.client import record
+
+        return record.main(args)
     try:  # every value is checked before anything starts: a bad one is one line, exit 2
         check_settings(args)
     except ValueError as exc:
@@ -85,10 +102,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return serve(args)
 
 
+def model_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """The model parameters given on the command line, as `config.pbtxt` text."""
+    return {name: settings_text.to_text(value) for name, value in settings_text.values_from(args, BackendSettings).items()}
+
+
 def check_settings(args: argparse.Namespace) -> None:
     """The proxy's settings, and the model's parameters as the model would load them."""
     proxy_settings.from_namespace(args, triton_url=args.triton_url or "127.0.0.1:1")
-    overrides = settings_text.values_from(args, BackendSettings)
+    overrides = model_overrides(args)
     if args.triton_url is not None and overrides:
         raise ValueError("model parameters need a Triton started here; drop --triton-url")
     if args.triton_url is None and (not args.triton_host or any(c.isspace() or c in "/[]" for c in args.triton_host)):
@@ -102,7 +124,9 @@ def check_settings(args: argparse.Namespace) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     """Triton (unless --triton-url), then the proxy until SIGINT/SIGTERM; Triton is always stopped."""
-    overrides = settings_text.values_from(args, BackendSettings)
+    from rtvideo.triton import TritonConfig, TritonServer
+
+    overrides = model_overrides(args)
     signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C until the proxy's loop takes over
     triton: TritonServer | None = None
     with tempfile.TemporaryDirectory(prefix="rtvideo-repo-") as scratch:
@@ -139,6 +163,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 async def _run_proxy(settings: proxy_settings.ProxySettings, triton: TritonServer | None) -> int:
     """Serve until a signal (exit 0); the supervisor restarts the Triton started here when needed."""
+    from rtvideo.proxy.app import ProxyServer
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

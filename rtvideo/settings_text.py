@@ -95,14 +95,16 @@ def add_flags(
         if f.name in skip or "help" not in f.metadata:
             continue
         convert = parser_for(_types(cls)[f.name])
+        repeatable = typing.get_origin(_types(cls)[f.name]) is tuple  # each use adds to the list
 
-        def checked(text: str, name: str = f.name, convert: Callable[[str], Any] = convert) -> Any:
+        def checked(text: str, name: str = f.name, convert: Callable[[str], Any] = convert,
+                    keep_text: bool = text_only and not repeatable) -> Any:
             try:
                 value = convert(text)
             except (ValueError, TypeError):
                 origin = f" (from the environment, {text.variable})" if isinstance(text, _FromEnv) else ""
                 raise argparse.ArgumentTypeError(f"{name}={str(text)!r} is not a valid value{origin}") from None
-            return text.strip() if text_only else value
+            return text.strip() if keep_text else value  # a list stays a tuple: `to_text` joins it
 
         # A string default goes through `type` too: a bad environment value is a usage error (exit 2).
         default: Any = os.environ.get(env_name(f))
@@ -111,7 +113,6 @@ def add_flags(
         elif not text_only:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         shown = "" if f.metadata.get("secret") or default is None else f" (default: {_show(default)})"
-        repeatable = typing.get_origin(_types(cls)[f.name]) is tuple  # each use adds to the list
         parser.add_argument(flag_name(f), dest=f.name, type=checked, default=default,
                             action=_Extend if repeatable else "store",
                             metavar=f.name.split("_")[-1].upper(), help=f"{f.metadata['help']}{shown}")
@@ -141,6 +142,11 @@ class _Extend(argparse.Action):
 
 def _show(value: Any) -> str:
     return ",".join(value) if isinstance(value, tuple) else str(value)
+
+
+def to_text(value: Any) -> str:
+    """A flag's value as a parameter's text (a list comma-separated), as `parser_for` reads it back."""
+    return _show(value)
 
 
 def values_from(ns: argparse.Namespace, cls: type) -> dict[str, Any]:

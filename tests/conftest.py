@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from rtvideo.model_repo import derive_model
-from tests.streams import FAST_MODEL, PACED_MODEL
+from tests.streams import FAST_MODEL, FAST_MODEL_NAMES, PACED_MODEL
 
 
 
@@ -18,7 +18,8 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator["object"]:
     from rtvideo.triton import TritonConfig, TritonServer, free_port
 
     repo = tmp_path_factory.mktemp("model_repository")
-    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off", "max_sessions": "8"})
+    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off", "max_sessions": "8",
+                                    "served_model_names": ",".join(FAST_MODEL_NAMES)})
     derive_model(repo, PACED_MODEL, {"max_sessions": "2"})
     log = Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log")))
     server = TritonServer(

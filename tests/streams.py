@@ -2,24 +2,52 @@
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from importlib.resources import files
 from typing import Any, Iterable
 
 import av
 import numpy as np
+from jsonschema import Draft202012Validator
 
 from rtvideo.core.chunks import mentioned_event_ids
 
 FAST_MODEL = "realtime_video"  # unpaced, so tests run at generator speed
+#: vLLM-Omni's example client asks for this model; the fast model also serves it (--served-model-name)
+HELIOS_ID = "BestWishYsh/Helios-Distilled"
+FAST_MODEL_NAMES = (FAST_MODEL, HELIOS_ID)
 PACED_MODEL = "realtime_video_paced"  # the shipped pacing, two sessions at most
+
+
+@functools.lru_cache(maxsize=None)
+def schema_validator(name: str) -> Draft202012Validator:
+    """`rtvideo/schemas/<name>.json` (the package data users get), checked and compiled once."""
+    schema = json.loads((files("rtvideo") / "schemas" / f"{name}.json").read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def schema_errors(message: Any, name: str) -> list[str]:
+    """Why `message` does not match the schema `name` (empty when it does)."""
+    errors = schema_validator(name).iter_errors(message)
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors]
+
+
+def check_server_message(message: dict[str, Any]) -> None:
+    """Every message the server sends matches rtvideo/schemas/server_messages.json."""
+    errors = schema_errors(message, "server_messages")
+    assert not errors, f"{message.get('type')} breaks server_messages.json: {errors}; message: {message}"
 
 
 @dataclass
 class Transcript:
-    """Everything one session received, in arrival order."""
+    """Everything one session received, in arrival order; each message is checked against the
+    published JSON Schema as it is added, so every end-to-end test validates what it receives."""
 
     messages: list[dict[str, Any]] = field(default_factory=list)
     pairs: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)
@@ -27,6 +55,7 @@ class Transcript:
     def add(self, message: dict[str, Any] | None, data: bytes) -> None:
         if message is None:
             return
+        check_server_message(message)
         self.messages.append(message)
         if message.get("type") == "video.chunk_metadata":
             self.pairs.append((message, data))
@@ -91,13 +120,14 @@ def distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).mean())
 
 
-def metric(triton: Any, name: str, model: str) -> float:
-    """A model's custom metric from Triton's /metrics, summed over its other labels (0 before any)."""
+def metric(triton: Any, name: str, model: str, label: str = "") -> float:
+    """A model's custom metric from Triton's /metrics, summed over its other labels (0 before any);
+    `label` (e.g. 'reason="stopped"') keeps only the series that carry it."""
     text = urllib.request.urlopen(triton.metrics_url, timeout=5).read().decode()
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith(name + "{") and f'model="{model}"' in line
+        if line.startswith(name + "{") and f'model="{model}"' in line and label in line
     )
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,12 +199,43 @@ def test_cancel_frees_session(triton) -> None:
     next_media(s, t)
     wait_for_metric(triton, "rtvideo_active_sessions", FAST_MODEL, 1)
     ends = metric(triton, "rtvideo_session_ends_total", FAST_MODEL)
-    s.close()
+    s.cancel()  # the stream only: no sequence_end
     wait_for_metric(triton, "rtvideo_active_sessions", FAST_MODEL, 0, timeout=10)
     deadline = time.monotonic() + 5
     while metric(triton, "rtvideo_session_ends_total", FAST_MODEL) <= ends:
         assert time.monotonic() < deadline, "the session end was not counted"
         time.sleep(0.05)
+
+
+def test_close_without_stop_ends_the_sequence_and_frees_the_slot(triton) -> None:
+    """close() of a running session sends session.stop with sequence_end and waits for session.done:
+    the session ends as stopped (not cancelled), its slot of the max_sessions: 2 model is free at
+    once for a new session, and the model's active count returns to 0."""
+    wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
+    stopped = metric(triton, "rtvideo_session_ends_total", PACED_MODEL, 'reason="stopped"')
+    held = [TritonStreamSession(triton.grpc_url, PACED_MODEL) for _ in range(2)]
+    late = TritonStreamSession(triton.grpc_url, PACED_MODEL)
+    try:
+        for s in held:
+            s.start("holding a slot", seed=1)
+            assert s.next().message["type"] == "video.start"
+        wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 2)
+        began = time.monotonic()
+        held[0].close()  # the caller never sent session.stop
+        assert time.monotonic() - began < 5, "close() waits for session.done, boundedly"
+        wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 1, timeout=3)
+        late.start("the freed slot", seed=2)
+        assert late.next(10).message["type"] == "video.start", "the closed session's slot was not free"
+        for s in (held[1], late):
+            s.close()
+        wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0, timeout=5)
+        deadline = time.monotonic() + 3  # ended by the stop, not by the stream's cancellation
+        while metric(triton, "rtvideo_session_ends_total", PACED_MODEL, 'reason="stopped"') < stopped + 3:
+            assert time.monotonic() < deadline, "the closed sessions did not end as stopped"
+            time.sleep(0.05)
+    finally:
+        for s in (*held, late):
+            s.cancel()
 
 
 def test_capacity_gives_server_busy(triton) -> None:
@@ -274,3 +309,21 @@ def test_transition_moves_frames_toward_target(triton) -> None:
     dists = [distance(morph[k], b_frames[k]) for k in range(2, 6)]
     assert all(x > y for x, y in zip(dists, dists[1:])), dists
     assert dists[-1] < 0.25 * dists[0]
+
+
+def test_readme_tritonclient_example(triton, tmp_path: Path) -> None:
+    """The README's direct `tritonclient.grpc` script runs as written (pointed at this Triton)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(r"<!-- tritonclient-example -->\n```python\n(.*?)```", readme, re.S)
+    assert match, "the README lost its tritonclient example"
+    script = match.group(1)
+    assert len(script.splitlines()) <= 45
+    here = 'URL, MODEL = "127.0.0.1:8001", "realtime_video"'
+    assert here in script
+    script = script.replace(here, f'URL, MODEL = "{triton.grpc_url}", "{FAST_MODEL}"')
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "'type': 'session.interaction.queued'" in out.stdout and "'event_id': 'u1'" in out.stdout, out.stdout
+    assert "'type': 'error'" not in out.stdout
+    assert decode((tmp_path / "harbour.mp4").read_bytes()).shape[0] >= 6 * 9  # stopped after chunk 5
+    wait_for_metric(triton, "rtvideo_active_sessions", FAST_MODEL, 0, timeout=10)

@@ -48,6 +48,14 @@ def test_client_only_install_needs_neither_torch_nor_tornado(wheel: Path, tmp_pa
     assert out.stdout.strip() == "ok", out.stderr
     freeze = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
     assert not re.search(r"^(torch|tornado|av|tritonclient)==", freeze, re.M | re.I), freeze
+    schemas = ("import json; from importlib.resources import files; "
+               "print(sorted(json.loads((files('rtvideo') / 'schemas' / f'{n}_messages.json').read_text())['$defs'] "
+               "and n for n in ('client', 'server')))")
+    out = subprocess.run([str(python), "-c", schemas], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "['client', 'server']", out.stderr  # the schemas ship as package data
+    record = subprocess.run([str(python.parent / "rtvideo"), "record", "x", "--url", "ws://127.0.0.1:9"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert record.returncode == 1 and "pip install av" in record.stderr, record.stderr  # no PyAV here: says how
 
 
 def test_wheel_with_server_extra_serves_from_another_directory(wheel: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ values on as `parameters` of a derived model copy.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -34,6 +35,10 @@ class BackendSettings:
     stall_timeout_seconds: float = setting(60.0, "end a session without generation progress for this long")
     device: str = setting("auto", "auto, cpu or cuda[:N]")
     torch_threads: int = setting(1, "torch intra-op threads of the model")
+    #: like vLLM's --served-model-name: empty = the Triton model's own name (see `served_names`)
+    served_model_names: tuple[str, ...] = setting(
+        (), "a name a session.start's model may ask for (repeatable; default: the Triton model's name); "
+        "rtvideo-<generator> is always accepted", flag="--served-model-name")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "BackendSettings":
@@ -61,14 +66,38 @@ class BackendSettings:
             raise ValueError("max_session_seconds and stall_timeout_seconds must be positive")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device {self.device!r}: use auto, cpu or cuda[:N]")
+        for name in self.served_model_names:
+            if len(name) > 256 or not _NAME.fullmatch(name):
+                raise ValueError(f"served model name {name[:40]!r}: use 1-256 characters without spaces, "
+                                 "commas or quotes (e.g. BestWishYsh/Helios-Distilled)")
+
+    def served_names(self, model_name: str) -> tuple[str, ...]:
+        """The names a start may ask for, the reported one first: the served model names (default:
+        the Triton model's name and the generator's model ids), then `rtvideo-<generator>`."""
+        names = self.served_model_names or (model_name, *self.generator_model_ids())
+        return tuple(dict.fromkeys((*names, f"rtvideo-{self.generator}")))
+
+    def generator_model_ids(self) -> tuple[str, ...]:
+        """Hook: the model ids the active generator answers to by default besides the Triton model
+        name, e.g. a vLLM-Omni generator's Hugging Face id (`BestWishYsh/Helios-Distilled`), so
+        that vLLM-Omni clients that send it need no --served-model-name. None for the built-in."""
+        return ()
 
     def capabilities(self, model_name: str) -> ModelCapabilities:
+        entry = catalog.GENERATORS[self.generator]
         return ModelCapabilities(
-            model_names=(model_name, f"rtvideo-{self.generator}"),
+            model_names=self.served_names(model_name),
             width=self.width,
             height=self.height,
             fps=self.fps,
             frames_per_chunk=self.frames_per_chunk,
             default_transition_chunks=self.default_transition_chunks,
-            limits=catalog.LIMITS[self.generator],
+            limits=entry.limits,
+            sampling_fields=entry.sampling_fields,
+            extra_params=entry.extra_params,
         )
+
+
+#: a served model name: what a Hugging Face id or a Triton model name looks like, and what a
+#: config.pbtxt string value and a comma-separated list can carry
+_NAME = re.compile(r"[^\s,\"'\\]+")

@@ -47,21 +47,41 @@ PONG = "session.pong"
 DONE = "session.done"
 ERROR = "error"
 
+MAX_INFERENCE_STEPS = 10_000
+MAX_GUIDANCE = 1e6
+
 # Optional `session.start` fields (vLLM-Omni's VideoGenerationRequest) and their kinds.
+# docs/protocol.md §2.1 lists each with its range; rtvideo/schemas/client_messages.json says the same.
 _START_INT_FIELDS = {
     "width": (1, MAX_DIMENSION),
     "height": (1, MAX_DIMENSION),
     "fps": (1, MAX_FPS),
     "num_frames": (1, MAX_NUM_FRAMES),
     "seed": (0, MAX_SEED),
-    "num_inference_steps": (1, 10_000),
+    "num_inference_steps": (1, MAX_INFERENCE_STEPS),
 }
-_START_NUMBER_FIELDS = {"seconds": (0.0, MAX_NUM_FRAMES), "guidance_scale": (0.0, 1e6)}
+_START_NUMBER_FIELDS = {
+    "seconds": (0.0, MAX_NUM_FRAMES),
+    "guidance_scale": (0.0, MAX_GUIDANCE),
+    "guidance_scale_2": (0.0, MAX_GUIDANCE),
+    "true_cfg_scale": (0.0, MAX_GUIDANCE),
+    "boundary_ratio": (0.0, 1.0),
+    "flow_shift": (0.0, MAX_GUIDANCE),
+}
 _START_STR_FIELDS = ("model", "negative_prompt", "size", "format", "prompt")
 _START_OBJECT_FIELDS = ("extra_params", "sampling_params")
 START_FIELDS = frozenset(
     {"type", *_START_INT_FIELDS, *_START_NUMBER_FIELDS, *_START_STR_FIELDS, *_START_OBJECT_FIELDS}
 )
+#: Diffusion sampling fields of a start: each generator uses some of them
+#: (`ModelCapabilities.sampling_fields`); the others are accepted when well-formed and
+#: reported in `video.start` `config.ignored_fields`. `extra_params` keys work alike.
+SAMPLING_FIELDS: tuple[str, ...] = (
+    "negative_prompt", "num_inference_steps", "guidance_scale", "guidance_scale_2",
+    "boundary_ratio", "flow_shift", "true_cfg_scale",
+)
+#: vLLM-Omni's VideoGenerationRequest takes `seconds` as a string of digits ("5"); so do we.
+_SECONDS_TEXT = re.compile(r"[1-9][0-9]{0,7}")
 
 
 @dataclass(frozen=True)
@@ -80,7 +100,16 @@ class StartRequest:
     seed: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
+    guidance_scale_2: float | None = None
+    boundary_ratio: float | None = None
+    flow_shift: float | None = None
+    true_cfg_scale: float | None = None
     extra_params: dict[str, Any] = field(default_factory=dict)
+
+    def sampling_given(self) -> list[str]:
+        """The sampling fields this start sets, `extra_params` keys as `extra_params.KEY`."""
+        given = [name for name in SAMPLING_FIELDS if getattr(self, name) is not None]
+        return given + [f"extra_params.{key}" for key in self.extra_params]
 
 
 @dataclass(frozen=True)
@@ -326,6 +355,8 @@ def validate_start(obj: Mapping[str, Any]) -> StartRequest:
     for name, (low, high) in _START_INT_FIELDS.items():
         if fields.get(name) is not None:
             values[name] = as_int(fields[name], name, low, high, ErrorCode.INVALID_START)
+    if isinstance(fields.get("seconds"), str) and _SECONDS_TEXT.fullmatch(fields["seconds"]):
+        fields["seconds"] = int(fields["seconds"])  # vLLM-Omni's form: a string of digits
     for name, (low, high) in _START_NUMBER_FIELDS.items():
         if fields.get(name) is not None:
             values[name] = _as_number(fields[name], name, low, high)

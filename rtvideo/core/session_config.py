@@ -40,8 +40,11 @@ class GeneratorLimits:
 
 @dataclass(frozen=True)
 class ModelCapabilities:
-    """What the served model produces and accepts; values outside are rejected, never ignored."""
+    """What the served model produces and accepts. Size, rate and length outside it are
+    rejected, never changed; sampling knobs the generator does not use are accepted and
+    reported as ignored (docs/protocol.md §2.1)."""
 
+    #: the names a start's `model` may ask for; the first is reported in `video.start`
     model_names: tuple[str, ...]
     width: int
     height: int
@@ -49,8 +52,15 @@ class ModelCapabilities:
     frames_per_chunk: int
     default_transition_chunks: int
     limits: GeneratorLimits = GeneratorLimits()
-    #: start fields the generator cannot honour at all (rejected when given)
-    unsupported_fields: tuple[str, ...] = ("negative_prompt", "num_inference_steps", "guidance_scale")
+    #: `protocol.SAMPLING_FIELDS` the generator uses; the others are ignored when given
+    sampling_fields: frozenset[str] = frozenset()
+    #: `extra_params` keys the generator uses; the others are ignored when given
+    extra_params: frozenset[str] = frozenset()
+
+    def ignored_fields(self, start: StartRequest) -> list[str]:
+        """What `start` sets that this generator does not use, sorted (`extra_params.KEY` for extras)."""
+        used = self.sampling_fields | {f"extra_params.{key}" for key in self.extra_params}
+        return sorted(name for name in start.sampling_given() if name not in used)
 
 
 @dataclass(frozen=True)
@@ -67,9 +77,13 @@ class SessionConfig:
     default_transition_chunks: int
     num_frames: int | None
     seed: int
+    #: well-formed sampling fields the generator does not use (§2.1), sorted; always sent
+    ignored_fields: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["ignored_fields"] = list(self.ignored_fields)
+        return out
 
 
 def resolve_session_config(
@@ -77,16 +91,9 @@ def resolve_session_config(
 ) -> SessionConfig:
     """Apply defaults, then reject what this model cannot produce with a sentence saying why."""
     if start.model is not None and start.model not in caps.model_names:
+        served = ", ".join(repr(name) for name in caps.model_names)
         raise ProtocolError(
-            ErrorCode.MODEL_MISMATCH,
-            f"model {start.model!r} is not served here; this endpoint serves {caps.model_names[0]!r}",
-        )
-    given = [name for name in caps.unsupported_fields if getattr(start, name) is not None]
-    if start.extra_params:
-        given.append("extra_params (" + ", ".join(sorted(start.extra_params)) + ")")
-    if given:
-        raise ProtocolError(
-            ErrorCode.INVALID_START, f"{', '.join(given)} not supported by model {caps.model_names[0]!r}"
+            ErrorCode.MODEL_MISMATCH, f"model {start.model!r} is not served here; this endpoint serves {served}"
         )
     width = start.width if start.width is not None else caps.width
     height = start.height if start.height is not None else caps.height
@@ -109,4 +116,5 @@ def resolve_session_config(
         default_transition_chunks=caps.default_transition_chunks,
         num_frames=num_frames,
         seed=seed,
+        ignored_fields=tuple(caps.ignored_fields(start)),
     )
