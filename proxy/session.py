@@ -3,8 +3,8 @@
 The proxy checks only what it must answer itself (first message, size, JSON, type,
 binary frames) and forwards every other message verbatim; the model validates the
 rest. Each session ends exactly once: the model's `session.done`, or an end the proxy
-reports itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`),
-or the client going away. In every case the Triton sequence is ended before the
+reports itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`,
+`server_shutdown`), or the client going away. In every case the Triton sequence is ended before the
 stream is dropped, so its slot is freed.
 
 Where a session is lives in one `Phase`; what may be written when is decided by its
@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge, TritonStream
+from rtvideo.proxy.bridge import BackendUnavailable, TritonStream
 from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.metrics import ProxyMetrics
@@ -45,6 +45,13 @@ class Connection(Sink, Protocol):
     """The WebSocket (Tornado's handler): writes and a close."""
 
     def close(self, code: int | None = None, reason: str | None = None) -> None: ...
+
+
+class StreamSource(Protocol):
+    """Where a session's Triton stream comes from: a `TritonBridge` (one server), or the
+    `EndpointPool` that places it over many (rtvideo.proxy.placement)."""
+
+    def open_stream(self) -> TritonStream: ...
 
 
 class Phase(enum.Enum):
@@ -78,7 +85,7 @@ class ProxySession:
     """The state of one connection; every method runs on the proxy's event loop."""
 
     def __init__(
-        self, conn: Connection, bridge: TritonBridge, settings: ProxySettings, metrics: ProxyMetrics,
+        self, conn: Connection, bridge: StreamSource, settings: ProxySettings, metrics: ProxyMetrics,
         peer: str, on_closed: Callable[["ProxySession"], None],
     ) -> None:
         self._conn = conn
@@ -338,11 +345,10 @@ class ProxySession:
         self._on_closed(self)
 
     async def shutdown(self, timeout: float) -> None:
-        """Server shutdown: stop generation like a client's session.stop, then close."""
-        if self._phase in (Phase.AWAITING_START, Phase.REFUSED):
-            self._conn.close(1001, "server shutting down")  # no session.start was forwarded
-        elif self._phase is Phase.STREAMING:
-            self.on_frame(_STOP.decode(), binary=False)
+        """Server shutdown (after the drain): `server_shutdown`, a complete `session.done` and close
+        1001; the sequence is ended on Triton as for any end. An end already under way goes on."""
+        self._start_timer.cancel()
+        self._fail(ErrorCode.SERVER_SHUTDOWN, "the server is shutting down; reconnect to go on", close_code=1001)
         try:
             await asyncio.wait_for(self._closed.wait(), timeout)
         except asyncio.TimeoutError:

@@ -24,6 +24,7 @@ class ErrorCode(str, Enum):
     GENERATION_FAILED = "generation_failed"
     BACKEND_UNAVAILABLE = "backend_unavailable"
     SLOW_CONSUMER = "slow_consumer"
+    SERVER_SHUTDOWN = "server_shutdown"
 
 
 #: Codes after which the session is over (followed by `session.done` where possible).
@@ -38,6 +39,7 @@ SESSION_ENDING_CODES = frozenset(
         ErrorCode.GENERATION_FAILED,
         ErrorCode.BACKEND_UNAVAILABLE,
         ErrorCode.SLOW_CONSUMER,
+        ErrorCode.SERVER_SHUTDOWN,
     }
 )
 
