@@ -16,16 +16,18 @@ from tornado.netutil import bind_sockets
 from rtvideo.core.protocol import MAX_START_BYTES
 from rtvideo.proxy import accesslog
 from rtvideo.proxy.access import host_allowed, token_ok
-from rtvideo.proxy.bridge import TritonBridge
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
+from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.placement import EndpointPool, Resolver
 from rtvideo.proxy.settings import ProxySettings
-from rtvideo.proxy.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 WEBSOCKET_PATH = "/v1/realtime/video"
 #: the single-file browser demo served at `GET /`
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: how long ending one session at shutdown may take (its sequence end and flush are bounded too)
+SHUTDOWN_SECONDS = 15.0
 
 
 class _JsonHandler(tornado.web.RequestHandler):
@@ -40,27 +42,27 @@ class _JsonHandler(tornado.web.RequestHandler):
 
 
 class HealthHandler(_JsonHandler):
-    """200 when Triton and the model say they are ready and the model answers the health probe;
-    503 (same JSON) otherwise."""
+    """200 when some Triton endpoint and its model say they are ready and the model answers the
+    health probe there; 503 (same JSON) otherwise. Lists every endpoint and its state."""
 
     async def get(self) -> None:
         ctx = self.context
-        triton = await ctx.bridge.readiness()
-        ready = triton["server_ready"] and triton["model_ready"] and ctx.supervisor.ready
+        triton = await ctx.pool.readiness()
+        ready = triton["server_ready"] and triton["model_ready"] and ctx.pool.ready
         self.reply(ready, {
-            "proxy": "ok", "ready": ready, "model": ctx.bridge.model,
-            "triton": triton, "sessions": len(ctx.sessions), **ctx.supervisor.status(),
+            "proxy": "ok", "ready": ready, "draining": ctx.draining, "model": ctx.settings.model,
+            "triton": triton, "sessions": len(ctx.sessions), **ctx.pool.status(),
         })
 
 
 class ReadyHandler(_JsonHandler):
-    """200 when a new session can be taken: the model answers the probe and there is room."""
+    """200 when a new session can be taken: not draining, an endpoint answers the probe, room."""
 
     def get(self) -> None:
         ctx = self.context
         room = len(ctx.sessions) < ctx.settings.max_connections
-        self.reply(ctx.supervisor.ready and room, {"ready": ctx.supervisor.ready and room,
-                                                   "backend": ctx.supervisor.state.value, "room": room})
+        ready = ctx.pool.ready and room and not ctx.draining
+        self.reply(ready, {"ready": ready, "backend": ctx.pool.state.value, "room": room, "draining": ctx.draining})
 
 
 class LiveHandler(_JsonHandler):
@@ -105,14 +107,18 @@ class ProxyApplication(tornado.web.Application):
         return super().find_handler(request, **kwargs)
 
 
-def make_app(settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None) -> tornado.web.Application:
+def make_app(settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None,
+             resolver: Resolver | None = None) -> tornado.web.Application:
     """The Tornado application; its shared state is `app.settings["context"]`. `restart`, when given,
-    restarts the backend after the supervisor found it down (`rtvideo serve` with its own Triton)."""
-    context = ProxyContext(settings=settings, bridge=TritonBridge(settings.triton_url, settings.model))
-    context.supervisor = Supervisor(
-        context.bridge, context.metrics, interval=settings.probe_interval, timeout=settings.probe_timeout,
-        failures=settings.probe_failures, on_down=context.backend_lost, restart=restart,
+    restarts the backend after the supervisor found it down (`rtvideo serve` with its own Triton);
+    `resolver` resolves the names among the Triton URLs (default: the system's)."""
+    metrics = ProxyMetrics()
+    pool = EndpointPool(
+        settings.triton_url, settings.model, metrics, probe_interval=settings.probe_interval,
+        probe_timeout=settings.probe_timeout, probe_failures=settings.probe_failures,
+        resolve_interval=settings.resolve_interval, resolver=resolver, restart=restart,
     )
+    context = ProxyContext(settings=settings, metrics=metrics, pool=pool)
     handlers = [
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
         (r"/healthz", HealthHandler, {"context": context}),
@@ -134,14 +140,15 @@ def make_app(settings: ProxySettings, restart: Callable[[], Awaitable[None]] | N
 
 
 class ProxyServer:
-    """Listens for `settings` (port 0: any free port) on the running event loop; supervises the
-    backend (see `make_app` for `restart`)."""
+    """Listens for `settings` (port 0: any free port) on the running event loop; places sessions
+    over the Triton endpoints and supervises them (see `make_app` for `restart` and `resolver`)."""
 
-    def __init__(self, settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(self, settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None,
+                 resolver: Resolver | None = None) -> None:
         self.settings = settings
-        self.app = make_app(settings, restart)
+        self.app = make_app(settings, restart, resolver)
         self.context: ProxyContext = self.app.settings["context"]
-        self.supervisor = self.context.supervisor
+        self.pool = self.context.pool
         self._server: HTTPServer | None = None
         self.port = settings.port
 
@@ -152,22 +159,41 @@ class ProxyServer:
         return f"ws://{host}:{self.port}{WEBSOCKET_PATH}"
 
     async def start(self) -> None:
+        await self.pool.start()
         sockets = bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
         self._server = HTTPServer(self.app, xheaders=False)
         self._server.add_sockets(sockets)
-        self.supervisor.start()
         log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
 
-    async def stop(self, timeout: float = 5.0) -> None:
-        """Stop accepting, end every session (as a session.stop would), close connections."""
+    async def drain(self, seconds: float | None = None, cut: asyncio.Event | None = None) -> int:
+        """Shutting down: `/readyz` turns 503 and new connections are refused (503) at once; live
+        sessions run for up to `seconds` (default: the `drain_seconds` setting, or until `cut` is
+        set); each one left then ends with `server_shutdown`, a complete `session.done` and close
+        1001. Returns how many sessions were ended so."""
+        ctx = self.context
+        ctx.draining = True
+        ctx.metrics.set_draining(True)
+        seconds = self.settings.drain_seconds if seconds is None else seconds
+        deadline = asyncio.get_running_loop().time() + seconds
+        log.info("draining: no new sessions; %d live session(s) get up to %g s", len(ctx.sessions), seconds)
+        while ctx.sessions and asyncio.get_running_loop().time() < deadline and not (cut and cut.is_set()):
+            await asyncio.sleep(0.05)
+        remaining = list(ctx.sessions)
+        if remaining:
+            log.info("drain over: ending %d session(s) with server_shutdown", len(remaining))
+            await asyncio.gather(*(s.shutdown(SHUTDOWN_SECONDS) for s in remaining), return_exceptions=True)
+        return len(remaining)
+
+    async def stop(self) -> None:
+        """Stop listening and probing; end what is left at once (see `drain` for the graceful way)."""
         if self._server is None:
             return
+        self.context.draining = True
         self._server.stop()
-        await self.supervisor.stop()
         sessions = list(self.context.sessions)
-        await asyncio.gather(*(s.shutdown(timeout) for s in sessions), return_exceptions=True)
+        await asyncio.gather(*(s.shutdown(SHUTDOWN_SECONDS) for s in sessions), return_exceptions=True)
         await self._server.close_all_connections()
-        await self.context.bridge.close()
+        await self.pool.stop()
         self._server = None
-        log.info("proxy on %s stopped (%d session(s) ended)", self.url, len(sessions))
+        log.info("proxy on %s stopped (%d session(s) ended at the stop)", self.url, len(sessions))

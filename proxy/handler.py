@@ -9,11 +9,10 @@ from typing import Any, Awaitable
 from tornado.websocket import WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
 from rtvideo.proxy.access import origin_allowed, token_ok
-from rtvideo.proxy.bridge import TritonBridge
 from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.placement import EndpointPool
 from rtvideo.proxy.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
-from rtvideo.proxy.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -23,15 +22,10 @@ class ProxyContext:
     """What every handler of one proxy application shares."""
 
     settings: ProxySettings
-    bridge: TritonBridge
-    metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
+    metrics: ProxyMetrics
+    pool: EndpointPool  # the Triton endpoints, their health, and where a new session goes
     sessions: set[ProxySession] = field(default_factory=set)
-    supervisor: Supervisor = field(init=False)  # set by make_app (it needs the context)
-
-    def backend_lost(self, reason: str) -> None:
-        """The supervisor found the backend down: every live session ends with backend_unavailable."""
-        for session in list(self.sessions):
-            session.backend_lost(reason)
+    draining: bool = False  # shutting down: no new session (ProxyServer.drain)
 
 
 class RealtimeVideoHandler(WebSocketHandler):
@@ -47,6 +41,10 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.metrics.connection_rejected("unauthorized")
             self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
             self.send_error(401)
+        elif ctx.draining:
+            ctx.metrics.connection_rejected("draining")
+            self.set_header("Retry-After", "1")
+            self.send_error(503, reason="Server shutting down")
         elif len(ctx.sessions) >= ctx.settings.max_connections:
             ctx.metrics.connection_rejected("capacity")
             self.set_header("Retry-After", "5")
@@ -55,7 +53,7 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.metrics.connection_rejected("per_client")
             self.set_header("Retry-After", "5")
             self.send_error(429, reason="Too many sessions from this client")
-        elif not ctx.supervisor.admitting:
+        elif not ctx.pool.admitting:
             ctx.metrics.connection_rejected("backend_down")
             self.set_header("Retry-After", "5")
             self.send_error(503, reason="Video backend unavailable")
@@ -71,7 +69,7 @@ class RealtimeVideoHandler(WebSocketHandler):
         ctx = self.context
         self.set_nodelay(True)  # small messages (acks) must not wait for Nagle
         self.session = ProxySession(
-            self, ctx.bridge, ctx.settings, ctx.metrics, str(self.request.remote_ip), ctx.sessions.discard
+            self, ctx.pool, ctx.settings, ctx.metrics, str(self.request.remote_ip), ctx.sessions.discard
         )
         ctx.sessions.add(self.session)
 

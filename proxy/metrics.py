@@ -32,7 +32,7 @@ FIRST_CHUNK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 #: how far a stream runs ahead of real-time playback, in seconds (negative: behind)
 LEAD_BUCKETS = (-10.0, -5.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 #: reasons a connection is refused before the upgrade (exported at 0 from the start)
-REJECT_REASONS = ("unauthorized", "origin", "capacity", "per_client", "backend_down")
+REJECT_REASONS = ("unauthorized", "origin", "capacity", "per_client", "backend_down", "draining")
 
 
 class ProxyMetrics:
@@ -73,6 +73,32 @@ class ProxyMetrics:
                                        registry=r)
         self._backend_restarts = Counter("rtvideo_proxy_backend_restarts",
                                          "Restarts of the Triton started by rtvideo serve", registry=r)
+        self._draining = Gauge("rtvideo_proxy_draining", "1 while the proxy drains for shutdown (no new sessions)",
+                               registry=r)
+        # Per Triton endpoint (rtvideo.proxy.placement); a label leaves when its endpoint does.
+        self._ep_up = Gauge("rtvideo_proxy_endpoint_up", "1 while the endpoint's model answers the health probe",
+                            ["endpoint"], registry=r)
+        self._ep_sessions = Gauge("rtvideo_proxy_endpoint_sessions_active",
+                                  "This proxy's sessions on the endpoint (placed or being placed)", ["endpoint"],
+                                  registry=r)
+        self._ep_capacity = Gauge("rtvideo_proxy_endpoint_capacity",
+                                  "Session slots of the endpoint: max_sessions times its model instances",
+                                  ["endpoint"], registry=r)
+        self._ep_placements = Counter("rtvideo_proxy_endpoint_placements", "Sessions the endpoint accepted",
+                                      ["endpoint"], registry=r)
+        self._ep_refusals = Counter("rtvideo_proxy_endpoint_refusals",
+                                    "Session starts the endpoint answered with server_busy", ["endpoint"], registry=r)
+        self._ep_start_failures = Counter("rtvideo_proxy_endpoint_start_failures",
+                                          "Session starts that failed on the endpoint before an answer",
+                                          ["endpoint"], registry=r)
+        self._ep_probe_latency = Gauge("rtvideo_proxy_endpoint_probe_latency_seconds",
+                                       "Round trip of the endpoint's last answered health probe", ["endpoint"],
+                                       registry=r)
+        self._ep_probe_failures = Counter("rtvideo_proxy_endpoint_probe_failures",
+                                          "Health probes of the endpoint that failed or timed out", ["endpoint"],
+                                          registry=r)
+        self._ep_metrics = (self._ep_up, self._ep_sessions, self._ep_capacity, self._ep_placements, self._ep_refusals,
+                            self._ep_start_failures, self._ep_probe_latency, self._ep_probe_failures)
 
     # --- what the proxy reports ------------------------------------------------------------
     def session_opened(self) -> None:
@@ -117,6 +143,46 @@ class ProxyMetrics:
 
     def set_backend_up(self, up: bool) -> None:
         self._backend_up.set(int(up))
+
+    def set_draining(self, draining: bool) -> None:
+        self._draining.set(int(draining))
+
+    # --- per Triton endpoint ---------------------------------------------------------------
+    def endpoint_added(self, endpoint: str) -> None:
+        """Export the endpoint's series (at 0) from the moment it is known."""
+        for metric in self._ep_metrics:
+            metric.labels(endpoint)
+
+    def endpoint_removed(self, endpoint: str) -> None:
+        for metric in self._ep_metrics:
+            try:
+                metric.remove(endpoint)
+            except KeyError:
+                pass
+
+    def endpoint_up(self, endpoint: str, up: bool) -> None:
+        self._ep_up.labels(endpoint).set(int(up))
+
+    def endpoint_sessions(self, endpoint: str, count: int) -> None:
+        self._ep_sessions.labels(endpoint).set(count)
+
+    def endpoint_capacity(self, endpoint: str, slots: int) -> None:
+        self._ep_capacity.labels(endpoint).set(slots)
+
+    def endpoint_placed(self, endpoint: str) -> None:
+        self._ep_placements.labels(endpoint).inc()
+
+    def endpoint_refused(self, endpoint: str) -> None:
+        self._ep_refusals.labels(endpoint).inc()
+
+    def endpoint_start_failed(self, endpoint: str) -> None:
+        self._ep_start_failures.labels(endpoint).inc()
+
+    def endpoint_probe_answered(self, endpoint: str, seconds: float) -> None:
+        self._ep_probe_latency.labels(endpoint).set(seconds)
+
+    def endpoint_probe_failed(self, endpoint: str) -> None:
+        self._ep_probe_failures.labels(endpoint).inc()
 
     # --- exposition ------------------------------------------------------------------------
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
@@ -174,6 +240,14 @@ class ProxyMetrics:
     @property
     def backend_restarts(self) -> int:
         return int(_value(self._backend_restarts))
+
+    def by_endpoint(self, name: str) -> dict[str, float]:
+        """One per-endpoint series by endpoint: `up`, `sessions_active`, `capacity`, `placements`,
+        `refusals`, `start_failures`, `probe_latency_seconds`, `probe_failures`."""
+        metric = getattr(self, "_ep_" + {"sessions_active": "sessions", "probe_latency_seconds": "probe_latency"}
+                         .get(name, name))
+        suffix = "_total" if isinstance(metric, Counter) else ""
+        return {s.labels["endpoint"]: s.value for s in _samples(metric, suffix)}
 
 
 def _samples(metric: Any, suffix: str) -> list[Any]:

@@ -7,7 +7,8 @@ the message rate, a bound on requests in flight to Triton, and `session.ping` an
 here (at most one a second goes on, to keep the model's stall clock running).
 
 Each session ends exactly once: the model's `session.done`, or an end the proxy
-reports itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`),
+reports itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`,
+`server_shutdown`),
 or the client going away. In every case the Triton sequence is ended before the
 stream is dropped, so its slot is freed: `session.stop` with `sequence_end`, then the
 request stream is half-closed, and Triton ends the call once every request completed.
@@ -27,7 +28,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge, TritonStream
+from rtvideo.proxy.bridge import BackendUnavailable, TritonStream
 from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.limits import TokenBucket
@@ -64,6 +65,13 @@ class Connection(Sink, Protocol):
     def close(self, code: int | None = None, reason: str | None = None) -> None: ...
 
 
+class StreamSource(Protocol):
+    """Where a session's Triton stream comes from: a `TritonBridge` (one server), or the
+    `EndpointPool` that places it over many (rtvideo.proxy.placement)."""
+
+    def open_stream(self) -> TritonStream: ...
+
+
 class Phase(enum.Enum):
     """Where a session is. Moves forward only: AWAITING_START → STREAMING → STOP_SENT, then
     one end (REFUSED before a session.start was forwarded, ENDING after), then CLOSED."""
@@ -95,7 +103,7 @@ class ProxySession:
     """The state of one connection; every method runs on the proxy's event loop."""
 
     def __init__(
-        self, conn: Connection, bridge: TritonBridge, settings: ProxySettings, metrics: ProxyMetrics,
+        self, conn: Connection, bridge: StreamSource, settings: ProxySettings, metrics: ProxyMetrics,
         peer: str, on_closed: Callable[["ProxySession"], None],
     ) -> None:
         self._conn = conn
@@ -357,15 +365,6 @@ class ProxySession:
         self._deliver(released)
 
     # --- ending ----------------------------------------------------------------------------
-    def backend_lost(self, reason: str) -> None:
-        """The supervisor found the backend down: the stream is as good as broken (nobody may be
-        there to end the call), so the session ends like one, without waiting for Triton."""
-        stream = self._stream
-        if stream is not None:
-            self._stream_broke(stream, f"backend down: {reason}")
-        elif self._phase in _LIVE:
-            self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
-
     def _fail(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
         """End the session from the proxy's side: claimed at once, reported by a task."""
         if self._claim_end():
@@ -430,11 +429,10 @@ class ProxySession:
         self._on_closed(self)
 
     async def shutdown(self, timeout: float) -> None:
-        """Server shutdown: stop generation like a client's session.stop, then close."""
-        if self._phase in (Phase.AWAITING_START, Phase.REFUSED):
-            self._conn.close(1001, "server shutting down")  # no session.start was forwarded
-        else:
-            self._send_stop()  # not through on_frame: never rate-limited
+        """Server shutdown (after the drain): `server_shutdown`, a complete `session.done` and close
+        1001; the sequence is ended on Triton as for any end. An end already under way goes on."""
+        self._start_timer.cancel()
+        self._fail(ErrorCode.SERVER_SHUTDOWN, "the server is shutting down; reconnect to go on", close_code=1001)
         try:
             await asyncio.wait_for(self._closed.wait(), timeout)
         except asyncio.TimeoutError:

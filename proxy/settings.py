@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtvideo import settings_text
+from rtvideo.proxy.addresses import parse_urls
 from rtvideo.settings_text import setting
 
 MiB = 1024 * 1024
@@ -18,8 +19,12 @@ class ProxySettings:
 
     host: str = setting("127.0.0.1", "address the proxy listens on")
     port: int = setting(8080, "port of the proxy")
-    triton_url: str = setting("127.0.0.1:8001", "Triton gRPC host:port (no scheme), as tritonclient expects")
+    triton_url: str = setting(
+        "127.0.0.1:8001", "Triton gRPC HOST:PORT (no scheme), several comma-separated; a HOST name counts as "
+        "one endpoint per address it resolves to")
     model: str = setting("realtime_video", "Triton model name")
+    resolve_interval: float = setting(10.0, "seconds between resolutions of the Triton host names (0: only at start)")
+    drain_seconds: float = setting(30.0, "on SIGTERM, seconds live sessions may run on before server_shutdown")
     allowed_origins: tuple[str, ...] = setting(
         (), "extra allowed browser Origin, scheme://host[:port] (repeatable; '*' allows any); "
         "same-origin and localhost pages always pass", flag="--allow-origin")
@@ -57,6 +62,9 @@ class ProxySettings:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:
             raise ValueError("probe_interval and probe_timeout must be positive, probe_failures at least 1")
+        if self.resolve_interval < 0 or self.drain_seconds < 0:
+            raise ValueError("resolve_interval and drain_seconds must be >= 0")
+        parse_urls(self.triton_url)  # HOST:PORT, each one
         if self.ping_interval and self.ping_timeout > self.ping_interval:
             raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")
 

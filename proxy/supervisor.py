@@ -4,10 +4,11 @@ Triton's own readiness does not show a dead Python-backend stub (it stays "ready
 every `probe_interval` seconds the supervisor sends the model's health probe
 (`TritonBridge.probe`, docs/protocol.md §8). After `probe_failures` consecutive failures
 (an error, a wrong answer, or no answer within `probe_timeout`) the backend is *down*:
-`on_down(reason)` ends the live sessions, new connections are refused, and, when a
+`on_down(reason)` ends the live sessions, no new session goes there, and, when a
 `restart` coroutine was given (`rtvideo serve` started Triton itself), Triton is
 restarted; a later answered probe makes it *up* again. Every transition is logged once,
-with its reason. Everything runs on the proxy's event loop.
+with its reason. With several Triton endpoints (rtvideo.proxy.placement) each has its own
+supervisor, named after its address. Everything runs on the proxy's event loop.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Supervisor:
     def __init__(
         self, bridge: TritonBridge, metrics: ProxyMetrics, *, interval: float, timeout: float, failures: int,
         on_down: Callable[[str], None], restart: Callable[[], Awaitable[None]] | None = None,
+        on_up: Callable[[], None] | None = None, name: str = "backend",
     ) -> None:
         self._bridge = bridge
         self._metrics = metrics
@@ -48,6 +50,8 @@ class Supervisor:
         self._failures_allowed = failures
         self._on_down = on_down
         self._restart = restart
+        self._on_up = on_up
+        self.name = name  # in log lines: "backend" alone, or the Triton endpoint's address
         self.state = BackendState.STARTING
         self.failures = 0  # consecutive
         self.last_latency: float | None = None  # seconds, of the last answered probe
@@ -100,6 +104,10 @@ class Supervisor:
     async def _run(self) -> None:
         while True:
             began = time.monotonic()  # probes start every `interval` s, however long one took
+            if self.state in (BackendState.DOWN, BackendState.RESTARTING):
+                # A fresh channel connects at once; the old one may wait out gRPC's reconnect backoff
+                # (growing to 2 min), so a server back on the same address would be noticed late.
+                await self._bridge.close()
             await self.check()
             if self.state is BackendState.DOWN and self._restart is not None and time.monotonic() >= self._next_restart:
                 await self._restart_backend()
@@ -112,12 +120,14 @@ class Supervisor:
         if self.state is not BackendState.UP:
             self._restart_delay, self._next_restart = 0.0, 0.0
             self._set(BackendState.UP, f"the health probe was answered in {latency * 1000:.1f} ms")
+            if self._on_up is not None:
+                self._on_up()
 
     def _failed(self, reason: str) -> None:
         self.failures += 1
         self.last_error = reason
         self._metrics.probe_failed()
-        log.debug("health probe failed (%d in a row): %s", self.failures, reason)
+        log.debug("%s: health probe failed (%d in a row): %s", self.name, self.failures, reason)
         if self.state is not BackendState.DOWN and self.failures >= self._failures_allowed:
             self._set(BackendState.DOWN, f"{self.failures} health probe(s) in a row failed; last: {reason}")
             self._on_down(reason)
@@ -143,4 +153,4 @@ class Supervisor:
         previous, self.state = self.state, state
         self._metrics.set_backend_up(state is BackendState.UP)
         level = logging.INFO if state in (BackendState.UP, BackendState.RESTARTING) else logging.ERROR
-        log.log(level, "backend %s (was %s): %s", state.value, previous.value, reason)
+        log.log(level, "%s %s (was %s): %s", self.name, state.value, previous.value, reason)

@@ -1,8 +1,9 @@
 """The `rtvideo` command.
 
 `rtvideo serve`: Triton with this checkout's model repository, then the WebSocket proxy.
-Prints one line on stdout when ready; SIGINT/SIGTERM stop the proxy (sessions end with
-`session.done`) and then Triton, leaving no process behind. While serving, the proxy's
+Prints one line on stdout when ready. SIGINT/SIGTERM drain the proxy (`/readyz` 503, new
+sessions refused, live ones get up to `--drain-seconds`, then `server_shutdown`; a second
+signal cuts the wait short) and then stop Triton, leaving no process behind. While serving, the proxy's
 supervisor probes the model; when it stops answering, the Triton started here is
 restarted (`_restart`). Triton dies with this process, even on `kill -9`.
 
@@ -46,8 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = commands.add_parser("serve", help="start Triton and the WebSocket proxy")
     proxy_settings.add_arguments(serve, skip=("triton_url",))
-    serve.add_argument("--triton-url", default=os.environ.get("RTVIDEO_TRITON_URL"), metavar="HOST:PORT",
-                       help="use this running Triton (gRPC) instead of starting one")
+    serve.add_argument("--triton-url", action="append", metavar="HOST:PORT",
+                       help="use this running Triton (gRPC) instead of starting one; repeat for several (sessions "
+                            "are placed over them); a HOST name counts once per address it resolves to "
+                            "(default: RTVIDEO_TRITON_URL, comma-separated)")
     serve.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY,
                        help=f"Triton model repository (default: {MODEL_REPOSITORY})")
     serve.add_argument("--triton-host", default=os.environ.get("RTVIDEO_TRITON_HOST", "127.0.0.1"), metavar="HOST",
@@ -93,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rtvideo.client import record
 
         return record.main(args)
+    urls = args.triton_url or [os.environ.get("RTVIDEO_TRITON_URL") or ""]
+    args.triton_url = ",".join(u.strip() for u in urls if u.strip()) or None  # the setting: comma-separated
     try:  # every value is checked before anything starts: a bad one is one line, exit 2
         check_settings(args)
     except ValueError as exc:
@@ -162,18 +167,31 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def _run_proxy(settings: proxy_settings.ProxySettings, triton: TritonServer | None) -> int:
-    """Serve until a signal (exit 0); the supervisor restarts the Triton started here when needed."""
+    """Serve until a signal, then drain (exit 0); the supervisor restarts the Triton started here when needed."""
     from rtvideo.proxy.app import ProxyServer
 
-    stop = asyncio.Event()
+    signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
     server = ProxyServer(settings, restart=(lambda: _restart(triton)) if triton is not None else None)
     await server.start()
     print(f"rtvideo ready: {server.url} (triton grpc {settings.triton_url})", flush=True)
-    await stop.wait()
-    await server.stop()
+    first = await signals.get()
+    log.info("%s: draining", signal.Signals(first).name)
+    cut = asyncio.Event()  # a second signal ends the drain at once
+
+    async def second_signal() -> None:
+        await signals.get()
+        log.info("a second signal: the drain is cut short")
+        cut.set()
+
+    waiter = asyncio.ensure_future(second_signal())
+    try:
+        await server.drain(settings.drain_seconds, cut)
+        await server.stop()
+    finally:
+        waiter.cancel()
     return 0
 
 

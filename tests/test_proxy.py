@@ -611,8 +611,9 @@ def test_client_raises_session_ending_errors(proxies) -> None:
     run(body())
 
 
-def test_shutdown_ends_sessions_cleanly(proxies, triton) -> None:
-    """Stopping a proxy stops its sessions like a session.stop: trailer, done, close 1000."""
+def test_shutdown_ends_sessions_with_server_shutdown(proxies, triton) -> None:
+    """Stopping a proxy (no drain left) ends its sessions with server_shutdown, a session.done that
+    accounts for what the client got, and close 1001; the sequence is ended on Triton."""
     server = proxies.server(max_connections=7)  # a proxy of its own, stopped here
 
     async def body() -> Transcript:
@@ -621,13 +622,18 @@ def test_shutdown_ends_sessions_cleanly(proxies, triton) -> None:
             await s.start("until shutdown", seed=6)
             await s.next_media()
             stopping = asyncio.get_running_loop().run_in_executor(None, proxies.call, server.stop())
-            t = await s.finish()
+            await s.until(is_error("server_shutdown"))
+            await s.until(lambda m: m["type"] == "session.done")
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(conn.recv(), 10)
+            assert conn.close_code == 1001
             await stopping
-            return t
+            return s.t
 
     t = run(body())
-    check_stream_rules(t)
-    assert t.messages[-1]["stopped"] is True and t.pairs[-1][0]["kind"] == "trailer"
+    done = t.messages[-1]
+    assert done["stopped"] is False and done["chunks"] == len(t.pairs)
+    assert [m["type"] for m in t.messages if m["type"] != "video.chunk_metadata"][-2:] == ["error", "session.done"]
     assert status_of(server.url) == 0  # nothing listens any more
     wait_idle(triton)
 

@@ -282,6 +282,9 @@ class _Backend:
         self.restarts += 1
         self.alive = True
 
+    async def close(self) -> None:  # a fresh connection for the next probe
+        pass
+
 
 def test_supervisor_turns_down_once_restarts_and_comes_back() -> None:
     from rtvideo.proxy.metrics import ProxyMetrics

@@ -25,6 +25,7 @@ class ErrorCode(str, Enum):
     BACKEND_UNAVAILABLE = "backend_unavailable"
     SLOW_CONSUMER = "slow_consumer"
     RATE_LIMITED = "rate_limited"  # one message refused by the proxy's bounds; the session goes on
+    SERVER_SHUTDOWN = "server_shutdown"
 
 
 #: Codes after which the session is over (followed by `session.done` where possible).
@@ -39,6 +40,7 @@ SESSION_ENDING_CODES = frozenset(
         ErrorCode.GENERATION_FAILED,
         ErrorCode.BACKEND_UNAVAILABLE,
         ErrorCode.SLOW_CONSUMER,
+        ErrorCode.SERVER_SHUTDOWN,
     }
 )
 

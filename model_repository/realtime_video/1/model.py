@@ -6,6 +6,7 @@ once; the session's worker thread streams responses on the start request's sende
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ from typing import Any, Mapping
 import triton_python_backend_utils as pb_utils
 
 from rtvideo.backend import metrics
+from rtvideo.backend.devices import device_from_args
 from rtvideo.backend.metrics import BufferedMetrics
 from rtvideo.backend.runtime import build_manager
 from rtvideo.backend.settings import BackendSettings
@@ -53,8 +55,9 @@ class TritonChannel:
 class TritonMetricsPublisher:
     """Flushes the runtime's buffered metrics to Triton custom metrics (Triton's /metrics)."""
 
-    def __init__(self, model: str, source: BufferedMetrics, interval: float = 0.25) -> None:
-        self._labels = {"model": model}
+    def __init__(self, model: str, source: BufferedMetrics, interval: float = 0.25, instance: str = "") -> None:
+        # Each model instance (one per GPU of a KIND_GPU group) publishes its own series.
+        self._labels = {"model": model, "instance": instance} if instance else {"model": model}
         self._source = source
         # Families must outlive their metrics, so keep them all.
         self._families = {
@@ -105,8 +108,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("realtime_video must be decoupled")
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         settings = BackendSettings.from_parameters(params)
+        # A KIND_GPU instance runs on its own GPU (cuda:<model_instance_device_id>) unless `device` says otherwise.
+        settings = dataclasses.replace(settings, device=device_from_args(settings.device, args))
         buffered = BufferedMetrics()
-        self._publisher = TritonMetricsPublisher(args["model_name"], buffered)
+        self._publisher = TritonMetricsPublisher(args["model_name"], buffered,
+                                                 instance=args.get("model_instance_name", ""))
         self._manager = build_manager(settings, args["model_name"], buffered)
 
     def execute(self, requests: list[Any]) -> None:

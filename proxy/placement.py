@@ -1,0 +1,521 @@
+"""Sessions placed over many Triton servers (README "Beyond one machine", docs/protocol.md §8).
+
+Triton cannot move a sequence between servers, so a session lives on one server, on its own
+gRPC stream, for its whole life; placing it is the proxy's job.
+
+`EndpointPool` holds the endpoints: each `--triton-url HOST:PORT`, and for a HOST that is a
+name, one endpoint per address it resolves to (a Kubernetes headless Service), resolved
+again every `resolve_interval` seconds so that servers that come and go join and leave (one
+that leaves takes no new session; its live sessions run to their end). Each endpoint has its
+own `Supervisor` (the model's health probe through that server) and its capacity: the
+model's `max_sessions` (its config, read over gRPC) times its model instances.
+
+`PlacedStream` is one session's stream as `ProxySession` sees it (the surface of
+`TritonStream`). It starts on the admitting endpoint with the most free slots (capacity minus
+this proxy's sessions there; ties rotate). Until the model answers session.start, what the
+client sent is kept: when the endpoint answers `server_busy` (another proxy or client filled
+it) or fails, the sequence there is ended and everything is replayed on the next endpoint, on
+a new stream with a new sequence id. Nothing of a refused attempt reaches the client; when
+every candidate refuses, the last refusal is the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+
+from rtvideo.core import protocol
+from rtvideo.core.errors import ErrorCode
+from rtvideo.proxy.addresses import is_ip_address, join_address, parse_urls, split_address
+from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge, TritonStream
+from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.supervisor import BackendState, Supervisor
+from rtvideo.wire import START_TAG, Reply
+
+log = logging.getLogger(__name__)
+
+#: (host, port) → the addresses to use; a resolver that fails keeps the endpoints it gave before
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+
+#: an endpoint that answered `server_busy` is tried after the others for this long
+REFUSED_HOLD_SECONDS = 2.0
+#: how long ending a refused attempt's sequence may take before its stream is dropped
+END_GRACE_SECONDS = 3.0
+_STOP = protocol.encode({"type": protocol.STOP}).encode()
+_STATE_ORDER = (BackendState.UP, BackendState.STARTING, BackendState.RESTARTING, BackendState.DOWN)
+
+
+# --- names and capacity ----------------------------------------------------------------------------
+async def system_resolver(host: str, port: int) -> list[str]:
+    """What the system resolver (DNS, /etc/hosts) gives for a name: its IPv4 addresses when it
+    has any, else its IPv6 ones, so that a dual-stack name does not count one server twice."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    v4 = [str(info[4][0]) for info in infos if info[0] == socket.AF_INET]
+    v6 = [str(info[4][0]) for info in infos if info[0] == socket.AF_INET6]
+    return list(dict.fromkeys(v4 or v6))
+
+
+def capacity_of(config: Any) -> int | None:
+    """Session slots of a model config (Triton's `ModelConfig` protobuf): the `max_sessions`
+    parameter times the model instances (with KIND_GPU, `count` per listed GPU); None when
+    the model has no usable `max_sessions`."""
+    if "max_sessions" not in config.parameters:  # `in` first: indexing a protobuf map inserts
+        return None
+    try:
+        per_instance = int(config.parameters["max_sessions"].string_value)
+    except ValueError:
+        return None
+    if per_instance <= 0:
+        return None
+    instances = 0
+    for group in config.instance_group:
+        gpus = len(group.gpus) if group.kind == 1 else 0  # ModelInstanceGroup.KIND_GPU
+        instances += max(1, group.count) * max(1, gpus)
+    return per_instance * max(1, instances)
+
+
+def _is_busy(reply: Reply) -> bool:
+    message = reply.message or {}
+    return message.get("type") == protocol.ERROR and message.get("code") == ErrorCode.SERVER_BUSY.value
+
+
+# --- one endpoint --------------------------------------------------------------------------------
+class Endpoint:
+    """One Triton server as the pool sees it."""
+
+    def __init__(self, address: str, source: str, bridge: TritonBridge) -> None:
+        self.address = address  # HOST:PORT with HOST an address (or the name, when not resolved)
+        self.source = source  # the --triton-url it came from
+        self.bridge = bridge
+        self.supervisor: Supervisor  # set by the pool
+        self.capacity: int | None = None  # unknown until the model config is read
+        self.streams: set[PlacedStream] = set()  # this proxy's sessions there (placed or being placed)
+        self.leaving = False  # no longer resolved: no new session; gone once its sessions end
+        self.refused_at = -math.inf  # when it last answered server_busy
+
+    @property
+    def free(self) -> int | None:
+        return None if self.capacity is None else self.capacity - len(self.streams)
+
+    @property
+    def admitting(self) -> bool:
+        return not self.leaving and self.supervisor.admitting
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "endpoint": self.address, "source": self.source, "state": self.supervisor.state.value,
+            "admitting": self.admitting, "leaving": self.leaving, "sessions": len(self.streams),
+            "capacity": self.capacity, "free": self.free,
+            **{k: v for k, v in self.supervisor.status().items() if k != "backend"},
+        }
+
+
+class _EndpointMetrics:
+    """What one endpoint's supervisor reports: the endpoint's series and the proxy-wide ones."""
+
+    def __init__(self, metrics: ProxyMetrics, endpoint: str, changed: Callable[[], None]) -> None:
+        self._metrics, self._endpoint, self._changed = metrics, endpoint, changed
+
+    def probe_answered(self, seconds: float) -> None:
+        self._metrics.probe_answered(seconds)
+        self._metrics.endpoint_probe_answered(self._endpoint, seconds)
+
+    def probe_failed(self) -> None:
+        self._metrics.probe_failed()
+        self._metrics.endpoint_probe_failed(self._endpoint)
+
+    def backend_restarted(self) -> None:
+        self._metrics.backend_restarted()
+
+    def set_backend_up(self, up: bool) -> None:
+        self._metrics.endpoint_up(self._endpoint, up)
+        self._changed()
+
+
+# --- the pool ------------------------------------------------------------------------------------
+class EndpointPool:
+    """The Triton endpoints of one proxy; everything runs on the proxy's event loop.
+
+    `restart` (only with a single URL: the Triton `rtvideo serve` started) restarts that server
+    after its supervisor found it down."""
+
+    def __init__(
+        self, urls: str | Iterable[str], model: str, metrics: ProxyMetrics, *, probe_interval: float,
+        probe_timeout: float, probe_failures: int, resolve_interval: float = 10.0, resolver: Resolver | None = None,
+        restart: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.urls = parse_urls(urls)
+        if restart is not None and len(self.urls) != 1:
+            raise ValueError("a restart is for the single Triton rtvideo serve started")
+        self.model = model
+        self._metrics = metrics
+        self._probe = {"interval": probe_interval, "timeout": probe_timeout, "failures": probe_failures}
+        self._resolve_interval = resolve_interval
+        self._resolver = resolver or system_resolver
+        self._restart = restart
+        self.endpoints: dict[str, Endpoint] = {}
+        self._turn = 0  # rotates the choice among equally free endpoints
+        self._tasks: set[asyncio.Task] = set()
+        self._resolving: asyncio.Task | None = None
+        self._started = False
+        self._closed = False
+
+    # --- life ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.refresh()
+        self._started = True
+        for endpoint in self.endpoints.values():
+            endpoint.supervisor.start()
+        if self._resolve_interval > 0 and any(not is_ip_address(split_address(u)[0]) for u in self.urls):
+            self._resolving = asyncio.ensure_future(self._resolve_loop())
+
+    async def stop(self) -> None:
+        """Stop probing and resolving; end the refused sequences still being ended; close channels."""
+        self._closed = True
+        if self._resolving is not None:
+            self._resolving.cancel()
+            await asyncio.gather(self._resolving, return_exceptions=True)
+        await asyncio.gather(*(e.supervisor.stop() for e in self.endpoints.values()))
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=END_GRACE_SECONDS + 1)
+        await asyncio.gather(*(e.bridge.close() for e in self.endpoints.values()), return_exceptions=True)
+
+    async def _resolve_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._resolve_interval)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - resolving again later is the remedy
+                log.exception("resolving the Triton endpoints failed")
+
+    async def refresh(self) -> None:
+        """Resolve every URL once more: new addresses join, addresses no longer given leave."""
+        wanted: dict[str, str] = {}
+        for url in self.urls:
+            host, port = split_address(url)
+            if is_ip_address(host):
+                wanted[join_address(host, port)] = url
+                continue
+            try:
+                addresses = list(await self._resolver(host, port))
+            except Exception as exc:  # noqa: BLE001 - DNS errors come in several types
+                log.warning("could not resolve %s (%s); its endpoints stay as they are", url, exc)
+                addresses = []
+            if not addresses:  # a failure or an empty answer removes nothing; the probes judge them
+                wanted.update({e.address: url for e in self.endpoints.values() if e.source == url and not e.leaving})
+            for address in addresses:
+                wanted.setdefault(join_address(address, port), url)
+        if self._closed:
+            return
+        for address, source in wanted.items():
+            endpoint = self.endpoints.get(address)
+            if endpoint is None:
+                self._add(address, source)
+            elif endpoint.leaving:
+                endpoint.leaving = False
+                log.info("triton endpoint %s is back (from %s)", address, source)
+        for address, endpoint in list(self.endpoints.items()):
+            if address not in wanted and not endpoint.leaving:
+                endpoint.leaving = True
+                log.info("triton endpoint %s left %s; its %d session(s) run to their end", address,
+                         endpoint.source, len(endpoint.streams))
+                self._retire_if_idle(endpoint)
+
+    def _add(self, address: str, source: str) -> None:
+        endpoint = Endpoint(address, source, TritonBridge(address, self.model))
+        endpoint.supervisor = Supervisor(
+            endpoint.bridge, _EndpointMetrics(self._metrics, address, self._health_changed),  # type: ignore[arg-type]
+            interval=self._probe["interval"], timeout=self._probe["timeout"], failures=int(self._probe["failures"]),
+            on_down=lambda reason: self._down(endpoint, reason), restart=self._restart,
+            on_up=lambda: self._spawn(self._read_capacity(endpoint)), name=f"triton {address}",
+        )
+        self.endpoints[address] = endpoint
+        self._metrics.endpoint_added(address)
+        if self._started:
+            endpoint.supervisor.start()
+        log.info("triton endpoint %s joined (from %s)", address, source)
+
+    def _retire_if_idle(self, endpoint: Endpoint) -> None:
+        if endpoint.leaving and not endpoint.streams and self.endpoints.get(endpoint.address) is endpoint:
+            del self.endpoints[endpoint.address]
+            self._metrics.endpoint_removed(endpoint.address)
+            self._health_changed()
+            self._spawn(self._close_endpoint(endpoint))
+
+    @staticmethod
+    async def _close_endpoint(endpoint: Endpoint) -> None:
+        await endpoint.supervisor.stop()
+        await endpoint.bridge.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- health and capacity --------------------------------------------------------------------
+    def _health_changed(self) -> None:
+        self._metrics.set_backend_up(any(e.supervisor.ready for e in self.endpoints.values()))
+
+    def _down(self, endpoint: Endpoint, reason: str) -> None:
+        """The endpoint's model stopped answering: its sessions end (backend_unavailable); one
+        not placed yet moves on to another endpoint."""
+        if endpoint.streams:
+            log.warning("triton endpoint %s down: ending %d session(s) there", endpoint.address, len(endpoint.streams))
+        for stream in list(endpoint.streams):
+            stream.lost(reason)
+
+    async def _read_capacity(self, endpoint: Endpoint) -> None:
+        try:
+            response = await endpoint.bridge.client.get_model_config(self.model, client_timeout=self._probe["timeout"])
+        except Exception as exc:  # noqa: BLE001 - read again when it is next up
+            log.warning("triton endpoint %s: model config not read (%s); its capacity is unknown",
+                        endpoint.address, exc)
+            return
+        capacity = capacity_of(response.config)
+        if capacity != endpoint.capacity:
+            log.info("triton endpoint %s: %s session slot(s)", endpoint.address, capacity)
+        endpoint.capacity = capacity
+        if capacity is not None:
+            self._metrics.endpoint_capacity(endpoint.address, capacity)
+
+    # --- placement ----------------------------------------------------------------------------
+    def candidates(self) -> list[Endpoint]:
+        """Where a new session may go, best first: admitting endpoints with free slots by most free
+        (those of unknown capacity after, by fewest sessions; one that just answered server_busy
+        after the others), ties rotated. When this proxy's own sessions fill them all, the best
+        full one alone, so that the model's own server_busy is the answer."""
+        eligible = sorted((e for e in self.endpoints.values() if e.admitting), key=lambda e: e.address)
+        if not eligible:
+            return []
+        count, turn, now = len(eligible), self._turn, time.monotonic()
+        self._turn += 1
+
+        def rank(item: tuple[int, Endpoint]) -> tuple:
+            index, endpoint = item
+            free = endpoint.free
+            return (free is not None and free <= 0, now - endpoint.refused_at < REFUSED_HOLD_SECONDS,
+                    free is None, len(endpoint.streams) if free is None else -free, (index - turn) % count)
+
+        ordered = [e for _, e in sorted(enumerate(eligible), key=rank)]
+        with_room = [e for e in ordered if e.free is None or e.free > 0]
+        return with_room or ordered[:1]
+
+    def open_stream(self) -> "PlacedStream":
+        """A new session's stream (the `open_stream` of `TritonBridge`, placed)."""
+        return PlacedStream(self, self.candidates())
+
+    def _attached(self, endpoint: Endpoint, stream: "PlacedStream") -> None:
+        endpoint.streams.add(stream)
+        self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
+
+    def _detached(self, endpoint: Endpoint, stream: "PlacedStream") -> None:
+        endpoint.streams.discard(stream)
+        if self.endpoints.get(endpoint.address) is endpoint:
+            self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
+        self._retire_if_idle(endpoint)
+
+    def _answered(self, endpoint: Endpoint, busy: bool) -> None:
+        """The model at `endpoint` answered a session.start: placed there, or (last candidate) busy."""
+        if busy:
+            self._refused(endpoint, final=True)
+        else:
+            self._metrics.endpoint_placed(endpoint.address)
+
+    def _refused(self, endpoint: Endpoint, final: bool = False) -> None:
+        endpoint.refused_at = time.monotonic()
+        self._metrics.endpoint_refused(endpoint.address)
+        log.info("triton endpoint %s answered server_busy%s", endpoint.address,
+                 "; no other endpoint is left to try" if final else "; trying the next")
+
+    def _start_failed(self, endpoint: Endpoint, reason: str) -> None:
+        self._metrics.endpoint_start_failed(endpoint.address)
+        log.warning("triton endpoint %s: a session start failed (%s); trying the next", endpoint.address, reason)
+
+    # --- what the proxy asks -------------------------------------------------------------------
+    @property
+    def admitting(self) -> bool:
+        """Whether some endpoint may take a new session."""
+        return any(e.admitting for e in self.endpoints.values())
+
+    @property
+    def ready(self) -> bool:
+        """Whether some endpoint that takes new sessions answered its last probe."""
+        return any(e.admitting and e.supervisor.ready for e in self.endpoints.values())
+
+    @property
+    def state(self) -> BackendState:
+        """The best state of any endpoint (down only when all are)."""
+        states = {e.supervisor.state for e in self.endpoints.values() if not e.leaving}
+        return next((s for s in _STATE_ORDER if s in states), BackendState.DOWN)
+
+    def status(self) -> dict[str, Any]:
+        """For `/healthz`: the backend as a whole and every endpoint."""
+        endpoints = sorted(self.endpoints.values(), key=lambda e: e.address)
+        summary: dict[str, Any] = {"backend": self.state.value,
+                                   "restarts": sum(e.supervisor.restarts for e in endpoints)}
+        if len(endpoints) == 1:  # one server: its probe figures, as before there were several
+            summary = {**endpoints[0].supervisor.status(), **summary}
+        return {**summary, "endpoints": [e.status() for e in endpoints]}
+
+    async def readiness(self) -> dict[str, bool]:
+        """Triton's own readiness: true when some endpoint's server (and model) is ready."""
+        # Each in its own task: a channel closed under a call (a supervisor renews the connection of
+        # an endpoint that is down) cancels that call, which is "not ready", not a cancelled request.
+        tasks = [asyncio.ensure_future(e.bridge.readiness()) for e in self.endpoints.values()]
+        answers = await asyncio.gather(*tasks, return_exceptions=True)
+        return {key: any(isinstance(a, dict) and a[key] for a in answers) for key in ("server_ready", "model_ready")}
+
+
+# --- one session's stream ------------------------------------------------------------------------
+class PlacedStream:
+    """One session's stream over the pool, with `TritonStream`'s surface (`send`, `replies`,
+    `close_requests`, `cancel`, `sequence_id`); bound to one endpoint for good once its model answers session.start."""
+
+    def __init__(self, pool: EndpointPool, candidates: list[Endpoint]) -> None:
+        self._pool = pool
+        self._candidates = list(candidates)  # not tried yet, best first
+        self._sent: list[tuple[bytes, bool, bool]] = []  # replayed on the next attempt until placed
+        self._count = 0
+        self.placed = False
+        self.attempts = 0
+        self.endpoint: Endpoint | None = None
+        self._stream: TritonStream | None = None
+        self._cancelled = False
+        self._lost: str | None = None  # the endpoint went down under this attempt
+        self._why = "no Triton endpoint takes new sessions now"
+        self._next_attempt()
+
+    @property
+    def sequence_id(self) -> int:
+        return self._stream.sequence_id if self._stream is not None else 0
+
+    def close_requests(self) -> None:
+        """Half-close the current attempt's requests (`TritonStream.close_requests`)."""
+        if self._stream is not None:
+            self._stream.close_requests()
+
+    # --- the session's side -----------------------------------------------------------------
+    def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
+        """Queue one client message; returns the tag its replies carry (the same on every attempt)."""
+        self._count += 1
+        if not self.placed:
+            self._sent.append((raw, start, end))
+        if self._stream is not None:
+            return self._stream.send(raw, start=start, end=end)
+        return START_TAG if start else f"m{self._count}"
+
+    async def replies(self) -> AsyncIterator[Reply]:
+        """The placed attempt's replies; raises BackendUnavailable when no endpoint can take the
+        session or its endpoint fails."""
+        while True:
+            stream, endpoint = self._stream, self.endpoint
+            if stream is None or endpoint is None:
+                raise BackendUnavailable(self._why)
+            held: list[Reply] = []  # answers to later requests, before the start's first answer
+            iterator = stream.replies().__aiter__()
+            failure: str | None = None
+            refused = False
+            try:
+                while self._lost is None:
+                    try:
+                        reply = await iterator.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    if self.placed:
+                        yield reply
+                    elif reply.tag != START_TAG:
+                        held.append(reply)
+                    elif _is_busy(reply) and any(e.admitting for e in self._candidates):
+                        refused = True
+                        break
+                    else:  # video.start, or an answer that is the session's (the last busy one too)
+                        self.placed = True
+                        self._sent.clear()
+                        self._pool._answered(endpoint, _is_busy(reply))
+                        if reply.message and reply.message.get("type") == protocol.ERROR:
+                            self._leave()  # refused for good: it takes no slot there (its sequence still ends)
+                        for early in held:
+                            yield early
+                        held.clear()
+                        yield reply
+            except BackendUnavailable as exc:
+                if self.placed or self._cancelled:
+                    raise
+                failure = str(exc)
+            if self._cancelled:
+                return
+            if self.placed:
+                if self._lost is not None:
+                    raise BackendUnavailable(f"triton endpoint {endpoint.address} is down: {self._lost}")
+                return  # the stream ended; the session knows whether that was early
+            # Not placed: refused, failed, down, or ended without an answer: the next endpoint.
+            if refused:
+                self._pool._refused(endpoint)
+                stream.send(_STOP, end=True)
+                stream.close_requests()
+                self._pool._spawn(_end_refused(stream, iterator))
+            else:
+                reason = failure or (f"the endpoint went down: {self._lost}" if self._lost else
+                                     "the stream ended before session.start was answered")
+                self._why = f"no Triton endpoint could start the session; last: {reason}"
+                self._pool._start_failed(endpoint, reason)
+                stream.cancel()
+                await iterator.aclose()
+            self._leave()
+            if not self._next_attempt():
+                raise BackendUnavailable(self._why)
+
+    def cancel(self) -> None:
+        """End the stream now (the session is over); frees its place on the endpoint."""
+        self._cancelled = True
+        if self._stream is not None:
+            self._stream.cancel()
+        self._leave()
+
+    # --- the pool's side ---------------------------------------------------------------------
+    def lost(self, reason: str) -> None:
+        """The endpoint is down: a placed session ends (backend_unavailable); one not yet placed moves on."""
+        if self._lost is None and self._stream is not None and not self._cancelled:
+            self._lost = reason
+            self._stream.cancel()
+
+    def _next_attempt(self) -> bool:
+        while self._candidates:
+            endpoint = self._candidates.pop(0)
+            if not endpoint.admitting:
+                continue
+            self.endpoint, self._lost = endpoint, None
+            self._pool._attached(endpoint, self)
+            self._stream = endpoint.bridge.open_stream()
+            self.attempts += 1
+            for raw, start, end in self._sent:  # the same requests in the same order: the same tags
+                self._stream.send(raw, start=start, end=end)
+            return True
+        self._stream = None
+        return False
+
+    def _leave(self) -> None:
+        endpoint, self.endpoint = self.endpoint, None
+        if endpoint is not None:
+            self._pool._detached(endpoint, self)
+
+
+async def _end_refused(stream: TritonStream, iterator: AsyncIterator[Reply]) -> None:
+    """Let a refused attempt's sequence end on its server (or it would hold a sequence-batcher
+    slot until the idle timeout): its stop went out and its requests are half-closed, so Triton
+    ends the call once the stop was delivered; then drop the stream."""
+
+    async def drained() -> None:
+        async for _ in iterator:
+            pass
+
+    try:
+        await asyncio.wait_for(drained(), END_GRACE_SECONDS)
+    except (BackendUnavailable, asyncio.TimeoutError):
+        pass
+    finally:
+        stream.cancel()
