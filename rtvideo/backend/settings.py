@@ -6,8 +6,9 @@ values on as `parameters` of a derived model copy.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from rtvideo import settings_text
 from rtvideo.backend import catalog
@@ -34,6 +35,17 @@ class BackendSettings:
     stall_timeout_seconds: float = setting(60.0, "end a session without generation progress for this long")
     device: str = setting("auto", "auto, cpu or cuda[:N]")
     torch_threads: int = setting(1, "torch intra-op threads of the model")
+    # generator=vllm_omni: one vLLM-Omni AsyncOmni engine in the model process (README, "GPU with vLLM-Omni")
+    vllm_omni_model: str = setting("BestWishYsh/Helios-Distilled", "vllm_omni: model id or local path")
+    vllm_omni_engine_args: str = setting(
+        "{}", "vllm_omni: AsyncOmni engine arguments, a JSON object (diffusion_streaming_output is always on)")
+    vllm_omni_extra_params: str = setting(
+        "{}", "vllm_omni: the model's preset extra_params (its extra_args), a JSON object")
+    vllm_omni_health_seconds: float = setting(5.0, "vllm_omni: seconds between engine health checks")
+    #: what builds the engine, `module:callable` or `path/to/file.py:callable`; only tests change it
+    #: (to a stand-in engine in tests/), so that the hosting code runs without a GPU
+    vllm_omni_engine: str = setting(
+        "vllm_omni:AsyncOmni", "vllm_omni: engine factory as module:callable (tests use a stand-in)")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "BackendSettings":
@@ -61,10 +73,27 @@ class BackendSettings:
             raise ValueError("max_session_seconds and stall_timeout_seconds must be positive")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device {self.device!r}: use auto, cpu or cuda[:N]")
+        self.engine_args()
+        self.extra_params()
+        if self.vllm_omni_health_seconds <= 0:
+            raise ValueError("vllm_omni_health_seconds must be positive")
+        if ":" not in self.vllm_omni_engine:
+            raise ValueError(f"vllm_omni_engine {self.vllm_omni_engine!r}: use module:callable")
+
+    def engine_args(self) -> dict[str, Any]:
+        """`vllm_omni_engine_args` as a dict (ValueError naming the parameter when it is not one)."""
+        return _json_object("vllm_omni_engine_args", self.vllm_omni_engine_args)
+
+    def extra_params(self) -> dict[str, Any]:
+        """`vllm_omni_extra_params` as a dict."""
+        return _json_object("vllm_omni_extra_params", self.vllm_omni_extra_params)
 
     def capabilities(self, model_name: str) -> ModelCapabilities:
+        names = (model_name, f"rtvideo-{self.generator}")
+        if self.generator == "vllm_omni":  # what a vLLM-Omni client sends as `model`
+            names += (self.vllm_omni_model,)
         return ModelCapabilities(
-            model_names=(model_name, f"rtvideo-{self.generator}"),
+            model_names=names,
             width=self.width,
             height=self.height,
             fps=self.fps,
@@ -72,3 +101,13 @@ class BackendSettings:
             default_transition_chunks=self.default_transition_chunks,
             limits=catalog.LIMITS[self.generator],
         )
+
+
+def _json_object(name: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"model parameter {name} is not valid JSON: {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"model parameter {name} must be a JSON object, not {text!r}")
+    return value

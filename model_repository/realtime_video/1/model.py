@@ -7,6 +7,7 @@ once; the session's worker thread streams responses on the start request's sende
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -107,7 +108,8 @@ class TritonPythonModel:
         settings = BackendSettings.from_parameters(params)
         buffered = BufferedMetrics()
         self._publisher = TritonMetricsPublisher(args["model_name"], buffered)
-        self._manager = build_manager(settings, args["model_name"], buffered)
+        self._manager = build_manager(
+            settings, args["model_name"], buffered, on_backend_failed=lambda reason: _unload(args["model_name"], reason))
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -123,6 +125,17 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self._manager.shutdown()
         self._publisher.close()
+
+
+def _unload(model_name: str, reason: str) -> None:
+    """The engine is gone (sessions already ended, the probe refused): ask Triton to unload the
+    model, as its vllm_backend does. Only `--model-control-mode=explicit` allows it; otherwise
+    the refused probe makes the proxy's supervisor restart Triton."""
+    try:
+        with _IPC:
+            pb_utils.unload_model(model_name)  # non-blocking
+    except Exception as exc:  # noqa: BLE001 - not allowed in this control mode
+        logging.getLogger(__name__).warning("engine failed (%s); model not unloaded: %s", reason, exc)
 
 
 def _input(request: Any, name: str) -> Any:
