@@ -68,3 +68,28 @@ def derive_model(target: Path, name: str, params: Mapping[str, str], source: Pat
             raise KeyError(f"parameter {key} not found in {source}/config.pbtxt")
     (dst / "config.pbtxt").write_text(config)
     return dst
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rtvideo.model_repo OUT [--name NAME] [KEY=VALUE ...]`: derive a model repository
+    from the shipped one (the production image configures its model this way)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rtvideo.model_repo", description=main.__doc__)
+    parser.add_argument("out", type=Path, help="model repository to write (created)")
+    parser.add_argument("--name", default=MODEL_DIR.name, help="model name (default: %(default)s)")
+    parser.add_argument("params", nargs="*", metavar="KEY=VALUE", help="parameters to override")
+    args = parser.parse_args(argv)
+    params = dict(item.split("=", 1) for item in args.params)
+    from rtvideo.backend.settings import BackendSettings  # the values are checked as the model will
+
+    try:
+        BackendSettings.from_parameters({**read_parameters(), **params})
+        print(derive_model(args.out, args.name, params))
+    except (ValueError, KeyError) as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,12 +19,13 @@ class AlignedLimits(GeneratorLimits):
 
     def size_problem(self, width: int, height: int) -> str | None:
         problem = super().size_problem(width, height)
-        if problem is None:
-            for name, side in (("width", width), ("height", height)):
-                if side % self.multiple:
-                    return (f"{name} {side} is not supported: use a multiple of {self.multiple} "
-                            f"from {self.min_side} to {self.max_side}")
-        return problem
+        if problem is not None and " must be an integer" in problem:
+            return problem
+        for name, side in (("width", width), ("height", height)):
+            if side % self.multiple or not self.min_side <= side <= self.max_side:
+                return (f"{name} {side} is not supported: use a multiple of {self.multiple} "
+                        f"from {self.min_side} to {self.max_side}")
+        return None
 
 
 #: the built-in renderer: any even size in [32, 1280], up to 60 fps
