@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable
 
 from rtvideo.backend import catalog
 from rtvideo.backend.manager import SessionManager
@@ -25,16 +24,11 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build_manager(
-    settings: BackendSettings,
-    model_name: str,
-    metrics: Metrics | None = None,
-    on_backend_failed: Callable[[str], None] | None = None,
-) -> SessionManager:
+def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics | None = None) -> SessionManager:
     """Load the generator (the slow part of model load) and return the session manager.
 
-    `on_backend_failed(reason)` runs (after the manager has ended its sessions) when the
-    generator can no longer work: the vLLM-Omni engine failed its health check."""
+    With `generator=vllm_omni` this starts the engine; when it fails its health check, the
+    manager ends live sessions and refuses starts and the health probe (`backend_failed`)."""
     import torch
 
     from rtvideo.backend.encoder import FragmentedMp4Encoder
@@ -47,8 +41,6 @@ def build_manager(
 
         def engine_dead(reason: str) -> None:
             manager[0].backend_failed(reason)
-            if on_backend_failed is not None:
-                on_backend_failed(reason)
 
         host = EngineHost(
             load_factory(settings.vllm_omni_engine),

@@ -7,7 +7,6 @@ once; the session's worker thread streams responses on the start request's sende
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import threading
@@ -29,26 +28,39 @@ _IPC = threading.Lock()
 
 
 class TritonChannel:
-    """A request's decoupled response sender as the runtime's `Channel`."""
+    """A request's decoupled response sender as the runtime's `Channel`.
+
+    Once its FINAL response is sent, Triton may free the request's response factory: a later
+    `is_cancelled()` on it crashed tritonserver 2.51 (SIGSEGV in
+    TRITONBACKEND_ResponseFactoryIsCancelled) when a session ended from another thread (a
+    failed engine, the stall watchdog) while its worker was polling. So after FINAL the
+    channel answers "cancelled" itself (nothing can be delivered any more) and sends nothing.
+    """
 
     def __init__(self, sender: Any) -> None:
         self._sender = sender
+        self._complete = False
 
     def send(self, message: Mapping[str, Any] | None, data: bytes = b"", *, final: bool = False) -> None:
         if message is None:
             with _IPC:
-                self._sender.send(flags=FINAL)
+                if not self._complete:
+                    self._complete = True
+                    self._sender.send(flags=FINAL)
             return
         meta, payload = wire.response_arrays(message, data)
         with _IPC:
+            if self._complete:
+                raise RuntimeError("the request's responses are complete")
             response = pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(wire.META, meta), pb_utils.Tensor(wire.DATA, payload)]
             )
             self._sender.send(response, flags=FINAL if final else 0)
+            self._complete = final
 
     def is_cancelled(self) -> bool:
         with _IPC:
-            return self._sender.is_cancelled()
+            return self._complete or self._sender.is_cancelled()
 
 
 class TritonMetricsPublisher:
@@ -108,8 +120,12 @@ class TritonPythonModel:
         settings = BackendSettings.from_parameters(params)
         buffered = BufferedMetrics()
         self._publisher = TritonMetricsPublisher(args["model_name"], buffered)
-        self._manager = build_manager(
-            settings, args["model_name"], buffered, on_backend_failed=lambda reason: _unload(args["model_name"], reason))
+        # A failed engine (generator=vllm_omni) ends its sessions and makes the model refuse the
+        # health probe (SessionManager.backend_failed), so the proxy takes it for down. The model
+        # does not ask Triton to unload itself as vllm_backend does: pb_utils.unload_model, which
+        # only --model-control-mode=explicit allows, crashed tritonserver 2.51 here (boost
+        # lock_exception) in the default mode.
+        self._manager = build_manager(settings, args["model_name"], buffered)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -125,17 +141,6 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self._manager.shutdown()
         self._publisher.close()
-
-
-def _unload(model_name: str, reason: str) -> None:
-    """The engine is gone (sessions already ended, the probe refused): ask Triton to unload the
-    model, as its vllm_backend does. Only `--model-control-mode=explicit` allows it; otherwise
-    the refused probe makes the proxy's supervisor restart Triton."""
-    try:
-        with _IPC:
-            pb_utils.unload_model(model_name)  # non-blocking
-    except Exception as exc:  # noqa: BLE001 - not allowed in this control mode
-        logging.getLogger(__name__).warning("engine failed (%s); model not unloaded: %s", reason, exc)
 
 
 def _input(request: Any, name: str) -> Any:
