@@ -14,28 +14,43 @@ from __future__ import annotations
 
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from typing import Callable
+
+
+def problems(pins: list[str], installed: Callable[[str], str] = version) -> list[str]:
+    """What is wrong with this image (empty: nothing); `pins` are `name==version` lines."""
+    def have(name: str) -> str | None:
+        try:
+            return installed(name)
+        except PackageNotFoundError:
+            return None
+
+    found = []
+    for line in pins:
+        name, _, pinned = line.partition("==")
+        now = have(name)
+        if now != pinned:
+            found.append(f"{name} {pinned} of the base image was replaced by {now or 'nothing'}")
+    vllm, omni = have("vllm"), have("vllm-omni")
+    if vllm is None or omni is None:
+        found.append(f"vLLM {vllm or 'missing'}, vllm-omni {omni or 'missing'}: "
+                     "the base image must be a tritonserver:<yy.mm>-vllm-python-py3 tag")
+    elif vllm.split(".")[:2] != omni.split(".")[:2]:
+        want = ".".join(omni.split(".")[:2])
+        found.append(f"vLLM {vllm} with vllm-omni {omni}: use a base image whose vLLM is {want}.x "
+                     "(Triton's compatibility matrix lists the vLLM of each -vllm-python-py3 tag)")
+    return found
 
 
 def main(pins_file: str) -> int:
-    problems = []
-    for line in open(pins_file).read().split():
-        name, _, pinned = line.partition("==")
-        try:
-            now = version(name)
-        except PackageNotFoundError:
-            now = "(removed)"
-        if now != pinned:
-            problems.append(f"{name} {pinned} of the base image was replaced by {now}")
-    vllm, omni = version("vllm"), version("vllm-omni")
-    if vllm.split(".")[:2] != omni.split(".")[:2]:
-        want = ".".join(omni.split(".")[:2])
-        problems.append(f"vLLM {vllm} with vllm-omni {omni}: use a base image whose vLLM is {want}.x "
-                        "(Triton's compatibility matrix lists the vLLM of each -vllm-python-py3 tag)")
-    for problem in problems:
+    with open(pins_file) as f:
+        found = problems(f.read().split())
+    for problem in found:
         print(f"check_vllm_image: {problem}", file=sys.stderr)
-    if not problems:
-        print(f"check_vllm_image: vLLM {vllm}, vllm-omni {omni}, base image packages unchanged")
-    return 1 if problems else 0
+    if not found:
+        print(f"check_vllm_image: vLLM {version('vllm')}, vllm-omni {version('vllm-omni')}, "
+              "base image packages unchanged")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

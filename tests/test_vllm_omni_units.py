@@ -83,3 +83,29 @@ def test_rgb_frames_refuses_a_batch_and_missing_metadata_is_empty() -> None:
     with pytest.raises(EngineError):
         rgb_frames(np.zeros((2, 3, 16, 16, 3), np.uint8))
     assert stream_metadata(object()) == {}
+
+
+def test_the_image_check_catches_a_wrong_base_tag_and_a_replaced_torch() -> None:
+    import importlib.util
+    from importlib.metadata import PackageNotFoundError
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "check_vllm_image.py"
+    spec = importlib.util.spec_from_file_location("check_vllm_image", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def image(**versions: str):
+        def installed(name: str) -> str:
+            if name not in versions:
+                raise PackageNotFoundError(name)
+            return versions[name]
+        return installed
+
+    pins = ["torch==2.15.0a0+875d815502", "vllm==0.30.1"]
+    good = image(torch="2.15.0a0+875d815502", vllm="0.30.1", **{"vllm-omni": "0.30.0"})
+    assert module.problems(pins, good) == []
+    wrong_tag = image(torch="2.15.0a0+875d815502", vllm="0.31.0", **{"vllm-omni": "0.30.0"})
+    assert any("whose vLLM is 0.30.x" in p for p in module.problems(["torch==2.15.0a0+875d815502"], wrong_tag))
+    replaced = image(torch="2.13.0", vllm="0.30.1", **{"vllm-omni": "0.30.0"})
+    assert module.problems(pins, replaced) == ["torch 2.15.0a0+875d815502 of the base image was replaced by 2.13.0"]
