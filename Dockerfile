@@ -1,14 +1,29 @@
-# rtvideo on NGC's Triton container: tritonserver is on PATH there, so `rtvideo serve` starts it
-# directly (no nvidia-pytriton wheel) and runs the WebSocket proxy in front of it.
+# rtvideo on NGC's Triton containers: tritonserver is on PATH there, so `rtvideo serve` starts it
+# directly (no nvidia-pytriton wheel) and runs the WebSocket proxy in front of it. Two images:
 #
-#   docker build -t rtvideo .
-#   docker run --gpus all --shm-size=1g -p 8080:8080 -p 8001:8001 -p 8002:8002 rtvideo
+#   docker build -t rtvideo-omni .                 # default target `vllm-omni`: GPU, vLLM-Omni (Helios)
+#   docker build --target cpu -t rtvideo .         # the built-in generator (CPU, or CUDA when visible)
+#
+#   docker run --gpus all --shm-size=1g -p 8080:8080 -p 8001:8001 -p 8002:8002 \
+#     -v "$HOME/.cache/huggingface:/home/rtvideo/.cache/huggingface" rtvideo-omni
 #
 # 8080: WebSocket proxy, demo page, /healthz /readyz /livez /metrics
 # 8001: Triton gRPC, for direct tritonclient streaming users; 8002: Triton metrics (Prometheus)
 # Triton's Python backend passes tensors through /dev/shm: give the container at least 1 GiB.
+# The vllm-omni image downloads nothing at run time (HF_HUB_OFFLINE=1): mount the model's weights
+# (the Hugging Face cache above, or a directory and `--vllm-omni-model /models/Helios-Distilled`).
+
+# The base of the vllm-omni image: an NGC Triton tag whose vLLM has the major.minor of the pinned
+# vllm-omni (0.30.0 wants vLLM 0.30.x; scripts/check_vllm_image.py fails the build otherwise).
+# Triton's compatibility matrix lists 26.08-vllm-python-py3 with vLLM 0.27.1; NVIDIA's vLLM 26.10
+# container ships vLLM 0.31.0, and Triton's vllm image is built on that month's vLLM container.
+# 26.09 is the tag expected to carry vLLM 0.30.x: NOT verified from here (no registry access).
+# If the check fails, pass the right tag: --build-arg VLLM_TRITON_IMAGE=nvcr.io/nvidia/tritonserver:<yy.mm>-vllm-python-py3
+ARG VLLM_TRITON_IMAGE=nvcr.io/nvidia/tritonserver:26.09-vllm-python-py3
 ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.08-py3
-FROM ${TRITON_IMAGE}
+
+# --- cpu: the built-in generator ------------------------------------------------------------------
+FROM ${TRITON_IMAGE} AS cpu
 
 ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
@@ -35,3 +50,48 @@ ENTRYPOINT ["rtvideo", "serve"]
 # Triton on every address so its gRPC and metrics ports can be published; its log (with the
 # model's per-session lines) on standard error, for `docker logs` / `kubectl logs`.
 CMD ["--host", "0.0.0.0", "--port", "8080", "--triton-host", "0.0.0.0", "--triton-log", "-"]
+
+# --- vllm-omni: the production GPU image (default target) -----------------------------------------
+FROM ${VLLM_TRITON_IMAGE} AS vllm-omni
+# Keep equal to PINNED_VLLM_OMNI in rtvideo/backend/vllm_omni.py and scripts/setup.sh.
+ARG VLLM_OMNI_VERSION=0.30.0
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1
+WORKDIR /opt/rtvideo
+COPY pyproject.toml README.md ./
+COPY rtvideo ./rtvideo
+COPY proxy ./proxy
+COPY client ./client
+COPY model_repository ./model_repository
+COPY scripts/check_vllm_image.py ./scripts/
+# torch, vLLM and numpy come from the image and stay: they are written down first and every pip
+# install runs with them as constraints (a dependency that wants another version fails the build
+# instead of replacing them). rtvideo itself goes in without dependencies (its torch range is for
+# the CPU machines); what it needs beyond the image is listed here. The build then checks that
+# vLLM and vllm-omni agree on major.minor and that nothing of the image was replaced.
+# DL3013: "." is this checkout; the other ranges are rtvideo's own (pyproject.toml).
+# hadolint ignore=DL3013
+RUN python3 -m pip list --format=freeze \
+      | grep -iE '^(torch|torchvision|torchaudio|vllm|numpy|triton)==' > /opt/rtvideo/image-pins.txt \
+    && python3 -m pip install --no-cache-dir -c /opt/rtvideo/image-pins.txt \
+      "vllm-omni==${VLLM_OMNI_VERSION}" "av>=14" "tornado>=6.4" "tritonclient[grpc]>=2.50" \
+      "prometheus-client>=0.17" "websockets>=13" \
+    && python3 -m pip install --no-cache-dir --no-deps . \
+    && python3 scripts/check_vllm_image.py /opt/rtvideo/image-pins.txt \
+    && python3 -m rtvideo.model_repo /opt/rtvideo/models generator=vllm_omni \
+      width=640 height=384 fps=16 frames_per_chunk=33 max_sessions=1 \
+      vllm_omni_model=BestWishYsh/Helios-Distilled \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rtvideo
+
+USER 10001
+EXPOSE 8080 8001 8002
+# Loading the engine takes minutes (weights, compilation): a long start period.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=1200s --retries=3 \
+    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=4).status != 200)"]
+ENTRYPOINT ["rtvideo", "serve"]
+CMD ["--host", "0.0.0.0", "--port", "8080", "--triton-host", "0.0.0.0", "--triton-log", "-", \
+     "--model-repository", "/opt/rtvideo/models"]

@@ -31,12 +31,25 @@ MODEL_REPOSITORY = _shipped_repository()
 MODEL_DIR = MODEL_REPOSITORY / "realtime_video"
 
 
-_PARAMETER = re.compile(r'^parameters: \{ key: "([^"]+)" value: \{ string_value: "([^"]*)" \} \}', re.M)
+#: a protobuf text-format string body: anything but quotes and backslashes, or an escape
+_STRING = r'"((?:[^"\\]|\\.)*)"'
+_PARAMETER = re.compile(r'^parameters: \{ key: "([^"]+)" value: \{ string_value: ' + _STRING + r' \} \}', re.M)
+
+
+def pbtxt_escape(value: str) -> str:
+    """`value` as the body of a pbtxt string (JSON values carry quotes)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def pbtxt_unescape(body: str) -> str:
+    """The text a pbtxt string body stands for (the simple escapes `pbtxt_escape` writes)."""
+    return re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), body)
 
 
 def read_parameters(source: Path = MODEL_DIR) -> dict[str, str]:
     """The `parameters` of a model directory's `config.pbtxt`, as text."""
-    return dict(_PARAMETER.findall((Path(source) / "config.pbtxt").read_text()))
+    found = _PARAMETER.findall((Path(source) / "config.pbtxt").read_text())
+    return {key: pbtxt_unescape(body) for key, body in found}
 
 
 def derive_model(target: Path, name: str, params: Mapping[str, str], source: Path = MODEL_DIR) -> Path:
@@ -49,9 +62,34 @@ def derive_model(target: Path, name: str, params: Mapping[str, str], source: Pat
     if count != 1:
         raise KeyError(f"{source}/config.pbtxt has no top-level name")
     for key, value in params.items():
-        pattern = rf'(parameters: \{{ key: "{re.escape(key)}" value: \{{ string_value: )"[^"]*"'
-        config, count = re.subn(pattern, lambda m: f'{m.group(1)}"{value}"', config)
+        pattern = rf'(parameters: \{{ key: "{re.escape(key)}" value: \{{ string_value: )' + _STRING
+        config, count = re.subn(pattern, lambda m: f'{m.group(1)}"{pbtxt_escape(str(value))}"', config)
         if count != 1:
             raise KeyError(f"parameter {key} not found in {source}/config.pbtxt")
     (dst / "config.pbtxt").write_text(config)
     return dst
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rtvideo.model_repo OUT [--name NAME] [KEY=VALUE ...]`: derive a model repository
+    from the shipped one (the production image configures its model this way)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rtvideo.model_repo", description=main.__doc__)
+    parser.add_argument("out", type=Path, help="model repository to write (created)")
+    parser.add_argument("--name", default=MODEL_DIR.name, help="model name (default: %(default)s)")
+    parser.add_argument("params", nargs="*", metavar="KEY=VALUE", help="parameters to override")
+    args = parser.parse_args(argv)
+    params = dict(item.split("=", 1) for item in args.params)
+    from rtvideo.backend.settings import BackendSettings  # the values are checked as the model will
+
+    try:
+        BackendSettings.from_parameters({**read_parameters(), **params})
+        print(derive_model(args.out, args.name, params))
+    except (ValueError, KeyError) as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

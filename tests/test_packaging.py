@@ -99,3 +99,26 @@ def test_bad_values_give_one_line_and_exit_2(args: list[str], env: dict[str, str
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in out.stderr, out.stderr
+
+
+def test_dockerfile_targets_and_the_pinned_vllm_omni() -> None:
+    """Both images keep the serving properties; every place pins the same vllm-omni, and the
+    wheel's version check wants the vLLM major.minor the comment and the check script speak of."""
+    from rtvideo.backend.vllm_omni import PINNED_VLLM_OMNI
+    from tests.vllm_omni_wheel import wheel_source
+
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert [s.split()[2] for s in stages] == ["cpu", "vllm-omni"]  # the last one is the default target
+    for stage in stages:
+        assert "useradd --create-home --uid 10001" in stage and "USER 10001" in stage
+        assert "EXPOSE 8080 8001 8002" in stage and "/readyz" in stage
+        assert '"--triton-host", "0.0.0.0", "--triton-log", "-"' in stage
+        assert 'ENTRYPOINT ["rtvideo", "serve"]' in stage
+    gpu = stages[1]
+    assert f"ARG VLLM_OMNI_VERSION={PINNED_VLLM_OMNI}" in gpu and "generator=vllm_omni" in gpu
+    assert "-c /opt/rtvideo/image-pins.txt" in gpu and "--no-deps ." in gpu  # torch stays the image's
+    assert re.search(r"^ARG VLLM_TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-vllm-python-py3$", text, re.M)
+    assert f"VLLM_OMNI_VERSION={PINNED_VLLM_OMNI}" in (ROOT / "scripts" / "setup.sh").read_text()
+    assert f"__version__ = version = '{PINNED_VLLM_OMNI}'" in wheel_source("vllm_omni/_version.py")
+    assert "omni_ver != vllm_ver" in wheel_source("vllm_omni/version.py")  # major.minor must match vLLM's

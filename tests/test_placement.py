@@ -160,6 +160,7 @@ class _FakeStream:
         self.sent: list[tuple[bytes, bool, bool, str]] = []
         self._replies: asyncio.Queue[Reply | Exception | None] = asyncio.Queue()
         self.cancelled = False
+        self.half_closed = False
 
     def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
         tag = START_TAG if start else f"m{len(self.sent) + 1}"
@@ -183,6 +184,12 @@ class _FakeStream:
             if isinstance(item, Exception):
                 raise item
             yield item
+
+    def close_requests(self) -> None:
+        """Half-close: a live server ends the call once every request completed."""
+        self.half_closed = True
+        if self.server.mode != "silent":
+            self._replies.put_nowait(None)
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from rtvideo.backend.ports import Channel, EncoderFactory, Metrics, NullMetrics
 from rtvideo.backend.session import Limits, Session, ended_error
+from rtvideo.backend.sources import ChunkSourceFactory, GeneratorSources
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import InteractionRequest, PingRequest, StopRequest
@@ -44,7 +45,8 @@ class SessionManager:
     def __init__(
         self,
         *,
-        generator: "VideoGenerator",
+        generator: "VideoGenerator | None" = None,
+        sources: ChunkSourceFactory | None = None,
         encoder_factory: EncoderFactory,
         capabilities: ModelCapabilities,
         limits: Limits,
@@ -52,7 +54,9 @@ class SessionManager:
         metrics: Metrics | None = None,
         watchdog_interval: float = 1.0,
     ) -> None:
-        self._generator = generator
+        if (generator is None) == (sources is None):
+            raise ValueError("give a generator or a chunk-source factory, not both")
+        self._sources: ChunkSourceFactory = sources if sources is not None else GeneratorSources(generator)
         self._encoder_factory = encoder_factory
         self._caps = capabilities
         self._limits = limits
@@ -64,6 +68,7 @@ class SessionManager:
         self._ended_ids: OrderedDict[int, str] = OrderedDict()
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        self._broken: str | None = None  # why the backend cannot generate any more (engine died)
         self._watchdog = threading.Thread(target=self._watch, args=(watchdog_interval,), name="stall-watchdog", daemon=True)
         self._watchdog.start()
 
@@ -125,11 +130,29 @@ class SessionManager:
 
     def _probe(self, corrid: int, channel: Channel) -> None:
         """The health probe: one pong with FINAL at once; no session, no slot, no session-end metric.
-        Like any new sequence on a live correlation id, it ends a session still running there."""
+        Like any new sequence on a live correlation id, it ends a session still running there.
+        A broken backend answers with `backend_unavailable` instead, so the proxy's supervisor
+        takes the model for down."""
         self._stop(corrid)
         with self._lock:
             self._ended_ids.pop(corrid, None)
+        if self._broken is not None:
+            channel.send(protocol.error(ErrorCode.BACKEND_UNAVAILABLE, self._broken), final=True)
+            return
         channel.send(protocol.pong(), final=True)
+
+    def backend_failed(self, reason: str) -> None:
+        """The generator can no longer work (a failed engine health check): every live session
+        ends with `generation_failed`, new starts get `backend_unavailable`, and so does the
+        health probe, until the model is loaded again."""
+        with self._lock:
+            if self._broken is not None:
+                return
+            self._broken = reason
+            sessions = list(self._sessions.values())
+        log.error("backend failed: %s; ending %d session(s)", reason, len(sessions))
+        for session in sessions:
+            session.fail(ErrorCode.GENERATION_FAILED, f"the video engine failed: {reason}")
 
     def _start(self, corrid: int, payload: bytes, channel: Channel) -> None:
         try:
@@ -137,6 +160,9 @@ class SessionManager:
             config = resolve_session_config(start, self._caps)
         except ProtocolError as exc:
             self._refuse(channel, exc.code, exc.message)
+            return
+        if self._broken is not None:
+            self._refuse(channel, ErrorCode.BACKEND_UNAVAILABLE, f"the video engine is not available: {self._broken}")
             return
         with self._lock:
             previous = self._sessions.pop(corrid, None)  # a new START on a live sequence replaces it
@@ -162,25 +188,28 @@ class SessionManager:
             raise
 
     def _new_session(self, corrid: int, config: SessionConfig, channel: Channel) -> Session:
-        """Generator state and encoder for one session; nothing is left open if either fails."""
-        generator_session = self._generator.open_session(
-            width=config.width, height=config.height, seed=config.seed, fps=config.fps
-        )
+        """Chunk source and encoder for one session; nothing is left open if either fails."""
+        request_id = protocol.new_request_id()
+        owner: list[Session] = []  # the source reports failed events to the session made below
+        source = self._sources.open(
+            config, request_id, lambda event_id, why, forget: owner[0].event_failed(event_id, why, forget))
         try:
             encoder = self._encoder_factory(config.width, config.height, config.fps)
         except Exception:
-            generator_session.close()
+            source.close()
             raise
-        return Session(
-            request_id=protocol.new_request_id(),
+        session = Session(
+            request_id=request_id,
             config=config,
             channel=channel,
-            generator_session=generator_session,
+            source=source,
             encoder=encoder,
             limits=self._limits,
             metrics=self._metrics,
             on_end=lambda s, reason: self._ended(corrid, s, reason),
         )
+        owner.append(session)
+        return session
 
     def _refuse(self, channel: Channel, code: ErrorCode, message: str) -> None:
         log.info("start refused: %s: %s", code.value, message)
@@ -224,3 +253,4 @@ class SessionManager:
             sessions = list(self._sessions.values())
         for session in sessions:
             session.fail(ErrorCode.BACKEND_UNAVAILABLE, "the server is shutting down")
+        self._sources.close()

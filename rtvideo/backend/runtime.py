@@ -5,10 +5,12 @@ from __future__ import annotations
 import functools
 import logging
 
+from rtvideo.backend import catalog
 from rtvideo.backend.manager import SessionManager
 from rtvideo.backend.ports import Metrics
 from rtvideo.backend.session import Limits
 from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.sources import ChunkSourceFactory, GeneratorSources
 
 log = logging.getLogger(__name__)
 
@@ -23,19 +25,42 @@ def resolve_device(device: str) -> str:
 
 
 def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics | None = None) -> SessionManager:
-    """Load the generator (the slow part of model load) and return the session manager."""
+    """Load the generator (the slow part of model load) and return the session manager.
+
+    With `generator=vllm_omni` this starts the engine; when it fails its health check, the
+    manager ends live sessions and refuses starts and the health probe (`backend_failed`)."""
     import torch
 
     from rtvideo.backend.encoder import FragmentedMp4Encoder
-    from rtvideo.backend.generator import BuiltinGenerator
 
     torch.set_num_threads(settings.torch_threads)
-    device = resolve_device(settings.device)
-    generator = BuiltinGenerator(device=device, fps=settings.fps)
-    log.info("generator=%s device=%s settings=%s", settings.generator, device, settings)
-    return SessionManager(
-        generator=generator,
-        encoder_factory=functools.partial(FragmentedMp4Encoder, limits=generator.limits),
+    manager: list[SessionManager] = []
+    sources: ChunkSourceFactory
+    if settings.generator == "vllm_omni":
+        from rtvideo.backend.vllm_omni import EngineHost, EngineSources, load_factory
+
+        def engine_dead(reason: str) -> None:
+            manager[0].backend_failed(reason)
+
+        host = EngineHost(
+            load_factory(settings.vllm_omni_engine),
+            model=settings.vllm_omni_model,
+            engine_args={**settings.engine_args(), "diffusion_streaming_output": True},
+            health_seconds=settings.vllm_omni_health_seconds,
+            on_dead=engine_dead,
+        )
+        sources = EngineSources(host, settings.extra_params(), settings.max_session_seconds)
+        log.info("generator=vllm_omni engine=%s model=%s settings=%s",
+                 settings.vllm_omni_engine, settings.vllm_omni_model, settings)
+    else:
+        from rtvideo.backend.generator import BuiltinGenerator
+
+        device = resolve_device(settings.device)
+        sources = GeneratorSources(BuiltinGenerator(device=device, fps=settings.fps))
+        log.info("generator=%s device=%s settings=%s", settings.generator, device, settings)
+    manager.append(SessionManager(
+        sources=sources,
+        encoder_factory=functools.partial(FragmentedMp4Encoder, limits=catalog.LIMITS[settings.generator]),
         capabilities=settings.capabilities(model_name),
         limits=Limits(
             pacing_lead_chunks=settings.pacing_lead_chunks,
@@ -44,4 +69,5 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
         ),
         max_sessions=settings.max_sessions,
         metrics=metrics,
-    )
+    ))
+    return manager[0]

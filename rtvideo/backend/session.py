@@ -1,8 +1,10 @@
-"""One live session: a worker thread that resolves boundaries, generates, encodes and streams.
+"""One live session: a worker thread that takes chunks from its source, encodes and streams them.
 
-The request path (interactions, pings, stop) and the worker share the tracker and
-registry under one lock; the ack is sent while that lock is held and before the
-tracker sees the event, so no chunk metadata can name an event ahead of its ack.
+Where chunks and their events come from is the session's `ChunkSource`
+(`rtvideo/backend/sources.py`): our tracker plus the built-in generator, or an engine
+that resolves boundaries itself. The request path (interactions, pings, stop) admits
+events under one lock; the ack is sent while that lock is held and before the source
+sees the event, so no chunk metadata can name an event ahead of its ack.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from rtvideo.core.event_types import SUPPORTED_EVENT_FIELDS
 from rtvideo.core.idempotency import IdempotencyRegistry
 from rtvideo.core.protocol import InteractionRequest
 from rtvideo.core.session_config import SessionConfig
-from rtvideo.core.transitions import TransitionTracker
 from rtvideo.backend.ports import Channel, ChunkEncoder, Metrics
 
 if TYPE_CHECKING:
-    from rtvideo.backend.generator import GeneratorSession
+    from rtvideo.backend.sources import ChunkSource
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class SessionStats:
 
 
 class Session:
-    """Owns a generator session and an encoder; ends exactly once with `session.done`."""
+    """Owns a chunk source and an encoder; ends exactly once with `session.done`."""
 
     def __init__(
         self,
@@ -61,7 +62,7 @@ class Session:
         request_id: str,
         config: SessionConfig,
         channel: Channel,
-        generator_session: "GeneratorSession",
+        source: "ChunkSource",
         encoder: ChunkEncoder,
         limits: Limits,
         metrics: Metrics,
@@ -70,15 +71,14 @@ class Session:
         self.request_id = request_id
         self.config = config
         self.channel = channel
-        self._generator = generator_session
+        self._source = source
         self._encoder: ChunkEncoder | None = encoder
         self._limits = limits
         self._metrics = metrics
         self._on_end = on_end
-        self.tracker = TransitionTracker(config.prompt, config.default_transition_chunks)
         self.registry = IdempotencyRegistry()
         self.stats = SessionStats()
-        self._lock = threading.Lock()  # tracker + registry + "ack before mention"
+        self._lock = threading.Lock()  # registry + admission to the source + "ack before mention"
         self._send_lock = threading.Lock()  # start-stream sends + the ended flag
         self._wake = threading.Event()
         self._stop_requested = False
@@ -151,12 +151,27 @@ class Session:
                     )
                 )
             else:
-                self.tracker.admit(event_id, request.event["prompt"], request.transition_chunks)
+                self._source.admit(event_id, request.event["prompt"], request.transition_chunks)
                 self._metrics.count_interaction("queued")
                 log.info(
                     "request_id=%s event_id=%s queued transition_chunks=%s ack_ms=%.2f",
                     self.request_id, event_id, request.transition_chunks, ack_seconds * 1e3,
                 )
+
+    def event_failed(self, event_id: str, why: str, forget: Callable[[], None]) -> None:
+        """The source could not apply an acked event: `interaction_failed`; the session goes on.
+
+        `forget` drops the event from the source's open events; it runs under the send lock,
+        like `_finish`, so the event gets exactly one end: this error, or (when the session
+        ended first) a place in `session.done`."""
+        with self._send_lock:
+            if self._ended:
+                return
+            forget()
+            self._metrics.count_interaction("interaction_failed")
+            log.info("request_id=%s event_id=%s failed: %s", self.request_id, event_id, why)
+            self.channel.send(protocol.error(
+                ErrorCode.INTERACTION_FAILED, why, request_id=self.request_id, event_id=event_id))
 
     def fail(self, code: ErrorCode, message: str) -> None:
         """End the session from any thread with an error, then `session.done`."""
@@ -191,7 +206,7 @@ class Session:
                 return "complete"
             if time.monotonic() - started >= self._limits.max_session_seconds:
                 return "limit"
-            lead = self._limits.pacing_lead_chunks
+            lead = self._limits.pacing_lead_chunks if self._source.pacing else None
             if playback_zero is not None and lead is not None:
                 due = playback_zero + (self.stats.chunks_sent - lead) * chunk_seconds
                 behind = time.monotonic() - due
@@ -203,10 +218,11 @@ class Session:
                 if not self._wait_until(due):
                     continue  # woken early: re-check stop/cancel before generating
             frames_wanted = cfg.frames_per_chunk if remaining is None else min(cfg.frames_per_chunk, remaining)
-            with self._lock:
-                plan = self.tracker.next_chunk()
-            t0 = time.perf_counter()
-            frames = self._generator.generate(plan.mix, frames_wanted)
+            chunk = self._source.next_chunk(frames_wanted, self._interrupted)
+            if chunk is None:
+                continue  # interrupted while waiting: the checks above say why
+            plan = chunk.plan
+            frames = chunk.frames if remaining is None else chunk.frames[:remaining]  # exactly num_frames
             t1 = time.perf_counter()
             payload = self._encoder.encode_chunk(frames)
             t2 = time.perf_counter()
@@ -218,13 +234,18 @@ class Session:
             self.stats.chunks_sent += 1
             self.stats.frames_sent += len(frames)
             self.touch()
-            self._metrics.observe_chunk(t1 - t0, t2 - t1, len(frames), len(payload))
+            self._metrics.observe_chunk(chunk.generate_seconds, t2 - t1, len(frames), len(payload))
             if plan.started or plan.completed or plan.superseded or plan.interrupted:
                 log.info(
                     "request_id=%s chunk=%d started=%s completed=%s superseded=%s interrupted=%s",
                     self.request_id, plan.generation_chunk_index, list(plan.started), list(plan.completed),
                     list(plan.superseded), list(plan.interrupted),
                 )
+
+    def _interrupted(self) -> bool:
+        """Whether a wait for the source must end early: the client left or the session ended.
+        A stop does not interrupt it: the chunk being generated is finished and sent (§2.3)."""
+        return self._ended or self.channel.is_cancelled()
 
     def _wait_until(self, due: float) -> bool:
         """Sleep until `due`; False if woken by stop, cancel or end (the caller re-checks)."""
@@ -262,7 +283,7 @@ class Session:
             self._ended = True
             self._wake.set()
             with self._lock:
-                outcome = self.tracker.finish()
+                outcome = self._source.finish()
             if not send or self.channel.is_cancelled():
                 self._complete_quietly()
             else:
@@ -305,8 +326,8 @@ class Session:
         return encoder.close() if encoder is not None else b""
 
     def _release(self) -> None:
-        """Free the generator state and the encoder whatever way the worker ended."""
-        for close in (self._generator.close, self._close_encoder):
+        """Free the source (generator state, or the engine request) and the encoder, however the worker ended."""
+        for close in (self._source.close, self._close_encoder):
             try:
                 close()
             except Exception:  # noqa: BLE001 - releasing must go on

@@ -7,8 +7,9 @@ values on as `parameters` of a derived model copy.
 from __future__ import annotations
 
 import re
+import json
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from rtvideo import settings_text
 from rtvideo.backend import catalog
@@ -39,6 +40,17 @@ class BackendSettings:
     served_model_names: tuple[str, ...] = setting(
         (), "a name a session.start's model may ask for (repeatable; default: the Triton model's name); "
         "rtvideo-<generator> is always accepted", flag="--served-model-name")
+    # generator=vllm_omni: one vLLM-Omni AsyncOmni engine in the model process (README, "GPU with vLLM-Omni")
+    vllm_omni_model: str = setting("BestWishYsh/Helios-Distilled", "vllm_omni: model id or local path")
+    vllm_omni_engine_args: str = setting(
+        "{}", "vllm_omni: AsyncOmni engine arguments, a JSON object (diffusion_streaming_output is always on)")
+    vllm_omni_extra_params: str = setting(
+        "{}", "vllm_omni: the model's preset extra_params (its extra_args), a JSON object")
+    vllm_omni_health_seconds: float = setting(5.0, "vllm_omni: seconds between engine health checks")
+    #: what builds the engine, `module:callable` or `path/to/file.py:callable`; only tests change it
+    #: (to a stand-in engine in tests/), so that the hosting code runs without a GPU
+    vllm_omni_engine: str = setting(
+        "vllm_omni:AsyncOmni", "vllm_omni: engine factory as module:callable (tests use a stand-in)")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "BackendSettings":
@@ -71,6 +83,21 @@ class BackendSettings:
                 raise ValueError(f"served model name {name[:40]!r}: use 1-256 characters without spaces, "
                                  "commas or quotes (e.g. BestWishYsh/Helios-Distilled)")
 
+        self.engine_args()
+        self.extra_params()
+        if self.vllm_omni_health_seconds <= 0:
+            raise ValueError("vllm_omni_health_seconds must be positive")
+        if ":" not in self.vllm_omni_engine:
+            raise ValueError(f"vllm_omni_engine {self.vllm_omni_engine!r}: use module:callable")
+
+    def engine_args(self) -> dict[str, Any]:
+        """`vllm_omni_engine_args` as a dict (ValueError naming the parameter when it is not one)."""
+        return _json_object("vllm_omni_engine_args", self.vllm_omni_engine_args)
+
+    def extra_params(self) -> dict[str, Any]:
+        """`vllm_omni_extra_params` as a dict."""
+        return _json_object("vllm_omni_extra_params", self.vllm_omni_extra_params)
+
     def served_names(self, model_name: str) -> tuple[str, ...]:
         """The names a start may ask for, the reported one first: the served model names (default:
         the Triton model's name and the generator's model ids), then `rtvideo-<generator>`."""
@@ -81,7 +108,7 @@ class BackendSettings:
         """Hook: the model ids the active generator answers to by default besides the Triton model
         name, e.g. a vLLM-Omni generator's Hugging Face id (`BestWishYsh/Helios-Distilled`), so
         that vLLM-Omni clients that send it need no --served-model-name. None for the built-in."""
-        return ()
+        return (self.vllm_omni_model,) if self.generator == "vllm_omni" else ()
 
     def capabilities(self, model_name: str) -> ModelCapabilities:
         entry = catalog.GENERATORS[self.generator]
@@ -101,3 +128,13 @@ class BackendSettings:
 #: a served model name: what a Hugging Face id or a Triton model name looks like, and what a
 #: config.pbtxt string value and a comma-separated list can carry
 _NAME = re.compile(r"[^\s,\"'\\]+")
+
+
+def _json_object(name: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"model parameter {name} is not valid JSON: {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"model parameter {name} must be a JSON object, not {text!r}")
+    return value

@@ -30,26 +30,39 @@ _IPC = threading.Lock()
 
 
 class TritonChannel:
-    """A request's decoupled response sender as the runtime's `Channel`."""
+    """A request's decoupled response sender as the runtime's `Channel`.
+
+    Once its FINAL response is sent, Triton may free the request's response factory: a later
+    `is_cancelled()` on it crashed tritonserver 2.51 (SIGSEGV in
+    TRITONBACKEND_ResponseFactoryIsCancelled) when a session ended from another thread (a
+    failed engine, the stall watchdog) while its worker was polling. So after FINAL the
+    channel answers "cancelled" itself (nothing can be delivered any more) and sends nothing.
+    """
 
     def __init__(self, sender: Any) -> None:
         self._sender = sender
+        self._complete = False
 
     def send(self, message: Mapping[str, Any] | None, data: bytes = b"", *, final: bool = False) -> None:
         if message is None:
             with _IPC:
-                self._sender.send(flags=FINAL)
+                if not self._complete:
+                    self._complete = True
+                    self._sender.send(flags=FINAL)
             return
         meta, payload = wire.response_arrays(message, data)
         with _IPC:
+            if self._complete:
+                raise RuntimeError("the request's responses are complete")
             response = pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(wire.META, meta), pb_utils.Tensor(wire.DATA, payload)]
             )
             self._sender.send(response, flags=FINAL if final else 0)
+            self._complete = final
 
     def is_cancelled(self) -> bool:
         with _IPC:
-            return self._sender.is_cancelled()
+            return self._complete or self._sender.is_cancelled()
 
 
 class TritonMetricsPublisher:
@@ -113,6 +126,11 @@ class TritonPythonModel:
         buffered = BufferedMetrics()
         self._publisher = TritonMetricsPublisher(args["model_name"], buffered,
                                                  instance=args.get("model_instance_name", ""))
+        # A failed engine (generator=vllm_omni) ends its sessions and makes the model refuse the
+        # health probe (SessionManager.backend_failed), so the proxy takes it for down. The model
+        # does not ask Triton to unload itself as vllm_backend does: pb_utils.unload_model, which
+        # only --model-control-mode=explicit allows, crashed tritonserver 2.51 here (boost
+        # lock_exception) in the default mode.
         self._manager = build_manager(settings, args["model_name"], buffered)
 
     def execute(self, requests: list[Any]) -> None:
