@@ -25,7 +25,7 @@ def omni_settings(**params: str) -> BackendSettings:
 
 def test_start_validation_uses_the_active_generators_limits_and_names() -> None:
     caps = omni_settings().capabilities("realtime_video")
-    assert caps.model_names == ("realtime_video", "rtvideo-vllm_omni", "BestWishYsh/Helios-Distilled")
+    assert caps.model_names == ("realtime_video", "BestWishYsh/Helios-Distilled", "rtvideo-vllm_omni")
     config = resolve_session_config(parse_start(json.dumps(
         {"type": "session.start", "prompt": "p", "model": "BestWishYsh/Helios-Distilled"}).encode()), caps)
     assert (config.width, config.height, config.frames_per_chunk, config.model) == (640, 384, 33, "realtime_video")

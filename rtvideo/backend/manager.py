@@ -193,8 +193,8 @@ class SessionManager:
         owner: list[Session] = []  # the source reports failed events to the session made below
         source = self._sources.open(
             config, request_id, lambda event_id, why, forget: owner[0].event_failed(event_id, why, forget))
-        try:
-            encoder = self._encoder_factory(config.width, config.height, config.fps)
+        try:  # a source that encodes where it renders (render workers) needs no encoder here
+            encoder = None if self._sources.encodes else self._encoder_factory(config.width, config.height, config.fps)
         except Exception:
             source.close()
             raise

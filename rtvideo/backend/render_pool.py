@@ -26,7 +26,10 @@ import sys
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import IO, Any, Mapping
+from typing import IO, Any, Callable, Mapping
+
+from rtvideo.backend.sources import EventFailed, GeneratorChunkSource, SourceChunk
+from rtvideo.core.session_config import SessionConfig
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +228,36 @@ class RemoteSession:
             return self._worker.call("close", self._id).result()
         finally:
             self._pool._released(self._worker)
+
+
+class PooledChunkSource(GeneratorChunkSource):
+    """The built-in path with rendering and encoding in a worker: the tracker stays here (it
+    decides what the acks promise), the worker renders the mix and encodes the frames."""
+
+    _session: RemoteSession
+
+    def next_chunk(self, max_frames: int, interrupted: Callable[[], bool]) -> SourceChunk:
+        with self._lock:
+            plan = self._tracker.next_chunk()
+        chunk = self._session.render(plan.mix, max_frames)
+        return SourceChunk(plan, None, chunk.generate_seconds, payload=chunk.payload,
+                           num_frames=chunk.frames, encode_seconds=chunk.encode_seconds)
+
+    def close(self) -> bytes:
+        return self._session.close()
+
+
+class PooledSources:
+    """`ChunkSourceFactory` over a `RenderPool`: each session's chunks are rendered and encoded
+    in one of the pool's worker processes."""
+
+    encodes = True
+
+    def __init__(self, pool: RenderPool) -> None:
+        self.pool = pool
+
+    def open(self, config: SessionConfig, request_id: str, on_event_failed: EventFailed) -> PooledChunkSource:
+        return PooledChunkSource(self.pool, config)  # type: ignore[arg-type] - the pool opens sessions like a generator
+
+    def close(self) -> None:
+        self.pool.close()

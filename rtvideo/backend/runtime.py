@@ -56,7 +56,13 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
         from rtvideo.backend.generator import BuiltinGenerator
 
         device = resolve_device(settings.device)
-        sources = GeneratorSources(BuiltinGenerator(device=device, fps=settings.fps))
+        if settings.render_workers:
+            from rtvideo.backend.render_pool import PooledSources, RenderPool
+
+            options = {"device": device, "fps": settings.fps, "torch_threads": settings.torch_threads}
+            sources = PooledSources(RenderPool(settings.render_workers, options))
+        else:
+            sources = GeneratorSources(BuiltinGenerator(device=device, fps=settings.fps))
         log.info("generator=%s device=%s settings=%s", settings.generator, device, settings)
     manager.append(SessionManager(
         sources=sources,

@@ -25,7 +25,7 @@ from rtvideo.core.session_config import SessionConfig
 from rtvideo.backend.ports import Channel, ChunkEncoder, Metrics
 
 if TYPE_CHECKING:
-    from rtvideo.backend.sources import ChunkSource
+    from rtvideo.backend.sources import ChunkSource, SourceChunk
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Session:
         config: SessionConfig,
         channel: Channel,
         source: "ChunkSource",
-        encoder: ChunkEncoder,
+        encoder: ChunkEncoder | None,
         limits: Limits,
         metrics: Metrics,
         on_end: Callable[["Session", str], None],
@@ -72,6 +72,7 @@ class Session:
         self.config = config
         self.channel = channel
         self._source = source
+        self._open_source: ChunkSource | None = source  # until closed (once)
         self._encoder: ChunkEncoder | None = encoder
         self._limits = limits
         self._metrics = metrics
@@ -181,7 +182,7 @@ class Session:
     def _run(self) -> None:
         try:
             reason = self._generate(time.monotonic())
-            trailer = self._close_encoder()
+            trailer = self._close_encoder() + self._close_source()  # the source's, when it encodes
         except Exception as exc:  # noqa: BLE001 - any generator/encoder crash ends the session
             log.exception("request_id=%s generation failed", self.request_id)
             self.fail(ErrorCode.GENERATION_FAILED, f"generation failed: {type(exc).__name__}: {exc}")
@@ -222,25 +223,33 @@ class Session:
             if chunk is None:
                 continue  # interrupted while waiting: the checks above say why
             plan = chunk.plan
-            frames = chunk.frames if remaining is None else chunk.frames[:remaining]  # exactly num_frames
-            t1 = time.perf_counter()
-            payload = self._encoder.encode_chunk(frames)
-            t2 = time.perf_counter()
-            meta = media_metadata(self.request_id, self.stats.chunks_sent, plan, len(frames), len(payload))
+            payload, frame_count, encode_seconds = self._encode(chunk, remaining)
+            meta = media_metadata(self.request_id, self.stats.chunks_sent, plan, frame_count, len(payload))
             if not self._send(meta, payload):
                 return "ended"
             if playback_zero is None:
                 playback_zero = time.monotonic()
             self.stats.chunks_sent += 1
-            self.stats.frames_sent += len(frames)
+            self.stats.frames_sent += frame_count
             self.touch()
-            self._metrics.observe_chunk(chunk.generate_seconds, t2 - t1, len(frames), len(payload))
+            self._metrics.observe_chunk(chunk.generate_seconds, encode_seconds, frame_count, len(payload))
             if plan.started or plan.completed or plan.superseded or plan.interrupted:
                 log.info(
                     "request_id=%s chunk=%d started=%s completed=%s superseded=%s interrupted=%s",
                     self.request_id, plan.generation_chunk_index, list(plan.started), list(plan.completed),
                     list(plan.superseded), list(plan.interrupted),
                 )
+
+    def _encode(self, chunk: "SourceChunk", remaining: int | None) -> tuple[bytes, int, float]:
+        """The chunk's payload, its frame count and the encoding time: encoded here, or already
+        by a source that encodes where it renders (a render worker)."""
+        if chunk.payload is not None:
+            return chunk.payload, chunk.num_frames, chunk.encode_seconds
+        assert chunk.frames is not None and self._encoder is not None
+        frames = chunk.frames if remaining is None else chunk.frames[:remaining]  # exactly num_frames
+        t0 = time.perf_counter()
+        payload = self._encoder.encode_chunk(frames)
+        return payload, len(frames), time.perf_counter() - t0
 
     def _interrupted(self) -> bool:
         """Whether a wait for the source must end early: the client left or the session ended.
@@ -325,9 +334,13 @@ class Session:
         encoder, self._encoder = self._encoder, None
         return encoder.close() if encoder is not None else b""
 
+    def _close_source(self) -> bytes:
+        source, self._open_source = self._open_source, None
+        return source.close() if source is not None else b""
+
     def _release(self) -> None:
         """Free the source (generator state, or the engine request) and the encoder, however the worker ended."""
-        for close in (self._source.close, self._close_encoder):
+        for close in (self._close_source, self._close_encoder):
             try:
                 close()
             except Exception:  # noqa: BLE001 - releasing must go on

@@ -36,6 +36,9 @@ class BackendSettings:
     stall_timeout_seconds: float = setting(60.0, "end a session without generation progress for this long")
     device: str = setting("auto", "auto, cpu or cuda[:N]")
     torch_threads: int = setting(1, "torch intra-op threads of the model")
+    render_workers: int = setting(
+        0, "worker processes that render and encode the built-in generator's chunks, so video work "
+        "never holds the interpreter that answers requests (0: in the model's own process)")
     #: like vLLM's --served-model-name: empty = the Triton model's own name (see `served_names`)
     served_model_names: tuple[str, ...] = setting(
         (), "a name a session.start's model may ask for (repeatable; default: the Triton model's name); "
@@ -64,6 +67,8 @@ class BackendSettings:
         if limits is None:
             raise ValueError(f"generator {self.generator!r} is not available; choose one of {tuple(catalog.LIMITS)}")
         positive = ("width", "height", "fps", "frames_per_chunk", "max_sessions", "torch_threads")
+        if self.render_workers < 0 or (self.render_workers and self.generator != "builtin"):
+            raise ValueError("render_workers must be >= 0, and is for the builtin generator only")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"model parameter {name} must be positive")

@@ -30,11 +30,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SourceChunk:
-    """One generation chunk: its frames (uint8 [T, H, W, 3] RGB), its plan, and how long it took."""
+    """One generation chunk: its frames (uint8 [T, H, W, 3] RGB), its plan, and how long it took.
+
+    A source that also encodes (render workers: `rtvideo.backend.render_pool`) gives the
+    fMP4 `payload` of its `num_frames` frames instead of the frames."""
 
     plan: ChunkPlan
-    frames: np.ndarray
+    frames: np.ndarray | None
     generate_seconds: float
+    payload: bytes | None = None
+    num_frames: int = 0
+    encode_seconds: float = 0.0
 
 
 #: an event the source could not apply after its ack: (event_id, why, forget); the session
@@ -58,12 +64,16 @@ class ChunkSource(Protocol):
     def finish(self) -> Outcome:
         """Events that reached no end on a chunk (called once, when the session ends)."""
 
-    def close(self) -> None:
-        """Free the generator state (or end the engine request); safe to call more than once."""
+    def close(self) -> bytes:
+        """Free the generator state (or end the engine request); safe to call more than once.
+        A source that encodes returns its encoder's closing bytes (the trailer) once, else b''."""
 
 
 class ChunkSourceFactory(Protocol):
     """Opens one source per session (`SessionManager` calls it at each start)."""
+
+    #: whether its sources encode their chunks themselves (then the session has no encoder)
+    encodes: bool
 
     def open(self, config: SessionConfig, request_id: str, on_event_failed: EventFailed) -> ChunkSource: ...
 
@@ -97,12 +107,15 @@ class GeneratorChunkSource:
         with self._lock:
             return self._tracker.finish()
 
-    def close(self) -> None:
+    def close(self) -> bytes:
         self._session.close()
+        return b""
 
 
 class GeneratorSources:
     """`ChunkSourceFactory` over a `VideoGenerator` (the built-in one, or a test's stand-in)."""
+
+    encodes = False
 
     def __init__(self, generator: "VideoGenerator") -> None:
         self.generator = generator

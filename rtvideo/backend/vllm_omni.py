@@ -331,16 +331,19 @@ class EngineChunkSource:
         with self._lock:
             return self._translator.finish()
 
-    def close(self) -> None:
+    def close(self) -> bytes:
         with self._lock:
             if self._closed:
-                return
+                return b""
             self._closed = True
         self._host.end_request(self._request_id)
+        return b""
 
 
 class EngineSources:
     """`ChunkSourceFactory` of the `vllm_omni` generator: one engine request per session."""
+
+    encodes = False
 
     def __init__(self, host: EngineHost, preset: Mapping[str, Any], max_session_seconds: float) -> None:
         self.host = host

@@ -1,0 +1,53 @@
+"""Render workers: chunks rendered and encoded in another process decode like local ones, a
+worker's death fails its sessions loudly, and a new session gets a new worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Iterator
+
+import pytest
+
+from rtvideo.backend.render_pool import RenderPool, WorkerDied
+from tests.streams import decode
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[RenderPool]:
+    pool = RenderPool(1, {"device": "cpu", "fps": 16})
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def test_chunks_from_a_worker_decode(pool: RenderPool) -> None:
+    session = pool.open_session(width=64, height=48, seed=1, fps=16)
+    chunks = [session.render({"a red fire": 1.0}, 9), session.render({"a red fire": 0.5, "a blue sea": 0.5}, 5)]
+    trailer = session.close()
+    assert [c.frames for c in chunks] == [9, 5] and chunks[0].payload[4:8] == b"ftyp"
+    frames = decode(b"".join(c.payload for c in chunks) + trailer)
+    assert frames.shape == (14, 48, 64, 3)
+    assert session.close() == b"", "a second close is a no-op"
+
+
+def test_a_dead_worker_fails_its_sessions_and_is_replaced(pool: RenderPool) -> None:
+    session = pool.open_session(width=64, height=48, seed=2, fps=16)
+    (pid,) = pool.worker_pids
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerDied):
+        session.render({"a red fire": 1.0}, 9)
+    fresh = pool.open_session(width=64, height=48, seed=3, fps=16)
+    assert pool.worker_pids != [pid]
+    assert fresh.render({"a quiet harbour": 1.0}, 3).frames == 3
+    fresh.close()
+
+
+def test_errors_in_the_worker_come_back_as_exceptions(pool: RenderPool) -> None:
+    with pytest.raises(RuntimeError, match="width"):
+        pool.open_session(width=63, height=48, seed=1, fps=16)
+    session = pool.open_session(width=64, height=48, seed=1, fps=16)
+    with pytest.raises(RuntimeError, match="mix"):
+        session.render({}, 9)
+    session.close()
