@@ -114,9 +114,10 @@ class RendererWeights:
 
 @dataclass
 class _SessionState:
-    """Per-session feature images and the time cursor."""
+    """Per-session feature images (built by the first `generate`) and the time cursor."""
 
-    layout: scene.SceneLayout | None
+    seed: int
+    layout: scene.SceneLayout | None = None
     frame_cursor: int = 0
     closed: bool = False
 
@@ -133,24 +134,32 @@ class BuiltinSession(GeneratorSession):
         self.width, self.height = int(width), int(height)
         self.fps = int(fps or generator.fps)  # the session's playback rate sets the motion per frame
         self._generator = generator
-        layout = scene.SceneLayout(
-            width=self.width, height=self.height, render_size=generator.config.render_size(self.width, self.height),
-            seed=int(seed), texture=generator.texture, device=generator.device,
-        )
-        self._state = _SessionState(layout=layout)
+        self._state = _SessionState(seed=int(seed))
+
+    def _layout(self) -> scene.SceneLayout:
+        """The session's feature images: built on the session's own thread by the first chunk
+        (tens of milliseconds), so that opening a session on the request path stays instant."""
+        state = self._state
+        if state.layout is None:
+            gen = self._generator
+            state.layout = scene.SceneLayout(
+                width=self.width, height=self.height, render_size=gen.config.render_size(self.width, self.height),
+                seed=state.seed, texture=gen.texture, device=gen.device,
+            )
+        return state.layout
 
     @torch.inference_mode()
     def generate(self, mix: Mapping[str, float], num_frames: int) -> np.ndarray:
         """The next `num_frames` frames; the cursor advances so the next chunk continues smoothly."""
         state = self._state
-        if state.closed or state.layout is None:
+        if state.closed:
             raise RuntimeError("session is closed")
         if num_frames < 1:
             raise ValueError(f"num_frames must be >= 1, got {num_frames}")
         params = self._generator.scene_parameters(mix)
         times = np.arange(state.frame_cursor, state.frame_cursor + num_frames, dtype=np.float64) / self.fps
         state.frame_cursor += num_frames
-        return self._to_frames(state.layout.render(params, times))
+        return self._to_frames(self._layout().render(params, times))
 
     def _to_frames(self, rgb: torch.Tensor) -> np.ndarray:
         """[T, 3, h, w] in [0, 1] -> uint8 [T, H, W, 3], upsampled bilinearly."""

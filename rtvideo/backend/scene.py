@@ -417,6 +417,16 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1 + np.tanh(0.5 * x))
 
 
+def _sine_pairs(X: np.ndarray, Y: np.ndarray, k: np.ndarray, phase: np.ndarray) -> np.ndarray:
+    """[2M, P] float32: sin and cos of k_m . (x, y) + phase_m on the grid, interleaved (sin_0, cos_0, ...)."""
+    out = np.empty((2 * len(k), X.size), dtype=np.float32)
+    for m in range(len(k)):
+        psi = (np.float32(k[m, 0]) * X + np.float32(k[m, 1]) * Y + np.float32(phase[m])).reshape(-1)
+        np.sin(psi, out=out[2 * m])
+        np.cos(psi, out=out[2 * m + 1])
+    return out
+
+
 def _smooth(lo: float, hi: float, x: np.ndarray) -> np.ndarray:
     u = np.clip((x - lo) / (hi - lo), 0, 1)
     return u * u * (3 - 2 * u)
@@ -439,7 +449,7 @@ class SceneLayout:
         bw, bh = width / long_side, height / long_side
         xs = ((np.arange(rw) + 0.5) / rw * 2 - 1) * bw
         ys = ((np.arange(rh) + 0.5) / rh * 2 - 1) * bh
-        X, Y = np.meshgrid(xs, ys)  # y grows downwards
+        X, Y = np.meshgrid(xs.astype(np.float32), ys.astype(np.float32))  # y grows downwards
         self._x, self._y, self._bw, self._bh = xs, ys, bw, bh
         px = 2 * bh / rh
         soft = 0.6 * px
@@ -626,11 +636,8 @@ class SceneLayout:
                 mod_params.append(NAMED_INDEX["ripple"])
         tphase = rng.uniform(0, 2 * np.pi, texture.count)
         self._texture = texture
-        for m in range(texture.count):
-            psi = texture.vectors[m, 0] * X + texture.vectors[m, 1] * Y + tphase[m]
-            for basis in (np.sin(psi), np.cos(psi)):
-                mod_rows.append((texture.amplitudes[m] * basis).reshape(-1))
-                mod_params.append(len(NAMED_PARAMS) + m)
+        mod_rows += list(_sine_pairs(X, Y, texture.vectors, tphase) * np.repeat(texture.amplitudes, 2)[:, None])
+        mod_params += [len(NAMED_PARAMS) + m for m in range(texture.count) for _ in range(2)]
 
         # Dynamic: clouds (noise drifting sideways) and flames (noise rising), as sine bases.
         nc = 14
@@ -639,20 +646,14 @@ class SceneLayout:
         cloud_phase = rng.uniform(0, 2 * np.pi, nc)
         cloud_amp = 1 / np.sqrt(np.abs(self._cloud_k[:, 0] * self._cloud_k[:, 1]))
         cloud_amp /= np.sqrt((cloud_amp**2).sum() / 2)
-        cloud_rows = []
-        for m in range(nc):
-            psi = self._cloud_k[m, 0] * X + self._cloud_k[m, 1] * Y + cloud_phase[m]
-            cloud_rows += [cloud_amp[m] * np.sin(psi), cloud_amp[m] * np.cos(psi)]
+        cloud_rows = _sine_pairs(X, Y, self._cloud_k, cloud_phase) * np.repeat(cloud_amp, 2)[:, None]
         self._cloud_zone = sky * _smooth(0.12, 0.5, g)
         self._fire_k = np.stack([rng.uniform(7, 20, 10) * rng.choice([-1, 1], 10), rng.uniform(3, 10, 10)], axis=1)
         self._fire_speed = 0.75 * (fire_h / 0.6)
         fire_phase = rng.uniform(0, 2 * np.pi, 10)
         fire_amp = 1 / np.sqrt(np.hypot(self._fire_k[:, 0], self._fire_k[:, 1]))
         fire_amp /= np.sqrt((fire_amp**2).sum() / 2)
-        fire_rows = []
-        for m in range(10):
-            psi = self._fire_k[m, 0] * X + self._fire_k[m, 1] * Y + fire_phase[m]
-            fire_rows += [fire_amp[m] * np.sin(psi), fire_amp[m] * np.cos(psi)]
+        fire_rows = _sine_pairs(X, Y, self._fire_k, fire_phase) * np.repeat(fire_amp, 2)[:, None]
         fu = (fire_base - Y) / fire_h
         width = 0.24 * (fire_h / 0.6) * np.clip(1 - fu, 0, 1) ** 0.7 + 1e-3
         self._fire_envelope = (np.exp(-((X - fire_x) / width) ** 2) * _smooth(-0.05, 0.03, fu)
@@ -669,16 +670,17 @@ class SceneLayout:
                       "z": rng.uniform(0, 1, n_rain)}
 
         def tensor(a: np.ndarray | list) -> torch.Tensor:
-            return torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
+            rows = np.stack([np.asarray(r, dtype=np.float32).reshape(-1) for r in a]) if isinstance(a, list) else a
+            return torch.as_tensor(np.ascontiguousarray(rows, dtype=np.float32), device=device)
 
-        self.static = tensor([feats[name].reshape(-1) for name in STATIC_FEATURES])  # [Ks, P]
+        self.static = tensor([feats[name] for name in STATIC_FEATURES])  # [Ks, P]
         self.modulated = tensor(mod_rows)  # [J, P]
         self._mod_params = torch.as_tensor(mod_params, dtype=torch.long, device=device)
-        self._cloud_basis = tensor([r.reshape(-1) for r in cloud_rows])
+        self._cloud_basis = tensor(cloud_rows)
         self._cloud_zone_t = tensor(self._cloud_zone.reshape(-1))
-        self._fire_basis = tensor([r.reshape(-1) for r in fire_rows])
+        self._fire_basis = tensor(fire_rows)
         self._fire_env_t = tensor(self._fire_envelope.reshape(-1))
-        self._reflect = tensor([feats["reflect_lo"].reshape(-1), feats["reflect_hi"].reshape(-1)])
+        self._reflect = tensor([feats["reflect_lo"], feats["reflect_hi"]])
         self._blur = torch.tensor([[1, 2, 1], [2, 4, 2], [1, 2, 1]], dtype=torch.float32, device=device).div_(16)
         self.param_count = len(NAMED_PARAMS) + texture.count
         self._dyn_index = {name: NAMED_INDEX[name] for name in DYNAMIC_FEATURES}
