@@ -21,13 +21,15 @@ from rtvideo.backend.generator import BuiltinGenerator
 CHUNK_FRAMES = 9
 FPS = 16
 PROMPTS = ("ocean waves at sunset", "a forest of pine trees in fog")
+#: prompts that switch on the costliest elements of the built-in scene (particles, flames, glints)
+BUSY = ("a burning lighthouse by the sea in a blizzard at night", "rain on a neon city street with a red car and a bonfire")
 
 
-def transition_mixes() -> Iterator[dict[str, float]]:
-    """A slow back-and-forth morph, so every chunk blends two embeddings like a live transition."""
+def transition_mixes(prompts: tuple[str, str] = PROMPTS) -> Iterator[dict[str, float]]:
+    """A slow back-and-forth morph, so every chunk blends two prompts like a live transition."""
     for step in range(10**9):
         weight = (step % 20) / 19
-        yield {PROMPTS[0]: 1 - weight, PROMPTS[1]: weight}
+        yield {prompts[0]: 1 - weight, prompts[1]: weight}
 
 
 def frames_per_second(run_chunk: Callable[[], None], seconds: float) -> float:
@@ -48,6 +50,11 @@ def measure(generator: BuiltinGenerator, width: int, height: int, seconds: float
     def generate_only() -> None:
         session.generate(next(mixes), CHUNK_FRAMES)
 
+    busy_mixes, busy_session = transition_mixes(BUSY), generator.open_session(width=width, height=height, seed=1)
+
+    def generate_busy() -> None:
+        busy_session.generate(next(busy_mixes), CHUNK_FRAMES)
+
     def encode_only() -> None:
         encoder.encode_chunk(frames)
 
@@ -56,6 +63,7 @@ def measure(generator: BuiltinGenerator, width: int, height: int, seconds: float
 
     return {
         "generator": frames_per_second(generate_only, seconds),
+        "generator, busy": frames_per_second(generate_busy, seconds),
         "encoder": frames_per_second(encode_only, seconds),
         "generator+encoder": frames_per_second(both, seconds),
     }
@@ -78,7 +86,7 @@ def main() -> None:
 
     default_threads = torch.get_num_threads()
     generator = BuiltinGenerator(device="cpu", fps=FPS)
-    for prompt in PROMPTS:
+    for prompt in PROMPTS + BUSY:
         generator.embed(prompt)
 
     print(f"{args.width}x{args.height}, {CHUNK_FRAMES} frames per chunk, real time = {FPS} fps")

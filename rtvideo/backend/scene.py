@@ -204,7 +204,8 @@ STATIC_FEATURES = (
     "trees", "buildings", "mountains", "caps", "windows_a", "windows_b", "lanterns",
     # where silhouettes overlap each other or hide the low sun (products of masks, exact occlusion)
     "trees_buildings", "trees_mountains", "buildings_mountains",
-    "trees_lo_glow", "trees_lo_disk", "buildings_lo_glow", "buildings_lo_disk", "mountains_lo_glow", "mountains_lo_disk",
+    "trees_lo_glow", "trees_lo_disk", "buildings_lo_glow", "buildings_lo_disk",
+    "mountains_lo_glow", "mountains_lo_disk",
     "tower", "tower_stripes", "tower_shade", "lamp",
     "vehicle", "vehicle_glass", "wheels", "creature", "ears", "subject_top", "subject_shadow",
 )
@@ -227,7 +228,7 @@ SKY_TOP = {"day": _v(0.2, 0.43, 0.85), "sunset": _v(0.2, 0.16, 0.42), "night": _
            "fog": _v(0.6, 0.62, 0.64), "storm": _v(0.12, 0.13, 0.17), "indoor": _v(0.5, 0.4, 0.32)}
 SKY_HOR = {"day": _v(0.66, 0.8, 0.95), "sunset": _v(1.0, 0.52, 0.2), "night": _v(0.04, 0.06, 0.16),
            "fog": _v(0.8, 0.81, 0.82), "storm": _v(0.3, 0.32, 0.37), "indoor": _v(0.76, 0.62, 0.46)}
-AMBIENT = {"day": _v(1.0, 1.0, 1.0), "sunset": _v(0.85, 0.6, 0.48), "night": _v(0.15, 0.17, 0.28),
+AMBIENT = {"day": _v(1.0, 1.0, 1.0), "sunset": _v(0.85, 0.6, 0.48), "night": _v(0.19, 0.21, 0.33),
            "fog": _v(0.72, 0.74, 0.78), "storm": _v(0.4, 0.42, 0.48), "indoor": _v(0.9, 0.74, 0.58)}
 SUN_HI_GLOW = {"day": _v(0.3, 0.27, 0.18), "fog": _v(0.12, 0.12, 0.1), "indoor": _v(0.4, 0.28, 0.12)}
 SUN_HI_DISK = {"day": _v(0.7, 0.62, 0.45), "fog": _v(0.18, 0.18, 0.15), "indoor": _v(0.5, 0.42, 0.25)}
@@ -269,7 +270,9 @@ def scene_parameters(w: SceneWeights) -> np.ndarray:
         return sum((weights.get(k, 0.0) * v for k, v in table.items()), _ZERO.copy())
 
     accent = np.asarray(w.accent)
-    tint = 0.2 * w.accent_strength
+    # A named colour tints the scene, less so when it belongs to a subject ("a red car").
+    subject = max(E["vehicle"], E["creature"], E["beacon"])
+    tint = 0.2 * w.accent_strength * (1 - 0.75 * subject)
 
     def tinted(rgb: np.ndarray, amount: float = tint) -> np.ndarray:
         """Pull a colour toward the accent at the same brightness."""
@@ -476,7 +479,8 @@ class SceneLayout:
         hsun = hz0 + tilt * xsun
         hi_y, lo_y = hsun - 0.62 * (hsun + bh), hsun - 0.07 * (hsun + bh) - 0.01
         r_sun = 0.065
-        feats["sun_hi_glow"] = sky * (0.55 * np.exp(-dist(xsun, hi_y) ** 2 / 0.03) + 0.45 * np.exp(-dist(xsun, hi_y) ** 2 / 0.35))
+        to_sun = dist(xsun, hi_y) ** 2
+        feats["sun_hi_glow"] = sky * (0.55 * np.exp(-to_sun / 0.03) + 0.45 * np.exp(-to_sun / 0.35))
         feats["sun_hi_disk"] = sky * _sigmoid((r_sun - dist(xsun, hi_y)) / soft)
         ell = ((X - xsun) / 1.1) ** 2 + ((Y - lo_y) / 0.3) ** 2
         feats["sun_lo_glow"] = sky * (0.5 * np.exp(-dist(xsun, lo_y) ** 2 / 0.02) + 0.5 * np.exp(-ell))
@@ -567,14 +571,16 @@ class SceneLayout:
         u = (base - Y) / (base - top)
         half = 0.07 - 0.025 * np.clip(u, 0, 1)
         inside = _sigmoid((half - np.abs(X - xt)) / soft) * _sigmoid(u / 0.01) * _sigmoid((1 - u) / 0.01)
-        cap = _sigmoid((0.035 - np.abs(X - xt)) / soft) * _sigmoid((Y - (top - 0.07)) / soft) * _sigmoid((top - Y) / soft)
+        cap = (_sigmoid((0.035 - np.abs(X - xt)) / soft) * _sigmoid((Y - (top - 0.07)) / soft)
+               * _sigmoid((top - Y) / soft))
         feats["tower"] = np.maximum(inside, cap)
         feats["tower_stripes"] = inside * _sigmoid(np.sin(u * 2 * np.pi * 2.5) / 0.15) * (u < 0.85)
         feats["tower_shade"] = feats["tower"] * np.clip((X - xt) / 0.06, 0, 1)
         ly = top - 0.035
         feats["lamp"] = np.exp(-(dist(xt, ly) / 0.03) ** 2) + 0.35 * np.exp(-(dist(xt, ly) / 0.12) ** 2)
         dx, dy = X - xt, Y - ly
-        beam = np.exp(-(dy / (0.012 + 0.1 * np.abs(dx))) ** 2) * np.exp(-np.abs(dx) / 1.6) * _smooth(0.0, 0.05, np.abs(dx))
+        beam = (np.exp(-(dy / (0.012 + 0.1 * np.abs(dx))) ** 2) * np.exp(-np.abs(dx) / 1.6)
+                * _smooth(0.0, 0.05, np.abs(dx)))
 
         # A subject in the foreground: a car, or a sleeping cat.
         xs_ = bw * rng.uniform(-0.35, 0.35)
@@ -589,7 +595,7 @@ class SceneLayout:
         body = blob(xs_, ys_, 0.27, 0.055, 4)
         cabin = blob(xs_ - 0.02 * sc, ys_ - 0.075 * sc, 0.15, 0.045, 3) * (1 - body)
         glass = blob(xs_ - 0.02 * sc, ys_ - 0.072 * sc, 0.125, 0.03, 3) * cabin
-        wheels = (blob(xs_ - 0.16 * sc, ys_ + 0.05 * sc, 0.045, 0.045) + blob(xs_ + 0.16 * sc, ys_ + 0.05 * sc, 0.045, 0.045))
+        wheels = sum(blob(xs_ + side * 0.16 * sc, ys_ + 0.05 * sc, 0.045, 0.045) for side in (-1, 1))
         feats["vehicle"] = body + cabin
         feats["vehicle_glass"] = glass
         feats["wheels"] = np.clip(wheels, 0, 1) * (1 - body)
@@ -641,7 +647,8 @@ class SceneLayout:
 
         # Dynamic: clouds (noise drifting sideways) and flames (noise rising), as sine bases.
         nc = 14
-        self._cloud_k = np.stack([rng.uniform(1.0, 4.0, nc) * rng.choice([-1, 1], nc), rng.uniform(2.0, 8.0, nc)], axis=1)
+        self._cloud_k = np.stack(
+            [rng.uniform(1.0, 4.0, nc) * rng.choice([-1, 1], nc), rng.uniform(2.0, 8.0, nc)], axis=1)
         self._cloud_speed = rng.uniform(0.06, 0.1) * rng.choice([-1, 1])
         cloud_phase = rng.uniform(0, 2 * np.pi, nc)
         cloud_amp = 1 / np.sqrt(np.abs(self._cloud_k[:, 0] * self._cloud_k[:, 1]))
