@@ -169,7 +169,7 @@ export class RealtimeVideoClient extends Emitter {
     let settle;
     const promise = new Promise((resolve, reject) => { settle = { resolve, reject }; });
     this._pending.set(id, { ...settle, promise, timer: null });
-    send();
+    try { send(); } catch (e) { this._reject(id, Object.assign(e, { code: e.code || "not_open", eventId: id })); }
     return promise;
   }
 
@@ -283,7 +283,15 @@ export class RealtimeVideoClient extends Emitter {
 
   _onClose(ev) {
     for (const id of [...this._pending.keys()]) {
-      this._fail(id, Object.assign(new Error("the connection closed before the ack"), { code: "closed", eventId: id }));
+      const error = Object.assign(new Error("the connection closed before an answer"), { code: "closed", eventId: id });
+      const record = this.interactions.get(id);
+      if (record && record.ackMs !== null) this._reject(id, error); // acked: its end comes below
+      else this._fail(id, error);
+    }
+    if (!this.done) { // no session.done: what the client saw is all it will know
+      for (const record of this.interactions.values()) {
+        if (!record.end) this._update(record.eventId, { end: record.startedChunk === null ? "unapplied" : "unfinished", error: "closed" });
+      }
     }
     this.emit("close", { code: ev.code, reason: ev.reason, clean: ev.wasClean });
   }
@@ -321,7 +329,10 @@ export class MsePlayer extends Emitter {
     this.mediaSource = new MediaSource();
     this._url = URL.createObjectURL(this.mediaSource);
     video.src = this._url;
-    this.mediaSource.addEventListener("sourceopen", () => this._pump(), { once: true });
+    this.mediaSource.addEventListener("sourceopen", () => {
+      URL.revokeObjectURL(this._url); // attached: the URL is no longer needed
+      this._pump();
+    }, { once: true });
   }
 
   /** Feed it a client's chunks; ends the stream on session.done or when the connection closes. */
@@ -358,8 +369,12 @@ export class MsePlayer extends Emitter {
 
   /** Seconds of media buffered (the end of the last buffered range). */
   get bufferedEnd() {
-    const b = this._sb ? this._sb.buffered : this.video.buffered;
-    return b.length ? b.end(b.length - 1) : 0;
+    try {
+      const b = this._sb ? this._sb.buffered : this.video.buffered;
+      return b.length ? b.end(b.length - 1) : 0;
+    } catch (e) {
+      return 0; // the SourceBuffer was detached (the video element moved on to another stream)
+    }
   }
 
   /** How far the stream runs ahead of playback: buffered end minus the playhead, in seconds. */
