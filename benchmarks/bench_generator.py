@@ -35,13 +35,15 @@ except ImportError as exc:  # no PyAV here
 CHUNK_FRAMES = 9
 FPS = 16
 PROMPTS = ("ocean waves at sunset", "a forest of pine trees in fog")
+#: prompts that switch on the costliest elements of the built-in scene (particles, flames, glints)
+BUSY = ("a burning lighthouse by the sea in a blizzard at night", "rain on a neon city street with a red car and a bonfire")
 
 
-def transition_mixes() -> Iterator[dict[str, float]]:
-    """A slow back-and-forth morph, so every chunk blends two embeddings like a live transition."""
+def transition_mixes(prompts: tuple[str, str] = PROMPTS) -> Iterator[dict[str, float]]:
+    """A slow back-and-forth morph, so every chunk blends two prompts like a live transition."""
     for step in range(10**9):
         weight = (step % 20) / 19
-        yield {PROMPTS[0]: 1 - weight, PROMPTS[1]: weight}
+        yield {prompts[0]: 1 - weight, prompts[1]: weight}
 
 
 def frames_per_second(run_chunk: Callable[[], None], seconds: float) -> float:
@@ -64,6 +66,9 @@ class HashedPromptEncoder:
         vector = torch.randn(EMBEDDING_DIM, generator=torch.Generator().manual_seed(seed))
         return (vector / vector.norm()).to(self.device)
 
+    def encode_batch(self, prompts: list[str]) -> torch.Tensor:
+        return torch.stack([self.encode(prompt) for prompt in prompts])
+
 
 def text_encoder_available() -> bool:
     try:
@@ -82,7 +87,13 @@ def measure(generator: BuiltinGenerator, width: int, height: int, seconds: float
     def generate_only() -> None:
         session.generate(next(mixes), CHUNK_FRAMES)
 
-    figures = {"generator": frames_per_second(generate_only, seconds)}
+    busy_mixes, busy_session = transition_mixes(BUSY), generator.open_session(width=width, height=height, seed=1)
+
+    def generate_busy() -> None:
+        busy_session.generate(next(busy_mixes), CHUNK_FRAMES)
+
+    figures = {"generator": frames_per_second(generate_only, seconds),
+               "generator, busy": frames_per_second(generate_busy, seconds)}
     if FragmentedMp4Encoder is not None:
         encoder = FragmentedMp4Encoder(width, height, FPS)
 
@@ -120,7 +131,7 @@ def main() -> None:
         generator_module.PromptEncoder = HashedPromptEncoder  # type: ignore[misc,assignment]
     default_threads = torch.get_num_threads()
     generator = BuiltinGenerator(device=args.device, fps=FPS)
-    for prompt in PROMPTS:
+    for prompt in PROMPTS + BUSY:
         generator.embed(prompt)
 
     where = args.device

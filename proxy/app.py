@@ -24,7 +24,7 @@ from rtvideo.proxy.settings import ProxySettings
 log = logging.getLogger(__name__)
 
 WEBSOCKET_PATH = "/v1/realtime/video"
-#: the single-file browser demo served at `GET /`
+#: the browser demo served at `GET /` and its client module at `GET /rtvideo.js`
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 #: how long ending one session at shutdown may take (its sequence end and flush are bounded too)
 SHUTDOWN_SECONDS = 15.0
@@ -125,7 +125,8 @@ def make_app(settings: ProxySettings, restart: Callable[[], Awaitable[None]] | N
         (r"/readyz", ReadyHandler, {"context": context}),
         (r"/livez", LiveHandler, {"context": context}),
         (r"/metrics", MetricsHandler, {"context": context}),
-        (r"/()", tornado.web.StaticFileHandler, {"path": str(STATIC_DIR), "default_filename": "index.html"}),
+        (r"/(|rtvideo\.js)", tornado.web.StaticFileHandler,
+         {"path": str(STATIC_DIR), "default_filename": "index.html"}),
     ]
     accesslog.install_filter()
     return ProxyApplication(

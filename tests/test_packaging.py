@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 from typing import Iterator
 
@@ -36,6 +37,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                     "-w", str(out), str(ROOT)], check=True, timeout=600, cwd=out)
     (found,) = out.glob("rtvideo-*.whl")
     yield found
+
+
+def test_wheel_carries_the_browser_demo_and_its_module(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"rtvideo/proxy/static/index.html", "rtvideo/proxy/static/rtvideo.js"} <= names
 
 
 def test_client_only_install_needs_neither_torch_nor_tornado(wheel: Path, tmp_path: Path) -> None:

@@ -1,18 +1,22 @@
 """The generator interface the Triton backend talks to, and the built-in generator.
 
-The built-in generator is a tiny seeded coordinate network (SIREN-like: sine
-activations over (x, y, t)) whose output layer is produced from the prompt
-embedding by a fixed linear hypernetwork. Because every pixel's pre-activation
-is affine in the embedding and the colour map (a sigmoid) is monotone, a convex
-blend of two embeddings moves every pixel monotonically from one prompt's frame
-to the other's: morphs are smooth by construction. It needs no downloaded
-weights (they come from a fixed seed) and renders at a reduced resolution that
-is upsampled bilinearly, which keeps it far above real time on one CPU core.
+The built-in generator draws a scene that follows the prompt's meaning without any
+downloaded weights: the prompt's MiniLM embedding is compared with a fixed vocabulary
+of concept phrases (embedded once at start-up), which picks the light, the ground and
+the elements of the scene, its palette and an accent colour (`rtvideo.backend.scene`).
+Those become one RGB coefficient per feature image (sky, sun, clouds, water, trees,
+flames, snowflakes, ...); the session's seed fixes the geometry. A chunk that mixes
+prompts (a transition) mixes their coefficient matrices with the mix weights, and every
+pixel is affine in the coefficients before a clip, so a transition moves every pixel
+monotonically from one scene to the other. Rendering is a few small matrix products
+at a reduced resolution, upsampled bilinearly: far above real time on one CPU core.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rtvideo.backend import catalog
+from rtvideo.backend import catalog, scene
 from rtvideo.backend.text_encoder import EMBEDDING_DIM, PromptEncoder
 from rtvideo.core.session_config import GeneratorLimits
 
@@ -63,20 +67,18 @@ def validate_mix(mix: Mapping[str, float]) -> None:
 
 @dataclass(frozen=True)
 class RendererConfig:
-    """Sizes and scales of the built-in network; the defaults are tuned for speed and looks."""
+    """Sizes and scales of the built-in renderer; the defaults are tuned for speed and looks."""
 
-    hidden: int = 48
     render_min: int = 64  # long side of the rendered grid, before bilinear upsampling ...
-    render_max: int = 160
-    render_divisor: int = 4  # ... is the output's long side over this, clamped to [min, max]
-    spatial_scale: float = 4.0  # first-layer frequencies over the [-1, 1] long side
-    temporal_scale: float = 0.5  # first-layer frequencies over time, radians per second
-    drift_speed: float = 0.05  # scene drift, long-side units per second
-    output_gain: float = 2.0  # std of the colour pre-activation for a unit embedding
+    render_max: int = 320
+    render_divisor: int = 2  # ... is the output's long side over this, clamped to [min, max]
+    texture_components: int = 12  # prompt-coloured mottling (see scene.TextureBank)
+    texture_gain: float = 0.018  # its strength for a unit embedding
     weight_seed: int = 20240917
+    params_cache_size: int = 1024  # prompts whose scene parameters are kept
 
     def render_size(self, width: int, height: int) -> tuple[int, int]:
-        """(h, w) of the grid the network evaluates; the fields are smooth, so few samples suffice."""
+        """(h, w) of the grid the scene is evaluated on; the fields are smooth, so few samples suffice."""
         long_side = max(width, height)
         target = min(long_side, max(self.render_min, min(self.render_max, long_side // self.render_divisor)))
         scale = target / long_side
@@ -85,56 +87,43 @@ class RendererConfig:
 
 @dataclass(frozen=True)
 class RendererWeights:
-    """The global network: identical in every process because it comes from a fixed seed.
+    """The global weights: identical in every process because they come from a fixed seed."""
 
-    Laid out feature-major ([hidden, pixels] activations) so every matmul has a long
-    pixel dimension, which is what BLAS is fast at.
-    """
-
-    w_xy: torch.Tensor  # [hidden, 2]
-    w_t: torch.Tensor  # [hidden]
-    b_in: torch.Tensor  # [hidden, 1]
-    w_hid: torch.Tensor  # [hidden, hidden]
-    b_hid: torch.Tensor  # [hidden, 1]
-    to_out: torch.Tensor  # [EMBEDDING_DIM, 3 * hidden]: embedding -> output-layer weights
-    to_bias: torch.Tensor  # [EMBEDDING_DIM, 3]: embedding -> output-layer bias (dominant hue)
+    texture_vectors: torch.Tensor  # [M, 2] spatial frequencies of the texture components
+    texture_omegas: torch.Tensor  # [M] their temporal frequencies
+    texture_amplitudes: torch.Tensor  # [M]
+    texture_projection: torch.Tensor  # [EMBEDDING_DIM, 3 * M]: embedding -> texture RGB coefficients
 
     @classmethod
     def from_seed(cls, config: RendererConfig, device: torch.device) -> RendererWeights:
+        bank = scene.TextureBank.from_seed(config.weight_seed, config.texture_components)
         rng = torch.Generator().manual_seed(config.weight_seed)
-        h = config.hidden
-
-        def uniform(*shape: int, bound: float) -> torch.Tensor:
-            return (torch.rand(*shape, generator=rng) * 2 - 1) * bound
-
-        # A unit embedding gives colour pre-activations of std ~output_gain
-        # (hidden features are sines with variance ~1/2).
-        out_std = config.output_gain / math.sqrt(h / 2)
-        tensors = dict(
-            w_xy=uniform(h, 2, bound=config.spatial_scale),
-            w_t=torch.randn(h, generator=rng) * config.temporal_scale,
-            b_in=uniform(h, 1, bound=math.pi),
-            w_hid=uniform(h, h, bound=math.sqrt(6 / h)),  # SIREN hidden-layer init
-            b_hid=uniform(h, 1, bound=math.pi),
-            to_out=torch.randn(EMBEDDING_DIM, 3 * h, generator=rng) * out_std,
-            to_bias=torch.randn(EMBEDDING_DIM, 3, generator=rng) * (config.output_gain / 2),
+        projection = torch.randn(EMBEDDING_DIM, 3 * bank.count, generator=rng) * config.texture_gain
+        return cls(
+            texture_vectors=torch.from_numpy(bank.vectors), texture_omegas=torch.from_numpy(bank.omegas),
+            texture_amplitudes=torch.from_numpy(bank.amplitudes),
+            texture_projection=projection.to(device=device, dtype=torch.float32),
         )
-        return cls(**{name: t.to(device=device, dtype=torch.float32) for name, t in tensors.items()})
+
+    def texture_bank(self) -> scene.TextureBank:
+        return scene.TextureBank(
+            vectors=self.texture_vectors.numpy(), omegas=self.texture_omegas.numpy(),
+            amplitudes=self.texture_amplitudes.numpy(),
+        )
 
 
 @dataclass
 class _SessionState:
-    """Per-session precomputation and the time cursor."""
+    """Per-session feature images (built by the first `generate`) and the time cursor."""
 
-    base: torch.Tensor  # [hidden, 1, pixels]: first-layer pre-activation at t = 0
-    time_rate: torch.Tensor  # [hidden, 1, 1]: its change per second (phase motion + drift)
-    render_size: tuple[int, int]  # (h, w) of the rendered grid
+    seed: int
+    layout: scene.SceneLayout | None = None
     frame_cursor: int = 0
     closed: bool = False
 
 
 class BuiltinSession(GeneratorSession):
-    """A stream of one scene: the seed picks its framing, phase and drift."""
+    """A stream of one scene: the seed picks its geometry (horizon, sun, skyline, ...) and phases."""
 
     def __init__(
         self, generator: BuiltinGenerator, *, width: int, height: int, seed: int, fps: int | None = None
@@ -145,31 +134,19 @@ class BuiltinSession(GeneratorSession):
         self.width, self.height = int(width), int(height)
         self.fps = int(fps or generator.fps)  # the session's playback rate sets the motion per frame
         self._generator = generator
-        self._state = self._prepare(int(seed))
+        self._state = _SessionState(seed=int(seed))
 
-    def _prepare(self, seed: int) -> _SessionState:
-        gen = self._generator
-        weights, device = gen.weights, gen.device
-        rh, rw = gen.config.render_size(self.width, self.height)
-
-        rng = torch.Generator().manual_seed(seed)
-        angle, drift_angle = (torch.rand(2, generator=rng) * 2 * math.pi).tolist()
-        offset = (torch.rand(2, 1, generator=rng) * 2 - 1) * 2
-        time_offset = float(torch.rand(1, generator=rng)) * 100.0
-        rotation = torch.tensor([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
-        drift = torch.tensor([math.cos(drift_angle), math.sin(drift_angle)]) * gen.config.drift_speed
-
-        # Pixel centres; the long side spans [-1, 1] so the aspect ratio crops, never stretches.
-        long_side = max(self.width, self.height)
-        ys = ((torch.arange(rh) + 0.5) / rh * 2 - 1) * (self.height / long_side)
-        xs = ((torch.arange(rw) + 0.5) / rw * 2 - 1) * (self.width / long_side)
-        grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy")).reshape(2, -1)  # [2, pixels], row-major
-        points = (rotation @ grid + offset).to(device)
-
-        # Position at time t is p - drift * t, so the pre-activation is affine in t.
-        time_rate = weights.w_t - weights.w_xy @ drift.to(device)
-        base = weights.w_xy @ points + weights.b_in + time_offset * time_rate[:, None]
-        return _SessionState(base=base[:, None, :], time_rate=time_rate[:, None, None], render_size=(rh, rw))
+    def _layout(self) -> scene.SceneLayout:
+        """The session's feature images: built on the session's own thread by the first chunk
+        (tens of milliseconds), so that opening a session on the request path stays instant."""
+        state = self._state
+        if state.layout is None:
+            gen = self._generator
+            state.layout = scene.SceneLayout(
+                width=self.width, height=self.height, render_size=gen.config.render_size(self.width, self.height),
+                seed=state.seed, texture=gen.texture, device=gen.device,
+            )
+        return state.layout
 
     @torch.inference_mode()
     def generate(self, mix: Mapping[str, float], num_frames: int) -> np.ndarray:
@@ -179,21 +156,10 @@ class BuiltinSession(GeneratorSession):
             raise RuntimeError("session is closed")
         if num_frames < 1:
             raise ValueError(f"num_frames must be >= 1, got {num_frames}")
-        gen = self._generator
-        embedding = gen.blend(mix)
-        weights = gen.weights
-        out_w = (embedding @ weights.to_out).view(3, -1)
-        out_b = (embedding @ weights.to_bias)[:, None]
-
-        frame_ids = torch.arange(state.frame_cursor, state.frame_cursor + num_frames, device=gen.device)
-        times = (frame_ids.to(torch.float32) / self.fps)[None, :, None]
+        params = self._generator.scene_parameters(mix)
+        times = np.arange(state.frame_cursor, state.frame_cursor + num_frames, dtype=np.float64) / self.fps
         state.frame_cursor += num_frames
-
-        hidden = torch.sin(torch.addcmul(state.base, state.time_rate, times))  # [H, T, P]
-        hidden = torch.sin(torch.addmm(weights.b_hid, weights.w_hid, hidden.view(hidden.shape[0], -1)))
-        rgb = torch.sigmoid(torch.addmm(out_b, out_w, hidden))  # [3, T * P]
-        rh, rw = state.render_size
-        return self._to_frames(rgb.view(3, num_frames, rh, rw).transpose(0, 1))
+        return self._to_frames(self._layout().render(params, times))
 
     def _to_frames(self, rgb: torch.Tensor) -> np.ndarray:
         """[T, 3, h, w] in [0, 1] -> uint8 [T, H, W, 3], upsampled bilinearly."""
@@ -208,9 +174,9 @@ class BuiltinSession(GeneratorSession):
         return frames.permute(0, 2, 3, 1).contiguous().cpu().numpy()
 
     def close(self) -> None:
-        """Drop the precomputed grid; later `generate` calls raise."""
+        """Drop the feature images; later `generate` calls raise."""
         self._state.closed = True
-        self._state.base = torch.empty(0)
+        self._state.layout = None
 
 
 def _quantise(rgb: torch.Tensor) -> torch.Tensor:
@@ -219,7 +185,7 @@ def _quantise(rgb: torch.Tensor) -> torch.Tensor:
 
 
 class BuiltinGenerator(VideoGenerator):
-    """Seeded neural renderer conditioned on MiniLM prompt embeddings; CPU or CUDA."""
+    """Prompt-following scene renderer conditioned on MiniLM prompt embeddings; CPU or CUDA."""
 
     limits = catalog.BUILTIN
 
@@ -230,20 +196,56 @@ class BuiltinGenerator(VideoGenerator):
         self.fps = fps
         self.config = config or RendererConfig()
         self.weights = RendererWeights.from_seed(self.config, self.device)
+        self.texture = self.weights.texture_bank()
         self.text_encoder = PromptEncoder(device=str(self.device))
+        self.vocabulary = scene.ConceptVocabulary(self.text_encoder.encode_batch, key="all-MiniLM-L6-v2")
+        self._params: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._params_lock = threading.Lock()
 
     def embed(self, prompt: str) -> torch.Tensor:
         """The prompt's MiniLM embedding (LRU-cached by the text encoder)."""
         return self.text_encoder.encode(prompt)
 
     def blend(self, mix: Mapping[str, float]) -> torch.Tensor:
-        """The chunk's conditioning: the exact convex blend sum(w * embed(prompt))."""
+        """The exact convex blend of the prompts' embeddings, sum(w * embed(prompt))."""
         validate_mix(mix)
         blended = torch.zeros(EMBEDDING_DIM, device=self.device)
         for prompt, weight in mix.items():
             if weight > 0:  # a finished transition may still name its old prompt
                 blended += weight * self.embed(prompt)
         return blended
+
+    def scene_weights(self, prompt: str) -> scene.SceneWeights:
+        """What the renderer understands of `prompt` (light, ground, elements, accent)."""
+        return self.vocabulary.weights(self.embed(prompt))
+
+    def prompt_parameters(self, prompt: str) -> torch.Tensor:
+        """[3, K]: the scene coefficients of one prompt (cached; a fresh copy)."""
+        with self._params_lock:
+            cached = self._params.get(prompt)
+            if cached is not None:
+                self._params.move_to_end(prompt)
+                return cached.clone()
+        embedding = self.embed(prompt)
+        named = torch.from_numpy(scene.scene_parameters(self.vocabulary.weights(embedding)))
+        texture = (embedding @ self.weights.texture_projection).view(3, -1)
+        params = torch.cat([named.to(device=self.device, dtype=torch.float32), texture], dim=1)
+        with self._params_lock:
+            self._params[prompt] = params
+            while len(self._params) > self.config.params_cache_size:
+                self._params.popitem(last=False)
+        return params.clone()
+
+    def scene_parameters(self, mix: Mapping[str, float]) -> torch.Tensor:
+        """The chunk's coefficients: the exact convex mix sum(w * prompt_parameters(prompt))."""
+        validate_mix(mix)
+        mixed: torch.Tensor | None = None
+        for prompt, weight in mix.items():
+            if weight > 0:  # a finished transition may still name its old prompt
+                term = self.prompt_parameters(prompt) * weight
+                mixed = term if mixed is None else mixed + term
+        assert mixed is not None  # validate_mix: the weights sum to 1
+        return mixed
 
     def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> BuiltinSession:
         """A new stream; raises ValueError for sizes the encoder cannot take."""

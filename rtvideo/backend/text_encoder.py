@@ -70,6 +70,15 @@ class PromptEncoder:
                 old_prompt, old = self._cache.popitem(last=False)
                 self._held_bytes -= _entry_bytes(old_prompt, old)
 
+    def encode_batch(self, texts: list[str]) -> torch.Tensor:
+        """[len(texts), 384] embeddings in one batch, bypassing the cache (for fixed vocabularies)."""
+        with self._model_lock, torch.inference_mode():
+            embeddings = self._model.encode(
+                list(texts), convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False,
+                batch_size=max(1, len(texts)),
+            )
+        return embeddings.to(device=self.device, dtype=torch.float32).clone()
+
     def cached_prompts(self) -> int:
         """How many prompts the cache holds (for metrics and tests)."""
         with self._cache_lock:

@@ -1,0 +1,465 @@
+// rtvideo.js: a small browser client for rtvideo's WebSocket /v1/realtime/video.
+// An ES module with no dependencies and no build step; the proxy serves it at /rtvideo.js.
+// The protocol is docs/protocol.md in the rtvideo repository.
+//
+//   import { RealtimeVideoClient, MsePlayer } from "/rtvideo.js";
+//   const client = new RealtimeVideoClient(RealtimeVideoClient.urlFor(location), { token });
+//   const player = new MsePlayer(document.querySelector("video")).attach(client);
+//   await client.connect();
+//   client.start("a red lighthouse at sunset", { width: 256, height: 256, seed: 7 });
+//   const { eventId, ackMs } = await client.interact("a snowy forest at night", { transitionChunks: 3 });
+//   client.stop();
+//
+// Events (client.on(type, fn) calls fn with the detail; they are also DOM CustomEvents):
+//   open, close {code, reason, clean}, message (every JSON message), video.start, chunk {meta, data},
+//   queued {eventId, ackMs, attempts}, interaction (an event's record changed), error, pong, done.
+
+/** The default codec string: H.264 Constrained Baseline, level 3.0. */
+export const DEFAULT_CODEC = "avc1.42C01E";
+
+/** The ends an acked event reaches (docs/protocol.md §5), plus "failed" for an error naming it. */
+export const EVENT_ENDS = ["completed", "superseded", "interrupted", "failed", "unapplied", "unfinished"];
+
+/** A fresh event id ("evt-" + a UUID unless another prefix is given). */
+export function newEventId(prefix = "evt") {
+  if (globalThis.crypto && crypto.randomUUID) return `${prefix}-${crypto.randomUUID()}`;
+  return `${prefix}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 12)}`;
+}
+
+/** "avc1.PPCCLL" from the avcC box of an init segment, or null when there is none. */
+export function codecFromInit(bytes) {
+  for (let i = 4; i + 8 < bytes.length; i++) {
+    if (bytes[i] === 0x61 && bytes[i + 1] === 0x76 && bytes[i + 2] === 0x63 && bytes[i + 3] === 0x43) {
+      const hex = b => b.toString(16).toUpperCase().padStart(2, "0");
+      return `avc1.${hex(bytes[i + 5])}${hex(bytes[i + 6])}${hex(bytes[i + 7])}`;
+    }
+  }
+  return null;
+}
+
+class Emitter extends EventTarget {
+  /** Call `fn(detail)` for every event of `type`; returns a function that unsubscribes. */
+  on(type, fn) {
+    const listener = ev => fn(ev.detail);
+    this.addEventListener(type, listener);
+    return () => this.removeEventListener(type, listener);
+  }
+
+  emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+}
+
+/**
+ * One session over one WebSocket. Tracks every prompt update from send to its end:
+ * `client.interactions` maps event ids to records
+ * {eventId, prompt, transitionChunks, state, sentAt, attempts, ackMs, startedChunk, progress, end, endChunk, error}
+ * where state is "sent", "queued", "active" or the end (EVENT_ENDS).
+ */
+export class RealtimeVideoClient extends Emitter {
+  /** ws(s)://<page's host and folder>/v1/realtime/video, with ?token= when given. */
+  static urlFor(location, token = null) {
+    const base = String(location.href).replace(/[?#].*$/, "").replace(/[^/]*$/, "");
+    const url = new URL("v1/realtime/video", base);
+    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+    if (token) url.searchParams.set("token", token);
+    return url.href;
+  }
+
+  /**
+   * @param {string} url  the WebSocket URL (see urlFor)
+   * @param {object} options  token (added as ?token=), retryMs (resend an unacked update after this
+   *   long, default 1000), maxAttempts (sends per update before giving up, default 5)
+   */
+  constructor(url, { token = null, retryMs = 1000, maxAttempts = 5 } = {}) {
+    super();
+    const target = new URL(url, globalThis.location ? globalThis.location.href : undefined);
+    if (token) target.searchParams.set("token", token);
+    this.url = target.href;
+    this.retryMs = retryMs;
+    this.maxAttempts = maxAttempts;
+    this.ws = null;
+    this.requestId = null;
+    this.config = null;
+    this.done = null;
+    this.stopped = false;
+    this.interactions = new Map();
+    this._pending = new Map(); // eventId -> {resolve, reject, timer}
+    this._meta = null;
+  }
+
+  get isOpen() {
+    return !!this.ws && this.ws.readyState === WebSocket.OPEN;
+  }
+
+  /** Opens the WebSocket; resolves when it is open. */
+  connect() {
+    if (this.ws) throw new Error("already connected");
+    return new Promise((resolve, reject) => {
+      const ws = new WebSocket(this.url);
+      ws.binaryType = "arraybuffer";
+      this.ws = ws;
+      let opened = false;
+      ws.onopen = () => { opened = true; this.emit("open", {}); resolve(this); };
+      ws.onerror = () => { if (!opened) reject(new Error(`cannot connect to ${this.url}`)); };
+      ws.onmessage = ev => this._onFrame(ev.data);
+      ws.onclose = ev => this._onClose(ev);
+    });
+  }
+
+  /** session.start: `fields` are any other session.start fields (width, height, fps, seed, num_frames, ...). */
+  start(prompt, fields = {}) {
+    const message = { type: "session.start", prompt, format: "m4s" };
+    for (const [key, value] of Object.entries(fields)) if (value !== null && value !== undefined && value !== "") message[key] = value;
+    this._send(message);
+    return message;
+  }
+
+  /**
+   * A prompt update. Resolves with {eventId, ackMs, attempts} on its session.interaction.queued;
+   * rejects with an Error (its .code, .eventId) when an error names it or no ack came after
+   * maxAttempts sends. The same payload is resent with the same event_id every retryMs until then
+   * (the server answers a retry with the same ack and never applies it twice).
+   */
+  interact(prompt, { eventId = null, transitionChunks = null, event = null } = {}) {
+    const id = eventId || newEventId();
+    const interaction = { event_id: id, event: { ...(event || {}), prompt } };
+    if (transitionChunks !== null && transitionChunks !== undefined && transitionChunks !== "") {
+      interaction.transition_chunks = Number(transitionChunks);
+    }
+    const message = { type: "session.interaction", interaction };
+    const payload = JSON.stringify([interaction.event, interaction.transition_chunks ?? null]);
+    const known = this.interactions.get(id);
+    if (known && known.payload !== payload) {
+      // The server refuses a reuse of an id with another payload (event_id_conflict) and keeps the original.
+      if (known.ackMs === null) {
+        return Promise.reject(Object.assign(new Error(`${id} is in flight with another payload`), { code: "event_id_conflict", eventId: id }));
+      }
+      return this._expect(id, () => this._send(message));
+    }
+    if (known && this._pending.has(id)) return this._pending.get(id).promise;
+    if (known && known.ackMs !== null) {
+      return Promise.resolve({ eventId: id, ackMs: known.ackMs, attempts: known.attempts }); // acked already
+    }
+    const record = {
+      eventId: id, prompt, transitionChunks: interaction.transition_chunks ?? null, state: "sent", payload,
+      sentAt: performance.now(), attempts: 0, ackMs: null, startedChunk: null, progress: 0, end: null,
+      endChunk: null, error: null,
+    };
+    this.interactions.set(id, record);
+    const attempt = () => {
+      const pending = this._pending.get(id);
+      if (!pending) return;
+      if (record.attempts >= this.maxAttempts || !this.isOpen) {
+        const error = Object.assign(new Error(this.isOpen ? `no ack for ${id} after ${record.attempts} sends` : "the connection is closed"), { code: "no_ack", eventId: id });
+        this._fail(id, error);
+        return;
+      }
+      record.attempts += 1;
+      this._send(message);
+      pending.timer = setTimeout(attempt, this.retryMs);
+    };
+    const promise = this._expect(id, attempt);
+    this.emit("interaction", record);
+    return promise;
+  }
+
+  /** A pending answer about `id`; `send` sends (and may reschedule itself through the timer). */
+  _expect(id, send) {
+    let settle;
+    const promise = new Promise((resolve, reject) => { settle = { resolve, reject }; });
+    this._pending.set(id, { ...settle, promise, timer: null });
+    try { send(); } catch (e) { this._reject(id, Object.assign(e, { code: e.code || "not_open", eventId: id })); }
+    return promise;
+  }
+
+  stop() {
+    if (this.stopped) return;
+    this.stopped = true;
+    this._send({ type: "session.stop" });
+  }
+
+  ping() {
+    this._send({ type: "session.ping" });
+  }
+
+  close(code = 1000) {
+    if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close(code);
+  }
+
+  _send(message) {
+    if (!this.isOpen) throw new Error("the WebSocket is not open");
+    this.ws.send(JSON.stringify(message));
+  }
+
+  _update(id, changes) {
+    const record = this.interactions.get(id);
+    if (!record || record.end) return;
+    Object.assign(record, changes);
+    if (changes.end) record.state = changes.end;
+    this.emit("interaction", record);
+  }
+
+  _reject(id, error) {
+    const pending = this._pending.get(id);
+    if (!pending) return;
+    clearTimeout(pending.timer);
+    this._pending.delete(id);
+    pending.promise.catch(() => {}); // callers that do not await still see the interaction event
+    pending.reject(error);
+  }
+
+  _fail(id, error) {
+    this._reject(id, error);
+    this._update(id, { end: "failed", error: error.code || String(error) });
+  }
+
+  _onFrame(data) {
+    if (typeof data !== "string") {
+      const meta = this._meta;
+      this._meta = null;
+      this.emit("chunk", { meta, data: new Uint8Array(data) });
+      return;
+    }
+    let m;
+    try { m = JSON.parse(data); } catch (e) { this.emit("error", { code: "client_invalid_json", message: String(e) }); return; }
+    this.emit("message", m);
+    switch (m.type) {
+      case "video.start":
+        this.requestId = m.request_id;
+        this.config = m.config;
+        this.emit("video.start", m);
+        break;
+      case "session.interaction.queued": {
+        const pending = this._pending.get(m.event_id);
+        const record = this.interactions.get(m.event_id);
+        if (!pending || (record && record.ackMs !== null)) break; // a duplicate ack (of a retry): already reported
+        clearTimeout(pending.timer);
+        this._pending.delete(m.event_id);
+        const ackMs = record ? performance.now() - record.sentAt : null;
+        if (record && record.state === "sent") this._update(m.event_id, { state: "queued", ackMs });
+        const detail = { eventId: m.event_id, ackMs, attempts: record ? record.attempts : 1 };
+        pending.resolve(detail);
+        this.emit("queued", detail);
+        break;
+      }
+      case "video.chunk_metadata":
+        this._meta = m;
+        this._track(m);
+        break;
+      case "error": {
+        const record = m.event_id ? this.interactions.get(m.event_id) : null;
+        const error = Object.assign(new Error(m.message || m.code), { code: m.code, eventId: m.event_id });
+        if (record && m.code === "event_id_conflict" && record.state !== "sent") {
+          this._reject(m.event_id, error); // a reuse of the id with another payload: the original goes on
+        } else if (record) {
+          this._fail(m.event_id, error);
+        }
+        this.emit("error", m);
+        break;
+      }
+      case "session.done":
+        this.done = m;
+        for (const id of m.unapplied_event_ids || []) this._update(id, { end: "unapplied" });
+        for (const id of m.unfinished_event_ids || []) this._update(id, { end: "unfinished" });
+        this.emit("done", m);
+        break;
+      case "session.pong":
+        this.emit("pong", m);
+        break;
+      default:
+        break;
+    }
+  }
+
+  _track(m) {
+    const chunk = m.generation_chunk_index;
+    for (const id of m.started_event_ids || []) this._update(id, { state: "active", startedChunk: chunk });
+    for (const [id, progress] of Object.entries(m.transition_progress || {})) this._update(id, { progress });
+    for (const id of m.completed_event_ids || []) this._update(id, { end: "completed", endChunk: chunk, progress: 1 });
+    for (const id of m.superseded_event_ids || []) this._update(id, { end: "superseded", endChunk: chunk });
+    for (const id of m.interrupted_event_ids || []) this._update(id, { end: "interrupted", endChunk: chunk });
+  }
+
+  _onClose(ev) {
+    for (const id of [...this._pending.keys()]) {
+      const error = Object.assign(new Error("the connection closed before an answer"), { code: "closed", eventId: id });
+      const record = this.interactions.get(id);
+      if (record && record.ackMs !== null) this._reject(id, error); // acked: its end comes below
+      else this._fail(id, error);
+    }
+    if (!this.done) { // no session.done: what the client saw is all it will know
+      for (const record of this.interactions.values()) {
+        if (!record.end) this._update(record.eventId, { end: record.startedChunk === null ? "unapplied" : "unfinished", error: "closed" });
+      }
+    }
+    this.emit("close", { code: ev.code, reason: ev.reason, clean: ev.wasClean });
+  }
+}
+
+/**
+ * Plays a session's fMP4 payloads in a <video> through Media Source Extensions, in order, and
+ * keeps what was played so it can be saved. The trailer (an mfra index) is kept for the
+ * recording but not appended: a SourceBuffer has no use for it.
+ */
+export class MsePlayer extends Emitter {
+  /**
+   * @param {HTMLVideoElement} video
+   * @param {object} options  codec (default: read from the init segment, else DEFAULT_CODEC),
+   *   record (keep payloads for save(), default true), recordLimitBytes (default 512 MiB),
+   *   keepSeconds (buffered media kept behind the playhead, default 60)
+   */
+  constructor(video, { codec = null, record = true, recordLimitBytes = 512 * 1024 * 1024, keepSeconds = 60 } = {}) {
+    super();
+    this.video = video;
+    this.codec = codec;
+    this.type = null;
+    this.record = record;
+    this.recordLimitBytes = recordLimitBytes;
+    this.keepSeconds = keepSeconds;
+    this.payloads = [];
+    this.recordedBytes = 0;
+    this.recordTruncated = false;
+    this.appended = 0;
+    this.error = null;
+    this.ended = false;
+    this._queue = [];
+    this._ending = false;
+    this._sb = null;
+    this.mediaSource = new MediaSource();
+    this._url = URL.createObjectURL(this.mediaSource);
+    video.src = this._url;
+    this.mediaSource.addEventListener("sourceopen", () => {
+      URL.revokeObjectURL(this._url); // attached: the URL is no longer needed
+      this._pump();
+    }, { once: true });
+  }
+
+  /** Feed it a client's chunks; ends the stream on session.done or when the connection closes. */
+  attach(client) {
+    client.on("chunk", ({ meta, data }) => this.push(data, meta));
+    client.on("done", () => this.end());
+    client.on("close", () => this.end());
+    return this;
+  }
+
+  /** Queue one payload (Uint8Array or ArrayBuffer) with its chunk metadata. */
+  push(data, meta = null) {
+    const bytes = data instanceof Uint8Array ? data : new Uint8Array(data);
+    if (this.record && !this.recordTruncated) {
+      if (this.recordedBytes + bytes.length > this.recordLimitBytes) this.recordTruncated = true;
+      else { this.payloads.push(bytes); this.recordedBytes += bytes.length; }
+    }
+    if (meta && meta.kind === "trailer") return;
+    if (!this.type) {
+      this.codec = this.codec || codecFromInit(bytes) || DEFAULT_CODEC;
+      this.type = `video/mp4; codecs="${this.codec}"`;
+      if (!MediaSource.isTypeSupported(this.type)) this._error("unsupported_type", `this browser cannot play ${this.type}`);
+    }
+    this._queue.push(bytes);
+    this._pump();
+  }
+
+  /** End of stream once every queued payload has been appended ("ended" fires after the current
+   * event's other listeners, e.g. a page's own session.done handler, have run). */
+  end() {
+    this._ending = true;
+    queueMicrotask(() => this._pump());
+  }
+
+  /** Seconds of media buffered (the end of the last buffered range). */
+  get bufferedEnd() {
+    try {
+      const b = this._sb ? this._sb.buffered : this.video.buffered;
+      return b.length ? b.end(b.length - 1) : 0;
+    } catch (e) {
+      return 0; // the SourceBuffer was detached (the video element moved on to another stream)
+    }
+  }
+
+  /** How far the stream runs ahead of playback: buffered end minus the playhead, in seconds. */
+  get lead() {
+    return Math.max(0, this.bufferedEnd - this.video.currentTime);
+  }
+
+  /** What was received so far, as one fragmented MP4 (trailer included once the session ended). */
+  recording() {
+    return new Blob(this.payloads, { type: "video/mp4" });
+  }
+
+  /** Offer the recording as a download; returns its size in bytes. */
+  save(filename = "rtvideo.mp4") {
+    const blob = this.recording();
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = filename;
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+    return blob.size;
+  }
+
+  _error(code, message) {
+    if (this.error) return;
+    this.error = code;
+    this.emit("error", { code, message });
+    this._pump();
+  }
+
+  _pump() {
+    const ms = this.mediaSource;
+    if (this._ending && !this.type && !this._queue.length) {
+      this._finish(); // nothing was ever received
+      return;
+    }
+    if (!this._sb && this.type && ms.readyState === "open" && !this.error) {
+      try {
+        this._sb = ms.addSourceBuffer(this.type);
+        this._sb.mode = "segments";
+        this._sb.addEventListener("updateend", () => this._pump());
+        this._sb.addEventListener("error", () => this._error("append_error", "the browser could not append a payload"));
+      } catch (e) {
+        this._error("unsupported_type", `cannot play ${this.type}: ${e}`);
+        return;
+      }
+    }
+    const sb = this._sb;
+    if (!sb || sb.updating || this.error) {
+      if (this.error) this._finish();
+      return;
+    }
+    const now = this.video.currentTime;
+    if (sb.buffered.length && now - sb.buffered.start(0) > this.keepSeconds + 10) {
+      sb.remove(0, now - this.keepSeconds); // long sessions: drop what was played long ago
+      return;
+    }
+    if (this._queue.length) {
+      const bytes = this._queue.shift();
+      try {
+        sb.appendBuffer(bytes);
+        this.appended += 1;
+        if (this.video.paused) this.video.play().catch(() => {});
+      } catch (e) {
+        if (e.name === "QuotaExceededError" && now > 1) {
+          this._queue.unshift(bytes);
+          sb.remove(0, Math.max(0.1, now - 1));
+        } else {
+          this._error("append_error", `append failed: ${e}`);
+        }
+      }
+      return;
+    }
+    if (this._ending) this._finish();
+  }
+
+  _finish() {
+    if (this.ended) return;
+    if (this._sb && this._sb.updating) return;
+    this.ended = true;
+    if (this.mediaSource.readyState === "open" && !this.error) {
+      try { this.mediaSource.endOfStream(); } catch (e) { /* already ended */ }
+    }
+    this.emit("ended", { bufferedEnd: this.bufferedEnd, error: this.error || (this.video.error ? this.video.error.code : null) });
+  }
+}
