@@ -261,8 +261,8 @@ def test_capacity_gives_server_busy(triton) -> None:
 def test_four_concurrent_sessions_are_independent(triton) -> None:
     sessions = [TritonStreamSession(triton.grpc_url, FAST_MODEL) for _ in range(4)]
     try:
-        for i, s in enumerate(sessions):
-            s.start(f"scene {i}", num_frames=36, seed=i)
+        for i, s in enumerate(sessions):  # 16 chunks: long enough that the update lands in time
+            s.start(f"scene {i}", num_frames=144, seed=i)
             s.interact(f"update {i}", event_id=f"u{i}", transition_chunks=1)
         transcripts = [collect(s) for s in sessions]
     finally:
@@ -272,10 +272,10 @@ def test_four_concurrent_sessions_are_independent(triton) -> None:
     assert len(rids) == 4
     for i, t in enumerate(transcripts):
         check_stream_rules(t)
-        assert sum(m["num_frames"] for m in t.media) == 36
+        assert sum(m["num_frames"] for m in t.media) == 144
         events = {e for m in t.media for e in m["active_event_ids"]} | set(t.messages[-1]["unapplied_event_ids"])
         assert events == {f"u{i}"}
-        assert decode(t.video).shape[0] == 36
+        assert decode(t.video).shape[0] == 144
 
 
 def paced_frames(triton, prompt: str, update: str | None, chunks: int) -> tuple[list, list]:
