@@ -22,6 +22,14 @@
 ARG VLLM_TRITON_IMAGE=nvcr.io/nvidia/tritonserver:26.09-vllm-python-py3
 ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.08-py3
 
+# --- the project's files, copied once for both images --------------------------------------------
+FROM scratch AS source
+COPY pyproject.toml README.md /src/
+COPY rtvideo /src/rtvideo
+COPY proxy /src/proxy
+COPY client /src/client
+COPY model_repository /src/model_repository
+
 # --- cpu: the built-in generator ------------------------------------------------------------------
 FROM ${TRITON_IMAGE} AS cpu
 
@@ -30,11 +38,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1
 WORKDIR /opt/rtvideo
-COPY pyproject.toml README.md ./
-COPY rtvideo ./rtvideo
-COPY proxy ./proxy
-COPY client ./client
-COPY model_repository ./model_repository
+COPY --from=source /src ./
 # The container's Python runs the backend stub, so the package goes into it (a CUDA build of
 # torch from the registry on this GPU image). Then an unprivileged user to run as.
 # DL3013: "." is this checkout, whose dependencies pyproject.toml bounds.
@@ -62,11 +66,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1
 WORKDIR /opt/rtvideo
-COPY pyproject.toml README.md ./
-COPY rtvideo ./rtvideo
-COPY proxy ./proxy
-COPY client ./client
-COPY model_repository ./model_repository
+COPY --from=source /src ./
 COPY scripts/check_vllm_image.py ./scripts/
 # torch, vLLM and numpy come from the image and stay: they are written down first and every pip
 # install runs with them as constraints (a dependency that wants another version fails the build
