@@ -13,7 +13,7 @@ import secrets
 import time
 from typing import Any, AsyncIterator
 
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOptions
 from tritonclient.grpc.aio import InferenceServerClient
 
 from rtvideo import wire
@@ -22,6 +22,27 @@ from rtvideo.wire import START_TAG, Reply
 
 
 _PING = protocol.encode({"type": protocol.PING}).encode()
+#: the longest gRPC waits between attempts to reach a Triton that went away. Its default backoff
+#: grows 1.6x a try to 120 s, so a Triton back after a restart stayed unreached (probes failing on
+#: the cached "connection refused") for up to about half the outage again, long enough for the
+#: supervisor to restart it once more. (The connect timeout, `min_reconnect_backoff_ms`, stays 20 s.)
+RECONNECT_BACKOFF_MS = 1000
+
+
+def channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own defaults (message sizes, keep-alive), and reconnect attempts at most
+    `RECONNECT_BACKOFF_MS` apart."""
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+    ]
 
 
 class BackendUnavailable(Exception):
@@ -115,7 +136,7 @@ class TritonBridge:
     @property
     def client(self) -> InferenceServerClient:
         if self._client is None:
-            self._client = InferenceServerClient(self.url)
+            self._client = InferenceServerClient(self.url, channel_args=channel_args())
         return self._client
 
     def open_stream(self) -> TritonStream:

@@ -74,6 +74,86 @@ def test_health_probe_is_answered_without_a_session(triton) -> None:
     assert [m["type"] for m, _ in refused] == ["error", "session.done"] and refused[0][0]["code"] == "invalid_start"
 
 
+class _Relay:
+    """A TCP relay to 127.0.0.1:`to_port` that can go away (its connections cut) and come back."""
+
+    def __init__(self, port: int, to_port: int) -> None:
+        self.port, self.to_port = port, to_port
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._tasks: set[asyncio.Task] = set()
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+
+    async def down(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.ensure_future(self._forward(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.to_port)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except ConnectionError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+def test_probe_reaches_a_triton_back_after_an_outage(triton) -> None:
+    """gRPC's reconnect backoff grows with an outage (1.6x a try, to 120 s by default): a Triton back
+    after a restart went unreached for up to about half the outage again (probes failing on the
+    cached "connection refused"), long enough for the supervisor to restart the healthy Triton
+    once more. The proxy's channel tries again every second at most."""
+    from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge
+
+    async def body() -> float:
+        relay = _Relay(free_port(), int(triton.grpc_url.rsplit(":", 1)[1]))
+        bridge = TritonBridge(f"127.0.0.1:{relay.port}", FAST_MODEL)
+        try:
+            await relay.up()
+            await bridge.probe(5.0)
+            await relay.down()  # Triton goes away (killed, restarting)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 30:
+                with pytest.raises(BackendUnavailable):
+                    await bridge.probe(1.0)
+                await asyncio.sleep(1.0)  # the supervisor's pace with --probe-interval 1
+            await relay.up()
+            back = time.monotonic()
+            while True:
+                try:
+                    await bridge.probe(1.0)
+                    return time.monotonic() - back
+                except BackendUnavailable as exc:
+                    assert time.monotonic() - back < 3.0, f"Triton is back, still unreached: {exc}"
+                    await asyncio.sleep(0.1)
+        finally:
+            await bridge.close()
+            await relay.down()
+
+    print(f"probe answered {asyncio.run(body()):.2f} s after Triton was back")
+
+
 # --- rtvideo serve as a subprocess ---------------------------------------------------------------
 @dataclass
 class Served:
