@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -158,7 +159,14 @@ async def _restart(triton: TritonServer) -> None:
     old = triton.pid
     await asyncio.to_thread(triton.stop, 0)
     triton.spawn()
-    await asyncio.to_thread(triton.wait_ready, 600)
+    try:
+        await asyncio.to_thread(triton.wait_ready, 600)
+    except asyncio.CancelledError:
+        # Shutting down mid-restart: nobody will use this Triton. Killed now, the waiting thread
+        # sees it exit within 0.1 s and cleans up; else the exit would wait for its whole start-up.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(triton.pid, signal.SIGKILL)  # its process group (it leads its own session)
+        raise
     log.info("tritonserver restarted in %.1f s (pid %s, was %s)", triton.startup_seconds, triton.pid, old)
 
 

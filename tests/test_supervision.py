@@ -317,6 +317,34 @@ def test_sigterm_leaves_no_process_or_shared_memory(served: Served) -> None:
     assert not _shm_of(served.proc.pid)
 
 
+def test_sigterm_during_a_restart_exits_at_once(tmp_path: Path) -> None:
+    """SIGTERM while the supervisor restarts Triton: the Triton being started is not waited for
+    (it was: the whole start-up, up to wait_ready's 600 s, then a graceful stop)."""
+    s = _serve(tmp_path, "--probe-interval", "1")
+    try:
+        server_pid, stubs = _triton_pids(s.proc.pid)
+        os.kill(stubs[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        while "backend restarting" not in s.log.read_text():
+            assert time.monotonic() - t0 < 30, "no restart:\n" + s.tail()
+            time.sleep(0.05)
+        time.sleep(0.5)  # the new tritonserver is starting
+        pids = descendants(s.proc.pid)
+        assert any("tritonserver" in _cmdline(p) for p in pids), s.tail()
+        s.proc.send_signal(signal.SIGTERM)
+        t1 = time.monotonic()
+        assert s.proc.wait(60) == 0
+        took = time.monotonic() - t1
+        assert took < 4.0, f"rtvideo serve took {took:.1f} s to exit:\n" + s.tail()
+        t2 = time.monotonic()
+        while [p for p in pids if alive(p)]:
+            assert time.monotonic() - t2 < 5, f"left running: {[p for p in pids if alive(p)]}"
+            time.sleep(0.1)
+        assert not _shm_of(s.proc.pid)
+    finally:
+        _end(s.proc)
+
+
 def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:
     s = _serve(tmp_path, "--probe-interval", "5")
     server_pid, stubs = _triton_pids(s.proc.pid)
