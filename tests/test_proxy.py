@@ -541,6 +541,43 @@ def test_slow_consumer_is_cut_off(proxies, triton) -> None:
     wait_idle(triton, timeout=10)
 
 
+def test_slow_consumer_that_reads_again_gets_its_end(proxies, triton) -> None:
+    """A client that stops reading, then reads again before the close times out (Tornado waits
+    5 s for the client's close): the error and session.done are there before the close. They
+    used to wait in the outbox behind the write in progress, and the close (1 s later) went out
+    without them."""
+    wait_idle(triton)
+    server = proxies.server(outbound_buffer_bytes=64 * 1024)
+
+    async def body() -> tuple[list[Any], int | None]:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the kernel buffers little
+        sock.connect(("127.0.0.1", server.port))
+        sock.setblocking(False)
+        conn = await connect(server.url, sock=sock, max_size=None, max_queue=1, proxy=None)
+        before = server.context.metrics.errors["slow_consumer"]
+        await conn.send(json.dumps({"type": "session.start", "prompt": "firehose", "seed": 1}))
+        deadline = time.monotonic() + 60
+        while server.context.metrics.errors["slow_consumer"] == before:
+            assert time.monotonic() < deadline, "the proxy never noticed the slow consumer"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.0)  # past the proxy's 1 s flush, within Tornado's 5 s close wait
+        frames = []
+        try:
+            async for frame in conn:
+                frames.append(frame)
+        except ConnectionClosed:
+            pass
+        return frames, conn.close_code
+
+    frames, close_code = run(body())
+    texts = [json.loads(f) for f in frames if isinstance(f, str)]
+    assert [m["type"] for m in texts[-2:]] == ["error", "session.done"], [m["type"] for m in texts[-4:]]
+    assert texts[-2]["code"] == "slow_consumer" and close_code == 1000
+    assert texts[-1]["chunks"] == sum(isinstance(f, bytes) for f in frames)
+    wait_idle(triton, timeout=10)
+
+
 def test_eight_concurrent_sessions_lose_nothing(proxies, triton) -> None:
     wait_idle(triton)
     rng = random.Random(1234)
