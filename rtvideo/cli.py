@@ -87,8 +87,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def check_settings(args: argparse.Namespace) -> None:
-    """The proxy's settings, and the model's parameters as the model would load them."""
+    """The proxy's settings, the log's, the ports of a Triton started here, and the model's
+    parameters as the model would load them."""
     proxy_settings.from_namespace(args, triton_url=args.triton_url or "127.0.0.1:1")
+    # argparse checks neither a default taken from the environment against `choices` nor a level.
+    if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
+        raise ValueError(f"--log-level (or RTVIDEO_LOG_LEVEL) {args.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    if args.log_format not in logsetup.FORMATS:
+        raise ValueError(f"--log-format (or RTVIDEO_LOG_FORMAT) {args.log_format!r}: use "
+                         f"{' or '.join(logsetup.FORMATS)}")
+    for name in ("grpc", "http", "metrics"):
+        port = getattr(args, f"triton_{name}_port")
+        if args.triton_url is None and not 1 <= port <= 65535:
+            raise ValueError(f"--triton-{name}-port {port}: use a port from 1 to 65535")
     overrides = settings_text.values_from(args, BackendSettings)
     if args.triton_url is not None and overrides:
         raise ValueError("model parameters need a Triton started here; drop --triton-url")

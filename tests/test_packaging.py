@@ -84,6 +84,11 @@ def test_dockerfile_lints_and_copies_what_exists() -> None:
     ([], {"RTVIDEO_MAX_SESSIONS": "many"}, "RTVIDEO_MAX_SESSIONS"),
     ([], {"RTVIDEO_PORT": "http"}, "RTVIDEO_PORT"),
     (["--triton-host", "0.0.0.0 8001"], {}, "--triton-host"),
+    (["--log-level", "loud"], {}, "--log-level"),
+    ([], {"RTVIDEO_LOG_LEVEL": "verbose"}, "RTVIDEO_LOG_LEVEL"),
+    ([], {"RTVIDEO_LOG_FORMAT": "xml"}, "RTVIDEO_LOG_FORMAT"),
+    (["--port", "80800"], {}, "port"),  # served on 80800 - 65536 = 15264 before
+    (["--triton-grpc-port", "70001"], {}, "--triton-grpc-port"),
 ])
 def test_bad_values_give_one_line_and_exit_2(args: list[str], env: dict[str, str], fragment: str) -> None:
     out = subprocess.run([str(RTVIDEO), "serve", *args], capture_output=True, text=True, timeout=60,
