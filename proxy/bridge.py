@@ -88,6 +88,8 @@ class TritonStream:
 
     async def replies(self) -> AsyncIterator[Reply]:
         """Responses in arrival order, until the stream ends; raises BackendUnavailable."""
+        if self._cancelled:  # cancelled before it was read: nothing may reach Triton
+            return
         try:
             self._call = self._client.stream_infer(self._request_iterator())
             async for result, error in self._call:

@@ -510,6 +510,31 @@ def test_disconnect_frees_the_triton_session(proxies, triton) -> None:
     wait_idle(triton, timeout=10)
 
 
+def test_a_stream_cancelled_before_it_is_read_never_reaches_triton(triton) -> None:
+    """The supervisor may end a session (backend_lost: stream.cancel()) in the loop turn its
+    session.start was queued in, before the pump first ran. replies() opened the call anyway:
+    the start reached the model, the requests were half-closed, and with nobody left to end the
+    sequence the model streamed into the void until the session limit, holding a slot."""
+    wait_idle(triton)
+
+    async def body() -> list[Reply]:
+        bridge = TritonBridge(triton.grpc_url, FAST_MODEL)
+        try:
+            stream = bridge.open_stream()
+            stream.send(json.dumps({"type": "session.start", "prompt": "nobody is listening"}).encode(), start=True)
+            stream.cancel()
+
+            async def collect() -> list[Reply]:
+                return [reply async for reply in stream.replies()]
+
+            return await asyncio.wait_for(collect(), 5.0)
+        finally:
+            await bridge.close()
+
+    assert run(body()) == []
+    wait_idle(triton, timeout=10)
+
+
 def test_slow_consumer_is_cut_off(proxies, triton) -> None:
     wait_idle(triton)
     server = proxies.server(outbound_buffer_bytes=64 * 1024)
