@@ -535,67 +535,38 @@ def test_a_stream_cancelled_before_it_is_read_never_reaches_triton(triton) -> No
     wait_idle(triton, timeout=10)
 
 
-def test_slow_consumer_is_cut_off(proxies, triton) -> None:
+async def _read_after_slow_consumer(server: ProxyServer, pause: float) -> tuple[list[Any], int | None]:
+    """A session whose client reads nothing until the proxy ends it with slow_consumer, then,
+    `pause` s later, reads everything: the frames and the close code."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the kernel buffers little
+    sock.connect(("127.0.0.1", server.port))
+    sock.setblocking(False)
+    conn = await connect(server.url, sock=sock, max_size=None, max_queue=1, proxy=None)
+    before = server.context.metrics.errors["slow_consumer"]
+    await conn.send(json.dumps({"type": "session.start", "prompt": "firehose", "seed": 1}))
+    deadline = time.monotonic() + 60
+    while server.context.metrics.errors["slow_consumer"] == before:
+        assert time.monotonic() < deadline, "the proxy never noticed the slow consumer"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(pause)
+    frames = []
+    try:
+        async for frame in conn:
+            frames.append(frame)
+    except ConnectionClosed:
+        pass
+    return frames, conn.close_code
+
+
+@pytest.mark.parametrize("pause", [0.0, 2.0])
+def test_slow_consumer_is_cut_off(proxies, triton, pause: float) -> None:
+    """The end (error, session.done, close) reaches a client that reads again, also one that
+    reads only after the proxy's 1 s flush, within Tornado's 5 s wait for the client's close.
+    It used to wait in the outbox behind the write in progress, and the close went out without it."""
     wait_idle(triton)
     server = proxies.server(outbound_buffer_bytes=64 * 1024)
-
-    async def body() -> list[Any]:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the kernel buffers little
-        sock.connect(("127.0.0.1", server.port))
-        sock.setblocking(False)
-        conn = await connect(server.url, sock=sock, max_size=None, max_queue=1, proxy=None)
-        await conn.send(json.dumps({"type": "session.start", "prompt": "firehose", "seed": 1}))
-        deadline = time.monotonic() + 60
-        while not server.context.metrics.errors["slow_consumer"]:
-            assert time.monotonic() < deadline, "the proxy never noticed the slow consumer"
-            await asyncio.sleep(0.1)
-        frames = []
-        try:
-            async for frame in conn:
-                frames.append(frame)
-        except ConnectionClosed:
-            pass
-        return frames
-
-    frames = run(body())
-    texts = [json.loads(f) for f in frames if isinstance(f, str)]
-    errors = [m for m in texts if m["type"] == "error"]
-    if errors:  # delivered when the socket drained in time; the close is certain either way
-        assert errors[-1]["code"] == "slow_consumer" and texts[-1]["type"] == "session.done"
-    wait_idle(triton, timeout=10)
-
-
-def test_slow_consumer_that_reads_again_gets_its_end(proxies, triton) -> None:
-    """A client that stops reading, then reads again before the close times out (Tornado waits
-    5 s for the client's close): the error and session.done are there before the close. They
-    used to wait in the outbox behind the write in progress, and the close (1 s later) went out
-    without them."""
-    wait_idle(triton)
-    server = proxies.server(outbound_buffer_bytes=64 * 1024)
-
-    async def body() -> tuple[list[Any], int | None]:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the kernel buffers little
-        sock.connect(("127.0.0.1", server.port))
-        sock.setblocking(False)
-        conn = await connect(server.url, sock=sock, max_size=None, max_queue=1, proxy=None)
-        before = server.context.metrics.errors["slow_consumer"]
-        await conn.send(json.dumps({"type": "session.start", "prompt": "firehose", "seed": 1}))
-        deadline = time.monotonic() + 60
-        while server.context.metrics.errors["slow_consumer"] == before:
-            assert time.monotonic() < deadline, "the proxy never noticed the slow consumer"
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(2.0)  # past the proxy's 1 s flush, within Tornado's 5 s close wait
-        frames = []
-        try:
-            async for frame in conn:
-                frames.append(frame)
-        except ConnectionClosed:
-            pass
-        return frames, conn.close_code
-
-    frames, close_code = run(body())
+    frames, close_code = run(_read_after_slow_consumer(server, pause))
     texts = [json.loads(f) for f in frames if isinstance(f, str)]
     assert [m["type"] for m in texts[-2:]] == ["error", "session.done"], [m["type"] for m in texts[-4:]]
     assert texts[-2]["code"] == "slow_consumer" and close_code == 1000
