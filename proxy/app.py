@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 WEBSOCKET_PATH = "/v1/realtime/video"
 #: the single-file browser demo served at `GET /`
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: request bodies: no endpoint takes one, and Tornado reads a body whole before any handler (its
+#: default allows 100 MB a request, held in memory, token or not); beyond: 400 and closed, unread
+MAX_REQUEST_BODY_BYTES = 64 * 1024
 
 
 class _JsonHandler(tornado.web.RequestHandler):
@@ -154,7 +157,7 @@ class ProxyServer:
     async def start(self) -> None:
         sockets = bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
-        self._server = HTTPServer(self.app, xheaders=False)
+        self._server = HTTPServer(self.app, xheaders=False, max_body_size=MAX_REQUEST_BODY_BYTES)
         self._server.add_sockets(sockets)
         self.supervisor.start()
         log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
