@@ -118,6 +118,17 @@ class TritonStream:
             self._call.cancel()
 
 
+async def _ends(call: Any, timeout: float) -> bool:
+    """Whether `call` ends, with no further response, within `timeout`."""
+    try:
+        await asyncio.wait_for(call.__anext__(), timeout)
+    except StopAsyncIteration:
+        return True
+    except Exception:  # noqa: BLE001 - a timeout or a broken stream: the caller cancels it
+        return False
+    return False  # another response: not the probe's contract
+
+
 def _reply(result: Any) -> Reply:
     reply = wire.parse_reply(
         result.get_response().id, result.as_numpy(wire.META), result.as_numpy(wire.DATA), time.perf_counter()
@@ -168,9 +179,16 @@ class TritonBridge:
 
         t0 = time.perf_counter()
         call: Any = None
+        ended = False
         try:
             call = self.client.stream_infer(one_request())
             result, error = await asyncio.wait_for(call.__anext__(), timeout)
+            latency = time.perf_counter() - t0
+            # The call ends by itself after the final answer (its one request is complete and the
+            # requests are half-closed); it is cancelled only when it does not. Cancelled at once,
+            # a few hundred probes (minutes of probing) left Triton unable to unload the model:
+            # every later stop ran out its exit timeout and killed the stub.
+            ended = await _ends(call, max(0.1, timeout - latency))
         except asyncio.TimeoutError:
             raise BackendUnavailable(f"no answer to the health probe within {timeout:g} s") from None
         except StopAsyncIteration:
@@ -178,14 +196,14 @@ class TritonBridge:
         except Exception as exc:  # noqa: BLE001 - grpc.aio raises several types here
             raise BackendUnavailable(f"health probe failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            if call is not None:
+            if call is not None and not ended:
                 call.cancel()
         if error is not None:
             raise BackendUnavailable(f"health probe refused: {error}")
         reply = _reply(result)
         if reply.message.get("type") != protocol.PONG:
             raise BackendUnavailable(f"health probe answered with {reply.text[:200]}")
-        return time.perf_counter() - t0
+        return latency
 
     async def close(self) -> None:
         if self._client is not None:

@@ -154,6 +154,41 @@ def test_probe_reaches_a_triton_back_after_an_outage(triton) -> None:
     print(f"probe answered {asyncio.run(body()):.2f} s after Triton was back")
 
 
+def test_probes_leave_the_model_free_to_unload(tmp_path: Path) -> None:
+    """The probe cancelled its call right after the pong; a few hundred such calls (minutes of
+    probing at the default 2 s) left Triton unable to unload the model: every later stop ran out
+    the exit timeout and killed the stub ("Non-graceful termination"), the model's finalize
+    never ran. Probes now let the call end by itself."""
+    from rtvideo.model_repo import derive_model
+    from rtvideo.proxy.bridge import TritonBridge
+    from rtvideo.triton import TritonConfig, TritonServer
+
+    repo = tmp_path / "repo"
+    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off"})
+    log = tmp_path / "triton.log"
+    server = TritonServer(TritonConfig(model_repository=repo, grpc_port=free_port(), metrics_port=free_port()),
+                          stdout=log)
+    server.start(timeout=300)
+    try:
+        async def probes() -> None:
+            bridge = TritonBridge(server.grpc_url, FAST_MODEL)
+            try:
+                for _ in range(400):
+                    await bridge.probe(5.0)
+            finally:
+                await bridge.close()
+
+        asyncio.run(probes())
+        t0 = time.monotonic()
+        server.stop()
+        took = time.monotonic() - t0
+    finally:
+        server.stop()
+    text = log.read_text(errors="replace")
+    assert "Non-graceful termination" not in text and "Exit timeout expired" not in text, text[-1500:]
+    assert took < server.config.exit_timeout_secs, took
+
+
 # --- rtvideo serve as a subprocess ---------------------------------------------------------------
 @dataclass
 class Served:
