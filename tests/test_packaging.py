@@ -89,6 +89,9 @@ def test_dockerfile_lints_and_copies_what_exists() -> None:
     ([], {"RTVIDEO_LOG_FORMAT": "xml"}, "RTVIDEO_LOG_FORMAT"),
     (["--port", "80800"], {}, "port"),  # served on 80800 - 65536 = 15264 before
     (["--triton-grpc-port", "70001"], {}, "--triton-grpc-port"),
+    (["--probe-interval", "nan"], {}, "probe_interval='nan'"),  # probed in a busy loop before
+    ([], {"RTVIDEO_START_TIMEOUT": "inf"}, "RTVIDEO_START_TIMEOUT"),
+    (["--max-session-seconds", "NaN"], {}, "max_session_seconds='NaN'"),  # sessions without end
 ])
 def test_bad_values_give_one_line_and_exit_2(args: list[str], env: dict[str, str], fragment: str) -> None:
     out = subprocess.run([str(RTVIDEO), "serve", *args], capture_output=True, text=True, timeout=60,
