@@ -6,6 +6,7 @@ values on as `parameters` of a derived model copy.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -59,7 +60,7 @@ class BackendSettings:
             raise ValueError("pacing_lead_chunks must be >= 0 (or 'off')")
         if self.max_session_seconds <= 0 or self.stall_timeout_seconds <= 0:
             raise ValueError("max_session_seconds and stall_timeout_seconds must be positive")
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device {self.device!r}: use auto, cpu or cuda[:N]")
 
     def capabilities(self, model_name: str) -> ModelCapabilities:
