@@ -22,7 +22,7 @@ from typing import NoReturn, Sequence
 from rtvideo import logsetup, settings_text
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.triton import STDERR, TritonConfig, TritonServer
-from rtvideo.model_repo import MODEL_REPOSITORY, derive_model, read_parameters
+from rtvideo.model_repo import MODEL_REPOSITORY, derive_model, read_candidate_sequences, read_parameters
 from rtvideo.proxy import settings as proxy_settings
 from rtvideo.proxy.app import ProxyServer
 
@@ -109,7 +109,8 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.triton_url is None:
         if not (source / "config.pbtxt").is_file():
             raise ValueError(f"model {args.model!r} not found in the model repository {args.model_repository}")
-        BackendSettings.from_parameters({**read_parameters(source), **overrides})
+        settings = BackendSettings.from_parameters({**read_parameters(source), **overrides})
+        settings.check_sequence_slots(read_candidate_sequences(source))
 
 
 def serve(args: argparse.Namespace) -> int:

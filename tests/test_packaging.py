@@ -93,6 +93,7 @@ def test_dockerfile_lints_and_copies_what_exists() -> None:
     ([], {"RTVIDEO_START_TIMEOUT": "inf"}, "RTVIDEO_START_TIMEOUT"),
     (["--max-session-seconds", "NaN"], {}, "max_session_seconds='NaN'"),  # sessions without end
     (["--device", 'cuda:0" } }'], {}, "device"),  # went into the derived config.pbtxt as written
+    (["--max-sessions", "64"], {}, "max_candidate_sequences"),  # the probe waited in Triton's backlog
 ])
 def test_bad_values_give_one_line_and_exit_2(args: list[str], env: dict[str, str], fragment: str) -> None:
     out = subprocess.run([str(RTVIDEO), "serve", *args], capture_output=True, text=True, timeout=60,

@@ -63,6 +63,15 @@ class BackendSettings:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device {self.device!r}: use auto, cpu or cuda[:N]")
 
+    def check_sequence_slots(self, candidates: int | None) -> None:
+        """`max_sessions` against the sequence batcher's `max_candidate_sequences`: with no slot to
+        spare, a start beyond capacity waits silently in Triton's backlog instead of reaching the
+        model (server_busy), and so does the proxy's health probe, which then fails: the backend
+        is declared down and every session ends."""
+        if candidates is not None and self.max_sessions >= candidates:
+            raise ValueError(f"model parameter max_sessions={self.max_sessions} must be below the sequence "
+                             f"batcher's max_candidate_sequences ({candidates}) in config.pbtxt")
+
     def capabilities(self, model_name: str) -> ModelCapabilities:
         return ModelCapabilities(
             model_names=(model_name, f"rtvideo-{self.generator}"),

@@ -105,6 +105,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("realtime_video must be decoupled")
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         settings = BackendSettings.from_parameters(params)
+        settings.check_sequence_slots(
+            config.get("sequence_batching", {}).get("oldest", {}).get("max_candidate_sequences"))
         buffered = BufferedMetrics()
         self._publisher = TritonMetricsPublisher(args["model_name"], buffered)
         self._manager = build_manager(settings, args["model_name"], buffered)
