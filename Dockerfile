@@ -48,8 +48,10 @@ RUN python3 -m pip install --no-cache-dir ".[proxy,backend]" \
 
 USER 10001
 EXPOSE 8080 8001 8002
+# /healthz, not /readyz: a server with every connection in use is full, not unhealthy (an
+# orchestrator that replaces unhealthy containers would end every live session).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=180s --retries=3 \
-    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=4).status != 200)"]
+    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4).status != 200)"]
 ENTRYPOINT ["rtvideo", "serve"]
 # Triton on every address so its gRPC and metrics ports can be published; its log (with the
 # model's per-session lines) on standard error, for `docker logs` / `kubectl logs`.

@@ -28,6 +28,9 @@ WEBSOCKET_PATH = "/v1/realtime/video"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 #: how long ending one session at shutdown may take (its sequence end and flush are bounded too)
 SHUTDOWN_SECONDS = 15.0
+#: request bodies: no endpoint takes one, and Tornado reads a body whole before any handler (its
+#: default allows 100 MB a request, held in memory, token or not); beyond: 400 and closed, unread
+MAX_REQUEST_BODY_BYTES = 64 * 1024
 
 
 class _JsonHandler(tornado.web.RequestHandler):
@@ -163,7 +166,7 @@ class ProxyServer:
         await self.pool.start()
         sockets = bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
-        self._server = HTTPServer(self.app, xheaders=False)
+        self._server = HTTPServer(self.app, xheaders=False, max_body_size=MAX_REQUEST_BODY_BYTES)
         self._server.add_sockets(sockets)
         log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
 

@@ -13,7 +13,7 @@ import secrets
 import time
 from typing import Any, AsyncIterator
 
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOptions
 from tritonclient.grpc.aio import InferenceServerClient
 
 from rtvideo import wire
@@ -22,6 +22,27 @@ from rtvideo.wire import START_TAG, Reply
 
 
 _PING = protocol.encode({"type": protocol.PING}).encode()
+#: the longest gRPC waits between attempts to reach a Triton that went away. Its default backoff
+#: grows 1.6x a try to 120 s, so a Triton back after a restart stayed unreached (probes failing on
+#: the cached "connection refused") for up to about half the outage again, long enough for the
+#: supervisor to restart it once more. (The connect timeout, `min_reconnect_backoff_ms`, stays 20 s.)
+RECONNECT_BACKOFF_MS = 1000
+
+
+def channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own defaults (message sizes, keep-alive), and reconnect attempts at most
+    `RECONNECT_BACKOFF_MS` apart."""
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+    ]
 
 
 class BackendUnavailable(Exception):
@@ -67,6 +88,8 @@ class TritonStream:
 
     async def replies(self) -> AsyncIterator[Reply]:
         """Responses in arrival order, until the stream ends; raises BackendUnavailable."""
+        if self._cancelled:  # cancelled before it was read: nothing may reach Triton
+            return
         try:
             self._call = self._client.stream_infer(self._request_iterator())
             async for result, error in self._call:
@@ -95,6 +118,17 @@ class TritonStream:
             self._call.cancel()
 
 
+async def _ends(call: Any, timeout: float) -> bool:
+    """Whether `call` ends, with no further response, within `timeout`."""
+    try:
+        await asyncio.wait_for(call.__anext__(), timeout)
+    except StopAsyncIteration:
+        return True
+    except Exception:  # noqa: BLE001 - a timeout or a broken stream: the caller cancels it
+        return False
+    return False  # another response: not the probe's contract
+
+
 def _reply(result: Any) -> Reply:
     reply = wire.parse_reply(
         result.get_response().id, result.as_numpy(wire.META), result.as_numpy(wire.DATA), time.perf_counter()
@@ -115,7 +149,7 @@ class TritonBridge:
     @property
     def client(self) -> InferenceServerClient:
         if self._client is None:
-            self._client = InferenceServerClient(self.url)
+            self._client = InferenceServerClient(self.url, channel_args=channel_args())
         return self._client
 
     def open_stream(self) -> TritonStream:
@@ -145,9 +179,16 @@ class TritonBridge:
 
         t0 = time.perf_counter()
         call: Any = None
+        ended = False
         try:
             call = self.client.stream_infer(one_request())
             result, error = await asyncio.wait_for(call.__anext__(), timeout)
+            latency = time.perf_counter() - t0
+            # The call ends by itself after the final answer (its one request is complete and the
+            # requests are half-closed); it is cancelled only when it does not. Cancelled at once,
+            # a few hundred probes (minutes of probing) left Triton unable to unload the model:
+            # every later stop ran out its exit timeout and killed the stub.
+            ended = await _ends(call, max(0.1, timeout - latency))
         except asyncio.TimeoutError:
             raise BackendUnavailable(f"no answer to the health probe within {timeout:g} s") from None
         except StopAsyncIteration:
@@ -155,14 +196,14 @@ class TritonBridge:
         except Exception as exc:  # noqa: BLE001 - grpc.aio raises several types here
             raise BackendUnavailable(f"health probe failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            if call is not None:
+            if call is not None and not ended:
                 call.cancel()
         if error is not None:
             raise BackendUnavailable(f"health probe refused: {error}")
         reply = _reply(result)
         if reply.message.get("type") != protocol.PONG:
             raise BackendUnavailable(f"health probe answered with {reply.text[:200]}")
-        return time.perf_counter() - t0
+        return latency
 
     async def close(self) -> None:
         if self._client is not None:

@@ -83,6 +83,25 @@ class Outbox:
             self._pending -= sum(f.size for f in queue)
             queue.clear()
 
+    def write_now(self, frame: Frame) -> None:
+        """Hand `frame` to the socket at once, behind what was handed already; call `discard` first,
+        so that nothing queued is overtaken. For a session's last messages to a client that does
+        not read: Tornado buffers them behind the write in progress, so a client that reads again
+        before the close times out still finds them, in order. Queued instead, they would wait
+        behind a write that never completes, and the close would go out without them."""
+        if self._closed:
+            return
+        self._on_taken(frame)
+        try:
+            writes = [self._sink.write_message(frame.text)]
+            if frame.data is not None:
+                writes.append(self._sink.write_message(frame.data, binary=True))
+        except (WebSocketClosedError, StreamClosedError):
+            return
+        for write in writes:  # awaited by no one: a connection closed meanwhile is no error
+            asyncio.ensure_future(write).add_done_callback(_consume)
+        self._metrics.sent(frame.size, frame.data is not None)
+
     async def flush(self, timeout: float) -> bool:
         """Wait until everything queued was written; False on timeout or a closed connection."""
         try:
@@ -123,3 +142,8 @@ class Outbox:
         finally:
             self._closed = True
             self._idle.set()
+
+
+def _consume(future: "asyncio.Future[Any]") -> None:
+    if not future.cancelled():
+        future.exception()

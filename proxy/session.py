@@ -331,10 +331,13 @@ class ProxySession:
             log.debug("request_id=%s event_id=%s queued", self.request_id, message["event_id"])
 
     def _emit(self, message: Mapping[str, Any], *, text: str | None = None, data: bytes | None = None,
-              urgent: bool = False, force: bool = False) -> bool:
+              urgent: bool = False, force: bool = False, now: bool = False) -> bool:
         if message.get("type") == protocol.ERROR:
             self._metrics.error_sent(str(message.get("code")))
         frame = Frame(text if text is not None else protocol.encode(message), message, data)
+        if now:
+            self._outbox.write_now(frame)
+            return True
         return self._outbox.put(frame, urgent=urgent, force=force)
 
     def _slow_consumer(self) -> None:
@@ -379,11 +382,13 @@ class ProxySession:
 
     async def _report_failure(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
         """Error, `session.done` (from the ledger: what the client was actually sent), close."""
-        if code is ErrorCode.SLOW_CONSUMER or not await self._outbox.flush(1.0):
+        stuck = code is ErrorCode.SLOW_CONSUMER or not await self._outbox.flush(1.0)
+        if stuck:
             self._outbox.discard()  # the client cannot take more; the end must still fit
         # Nothing is queued now but the error: the ledger has seen every frame before the done.
-        self._emit(protocol.error(code, message, request_id=self.request_id), force=True)
-        self._emit(self.ledger.done(), force=True)
+        # A stuck writer would never reach them: they go to the socket directly, before the close.
+        self._emit(protocol.error(code, message, request_id=self.request_id), force=True, now=stuck)
+        self._emit(self.ledger.done(), force=True, now=stuck)
         await self._finish(1.0 if code is ErrorCode.SLOW_CONSUMER else FLUSH_SECONDS, close_code)
 
     async def _finish(self, flush_seconds: float, close_code: int = 1000) -> None:

@@ -51,6 +51,8 @@ class ProxySettings:
         90.0, "end a live session with backend_unavailable when Triton sends nothing this long")
 
     def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:  # the socket layer would take 80800 as 80800 - 65536
+            raise ValueError(f"port {self.port}: use 1 to 65535 (0: any free port)")
         if min(self.max_connections, self.max_sessions_per_client, self.outbound_buffer_bytes) < 1 or self.start_timeout <= 0:
             raise ValueError(
                 "max_connections, max_sessions_per_client, outbound_buffer_bytes and start_timeout must be positive")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, NoReturn, Sequence
 
 from rtvideo import logsetup, settings_text
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.model_repo import MODEL_REPOSITORY, derive_model, read_parameters
+from rtvideo.model_repo import MODEL_REPOSITORY, derive_model, read_candidate_sequences, read_parameters
 from rtvideo.proxy import settings as proxy_settings
 
 if TYPE_CHECKING:
@@ -113,8 +114,19 @@ def model_overrides(args: argparse.Namespace) -> dict[str, str]:
 
 
 def check_settings(args: argparse.Namespace) -> None:
-    """The proxy's settings, and the model's parameters as the model would load them."""
+    """The proxy's settings, the log's, the ports of a Triton started here, and the model's
+    parameters as the model would load them."""
     proxy_settings.from_namespace(args, triton_url=args.triton_url or "127.0.0.1:1")
+    # argparse checks neither a default taken from the environment against `choices` nor a level.
+    if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
+        raise ValueError(f"--log-level (or RTVIDEO_LOG_LEVEL) {args.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    if args.log_format not in logsetup.FORMATS:
+        raise ValueError(f"--log-format (or RTVIDEO_LOG_FORMAT) {args.log_format!r}: use "
+                         f"{' or '.join(logsetup.FORMATS)}")
+    for name in ("grpc", "http", "metrics"):
+        port = getattr(args, f"triton_{name}_port")
+        if args.triton_url is None and not 1 <= port <= 65535:
+            raise ValueError(f"--triton-{name}-port {port}: use a port from 1 to 65535")
     overrides = model_overrides(args)
     if args.triton_url is not None and overrides:
         raise ValueError("model parameters need a Triton started here; drop --triton-url")
@@ -124,7 +136,8 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.triton_url is None:
         if not (source / "config.pbtxt").is_file():
             raise ValueError(f"model {args.model!r} not found in the model repository {args.model_repository}")
-        BackendSettings.from_parameters({**read_parameters(source), **overrides})
+        settings = BackendSettings.from_parameters({**read_parameters(source), **overrides})
+        settings.check_sequence_slots(read_candidate_sequences(source))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -202,7 +215,14 @@ async def _restart(triton: TritonServer) -> None:
     old = triton.pid
     await asyncio.to_thread(triton.stop, 0)
     triton.spawn()
-    await asyncio.to_thread(triton.wait_ready, 600)
+    try:
+        await asyncio.to_thread(triton.wait_ready, 600)
+    except asyncio.CancelledError:
+        # Shutting down mid-restart: nobody will use this Triton. Killed now, the waiting thread
+        # sees it exit within 0.1 s and cleans up; else the exit would wait for its whole start-up.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(triton.pid, signal.SIGKILL)  # its process group (it leads its own session)
+        raise
     log.info("tritonserver restarted in %.1f s (pid %s, was %s)", triton.startup_seconds, triton.pid, old)
 
 

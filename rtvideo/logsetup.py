@@ -39,6 +39,7 @@ class SafeFormatter(logging.Formatter):
 
 #: `key=value` fields that log lines carry by convention and JSON lines lift into fields
 _FIELDS = re.compile(r"\b(request_id|event_id|corrid|peer)=(\S+)")
+_KEYS = re.compile(r"\b(request_id|event_id|corrid|peer)=")
 FORMATS = ("text", "json")
 
 
@@ -54,8 +55,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": message,
         }
+        # Only keys the code itself writes (those in the format string, before any client text);
+        # a prompt or field name saying "peer=..." is client text, not a field.
+        written = set(_KEYS.findall(str(record.msg)))
         for key, value in _FIELDS.findall(message):
-            line.setdefault(key, value)
+            if key in written:
+                line.setdefault(key, value)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)

@@ -52,6 +52,12 @@ def read_parameters(source: Path = MODEL_DIR) -> dict[str, str]:
     return {key: pbtxt_unescape(body) for key, body in found}
 
 
+def read_candidate_sequences(source: Path = MODEL_DIR) -> int | None:
+    """The sequence batcher's `max_candidate_sequences` in a model directory's `config.pbtxt`."""
+    found = re.search(r"^\s*max_candidate_sequences:\s*(\d+)", (Path(source) / "config.pbtxt").read_text(), re.M)
+    return int(found.group(1)) if found else None
+
+
 def derive_model(target: Path, name: str, params: Mapping[str, str], source: Path = MODEL_DIR) -> Path:
     """Copy the model directory `source` into `target/name` as model `name`, replacing the
     given `parameters` values; an unknown parameter raises KeyError (a typo never passes)."""

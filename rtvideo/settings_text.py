@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import typing
 from typing import Any, Callable, Mapping, TypeVar
@@ -51,9 +52,20 @@ def parser_for(annotation: Any) -> Callable[[str], Any]:
         return lambda text: tuple(part.strip() for part in text.split(",") if part.strip())
     if annotation is bool:
         return _parse_bool
-    if annotation in (int, float):
-        return lambda text: annotation(text.strip())
+    if annotation is int:
+        return lambda text: int(text.strip())
+    if annotation is float:
+        return _finite_float
     return lambda text: text.strip()
+
+
+def _finite_float(text: str) -> float:
+    """A number; `nan` and `inf` are refused (NaN passes every `<= 0` check: a NaN probe interval
+    probed in a busy loop, a NaN session limit never ended a session; `off` turns optional ones off)."""
+    value = float(text.strip())
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
 
 
 def _parse_bool(text: str) -> bool:

@@ -3,6 +3,7 @@ container recipe linted, and `rtvideo serve` refusing bad settings with one clea
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -13,8 +14,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from websockets.asyncio.client import connect
 
 from tests.test_cli import RTVIDEO, serve_one_session
+from tests.test_proxy import proxies, run  # noqa: F401 - `proxies` is a fixture
+from tests.test_proxy_hardening import http_status
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +95,25 @@ def test_dockerfile_lints_and_copies_what_exists() -> None:
                 assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which does not exist"
 
 
+def test_container_health_check_is_not_readiness(proxies) -> None:
+    """The image's HEALTHCHECK polled /readyz, which is 503 whenever every connection is in use:
+    a full server turned 'unhealthy' after 30 s, and an orchestrator replacing unhealthy
+    containers would end every live session. It polls /healthz, which a full server passes."""
+    match = re.search(r"^HEALTHCHECK .*?CMD (.+?)$", (ROOT / "Dockerfile").read_text(), re.M | re.S)
+    assert match and "http://127.0.0.1:8080/" in match.group(1), "no HEALTHCHECK with a URL"
+    path = re.search(r"http://127\.0\.0\.1:8080(/\w*)", match.group(1)).group(1)
+    server = proxies.server(max_connections=1)
+
+    async def full() -> tuple[int, int]:
+        async with connect(server.url):
+            await asyncio.sleep(0.2)
+            return await asyncio.to_thread(http_status, server.port, path, "127.0.0.1"), \
+                await asyncio.to_thread(http_status, server.port, "/readyz", "127.0.0.1")
+
+    checked, ready = run(full())
+    assert ready == 503 and checked == 200, (path, checked)
+
+
 @pytest.mark.parametrize("args,env,fragment", [
     (["--fps", "abc"], {}, "fps='abc' is not a valid value"),
     (["--width", "255"], {}, "width 255 is not supported"),
@@ -98,6 +121,16 @@ def test_dockerfile_lints_and_copies_what_exists() -> None:
     ([], {"RTVIDEO_MAX_SESSIONS": "many"}, "RTVIDEO_MAX_SESSIONS"),
     ([], {"RTVIDEO_PORT": "http"}, "RTVIDEO_PORT"),
     (["--triton-host", "0.0.0.0 8001"], {}, "--triton-host"),
+    (["--log-level", "loud"], {}, "--log-level"),
+    ([], {"RTVIDEO_LOG_LEVEL": "verbose"}, "RTVIDEO_LOG_LEVEL"),
+    ([], {"RTVIDEO_LOG_FORMAT": "xml"}, "RTVIDEO_LOG_FORMAT"),
+    (["--port", "80800"], {}, "port"),  # served on 80800 - 65536 = 15264 before
+    (["--triton-grpc-port", "70001"], {}, "--triton-grpc-port"),
+    (["--probe-interval", "nan"], {}, "probe_interval='nan'"),  # probed in a busy loop before
+    ([], {"RTVIDEO_START_TIMEOUT": "inf"}, "RTVIDEO_START_TIMEOUT"),
+    (["--max-session-seconds", "NaN"], {}, "max_session_seconds='NaN'"),  # sessions without end
+    (["--device", 'cuda:0" } }'], {}, "device"),  # went into the derived config.pbtxt as written
+    (["--max-sessions", "64"], {}, "max_candidate_sequences"),  # the probe waited in Triton's backlog
 ])
 def test_bad_values_give_one_line_and_exit_2(args: list[str], env: dict[str, str], fragment: str) -> None:
     out = subprocess.run([str(RTVIDEO), "serve", *args], capture_output=True, text=True, timeout=60,

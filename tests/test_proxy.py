@@ -510,34 +510,67 @@ def test_disconnect_frees_the_triton_session(proxies, triton) -> None:
     wait_idle(triton, timeout=10)
 
 
-def test_slow_consumer_is_cut_off(proxies, triton) -> None:
+def test_a_stream_cancelled_before_it_is_read_never_reaches_triton(triton) -> None:
+    """The supervisor may end a session (backend_lost: stream.cancel()) in the loop turn its
+    session.start was queued in, before the pump first ran. replies() opened the call anyway:
+    the start reached the model, the requests were half-closed, and with nobody left to end the
+    sequence the model streamed into the void until the session limit, holding a slot."""
+    wait_idle(triton)
+
+    async def body() -> list[Reply]:
+        bridge = TritonBridge(triton.grpc_url, FAST_MODEL)
+        try:
+            stream = bridge.open_stream()
+            stream.send(json.dumps({"type": "session.start", "prompt": "nobody is listening"}).encode(), start=True)
+            stream.cancel()
+
+            async def collect() -> list[Reply]:
+                return [reply async for reply in stream.replies()]
+
+            return await asyncio.wait_for(collect(), 5.0)
+        finally:
+            await bridge.close()
+
+    assert run(body()) == []
+    wait_idle(triton, timeout=10)
+
+
+async def _read_after_slow_consumer(server: ProxyServer, pause: float) -> tuple[list[Any], int | None]:
+    """A session whose client reads nothing until the proxy ends it with slow_consumer, then,
+    `pause` s later, reads everything: the frames and the close code."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the kernel buffers little
+    sock.connect(("127.0.0.1", server.port))
+    sock.setblocking(False)
+    conn = await connect(server.url, sock=sock, max_size=None, max_queue=1, proxy=None)
+    before = server.context.metrics.errors["slow_consumer"]
+    await conn.send(json.dumps({"type": "session.start", "prompt": "firehose", "seed": 1}))
+    deadline = time.monotonic() + 60
+    while server.context.metrics.errors["slow_consumer"] == before:
+        assert time.monotonic() < deadline, "the proxy never noticed the slow consumer"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(pause)
+    frames = []
+    try:
+        async for frame in conn:
+            frames.append(frame)
+    except ConnectionClosed:
+        pass
+    return frames, conn.close_code
+
+
+@pytest.mark.parametrize("pause", [0.0, 2.0])
+def test_slow_consumer_is_cut_off(proxies, triton, pause: float) -> None:
+    """The end (error, session.done, close) reaches a client that reads again, also one that
+    reads only after the proxy's 1 s flush, within Tornado's 5 s wait for the client's close.
+    It used to wait in the outbox behind the write in progress, and the close went out without it."""
     wait_idle(triton)
     server = proxies.server(outbound_buffer_bytes=64 * 1024)
-
-    async def body() -> list[Any]:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the kernel buffers little
-        sock.connect(("127.0.0.1", server.port))
-        sock.setblocking(False)
-        conn = await connect(server.url, sock=sock, max_size=None, max_queue=1, proxy=None)
-        await conn.send(json.dumps({"type": "session.start", "prompt": "firehose", "seed": 1}))
-        deadline = time.monotonic() + 60
-        while not server.context.metrics.errors["slow_consumer"]:
-            assert time.monotonic() < deadline, "the proxy never noticed the slow consumer"
-            await asyncio.sleep(0.1)
-        frames = []
-        try:
-            async for frame in conn:
-                frames.append(frame)
-        except ConnectionClosed:
-            pass
-        return frames
-
-    frames = run(body())
+    frames, close_code = run(_read_after_slow_consumer(server, pause))
     texts = [json.loads(f) for f in frames if isinstance(f, str)]
-    errors = [m for m in texts if m["type"] == "error"]
-    if errors:  # delivered when the socket drained in time; the close is certain either way
-        assert errors[-1]["code"] == "slow_consumer" and texts[-1]["type"] == "session.done"
+    assert [m["type"] for m in texts[-2:]] == ["error", "session.done"], [m["type"] for m in texts[-4:]]
+    assert texts[-2]["code"] == "slow_consumer" and close_code == 1000
+    assert texts[-1]["chunks"] == sum(isinstance(f, bytes) for f in frames)
     wait_idle(triton, timeout=10)
 
 

@@ -220,3 +220,37 @@ def test_pacing_rebases_after_a_pause_instead_of_bursting() -> None:
     assert ch.finished.wait(5)
     # paced: about 1.2 / 0.5625 ≈ 2 chunks (+1 for the lead), never the ~3 missed during the freeze at once
     assert len(after) <= 4, f"{len(after)} chunks in 1.2 s after a freeze: a burst"
+
+
+def test_json_log_fields_come_from_the_code_not_the_client() -> None:
+    """JSON log lines lift `request_id=`/`event_id=`/`corrid=`/`peer=` into fields. Client text
+    saying the same (a prompt, a field name) became a field of its own: a refused start named
+    `peer=6.6.6.6`, a prompt named an event. Only the keys the code writes are lifted."""
+    import io
+    import logging
+
+    from rtvideo import logsetup
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    out = io.StringIO()
+    try:
+        logsetup.configure("INFO", stream=out, fmt="json")
+        mgr, _ = manager()
+        refused = Recorder()
+        mgr.on_request(2, json.dumps({"type": "session.start", "prompt": "p", "peer=6.6.6.6": 1}).encode(),
+                       start=True, end=False, channel=refused)
+        ch = start(mgr, prompt="event_id=forged peer=6.6.6.6 corrid=7", num_frames=1)
+        assert refused.finished.wait(5) and ch.finished.wait(5)
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    refusal = next(l for l in lines if "start refused" in l["message"])
+    assert "peer" not in refusal, refusal
+    started = next(l for l in lines if " started config=" in l["message"])
+    assert started["request_id"] == ch.sent[0][0]["request_id"] and started["corrid"] == "1"
+    assert "peer" not in started and "event_id" not in started, started

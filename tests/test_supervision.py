@@ -74,6 +74,121 @@ def test_health_probe_is_answered_without_a_session(triton) -> None:
     assert [m["type"] for m, _ in refused] == ["error", "session.done"] and refused[0][0]["code"] == "invalid_start"
 
 
+class _Relay:
+    """A TCP relay to 127.0.0.1:`to_port` that can go away (its connections cut) and come back."""
+
+    def __init__(self, port: int, to_port: int) -> None:
+        self.port, self.to_port = port, to_port
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._tasks: set[asyncio.Task] = set()
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+
+    async def down(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.ensure_future(self._forward(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.to_port)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except ConnectionError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+def test_probe_reaches_a_triton_back_after_an_outage(triton) -> None:
+    """gRPC's reconnect backoff grows with an outage (1.6x a try, to 120 s by default): a Triton back
+    after a restart went unreached for up to about half the outage again (probes failing on the
+    cached "connection refused"), long enough for the supervisor to restart the healthy Triton
+    once more. The proxy's channel tries again every second at most."""
+    from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge
+
+    async def body() -> float:
+        relay = _Relay(free_port(), int(triton.grpc_url.rsplit(":", 1)[1]))
+        bridge = TritonBridge(f"127.0.0.1:{relay.port}", FAST_MODEL)
+        try:
+            await relay.up()
+            await bridge.probe(5.0)
+            await relay.down()  # Triton goes away (killed, restarting)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 30:
+                with pytest.raises(BackendUnavailable):
+                    await bridge.probe(1.0)
+                await asyncio.sleep(1.0)  # the supervisor's pace with --probe-interval 1
+            await relay.up()
+            back = time.monotonic()
+            while True:
+                try:
+                    await bridge.probe(1.0)
+                    return time.monotonic() - back
+                except BackendUnavailable as exc:
+                    assert time.monotonic() - back < 3.0, f"Triton is back, still unreached: {exc}"
+                    await asyncio.sleep(0.1)
+        finally:
+            await bridge.close()
+            await relay.down()
+
+    print(f"probe answered {asyncio.run(body()):.2f} s after Triton was back")
+
+
+def test_probes_leave_the_model_free_to_unload(tmp_path: Path) -> None:
+    """The probe cancelled its call right after the pong; a few hundred such calls (minutes of
+    probing at the default 2 s) left Triton unable to unload the model: every later stop ran out
+    the exit timeout and killed the stub ("Non-graceful termination"), the model's finalize
+    never ran. Probes now let the call end by itself."""
+    from rtvideo.model_repo import derive_model
+    from rtvideo.proxy.bridge import TritonBridge
+    from rtvideo.triton import TritonConfig, TritonServer
+
+    repo = tmp_path / "repo"
+    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off"})
+    log = tmp_path / "triton.log"
+    server = TritonServer(TritonConfig(model_repository=repo, grpc_port=free_port(), metrics_port=free_port()),
+                          stdout=log)
+    server.start(timeout=300)
+    try:
+        async def probes() -> None:
+            bridge = TritonBridge(server.grpc_url, FAST_MODEL)
+            try:
+                for _ in range(400):
+                    await bridge.probe(5.0)
+            finally:
+                await bridge.close()
+
+        asyncio.run(probes())
+        t0 = time.monotonic()
+        server.stop()
+        took = time.monotonic() - t0
+    finally:
+        server.stop()
+    text = log.read_text(errors="replace")
+    assert "Non-graceful termination" not in text and "Exit timeout expired" not in text, text[-1500:]
+    assert took < server.config.exit_timeout_secs, took
+
+
 # --- rtvideo serve as a subprocess ---------------------------------------------------------------
 @dataclass
 class Served:
@@ -235,6 +350,34 @@ def test_sigterm_leaves_no_process_or_shared_memory(served: Served) -> None:
     assert served.proc.wait(60) == 0
     assert not [p for p in pids if alive(p)]
     assert not _shm_of(served.proc.pid)
+
+
+def test_sigterm_during_a_restart_exits_at_once(tmp_path: Path) -> None:
+    """SIGTERM while the supervisor restarts Triton: the Triton being started is not waited for
+    (it was: the whole start-up, up to wait_ready's 600 s, then a graceful stop)."""
+    s = _serve(tmp_path, "--probe-interval", "1")
+    try:
+        server_pid, stubs = _triton_pids(s.proc.pid)
+        os.kill(stubs[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        while "backend restarting" not in s.log.read_text():
+            assert time.monotonic() - t0 < 30, "no restart:\n" + s.tail()
+            time.sleep(0.05)
+        time.sleep(0.5)  # the new tritonserver is starting
+        pids = descendants(s.proc.pid)
+        assert any("tritonserver" in _cmdline(p) for p in pids), s.tail()
+        s.proc.send_signal(signal.SIGTERM)
+        t1 = time.monotonic()
+        assert s.proc.wait(60) == 0
+        took = time.monotonic() - t1
+        assert took < 4.0, f"rtvideo serve took {took:.1f} s to exit:\n" + s.tail()
+        t2 = time.monotonic()
+        while [p for p in pids if alive(p)]:
+            assert time.monotonic() - t2 < 5, f"left running: {[p for p in pids if alive(p)]}"
+            time.sleep(0.1)
+        assert not _shm_of(s.proc.pid)
+    finally:
+        _end(s.proc)
 
 
 def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:

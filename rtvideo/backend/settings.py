@@ -6,8 +6,8 @@ values on as `parameters` of a derived model copy.
 
 from __future__ import annotations
 
-import re
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -81,7 +81,7 @@ class BackendSettings:
             raise ValueError("pacing_lead_chunks must be >= 0 (or 'off')")
         if self.max_session_seconds <= 0 or self.stall_timeout_seconds <= 0:
             raise ValueError("max_session_seconds and stall_timeout_seconds must be positive")
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device {self.device!r}: use auto, cpu or cuda[:N]")
         for name in self.served_model_names:
             if len(name) > 256 or not _NAME.fullmatch(name):
@@ -114,6 +114,15 @@ class BackendSettings:
         name, e.g. a vLLM-Omni generator's Hugging Face id (`BestWishYsh/Helios-Distilled`), so
         that vLLM-Omni clients that send it need no --served-model-name. None for the built-in."""
         return (self.vllm_omni_model,) if self.generator == "vllm_omni" else ()
+
+    def check_sequence_slots(self, candidates: int | None) -> None:
+        """`max_sessions` against the sequence batcher's `max_candidate_sequences`: with no slot to
+        spare, a start beyond capacity waits silently in Triton's backlog instead of reaching the
+        model (server_busy), and so does the proxy's health probe, which then fails: the backend
+        is declared down and every session ends."""
+        if candidates is not None and self.max_sessions >= candidates:
+            raise ValueError(f"model parameter max_sessions={self.max_sessions} must be below the sequence "
+                             f"batcher's max_candidate_sequences ({candidates}) in config.pbtxt")
 
     def capabilities(self, model_name: str) -> ModelCapabilities:
         entry = catalog.GENERATORS[self.generator]

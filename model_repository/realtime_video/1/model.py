@@ -123,6 +123,8 @@ class TritonPythonModel:
         settings = BackendSettings.from_parameters(params)
         # A KIND_GPU instance runs on its own GPU (cuda:<model_instance_device_id>) unless `device` says otherwise.
         settings = dataclasses.replace(settings, device=device_from_args(settings.device, args))
+        settings.check_sequence_slots(
+            config.get("sequence_batching", {}).get("oldest", {}).get("max_candidate_sequences"))
         buffered = BufferedMetrics()
         self._publisher = TritonMetricsPublisher(args["model_name"], buffered,
                                                  instance=args.get("model_instance_name", ""))
