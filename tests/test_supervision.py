@@ -360,7 +360,7 @@ def test_sigterm_during_a_restart_exits_at_once(tmp_path: Path) -> None:
         server_pid, stubs = _triton_pids(s.proc.pid)
         os.kill(stubs[0], signal.SIGKILL)
         t0 = time.monotonic()
-        while "backend restarting" not in s.log.read_text():
+        while " restarting (was down)" not in s.log.read_text():
             assert time.monotonic() - t0 < 30, "no restart:\n" + s.tail()
             time.sleep(0.05)
         time.sleep(0.5)  # the new tritonserver is starting

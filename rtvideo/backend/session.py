@@ -180,15 +180,17 @@ class Session:
 
     # --- worker -------------------------------------------------------------------------
     def _run(self) -> None:
+        """Generate until an end, free everything, then report the end: a client that has
+        `session.done` may count on the session's resources being free."""
         try:
             reason = self._generate(time.monotonic())
             trailer = self._close_encoder() + self._close_source()  # the source's, when it encodes
         except Exception as exc:  # noqa: BLE001 - any generator/encoder crash ends the session
             log.exception("request_id=%s generation failed", self.request_id)
+            self._release()
             self.fail(ErrorCode.GENERATION_FAILED, f"generation failed: {type(exc).__name__}: {exc}")
             return
-        finally:
-            self._release()
+        self._release()
         self._finish(stopped=reason == "stopped", reason=reason, trailer=trailer, send=reason != "cancelled")
 
     def _generate(self, started: float) -> str:
