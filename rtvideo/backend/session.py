@@ -295,6 +295,9 @@ class Session:
             self._wake.set()
             with self._lock:
                 outcome = self._source.finish()
+            # The slot is free before the client hears of the end: a new start right after
+            # `session.done` finds room. (The manager never holds its lock into the send lock.)
+            self._on_end(self, reason)
             if not send or self.channel.is_cancelled():
                 self._complete_quietly()
             else:
@@ -323,7 +326,6 @@ class Session:
             self.request_id, reason, self.stats.chunks_sent, self.stats.frames_sent,
             list(outcome.unapplied), list(outcome.unfinished),
         )
-        self._on_end(self, reason)
 
     def _complete_quietly(self) -> None:
         """Complete the start request without a body: Triton counts it in flight until FINAL."""
