@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_common import bench_triton, percentile
+from bench_common import bench_triton, family, percentile
 from bench_proxy import ProxyProcess
 from websockets.asyncio.client import connect
 
@@ -69,22 +69,6 @@ def cpu_seconds(pids: list[int]) -> float:
         except (OSError, IndexError):
             pass
     return total
-
-
-def family(root: int) -> list[int]:
-    """`root` and every live process below it."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                pass
-    found, frontier = {root}, {root}
-    while frontier:
-        frontier = {c for c, p in parents.items() if p in frontier} - found
-        found |= frontier
-    return sorted(found)
 
 
 def direct_session(url: str, model: str, index: int, seconds: float, interval: float, stats: Stats,
@@ -211,7 +195,7 @@ def main() -> None:
     parser.add_argument("--workers", default="0,2", help="render_workers values to compare (0: in the stub)")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    configs = {f"paced_w{w}": {"max_sessions": str(max(counts) + 2), "render_workers": w}
+    configs = {f"paced_w{w}": {"max_sessions": str(max(*counts, 8) + 2), "render_workers": w}
                for w in args.workers.split(",")}
     with bench_triton(configs) as server:
         print(f"tritonserver ready in {server.startup_seconds:.1f} s; paced, 256x256, 9 frames a chunk at 16 fps; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -30,3 +31,25 @@ def bench_triton(models: Mapping[str, Mapping[str, str]]) -> Iterator[TritonServ
         config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port())
         with TritonServer(config, stdout=repo / "triton.log") as server:
             yield server
+
+
+def parent_pids() -> dict[int, int]:
+    """pid → parent pid of every process (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    return parents
+
+
+def family(root: int) -> list[int]:
+    """`root` and every process below it."""
+    parents = parent_pids()
+    found, frontier = {root}, {root}
+    while frontier:
+        frontier = {c for c, p in parents.items() if p in frontier} - found
+        found |= frontier
+    return sorted(found)

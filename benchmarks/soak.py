@@ -30,6 +30,8 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from bench_common import parent_pids
+
 from rtvideo.core.errors import SESSION_ENDING_CODES
 from rtvideo.triton import free_port
 
@@ -73,21 +75,8 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
 def process_named(parent: int, name: str) -> int | None:
-    for pid in children(parent):
+    for pid in (child for child, up in parent_pids().items() if up == parent):
         try:
             if name in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
                 return pid
