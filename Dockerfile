@@ -91,9 +91,10 @@ RUN python3 -m pip list --format=freeze \
 
 USER 10001
 EXPOSE 8080 8001 8002
-# Loading the engine takes minutes (weights, compilation): a long start period.
+# Loading the engine takes minutes (weights, compilation): a long start period. /healthz, as in
+# the cpu image: a full server (max_sessions=1 here) is not unhealthy.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=1200s --retries=3 \
-    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=4).status != 200)"]
+    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4).status != 200)"]
 ENTRYPOINT ["rtvideo", "serve"]
 CMD ["--host", "0.0.0.0", "--port", "8080", "--triton-host", "0.0.0.0", "--triton-log", "-", \
      "--model-repository", "/opt/rtvideo/models"]

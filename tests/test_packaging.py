@@ -152,7 +152,7 @@ def test_dockerfile_targets_and_the_pinned_vllm_omni() -> None:
     stages = stages[1:]  # "source" only holds the project's files, copied into both images
     for stage in stages:
         assert "useradd --create-home --uid 10001" in stage and "USER 10001" in stage
-        assert "EXPOSE 8080 8001 8002" in stage and "/readyz" in stage
+        assert "EXPOSE 8080 8001 8002" in stage and "8080/healthz'" in stage  # full is not unhealthy
         assert '"--triton-host", "0.0.0.0", "--triton-log", "-"' in stage
         assert 'ENTRYPOINT ["rtvideo", "serve"]' in stage
     gpu = stages[1]
