@@ -442,7 +442,14 @@ class ProxySession:
             await asyncio.wait_for(self._closed.wait(), timeout)
         except asyncio.TimeoutError:
             self._conn.close(1001, "server shutting down")
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # The session's tasks end by themselves (every wait in them is bounded), but a stream
+        # Triton never ends must not hold the server's stop: what is left after `timeout` goes.
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for task in pending:
+                log.warning("request_id=%s a task did not end at shutdown: %s", self.request_id, task.get_coro())
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

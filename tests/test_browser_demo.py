@@ -208,6 +208,11 @@ RETRY_SCENARIO = """(async () => {
   await client.connect();
   client.start("a deep blue ocean", { width: 64, height: 64, seed: 3 });
   await new Promise(resolve => client.on("video.start", resolve));
+  // The first send of the update is lost on the way (as on a flaky network): only the resend,
+  // retryMs later, reaches the server. Without this a fast ack could beat the first resend.
+  const send = client.ws.send.bind(client.ws);
+  let lost = false;
+  client.ws.send = data => { if (!lost && data.includes("retry-1")) { lost = true; return; } send(data); };
   const ack = await client.interact("a red fire", { eventId: "retry-1", transitionChunks: 1 });
   let conflict = null;
   try { await client.interact("a green meadow", { eventId: "retry-1" }); } catch (e) { conflict = e.code; }

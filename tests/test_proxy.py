@@ -66,8 +66,8 @@ class ProxyHost:
         return self.server(**overrides).url
 
     def close(self) -> None:
-        for server in self._servers.values():
-            self.call(server.stop())
+        for server in self._servers.values():  # a session still ending may take SHUTDOWN_SECONDS and more
+            self.call(server.stop(), timeout=90)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
