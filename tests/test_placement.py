@@ -688,6 +688,21 @@ def run_beside_main(body: Callable[[Callable[[Callable[[], Any]], Awaitable[Any]
     return result["value"]
 
 
+def _restart(server: Any) -> None:
+    """Stop and start a tritonserver on its ports. tritonserver 2.51 (the pytriton wheel) now and
+    then dies of SIGSEGV while starting right after a kill -9 freed the same ports (seen twice
+    in a few dozen restarts here); that crash is Triton's, not the placement's under test, so
+    one such start is tried again."""
+    server.stop()
+    try:
+        server.start(300)
+    except RuntimeError as exc:
+        if "exited with code -" not in str(exc):
+            raise
+        server.stop()
+        server.start(300)
+
+
 def test_a_killed_server_ends_its_sessions_the_other_goes_on_and_it_comes_back(pair: Pair, host: Host) -> None:
     server = host.proxy(f"{pair.a},{pair.b}")
     _wait_endpoints(server, {pair.a: "up", pair.b: "up"})
@@ -723,7 +738,7 @@ def test_a_killed_server_ends_its_sessions_the_other_goes_on_and_it_comes_back(p
         assert not on_b.t.of_type("error")
 
         t1 = time.monotonic()
-        await in_main(lambda: (a.stop(), a.start(300)))  # on the same ports
+        await in_main(lambda: _restart(a))  # on the same ports
         timings["restart"] = time.monotonic() - t1
         await asyncio.to_thread(_wait_endpoints, server, {pair.a: "up", pair.b: "up"})
         timings["back in rotation"] = time.monotonic() - t1
@@ -735,7 +750,7 @@ def test_a_killed_server_ends_its_sessions_the_other_goes_on_and_it_comes_back(p
         run_beside_main(body)
     finally:
         if not a.is_alive():
-            a.start(300)
+            _restart(a)
     print("after the kill -9 of one tritonserver:", ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
 
 
