@@ -88,9 +88,14 @@ def serve_one_session(rtvideo: Path, tmp_path: Path, cwd: Path | None = None) ->
             time.sleep(0.1)
         assert proc.stdout.read() == ""  # exactly one line on stdout
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in children:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        end_all(proc, children)
+
+
+def end_all(proc: subprocess.Popen, children: set[int]) -> None:
+    """After a test of `rtvideo serve`: nothing of it left running, whatever the test did."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in children:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)

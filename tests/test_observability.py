@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import select
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from rtvideo.client.session import RealtimeVideoClient
 from rtvideo.proxy.accesslog import redact, redact_text
 from rtvideo.proxy.metrics import ProxyMetrics, StreamTiming
 from rtvideo.triton import STDERR, ServerLog, free_port, is_ready
-from tests.test_cli import RTVIDEO, alive, descendants
+from tests.test_cli import RTVIDEO, descendants, end_all
 from tests.test_proxy import Ws, proxies, run, ws  # noqa: F401 - `proxies` is a fixture
 
 OLD_FAMILIES = (  # counters without `_total`, as the parser names them
@@ -186,9 +185,4 @@ def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in children:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        end_all(proc, children)
