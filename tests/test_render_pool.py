@@ -45,8 +45,10 @@ def test_a_dead_worker_fails_its_sessions_and_is_replaced(pool: RenderPool) -> N
 
 
 def test_errors_in_the_worker_come_back_as_exceptions(pool: RenderPool) -> None:
+    refused = pool.open_session(width=63, height=48, seed=1, fps=16)  # opening runs in the background
     with pytest.raises(RuntimeError, match="width"):
-        pool.open_session(width=63, height=48, seed=1, fps=16)
+        refused.render({"a red fire": 1.0}, 9)
+    assert refused.close() == b"", "a session that never opened has no trailer"
     session = pool.open_session(width=64, height=48, seed=1, fps=16)
     with pytest.raises(RuntimeError, match="mix"):
         session.render({}, 9)

@@ -188,7 +188,9 @@ def test_requests_after_the_end_carry_the_request_id_and_stop_completes() -> Non
     assert stop.sent == [(None, b"", True)]
 
 
-def test_start_that_cannot_build_its_encoder_is_refused_and_frees_everything() -> None:
+def test_session_that_cannot_build_its_encoder_fails_and_frees_everything() -> None:
+    """The encoder opens on the session's thread (not on the request path), so the start is
+    answered first and the failure ends the session like any generation failure."""
     gen = StandInGenerator()
     settings = BackendSettings(width=64, height=64, max_sessions=1)
 
@@ -200,8 +202,9 @@ def test_start_that_cannot_build_its_encoder_is_refused_and_frees_everything() -
         limits=Limits(None, 60.0, 60.0), max_sessions=1,
     )
     ch = start(mgr)
-    assert ch.types() == ["error", "session.done"] and ch.sent[0][0]["code"] == "generation_failed"
-    assert "no libx264" in ch.sent[0][0]["message"] and ch.sent[-1][2] is True
+    assert ch.finished.wait(5)
+    assert ch.types() == ["video.start", "error", "session.done"] and ch.sent[1][0]["code"] == "generation_failed"
+    assert "no libx264" in ch.sent[1][0]["message"] and ch.sent[-1][2] is True
     assert gen.closed == 1 and mgr.active_sessions == 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -188,22 +189,21 @@ class SessionManager:
             raise
 
     def _new_session(self, corrid: int, config: SessionConfig, channel: Channel) -> Session:
-        """Chunk source and encoder for one session; nothing is left open if either fails."""
+        """A session and its chunk source. Runs on the request path under the manager's lock, so
+        anything slow (the encoder, a render worker's open) happens later on the session's thread."""
         request_id = protocol.new_request_id()
         owner: list[Session] = []  # the source reports failed events to the session made below
         source = self._sources.open(
             config, request_id, lambda event_id, why, forget: owner[0].event_failed(event_id, why, forget))
-        try:  # a source that encodes where it renders (render workers) needs no encoder here
-            encoder = None if self._sources.encodes else self._encoder_factory(config.width, config.height, config.fps)
-        except Exception:
-            source.close()
-            raise
+        # a source that encodes where it renders (render workers) needs no encoder here
+        open_encoder = None if self._sources.encodes else functools.partial(
+            self._encoder_factory, config.width, config.height, config.fps)
         session = Session(
             request_id=request_id,
             config=config,
             channel=channel,
             source=source,
-            encoder=encoder,
+            open_encoder=open_encoder,
             limits=self._limits,
             metrics=self._metrics,
             on_end=lambda s, reason: self._ended(corrid, s, reason),

@@ -180,6 +180,9 @@ class RenderPool:
             worker.ready.result()
 
     def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> "RemoteSession":
+        """Place a session on the least loaded worker. Returns at once: the worker opens it
+        while it finishes the chunk in hand, and the session's first use waits for that (and
+        raises what opening raised). A start must not hold the request path for a render."""
         with self._lock:
             for i, worker in enumerate(self._workers):  # a dead worker is replaced for new sessions
                 if not worker.alive:
@@ -188,13 +191,7 @@ class RenderPool:
                     self._workers[i].ready.result()
             worker = min(self._workers, key=lambda w: w.sessions)
             worker.sessions += 1
-        try:
-            session_id = worker.call("open", width, height, seed, fps).result()
-        except BaseException:
-            with self._lock:
-                worker.sessions -= 1
-            raise
-        return RemoteSession(self, worker, session_id)
+        return RemoteSession(self, worker, worker.call("open", width, height, seed, fps))
 
     def _released(self, worker: RenderWorker) -> None:
         with self._lock:
@@ -212,12 +209,12 @@ class RenderPool:
 class RemoteSession:
     """A session's generator state and encoder, in a worker: render chunks, then close."""
 
-    def __init__(self, pool: RenderPool, worker: RenderWorker, session_id: int) -> None:
-        self._pool, self._worker, self._id = pool, worker, session_id
+    def __init__(self, pool: RenderPool, worker: RenderWorker, opened: Future) -> None:
+        self._pool, self._worker, self._opened = pool, worker, opened
         self._open = True
 
     def render(self, mix: Mapping[str, float], num_frames: int) -> RenderedChunk:
-        return self._worker.call("render", self._id, dict(mix), num_frames).result()
+        return self._worker.call("render", self._opened.result(), dict(mix), num_frames).result()
 
     def close(self) -> bytes:
         """The encoder's trailer; frees the session in the worker. Later calls return b''."""
@@ -225,7 +222,9 @@ class RemoteSession:
             return b""
         self._open = False
         try:
-            return self._worker.call("close", self._id).result()
+            if self._opened.exception() is not None:
+                return b""  # never opened: nothing to free in the worker
+            return self._worker.call("close", self._opened.result()).result()
         finally:
             self._pool._released(self._worker)
 

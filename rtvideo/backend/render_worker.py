@@ -21,11 +21,10 @@ class Worker:
         self._ids = itertools.count(1)
 
     def init(self, options: dict[str, Any]) -> None:
-        import torch
-
         from rtvideo.backend.generator import BuiltinGenerator
+        from rtvideo.backend.runtime import limit_cpu_threads
 
-        torch.set_num_threads(int(options.get("torch_threads", 1)))
+        limit_cpu_threads(int(options.get("torch_threads", 1)))
         self._generator = BuiltinGenerator(device=options.get("device", "cpu"), fps=int(options.get("fps", 16)))
 
     def open(self, width: int, height: int, seed: int, fps: int | None) -> int:

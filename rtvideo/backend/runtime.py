@@ -15,6 +15,20 @@ from rtvideo.backend.sources import ChunkSourceFactory, GeneratorSources
 log = logging.getLogger(__name__)
 
 
+def limit_cpu_threads(threads: int) -> None:
+    """Cap torch's and the BLAS libraries' CPU thread pools (OpenBLAS, OpenMP, MKL).
+
+    numpy's OpenBLAS starts one thread per core and, between calls, spins them on
+    `sched_yield`: measured with the built-in generator, that spinning cost more CPU (all of it
+    system time) than the rendering itself, and starved the request path on a small machine.
+    Many sessions share the cores; each renders on one thread."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(threads)
+    threadpool_limits(limits=threads)  # applies now and stays (no `with`)
+
+
 def resolve_device(device: str) -> str:
     """'auto' means CUDA when this process can see a GPU, else the CPU."""
     if device != "auto":
@@ -29,11 +43,9 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
 
     With `generator=vllm_omni` this starts the engine; when it fails its health check, the
     manager ends live sessions and refuses starts and the health probe (`backend_failed`)."""
-    import torch
-
     from rtvideo.backend.encoder import FragmentedMp4Encoder
 
-    torch.set_num_threads(settings.torch_threads)
+    limit_cpu_threads(settings.torch_threads)
     manager: list[SessionManager] = []
     sources: ChunkSourceFactory
     if settings.generator == "vllm_omni":

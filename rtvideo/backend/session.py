@@ -63,7 +63,7 @@ class Session:
         config: SessionConfig,
         channel: Channel,
         source: "ChunkSource",
-        encoder: ChunkEncoder | None,
+        open_encoder: Callable[[], ChunkEncoder] | None,
         limits: Limits,
         metrics: Metrics,
         on_end: Callable[["Session", str], None],
@@ -73,7 +73,10 @@ class Session:
         self.channel = channel
         self._source = source
         self._open_source: ChunkSource | None = source  # until closed (once)
-        self._encoder: ChunkEncoder | None = encoder
+        # Opened on the session's thread: opening a codec takes milliseconds that the request
+        # path (every session's acks) must not wait for. None: the source encodes.
+        self._open_encoder = open_encoder
+        self._encoder: ChunkEncoder | None = None
         self._limits = limits
         self._metrics = metrics
         self._on_end = on_end
@@ -183,6 +186,8 @@ class Session:
         """Generate until an end, free everything, then report the end: a client that has
         `session.done` may count on the session's resources being free."""
         try:
+            if self._open_encoder is not None:
+                self._encoder = self._open_encoder()
             reason = self._generate(time.monotonic())
             trailer = self._close_encoder() + self._close_source()  # the source's, when it encodes
         except Exception as exc:  # noqa: BLE001 - any generator/encoder crash ends the session

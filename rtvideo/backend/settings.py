@@ -35,7 +35,7 @@ class BackendSettings:
     max_session_seconds: float = setting(3600.0, "longest session, in seconds")
     stall_timeout_seconds: float = setting(60.0, "end a session without generation progress for this long")
     device: str = setting("auto", "auto, cpu or cuda[:N]")
-    torch_threads: int = setting(1, "torch intra-op threads of the model")
+    torch_threads: int = setting(1, "CPU threads of torch and the BLAS libraries, per render process")
     render_workers: int = setting(
         0, "worker processes that render and encode the built-in generator's chunks, so video work "
         "never holds the interpreter that answers requests (0: in the model's own process)")
