@@ -163,13 +163,14 @@ class ProxyProcess:
 
     triton_url: str
     model: str
+    flags: tuple[str, ...] = ()  # more `rtvideo serve` flags
     proc: subprocess.Popen | None = None
     url: str = ""
 
     def __enter__(self) -> "ProxyProcess":
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rtvideo.cli", "serve", "--triton-url", self.triton_url, "--model", self.model,
-             "--port", str(free_port()), "--log-level", "WARNING"],
+             "--port", str(free_port()), "--log-level", "WARNING", *self.flags],
             stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None

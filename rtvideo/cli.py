@@ -183,6 +183,9 @@ async def _run_proxy(settings: proxy_settings.ProxySettings, triton: TritonServe
     """Serve until a signal, then drain (exit 0); the supervisor restarts the Triton started here when needed."""
     from rtvideo.proxy.app import ProxyServer
 
+    # grpc.aio hands each reply from its poller thread to this loop; with the default 5 ms GIL
+    # switch interval that hand-over waited behind a busy loop (the ack tail, measured).
+    sys.setswitchinterval(0.001)
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

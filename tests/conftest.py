@@ -18,7 +18,9 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator["object"]:
     from rtvideo.triton import TritonConfig, TritonServer, free_port
 
     repo = tmp_path_factory.mktemp("model_repository")
-    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off", "max_sessions": "8",
+    # The fast model renders in the model's own process (render_workers 0); the paced one as
+    # shipped, in render worker processes: both paths run every end-to-end test that uses them.
+    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off", "max_sessions": "8", "render_workers": "0",
                                     "served_model_names": ",".join(FAST_MODEL_NAMES)})
     derive_model(repo, PACED_MODEL, {"max_sessions": "2"})
     log = Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log")))

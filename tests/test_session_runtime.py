@@ -257,3 +257,47 @@ def test_json_log_fields_come_from_the_code_not_the_client() -> None:
     started = next(l for l in lines if " started config=" in l["message"])
     assert started["request_id"] == ch.sent[0][0]["request_id"] and started["corrid"] == "1"
     assert "peer" not in started and "event_id" not in started, started
+
+
+def test_dispatcher_keeps_order_survives_a_failing_handler_and_drains_on_close() -> None:
+    """`execute()` only queues (Triton runs it serially per instance); one thread hands requests
+    on in arrival order, so a sequence's start, updates and stop stay in order."""
+    from rtvideo.backend.dispatch import RequestDispatcher
+
+    seen: list[tuple[int, bytes, float]] = []
+    gate = threading.Event()
+
+    def handle(corrid: int, payload: bytes, *, start: bool, end: bool, channel: Any, received: float) -> None:
+        gate.wait(5)  # the first request holds the thread: the rest must queue, not run beside it
+        if payload == b"boom":
+            raise RuntimeError("a bug in a handler")
+        seen.append((corrid, payload, received))
+
+    dispatcher = RequestDispatcher(handle)
+    before = time.monotonic()
+    for i in range(50):
+        dispatcher.submit(i % 3, b"boom" if i == 7 else f"m{i}".encode(), start=False, end=False, channel=Recorder())
+    assert seen == []
+    gate.set()
+    dispatcher.close()
+    assert [p for _, p, _ in seen] == [f"m{i}".encode() for i in range(50) if i != 7]
+    assert all(before <= r <= time.monotonic() for _, _, r in seen), "received is when execute() queued it"
+
+
+def test_the_ack_time_counts_the_wait_before_dispatch() -> None:
+    from rtvideo.backend import metrics
+
+    recorded = metrics.BufferedMetrics()
+    settings = BackendSettings(width=64, height=64, max_sessions=1)
+    mgr = SessionManager(generator=StandInGenerator(), encoder_factory=FragmentedMp4Encoder,
+                         capabilities=settings.capabilities("realtime_video"), limits=Limits(None, 60.0, 60.0),
+                         max_sessions=1, metrics=recorded)
+    ch = start(mgr)
+    ack = Recorder()
+    mgr.on_request(1, b'{"type":"session.interaction","interaction":{"event":{"prompt":"q"}}}',
+                   start=False, end=False, channel=ack, received=time.monotonic() - 0.5)
+    assert ack.types() == ["session.interaction.queued"]
+    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=Recorder())
+    assert ch.finished.wait(5)
+    counted = recorded.drain().increments
+    assert counted[(metrics.ACKS, "", "")] == 1 and 0.5 <= counted[(metrics.ACK_SECONDS, "", "")] < 5

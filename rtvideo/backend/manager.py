@@ -78,10 +78,13 @@ class SessionManager:
         with self._lock:
             return len(self._sessions)
 
-    def on_request(self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel) -> None:
-        """Handle one request of a sequence; returns quickly (generation runs on the session's thread)."""
+    def on_request(self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel,
+                   received: float | None = None) -> None:
+        """Handle one request of a sequence; returns quickly (generation runs on the session's thread).
+        `received`: when the request arrived (`time.monotonic()`), if it waited in a queue since."""
         try:
-            self._dispatch(corrid, payload, start=start, end=end, channel=channel)
+            self._dispatch(corrid, payload, start=start, end=end, channel=channel,
+                           received=time.monotonic() if received is None else received)
         except Exception as exc:  # noqa: BLE001 - a bug must answer the request, not hang it
             log.exception("corrid=%s request failed", corrid)
             try:
@@ -92,7 +95,8 @@ class SessionManager:
             except Exception:  # noqa: BLE001 - the response may already be final
                 pass
 
-    def _dispatch(self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel) -> None:
+    def _dispatch(self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel,
+                  received: float) -> None:
         if start and end and _is_probe(payload):
             self._probe(corrid, channel)
             return
@@ -118,7 +122,7 @@ class SessionManager:
                 session.request_stop()
             return
         if isinstance(message, InteractionRequest):
-            session.interact(message, channel)
+            session.interact(message, channel, received)
         elif isinstance(message, PingRequest):
             session.touch()
             channel.send(protocol.pong(), final=True)

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_POLL_SECONDS = 0.25  # how often a pacing wait looks for cancellation (an IPC call each)
+# How often a pacing wait looks for cancellation. Each look is an IPC round trip to
+# tritonserver that takes its turn with every session's sends (model.py _IpcLock).
+_POLL_SECONDS = 0.5
 
 
 def ended_error(request_id: str | None) -> dict[str, Any]:
@@ -110,14 +112,14 @@ class Session:
     def touch(self) -> None:
         self.stats.last_progress = time.monotonic()
 
-    def interact(self, request: InteractionRequest, reply: Channel) -> None:
+    def interact(self, request: InteractionRequest, reply: Channel, received: float | None = None) -> None:
         """Validate idempotency, ack on the request's own stream, then queue for the next boundary.
 
         Holds the send lock too (in `_finish`'s order), so an event is either admitted
         before the session's end is computed, and so reaches an end in `session.done`,
         or refused because the session has ended.
         """
-        received = time.monotonic()
+        received = time.monotonic() if received is None else received
         request = request.with_event_id()
         event_id = request.event_id
         assert event_id is not None

@@ -31,14 +31,17 @@ class BackendSettings:
     #: chunks generation may run ahead of real-time playback; None = unpaced (benchmarks, offline)
     pacing_lead_chunks: float | None = setting(
         1.0, "chunks generation may run ahead of playback ('off': unpaced)", flag="--pacing-lead")
-    max_sessions: int = setting(8, "concurrent sessions in the model (server_busy beyond)")
+    # 16 on the 2-core reference machine, which played 40 paced 256x256 sessions with 2 render
+    # workers and no late chunk (benchmarks/bench_capacity.py; the rule is in the README)
+    max_sessions: int = setting(16, "concurrent sessions in the model (server_busy beyond)")
     max_session_seconds: float = setting(3600.0, "longest session, in seconds")
     stall_timeout_seconds: float = setting(60.0, "end a session without generation progress for this long")
     device: str = setting("auto", "auto, cpu or cuda[:N]")
     torch_threads: int = setting(1, "CPU threads of torch and the BLAS libraries, per render process")
     render_workers: int = setting(
-        0, "worker processes that render and encode the built-in generator's chunks, so video work "
-        "never holds the interpreter that answers requests (0: in the model's own process)")
+        2, "worker processes that render and encode the built-in generator's chunks, so video work "
+        "never holds the interpreter that answers requests (0: in the model's own process; other "
+        "generators ignore it)")
     #: like vLLM's --served-model-name: empty = the Triton model's own name (see `served_names`)
     served_model_names: tuple[str, ...] = setting(
         (), "a name a session.start's model may ask for (repeatable; default: the Triton model's name); "
@@ -67,8 +70,8 @@ class BackendSettings:
         if limits is None:
             raise ValueError(f"generator {self.generator!r} is not available; choose one of {tuple(catalog.LIMITS)}")
         positive = ("width", "height", "fps", "frames_per_chunk", "max_sessions", "torch_threads")
-        if self.render_workers < 0 or (self.render_workers and self.generator != "builtin"):
-            raise ValueError("render_workers must be >= 0, and is for the builtin generator only")
+        if self.render_workers < 0:
+            raise ValueError("render_workers must be >= 0")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"model parameter {name} must be positive")

@@ -1,7 +1,7 @@
 """Triton Python-backend adapter for `realtime_video`: translate requests, delegate to rtvideo.
 
-Decoupled: `execute()` hands each request to the session manager and returns at
-once; the session's worker thread streams responses on the start request's sender.
+Decoupled: `execute()` queues each request for the session manager's dispatch thread and
+returns at once; the session's worker thread streams responses on the start request's sender.
 """
 
 from __future__ import annotations
@@ -17,16 +17,19 @@ import triton_python_backend_utils as pb_utils
 
 from rtvideo.backend import metrics
 from rtvideo.backend.devices import device_from_args
+from rtvideo.backend.dispatch import RequestDispatcher
 from rtvideo.backend.metrics import BufferedMetrics
+from rtvideo.backend.priority_lock import PriorityLock
 from rtvideo.backend.runtime import build_manager
 from rtvideo.backend.settings import BackendSettings
 from rtvideo import logsetup, wire
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# Every call into pb_utils is IPC to tritonserver; concurrent calls from several
-# session threads crashed tritonserver 2.51 (SIGSEGV, boost lock_exception) under
-# load, so they are serialized. Each call is short; nothing else waits on it.
-_IPC = threading.Lock()
+# Every pb_utils call is IPC to tritonserver; concurrent calls from several session threads
+# crashed tritonserver 2.51 (SIGSEGV, boost lock_exception) under load, so they take turns.
+# A turn lasts from microseconds (an ack) to milliseconds (a video chunk): whoever answers a
+# request (an ack, a pong, an error: a client is timing it) goes ahead of waiting chunk sends.
+_IPC = PriorityLock()
 
 
 class TritonChannel:
@@ -39,19 +42,20 @@ class TritonChannel:
     channel answers "cancelled" itself (nothing can be delivered any more) and sends nothing.
     """
 
-    def __init__(self, sender: Any) -> None:
+    def __init__(self, sender: Any, *, urgent: bool = False) -> None:
         self._sender = sender
         self._complete = False
+        self._urgent = urgent  # the answer to a request (see _IPC), not a session's stream
 
     def send(self, message: Mapping[str, Any] | None, data: bytes = b"", *, final: bool = False) -> None:
         if message is None:
-            with _IPC:
+            with _IPC.hold(self._urgent):
                 if not self._complete:
                     self._complete = True
                     self._sender.send(flags=FINAL)
             return
         meta, payload = wire.response_arrays(message, data)
-        with _IPC:
+        with _IPC.hold(self._urgent):
             if self._complete:
                 raise RuntimeError("the request's responses are complete")
             response = pb_utils.InferenceResponse(
@@ -61,14 +65,14 @@ class TritonChannel:
             self._complete = final
 
     def is_cancelled(self) -> bool:
-        with _IPC:
+        with _IPC.hold():
             return self._complete or self._sender.is_cancelled()
 
 
 class TritonMetricsPublisher:
     """Flushes the runtime's buffered metrics to Triton custom metrics (Triton's /metrics)."""
 
-    def __init__(self, model: str, source: BufferedMetrics, interval: float = 0.25, instance: str = "") -> None:
+    def __init__(self, model: str, source: BufferedMetrics, interval: float = 1.0, instance: str = "") -> None:
         # Each model instance (one per GPU of a KIND_GPU group) publishes its own series.
         self._labels = {"model": model, "instance": instance} if instance else {"model": model}
         self._source = source
@@ -94,7 +98,7 @@ class TritonMetricsPublisher:
         snapshot = self._source.drain()
         if not snapshot.increments and not snapshot.gauges:
             return
-        with _IPC:
+        with _IPC.hold():
             for key, amount in snapshot.increments.items():
                 self._metric(*key).increment(amount)
             for key, value in snapshot.gauges.items():
@@ -134,19 +138,22 @@ class TritonPythonModel:
         # only --model-control-mode=explicit allows, crashed tritonserver 2.51 here (boost
         # lock_exception) in the default mode.
         self._manager = build_manager(settings, args["model_name"], buffered)
+        self._dispatcher = RequestDispatcher(self._manager.on_request)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            self._manager.on_request(
+            start = bool(_control(request, wire.START))
+            self._dispatcher.submit(
                 _control(request, wire.CORRID),
                 wire.request_payload(_input(request, wire.REQUEST)),
-                start=bool(_control(request, wire.START)),
+                start=start,
                 end=bool(_control(request, wire.END)),
-                channel=TritonChannel(request.get_response_sender()),
+                channel=TritonChannel(request.get_response_sender(), urgent=not start),
             )
         return None
 
     def finalize(self) -> None:
+        self._dispatcher.close()
         self._manager.shutdown()
         self._publisher.close()
 
