@@ -121,6 +121,8 @@ def test_model_py_gives_each_gpu_instance_its_device(monkeypatch: pytest.MonkeyP
     built: list[Any] = []
 
     class _Manager:
+        def on_request(self, *args: Any, **kwargs: Any) -> None: ...
+
         def shutdown(self) -> None: ...
 
     monkeypatch.setattr(module, "build_manager", lambda settings, name, metrics: built.append(settings) or _Manager())

@@ -133,6 +133,9 @@ def test_capacity_refusal_and_stop_with_end_flag() -> None:
     first = start(mgr, 1)
     second = start(mgr, 2)
     assert second.types() == ["error", "session.done"] and second.sent[0][0]["code"] == "server_busy"
+    deadline = time.monotonic() + 5
+    while "video.chunk_metadata" not in first.types() and time.monotonic() < deadline:
+        time.sleep(0.01)  # a chunk is out, so the stop ends with its trailer
     stop = Recorder()
     mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=stop)
     assert stop.sent == [(None, b"", True)]

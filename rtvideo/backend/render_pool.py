@@ -30,6 +30,7 @@ from typing import IO, Any, Callable, Mapping
 
 from rtvideo.backend.sources import EventFailed, GeneratorChunkSource, SourceChunk
 from rtvideo.core.session_config import SessionConfig
+from rtvideo.triton.server import parent_death_signal
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class RenderWorker:
         self._proc = subprocess.Popen(
             [worker_python(), "-m", "rtvideo.backend.render_worker", str(nice)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
+            # killed with the model's process, even by kill -9 (its loading would not see the pipe close)
+            preexec_fn=parent_death_signal(),
         )
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._stdin, self._stdout = self._proc.stdin, self._proc.stdout

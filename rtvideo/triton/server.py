@@ -126,7 +126,7 @@ def clean_stale_shm() -> list[str]:
     return removed
 
 
-def _parent_death_signal() -> Optional[Callable[[], None]]:
+def parent_death_signal() -> Optional[Callable[[], None]]:
     """A ``preexec_fn`` that makes the child get SIGKILL when the spawning thread ends (Linux)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -287,7 +287,7 @@ class TritonServer:
                 stderr=subprocess.STDOUT,
                 env=install.environment(),
                 start_new_session=True,  # own process group: stop() can reach the stubs too
-                preexec_fn=_parent_death_signal(),  # dies with its launcher, even on kill -9
+                preexec_fn=parent_death_signal(),  # dies with its launcher, even on kill -9
             )
         except BaseException:
             self.log.close()
