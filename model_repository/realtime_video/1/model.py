@@ -7,6 +7,7 @@ returns at once; the session's worker thread streams responses on the start requ
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -139,6 +140,9 @@ class TritonPythonModel:
         # lock_exception) in the default mode.
         self._manager = build_manager(settings, args["model_name"], buffered)
         self._dispatcher = RequestDispatcher(self._manager.on_request)
+        # torch, PyAV and numpy leave ~10^5 long-lived objects: a full garbage collection
+        # over them paused every thread for 100-200 ms (measured). They live as long as the model.
+        gc.freeze()
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
