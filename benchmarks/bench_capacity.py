@@ -2,7 +2,7 @@
 costs meanwhile, over WebSocket (through `rtvideo serve --triton-url`) and direct gRPC in the
 same run. Prints figures; asserts nothing.
 
-    .venv/bin/python benchmarks/bench_capacity.py [--counts 1,4,8,16,24,32] [--seconds 20]
+    .venv/bin/python benchmarks/bench_capacity.py [--counts 1,4,8,16,24,32,40] [--seconds 20]
 
 For each session count N, N paced sessions stream at 256×256 (half through the proxy, half
 direct), each sending a new prompt every `--update-interval` seconds. Per count it prints:
@@ -14,9 +14,9 @@ direct), each sending a new prompt every `--update-interval` seconds. Per count 
   clients, which run in processes of their own: a few sessions each).
 Then the ack figures at 8 sessions with 4 new prompts a second each, twice: with the sessions'
 updates staggered (independent clients, as everywhere else here) and all sent at the same
-moment (`first_update`). Every
-configuration in `--workers` (the model's `render_workers`) is measured in the same run, so
-the ratios compare like with like. The last line gives the largest zero-stall count.
+moment (`first_update`). Every configuration in `--workers` (the model's `render_workers`) is
+measured in the same run, so the ratios compare like with like. The last line gives the
+largest zero-stall count.
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def ms(values: list[float], q: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--counts", default="1,4,8,16,24,32")
+    parser.add_argument("--counts", default="1,4,8,16,24,32,40")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--update-interval", type=float, default=1.0)
     parser.add_argument("--workers", default="0,2", help="render_workers values to compare (0: in the stub)")
