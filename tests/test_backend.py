@@ -327,3 +327,46 @@ def test_readme_tritonclient_example(triton, tmp_path: Path) -> None:
     assert "'type': 'error'" not in out.stdout
     assert decode((tmp_path / "harbour.mp4").read_bytes()).shape[0] >= 6 * 9  # stopped after chunk 5
     wait_for_metric(triton, "rtvideo_active_sessions", FAST_MODEL, 0, timeout=10)
+
+
+def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocking(triton) -> None:
+    """The shipped model renders in worker processes. Killing them ends their sessions with
+    generation_failed and session.done; a start meanwhile is answered at once (it does not
+    wait seconds for a worker to load); once replaced, sessions play again."""
+    import os
+    import signal
+
+    from tests.test_backend_memory import stub_pid
+    from tests.test_cli import descendants
+
+    def workers() -> set[int]:
+        return {p for p in descendants(stub_pid(triton, PACED_MODEL))
+                if b"render_worker" in Path(f"/proc/{p}/cmdline").read_bytes()}
+
+    wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
+    before = workers()
+    assert len(before) == 2, f"the shipped model runs 2 render workers, found {before}"
+    with TritonStreamSession(triton.grpc_url, PACED_MODEL) as victim:
+        victim.start("a lighthouse in a storm", seed=3)
+        next_media(victim, Transcript())
+        for pid in before:
+            os.kill(pid, signal.SIGKILL)
+        t = collect(victim, timeout=15)
+        assert any(m.get("code") == "generation_failed" for m in t.messages), t.messages
+        assert t.messages[-1]["type"] == "session.done"
+    with TritonStreamSession(triton.grpc_url, PACED_MODEL) as meanwhile:
+        began = time.monotonic()
+        meanwhile.start("started while the workers reload", seed=4)
+        assert meanwhile.next(10).message["type"] == "video.start"
+        assert time.monotonic() - began < 1.0, "a start waited for a render worker to load"
+        meanwhile.stop()
+        collect(meanwhile, timeout=30)  # ends either way: with a chunk, or generation_failed
+    deadline = time.monotonic() + 90
+    while not (len(now := workers()) == 2 and not now & before):
+        assert time.monotonic() < deadline, f"the render workers were not replaced: {now}"
+        time.sleep(0.2)
+    with TritonStreamSession(triton.grpc_url, PACED_MODEL) as after:
+        after.start("a calm sea after the storm", seed=5)
+        assert next_media(after, Transcript())["kind"] == "media"
+        after.stop()
+        assert collect(after).messages[-1]["stopped"] is True

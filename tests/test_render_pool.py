@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Iterator
 
 import pytest
@@ -32,14 +33,25 @@ def test_chunks_from_a_worker_decode(pool: RenderPool) -> None:
     assert session.close() == b"", "a second close is a no-op"
 
 
-def test_a_dead_worker_fails_its_sessions_and_is_replaced(pool: RenderPool) -> None:
+def test_a_dead_worker_fails_its_sessions_and_is_replaced_in_the_background(pool: RenderPool) -> None:
     session = pool.open_session(width=64, height=48, seed=2, fps=16)
     (pid,) = pool.worker_pids
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerDied):
         session.render({"a red fire": 1.0}, 9)
-    fresh = pool.open_session(width=64, height=48, seed=3, fps=16)
-    assert pool.worker_pids != [pid]
+    session.close()
+    t0 = time.monotonic()
+    orphan = pool.open_session(width=64, height=48, seed=3, fps=16)  # before the replacement is up
+    assert time.monotonic() - t0 < 0.5, "a start must not wait for a worker to load"
+    if pool.worker_pids == [pid]:
+        with pytest.raises(WorkerDied):  # no worker running: it fails at once, loudly
+            orphan.render({"a quiet harbour": 1.0}, 3)
+    orphan.close()
+    deadline = time.monotonic() + 60
+    while pool.worker_pids == [pid] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pool.worker_pids != [pid], "the dead worker was not replaced"
+    fresh = pool.open_session(width=64, height=48, seed=4, fps=16)
     assert fresh.render({"a quiet harbour": 1.0}, 3).frames == 3
     fresh.close()
 

@@ -19,11 +19,13 @@ import itertools
 import logging
 import os
 import pickle
+import queue
 import shutil
 import struct
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Mapping
@@ -35,6 +37,7 @@ from rtvideo.triton.server import parent_death_signal
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
+RESPAWN_PAUSE_SECONDS = 2.0  # between tries to replace a worker that could not start
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,10 @@ def worker_python() -> str:
 class RenderWorker:
     """One worker process and the calls in flight to it (thread-safe)."""
 
-    def __init__(self, index: int, options: Mapping[str, Any], nice: int = 5) -> None:
+    def __init__(self, index: int, options: Mapping[str, Any], nice: int = 5,
+                 on_death: Callable[["RenderWorker"], None] | None = None) -> None:
         self.index = index
+        self._on_death = on_death  # called once, from the reader thread, when it dies unasked
         self._proc = subprocess.Popen(
             [worker_python(), "-m", "rtvideo.backend.render_worker", str(nice)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
@@ -147,7 +152,8 @@ class RenderWorker:
 
     def _fail(self, reason: str) -> None:
         with self._lock:
-            if self._dead is None:
+            first = self._dead is None
+            if first:
                 self._dead = reason
                 if not self._closing:
                     log.error("%s", reason)
@@ -155,6 +161,8 @@ class RenderWorker:
         for future in pending.values():
             if not future.done():
                 future.set_exception(WorkerDied(reason))
+        if first and not self._closing and self._on_death is not None:
+            self._on_death(self)
 
     def close(self, timeout: float = 5.0) -> None:
         self._closing = True
@@ -171,28 +179,58 @@ class RenderWorker:
 
 
 class RenderPool:
-    """A few workers; each session lives on the least loaded live one for its whole life."""
+    """A few workers; each session lives on the least loaded live one for its whole life. A
+    worker that dies is replaced in the background: starting one takes seconds, which no
+    request may wait for (meanwhile new sessions go to the live ones)."""
 
     def __init__(self, workers: int, options: Mapping[str, Any]) -> None:
         if workers < 1:
             raise ValueError("a render pool needs at least one worker")
         self._options = dict(options)
         self._lock = threading.Lock()
-        self._workers = [RenderWorker(i, self._options) for i in range(workers)]
+        self._closing = False
+        self._dead: "queue.SimpleQueue[int | None]" = queue.SimpleQueue()  # indexes to replace
+        self._workers = [self._spawn(i) for i in range(workers)]
         for worker in self._workers:  # started together, waited for together
             worker.ready.result()
+        # Workers die with the thread that started them (PR_SET_PDEATHSIG), so replacements
+        # are started by one thread that lives as long as the pool.
+        self._keeper = threading.Thread(target=self._keep, name="render-pool-keeper", daemon=True)
+        self._keeper.start()
+
+    def _spawn(self, index: int) -> RenderWorker:
+        return RenderWorker(index, self._options, on_death=self._died)
+
+    def _died(self, worker: RenderWorker) -> None:
+        if self._workers[worker.index] is worker:  # a replacement that dies loading is retried by _keep
+            self._dead.put(worker.index)
+
+    def _keep(self) -> None:
+        while (index := self._dead.get()) is not None:
+            fresh = self._spawn(index)
+            try:
+                fresh.ready.result()
+            except Exception:  # noqa: BLE001 - try again a little later, without a busy loop
+                log.exception("render worker %d could not start; trying again in %g s", index, RESPAWN_PAUSE_SECONDS)
+                fresh.close(0.1)
+                time.sleep(RESPAWN_PAUSE_SECONDS)
+                self._dead.put(index)
+                continue
+            with self._lock:
+                if self._closing:
+                    fresh.close()
+                    return
+                old, self._workers[index] = self._workers[index], fresh
+            old.close(0.1)
+            log.warning("render worker %d replaced (pid %d)", index, fresh.pid)
 
     def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> "RemoteSession":
-        """Place a session on the least loaded worker. Returns at once: the worker opens it
+        """Place a session on the least loaded live worker. Returns at once: the worker opens it
         while it finishes the chunk in hand, and the session's first use waits for that (and
-        raises what opening raised). A start must not hold the request path for a render."""
+        raises what opening raised, or `WorkerDied` when no worker is running)."""
         with self._lock:
-            for i, worker in enumerate(self._workers):  # a dead worker is replaced for new sessions
-                if not worker.alive:
-                    worker.close(0.1)
-                    self._workers[i] = RenderWorker(i, self._options)
-                    self._workers[i].ready.result()
-            worker = min(self._workers, key=lambda w: w.sessions)
+            live = [w for w in self._workers if w.alive] or self._workers  # none live: its call fails at once
+            worker = min(live, key=lambda w: w.sessions)
             worker.sessions += 1
         return RemoteSession(self, worker, worker.call("open", width, height, seed, fps))
 
@@ -205,8 +243,13 @@ class RenderPool:
         return [w.pid for w in self._workers]
 
     def close(self) -> None:
-        for worker in self._workers:
+        with self._lock:
+            self._closing = True
+            workers = list(self._workers)
+        self._dead.put(None)
+        for worker in workers:
             worker.close()
+        self._keeper.join(10)
 
 
 class RemoteSession:
