@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # How often a pacing wait looks for cancellation. Each look is an IPC round trip to
-# tritonserver that takes its turn with every session's sends (model.py _IpcLock).
+# tritonserver that takes its turn with every session's sends (model.py `_IPC`).
 _POLL_SECONDS = 0.5
 
 
