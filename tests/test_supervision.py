@@ -258,6 +258,17 @@ def _triton_pids(served_pid: int) -> tuple[int, list[int]]:
     return server, [p for p in descendants(server) if "triton_python_backend_stub" in _cmdline(p)]
 
 
+def _describe(pid: int) -> str:
+    """A process for a failure message: pid, state, what it waits in, its threads, its command."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} state={stat[stat.rfind(')') + 2]} wchan={wchan} threads={threads} {_cmdline(pid)[:80]}"
+
+
 def _shm_of(launcher_pid: int) -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith(f"rtvideo_{launcher_pid}_")}
 
@@ -391,7 +402,7 @@ def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:
         s.proc.wait()
         t0 = time.monotonic()
         while alive(server_pid) or any(alive(p) for p in stubs):
-            assert time.monotonic() - t0 < 10, f"left running: {[p for p in (server_pid, *stubs) if alive(p)]}"
+            assert time.monotonic() - t0 < 10, f"left running: {[_describe(p) for p in (server_pid, *stubs) if alive(p)]}"
             time.sleep(0.1)
         print(f"tritonserver and its stub gone {time.monotonic() - t0:.2f} s after the kill -9 of rtvideo serve")
         # What the dead launcher's stub left in /dev/shm goes at the next start (clean_stale_shm).
