@@ -15,18 +15,22 @@ from rtvideo.backend.sources import ChunkSourceFactory, GeneratorSources
 log = logging.getLogger(__name__)
 
 
-def limit_cpu_threads(threads: int) -> None:
-    """Cap torch's and the BLAS libraries' CPU thread pools (OpenBLAS, OpenMP, MKL).
+def limit_cpu_threads(threads: int, *, blas: bool = True) -> None:
+    """Cap torch's and (with `blas`) the BLAS libraries' CPU thread pools (OpenBLAS, OpenMP, MKL).
 
     numpy's OpenBLAS starts one thread per core and, between calls, spins them on
     `sched_yield`: measured with the built-in generator, that spinning cost more CPU (all of it
     system time) than the rendering itself, and starved the request path on a small machine.
-    Many sessions share the cores; each renders on one thread."""
+    Many sessions share the cores; each renders on one thread. Only a process that renders
+    resizes the BLAS pool: a model process resized so hung in its exit now and then (a futex,
+    after its tritonserver was killed), and with render workers it does no BLAS work."""
     import torch
-    from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(threads)
-    threadpool_limits(limits=threads)  # applies now and stays (no `with`)
+    if blas:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=threads)  # applies now and stays (no `with`)
 
 
 def resolve_device(device: str) -> str:
@@ -45,7 +49,8 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
     manager ends live sessions and refuses starts and the health probe (`backend_failed`)."""
     from rtvideo.backend.encoder import FragmentedMp4Encoder
 
-    limit_cpu_threads(settings.torch_threads)
+    pooled = settings.generator == "builtin" and settings.render_workers > 0
+    limit_cpu_threads(settings.torch_threads, blas=not pooled)  # the workers cap their own
     manager: list[SessionManager] = []
     sources: ChunkSourceFactory
     if settings.generator == "vllm_omni":
@@ -68,7 +73,7 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
         from rtvideo.backend.generator import BuiltinGenerator
 
         device = resolve_device(settings.device)
-        if settings.render_workers:
+        if pooled:
             from rtvideo.backend.render_pool import PooledSources, RenderPool
 
             options = {"device": device, "fps": settings.fps, "torch_threads": settings.torch_threads}
