@@ -12,9 +12,9 @@ direct), each sending a new prompt every `--update-interval` seconds. Per count 
 - update visible p50/p99 (send → first chunk metadata listing the event in started_event_ids);
 - CPU seconds per session-second (tritonserver, its stubs, render workers, the proxy; not the
   clients, which run in processes of their own: a few sessions each).
-Then the ack figures at 8 sessions with 4 new prompts a second each, twice: with the sessions'
-updates staggered (independent clients, as everywhere else here) and all sent at the same
-moment (`first_update`). Every configuration in `--workers` (the model's `render_workers`) is
+Then the ack figures at 8 sessions with 4 new prompts a second each (`--ack-seconds` long),
+twice: with the sessions' updates staggered (independent clients, as everywhere else here) and
+all sent at the same moment (`first_update`). Every configuration in `--workers` (the model's `render_workers`) is
 measured in the same run, so the ratios compare like with like. The last line gives the
 largest zero-stall count.
 """
@@ -238,6 +238,9 @@ def main() -> None:
     parser.add_argument("--counts", default="1,4,8,16,24,32,40")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--update-interval", type=float, default=1.0)
+    parser.add_argument("--ack-seconds", type=float, default=60.0,
+                        help="length of each 8 × 4/s run: ~4 acks a second per session, so 60 s puts ~10 "
+                             "samples per path above the p99 (20 s: ~3, and p99 moved by several ms between runs)")
     parser.add_argument("--workers", default="0,2", help="render_workers values to compare (0: in the stub)")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
@@ -266,7 +269,7 @@ def main() -> None:
                     if late == 0:
                         best[model] = max(best.get(model, 0), n)
                 for aligned in (False, True):
-                    s, _ = run_load(clients, server.grpc_url, proxy.url, model, 8, args.seconds, 0.25, pids, aligned)
+                    s, _ = run_load(clients, server.grpc_url, proxy.url, model, 8, args.ack_seconds, 0.25, pids, aligned)
                     print(f"  8 sessions × 4 new prompts/s, {'all at once' if aligned else 'staggered  '}: "
                           f"ack ws p50 {ms(s.acks['ws'], .5)} p99 {ms(s.acks['ws'], .99)} | "
                           f"grpc p50 {ms(s.acks['grpc'], .5)} p99 {ms(s.acks['grpc'], .99)} | "

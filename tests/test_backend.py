@@ -338,6 +338,7 @@ def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocki
 
     from tests.test_backend_memory import stub_pid
     from tests.test_cli import descendants
+    from tests.test_render_pool import policies
 
     def workers() -> set[int]:
         return {p for p in descendants(stub_pid(triton, PACED_MODEL))
@@ -346,6 +347,7 @@ def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocki
     wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
     before = workers()
     assert len(before) == 2, f"the shipped model runs 2 render workers, found {before}"
+    assert all(policies(p) == {(os.SCHED_IDLE, 0)} for p in before), "render workers run under SCHED_IDLE"
     with TritonStreamSession(triton.grpc_url, PACED_MODEL) as victim:
         victim.start("a lighthouse in a storm", seed=3)
         next_media(victim, Transcript())
@@ -365,6 +367,7 @@ def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocki
     while not (len(now := workers()) == 2 and not now & before):
         assert time.monotonic() < deadline, f"the render workers were not replaced: {now}"
         time.sleep(0.2)
+    assert all(policies(p) == {(os.SCHED_IDLE, 0)} for p in now), "replacements run under SCHED_IDLE too"
     with TritonStreamSession(triton.grpc_url, PACED_MODEL) as after:
         after.start("a calm sea after the storm", seed=5)
         assert next_media(after, Transcript())["kind"] == "media"

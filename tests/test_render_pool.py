@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from rtvideo.backend.render_pool import RenderPool, WorkerDied
+from rtvideo.backend.render_pool import RenderPool, RenderWorker, WorkerDied
 from tests.streams import decode
 
 
@@ -31,6 +31,24 @@ def test_chunks_from_a_worker_decode(pool: RenderPool) -> None:
     frames = decode(b"".join(c.payload for c in chunks) + trailer)
     assert frames.shape == (14, 48, 64, 3)
     assert session.close() == b"", "a second close is a no-op"
+
+
+def policies(pid: int) -> set[tuple[int, int]]:
+    """(scheduling policy, nice) of every thread of `pid`."""
+    return {(os.sched_getscheduler(int(tid)), os.getpriority(os.PRIO_PROCESS, int(tid)))
+            for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_workers_run_at_idle_priority_by_default_or_at_the_nice_asked(pool: RenderPool) -> None:
+    """SCHED_IDLE on every thread (torch's too), so a request-path thread preempts rendering at once."""
+    (pid,) = pool.worker_pids
+    assert policies(pid) == {(os.SCHED_IDLE, 0)}
+    worker = RenderWorker(0, {"device": "cpu", "fps": 16}, "7")
+    try:
+        worker.ready.result(60)
+        assert policies(worker.pid) == {(os.SCHED_OTHER, 7)}
+    finally:
+        worker.close()
 
 
 def test_a_dead_worker_fails_its_sessions_and_is_replaced_in_the_background(pool: RenderPool) -> None:

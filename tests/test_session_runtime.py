@@ -153,6 +153,9 @@ def test_capacity_refusal_and_stop_with_end_flag() -> None:
         ({"pacing_lead_chunks": "-1"}, ">= 0"),
         ({"colour": "red"}, "unknown model parameter"),
         ({"device": "tpu"}, "device"),
+        ({"render_priority": "20"}, "render_priority"),
+        ({"render_priority": "-5"}, "render_priority"),
+        ({"render_priority": "low"}, "render_priority"),
     ],
 )
 def test_backend_settings_reject_bad_parameters(params: dict, fragment: str) -> None:
@@ -163,6 +166,8 @@ def test_backend_settings_reject_bad_parameters(params: dict, fragment: str) -> 
 def test_backend_settings_parse() -> None:
     s = BackendSettings.from_parameters({"pacing_lead_chunks": "off", "width": "320", "max_session_seconds": "90"})
     assert s.pacing_lead_chunks is None and s.width == 320 and s.max_session_seconds == 90.0
+    assert s.render_priority == "idle"
+    assert BackendSettings.from_parameters({"render_priority": "7"}).render_priority == "7"
 
 
 def test_interaction_after_the_end_is_refused_not_lost() -> None:

@@ -71,6 +71,29 @@ def read_message(stream: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
+def lower_priority(priority: str) -> None:
+    """Video work yields to the request path: `priority` is `idle` or a nice value. Under
+    SCHED_IDLE a waking request-path thread preempts a worker at once; under a nice value it
+    only gets a larger share, and the scheduler may let a rendering worker run on first: ack
+    p99 at 16 sessions went 12-13 ms (nice 5) -> 8-9 ms (idle) on 2 cores
+    (benchmarks/bench_capacity.py). Called in the child before exec, so every thread the
+    worker ever starts (numpy's and torch's at import) inherits it."""
+    if priority != "idle":
+        os.nice(int(priority))
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:  # refused (a seccomp profile): the lowest nice is the next best
+        os.nice(19)
+
+
+def _policy(pid: int) -> int | None:
+    try:
+        return os.sched_getscheduler(pid)
+    except OSError:  # already gone: its reader reports that
+        return None
+
+
 def worker_python() -> str:
     """The interpreter for workers: `$RTVIDEO_WORKER_PYTHON`, else this process's interpreter when it
     is a Python (inside Triton's stub `sys.executable` may be the stub), else `python3` on PATH."""
@@ -88,16 +111,24 @@ def worker_python() -> str:
 class RenderWorker:
     """One worker process and the calls in flight to it (thread-safe)."""
 
-    def __init__(self, index: int, options: Mapping[str, Any], nice: int = 5,
+    def __init__(self, index: int, options: Mapping[str, Any], priority: str = "idle",
                  on_death: Callable[["RenderWorker"], None] | None = None) -> None:
         self.index = index
         self._on_death = on_death  # called once, from the reader thread, when it dies unasked
-        self._proc = subprocess.Popen(
-            [worker_python(), "-m", "rtvideo.backend.render_worker", str(nice)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
+        dies_with_parent = parent_death_signal()
+
+        def preexec() -> None:
             # killed with the model's process, even by kill -9 (its loading would not see the pipe close)
-            preexec_fn=parent_death_signal(),
+            if dies_with_parent is not None:
+                dies_with_parent()
+            lower_priority(priority)
+
+        self._proc = subprocess.Popen(
+            [worker_python(), "-m", "rtvideo.backend.render_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True, preexec_fn=preexec,
         )
+        if priority == "idle" and _policy(self._proc.pid) not in (os.SCHED_IDLE, None):
+            log.warning("render worker %d: SCHED_IDLE was refused; it runs at nice 19", index)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
         self._write = threading.Lock()
@@ -183,10 +214,11 @@ class RenderPool:
     worker that dies is replaced in the background: starting one takes seconds, which no
     request may wait for (meanwhile new sessions go to the live ones)."""
 
-    def __init__(self, workers: int, options: Mapping[str, Any]) -> None:
+    def __init__(self, workers: int, options: Mapping[str, Any], priority: str = "idle") -> None:
         if workers < 1:
             raise ValueError("a render pool needs at least one worker")
         self._options = dict(options)
+        self._priority = priority
         self._lock = threading.Lock()
         self._closing = False
         self._dead: "queue.SimpleQueue[int | None]" = queue.SimpleQueue()  # indexes to replace
@@ -199,7 +231,7 @@ class RenderPool:
         self._keeper.start()
 
     def _spawn(self, index: int) -> RenderWorker:
-        return RenderWorker(index, self._options, on_death=self._died)
+        return RenderWorker(index, self._options, self._priority, on_death=self._died)
 
     def _died(self, worker: RenderWorker) -> None:
         if self._workers[worker.index] is worker:  # a replacement that dies loading is retried by _keep

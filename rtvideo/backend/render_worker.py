@@ -1,12 +1,12 @@
 """A render worker process (see `render_pool`): hosts sessions' generator state and encoders and
-renders their chunks one at a time. Started as `python -m rtvideo.backend.render_worker NICE`;
-requests arrive on stdin and answers leave on stdout, nothing else is written there."""
+renders their chunks one at a time. Started as `python -m rtvideo.backend.render_worker` (at
+the priority the pool chose); requests arrive on stdin and answers leave on stdout, nothing else
+is written there."""
 
 from __future__ import annotations
 
 import gc
 import itertools
-import os
 import sys
 import time
 from typing import Any, Callable
@@ -59,7 +59,6 @@ class Worker:
 
 
 def main() -> None:
-    os.nice(int(sys.argv[1]) if len(sys.argv) > 1 else 0)  # video work yields to the request path
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the answer pipe
     worker = Worker()

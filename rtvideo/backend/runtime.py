@@ -77,7 +77,7 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
             from rtvideo.backend.render_pool import PooledSources, RenderPool
 
             options = {"device": device, "fps": settings.fps, "torch_threads": settings.torch_threads}
-            sources = PooledSources(RenderPool(settings.render_workers, options))
+            sources = PooledSources(RenderPool(settings.render_workers, options, settings.render_priority))
         else:
             sources = GeneratorSources(BuiltinGenerator(device=device, fps=settings.fps))
         log.info("generator=%s device=%s settings=%s", settings.generator, device, settings)

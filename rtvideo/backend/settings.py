@@ -17,6 +17,10 @@ from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.settings_text import setting
 
 
+#: `render_priority` values: SCHED_IDLE, or a nice value
+RENDER_PRIORITIES = ("idle", *(str(n) for n in range(20)))
+
+
 @dataclass(frozen=True)
 class BackendSettings:
     """Every knob of the model, with the defaults documented in the README."""
@@ -42,6 +46,9 @@ class BackendSettings:
         2, "worker processes that render and encode the built-in generator's chunks, so video work "
         "never holds the interpreter that answers requests (0: in the model's own process; other "
         "generators ignore it)")
+    render_priority: str = setting(
+        "idle", "CPU priority of the render workers: idle (Linux SCHED_IDLE: every request-path thread "
+        "preempts them at once) or a nice value 0-19 (when other CPU-heavy work shares the model's cgroup)")
     #: like vLLM's --served-model-name: empty = the Triton model's own name (see `served_names`)
     served_model_names: tuple[str, ...] = setting(
         (), "a name a session.start's model may ask for (repeatable; default: the Triton model's name); "
@@ -72,6 +79,8 @@ class BackendSettings:
         positive = ("width", "height", "fps", "frames_per_chunk", "max_sessions", "torch_threads")
         if self.render_workers < 0:
             raise ValueError("render_workers must be >= 0")
+        if self.render_priority not in RENDER_PRIORITIES:
+            raise ValueError(f"render_priority {self.render_priority!r}: use idle or a nice value 0-19")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"model parameter {name} must be positive")
