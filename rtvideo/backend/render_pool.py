@@ -79,12 +79,13 @@ def lower_priority(priority: str) -> None:
     (benchmarks/bench_capacity.py). Called in the child before exec, so every thread the
     worker ever starts (numpy's and torch's at import) inherits it."""
     if priority != "idle":
-        os.nice(int(priority))
+        # absolute, and never below the model's own (raising a priority needs privilege)
+        os.setpriority(os.PRIO_PROCESS, 0, max(int(priority), os.getpriority(os.PRIO_PROCESS, 0)))
         return
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except OSError:  # refused (a seccomp profile): the lowest nice is the next best
-        os.nice(19)
+    except OSError:  # refused (a seccomp profile): the lowest priority is the next best
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
 
 
 def _policy(pid: int) -> int | None:
