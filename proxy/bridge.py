@@ -9,6 +9,7 @@ stop) and yields `Reply`s: the request they answer, the server message, the payl
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from typing import Any, AsyncIterator
@@ -21,7 +22,13 @@ from rtvideo.core import protocol
 from rtvideo.wire import START_TAG, Reply
 
 
+log = logging.getLogger(__name__)
+
 _PING = protocol.encode({"type": protocol.PING}).encode()
+STOP = protocol.encode({"type": protocol.STOP}).encode()  # session.stop, sent with sequence_end
+#: how long the call that ends a cancelled stream's sequence may take (bounded: Triton may be gone)
+END_CALL_SECONDS = 10.0
+_ending: "set[asyncio.Task[None]]" = set()  # those calls, held until they are over
 #: the longest gRPC waits between attempts to reach a Triton that went away. Its default backoff
 #: grows 1.6x a try to 120 s, so a Triton back after a restart stayed unreached (probes failing on
 #: the cached "connection refused") for up to about half the outage again, long enough for the
@@ -71,10 +78,13 @@ class TritonStream:
         self._count = 0
         self._call: Any = None
         self._cancelled = False
+        self._open = False  # a start went out and no end: the sequence is live on Triton
+        self.ending: asyncio.Task[None] | None = None  # the call that ends it after a cancel
 
     def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
         """Queue one client message (sent verbatim); returns the tag its replies carry."""
         self._count += 1
+        self._open = (self._open or start) and not end
         tag = START_TAG if start else f"m{self._count}"
         self._requests.put_nowait({
             "model_name": self._model, "inputs": [_request_tensor(raw)], "request_id": tag,
@@ -111,11 +121,37 @@ class TritonStream:
         self._requests.put_nowait(None)
 
     def cancel(self) -> None:
-        """End the stream now (the model sees `is_cancelled()` and frees the session)."""
+        """End the stream now (the model sees `is_cancelled()` and frees the session). A
+        cancelled call does not end its sequence: Triton's sequence batcher held the slot until
+        its idle timeout (65 min), so a sequence left live is ended on a call of its own."""
         self._cancelled = True
         self._requests.put_nowait(None)
         if self._call is not None:
             self._call.cancel()
+            if self._open:
+                self._open = False
+                self.ending = asyncio.ensure_future(self._end_sequence())
+                _ending.add(self.ending)
+                self.ending.add_done_callback(_ending.discard)
+
+    async def _end_sequence(self) -> None:
+        call = self._client.stream_infer(_one({
+            "model_name": self._model, "inputs": [_request_tensor(STOP)], "request_id": "end",
+            "sequence_id": self.sequence_id, "sequence_end": True,
+        }))
+        ended = False
+        try:
+            # a stop completes flags-only: the call just ends (an aio client sees no response)
+            ended = await _ends(call, END_CALL_SECONDS)
+        finally:
+            if not ended:
+                call.cancel()
+                log.info("sequence %d: Triton did not take its end (down, or it ended otherwise)", self.sequence_id)
+
+
+async def _one(request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """A call's requests: this one, then the half-close."""
+    yield request
 
 
 async def _ends(call: Any, timeout: float) -> bool:
@@ -174,14 +210,11 @@ class TritonBridge:
             "sequence_id": new_sequence_id(), "sequence_start": True, "sequence_end": True,
         }
 
-        async def one_request() -> AsyncIterator[dict[str, Any]]:
-            yield request
-
         t0 = time.perf_counter()
         call: Any = None
         ended = False
         try:
-            call = self.client.stream_infer(one_request())
+            call = self.client.stream_infer(_one(request))
             result, error = await asyncio.wait_for(call.__anext__(), timeout)
             latency = time.perf_counter() - t0
             # The call ends by itself after the final answer (its one request is complete and the

@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.addresses import is_ip_address, join_address, parse_urls, split_address
-from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge, TritonStream
+from rtvideo.proxy.bridge import STOP, BackendUnavailable, TritonBridge, TritonStream
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.supervisor import BackendState, Supervisor
 from rtvideo.wire import START_TAG, Reply
@@ -45,7 +45,6 @@ Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 REFUSED_HOLD_SECONDS = 2.0
 #: how long ending a refused attempt's sequence may take before its stream is dropped
 END_GRACE_SECONDS = 3.0
-_STOP = protocol.encode({"type": protocol.STOP}).encode()
 _STATE_ORDER = (BackendState.UP, BackendState.STARTING, BackendState.RESTARTING, BackendState.DOWN)
 
 
@@ -455,7 +454,7 @@ class PlacedStream:
             # Not placed: refused, failed, down, or ended without an answer: the next endpoint.
             if refused:
                 self._pool._refused(endpoint)
-                stream.send(_STOP, end=True)
+                stream.send(STOP, end=True)
                 stream.close_requests()
                 self._pool._spawn(_end_refused(stream, iterator))
             else:

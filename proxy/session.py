@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.proxy.bridge import BackendUnavailable, TritonStream
+from rtvideo.proxy.bridge import STOP, BackendUnavailable, TritonStream
 from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.limits import TokenBucket
@@ -55,7 +55,6 @@ STOP_PEEK_BYTES = 256
 OVER_RATE_READ_PAUSE_SECONDS = 0.001
 #: how long the last messages of a session may take to reach a client before the close
 FLUSH_SECONDS = 10.0
-_STOP = protocol.encode({"type": protocol.STOP}).encode()
 _PING = protocol.encode({"type": protocol.PING}).encode()
 
 
@@ -211,7 +210,7 @@ class ProxySession:
         completes flags-only, so it is never counted in flight."""
         if self._phase is Phase.STREAMING:
             assert self._stream is not None
-            self._stop_sent(self._stream.send(_STOP, end=True))
+            self._stop_sent(self._stream.send(STOP, end=True))
 
     def _forward_ping(self) -> None:
         """Pings are answered here; one a second at most, and one at a time, goes to Triton to
@@ -407,7 +406,7 @@ class ProxySession:
             return  # never opened, or broken
         self._stream = None
         if self._stop_tag is None:
-            self._stop_tag = stream.send(_STOP, end=True)
+            self._stop_tag = stream.send(STOP, end=True)
         stream.close_requests()
         try:
             await asyncio.wait_for(self._stream_over.wait(), END_GRACE_SECONDS)

@@ -25,6 +25,7 @@ from rtvideo.triton import free_port
 from rtvideo.proxy.access import origin_allowed
 from rtvideo.proxy import session as proxy_session
 from rtvideo.proxy.app import ProxyServer
+from rtvideo.proxy import bridge as bridge_module
 from rtvideo.proxy.bridge import TritonBridge
 from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.ledger import Ledger
@@ -532,6 +533,50 @@ def test_a_stream_cancelled_before_it_is_read_never_reaches_triton(triton) -> No
             await bridge.close()
 
     assert run(body()) == []
+    wait_idle(triton, timeout=10)
+
+
+def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
+    """The proxy cancels a stream it gives up on (the silence bound, its endpoint marked down).
+    A cancelled call does not end its sequence: Triton's sequence batcher held the slot until
+    the idle timeout (65 min), and enough of them left a live server taking no new session. The
+    sequence is ended on a call of its own; after that Triton knows no such sequence, so a
+    request on it is refused by Triton itself (no START), not answered by the model."""
+    wait_idle(triton)
+
+    async def on_sequence(client: Any, sequence_id: int) -> tuple[Any, Any]:
+        """One `session.stop` with sequence_end on `sequence_id`, on a call of its own."""
+        async def one() -> Any:
+            yield {"model_name": FAST_MODEL, "inputs": [bridge_module._request_tensor(b'{"type":"session.stop"}')],
+                   "request_id": "check", "sequence_id": sequence_id, "sequence_end": True}
+
+        call = client.stream_infer(one())
+        try:
+            return await asyncio.wait_for(call.__anext__(), 10)
+        except StopAsyncIteration:
+            return None, None  # completed flags-only: the model took it
+        finally:
+            call.cancel()
+
+    async def body() -> tuple[str, Any, Any]:
+        bridge = TritonBridge(triton.grpc_url, FAST_MODEL)
+        try:
+            stream = bridge.open_stream()
+            stream.send(json.dumps({"type": "session.start", "prompt": "given up on"}).encode(), start=True)
+            replies = stream.replies().__aiter__()
+            first = await asyncio.wait_for(replies.__anext__(), 10)
+            stream.cancel()
+            await replies.aclose()
+            assert stream.ending is not None, "an open sequence is ended on a call of its own"
+            await asyncio.wait_for(stream.ending, 10)
+            result, error = await on_sequence(bridge.client, stream.sequence_id)
+            return first.message["type"], result, error
+        finally:
+            await bridge.close()
+
+    first, result, error = run(body())
+    assert first == "video.start"
+    assert result is None and error is not None and "START" in str(error), (result, error)
     wait_idle(triton, timeout=10)
 
 
