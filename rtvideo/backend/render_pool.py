@@ -304,6 +304,8 @@ class RemoteSession:
             if self._opened.exception() is not None:
                 return b""  # never opened: nothing to free in the worker
             return self._worker.call("close", self._opened.result()).result()
+        except WorkerDied:
+            return b""  # the worker is gone, and the session with it (whether it opened or not)
         finally:
             self._pool._released(self._worker)
 
