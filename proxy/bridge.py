@@ -67,6 +67,13 @@ def _request_tensor(raw: bytes) -> InferInput:
     return tensor
 
 
+def _request(model: str, raw: bytes, tag: str, sequence_id: int, *, start: bool = False,
+             end: bool = False) -> dict[str, Any]:
+    """One client message as `stream_infer`'s request (docs/protocol.md §8)."""
+    return {"model_name": model, "inputs": [_request_tensor(raw)], "request_id": tag,
+            "sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
+
+
 class TritonStream:
     """One session's sequence on its own bidirectional gRPC stream."""
 
@@ -86,10 +93,7 @@ class TritonStream:
         self._count += 1
         self._open = (self._open or start) and not end
         tag = START_TAG if start else f"m{self._count}"
-        self._requests.put_nowait({
-            "model_name": self._model, "inputs": [_request_tensor(raw)], "request_id": tag,
-            "sequence_id": self.sequence_id, "sequence_start": start, "sequence_end": end,
-        })
+        self._requests.put_nowait(_request(self._model, raw, tag, self.sequence_id, start=start, end=end))
         return tag
 
     async def _request_iterator(self) -> AsyncIterator[dict[str, Any]]:
@@ -135,10 +139,7 @@ class TritonStream:
                 self.ending.add_done_callback(_ending.discard)
 
     async def _end_sequence(self) -> None:
-        call = self._client.stream_infer(_one({
-            "model_name": self._model, "inputs": [_request_tensor(STOP)], "request_id": "end",
-            "sequence_id": self.sequence_id, "sequence_end": True,
-        }))
+        call = self._client.stream_infer(_one(_request(self._model, STOP, "end", self.sequence_id, end=True)))
         ended = False
         try:
             # a stop completes flags-only: the call just ends (an aio client sees no response)
@@ -205,10 +206,7 @@ class TritonBridge:
         """The health probe (docs/protocol.md §8): `session.ping` alone on a fresh sequence, with
         `sequence_start` and `sequence_end`; returns the round trip in seconds. Raises
         BackendUnavailable unless a `session.pong` comes back within `timeout`."""
-        request = {
-            "model_name": self.model, "inputs": [_request_tensor(_PING)], "request_id": "probe",
-            "sequence_id": new_sequence_id(), "sequence_start": True, "sequence_end": True,
-        }
+        request = _request(self.model, _PING, "probe", new_sequence_id(), start=True, end=True)
 
         t0 = time.perf_counter()
         call: Any = None

@@ -547,8 +547,7 @@ def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
     async def on_sequence(client: Any, sequence_id: int) -> tuple[Any, Any]:
         """One `session.stop` with sequence_end on `sequence_id`, on a call of its own."""
         async def one() -> Any:
-            yield {"model_name": FAST_MODEL, "inputs": [bridge_module._request_tensor(b'{"type":"session.stop"}')],
-                   "request_id": "check", "sequence_id": sequence_id, "sequence_end": True}
+            yield bridge_module._request(FAST_MODEL, bridge_module.STOP, "check", sequence_id, end=True)
 
         call = client.stream_infer(one())
         try:
