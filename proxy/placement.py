@@ -34,6 +34,7 @@ from rtvideo.proxy.addresses import is_ip_address, join_address, parse_urls, spl
 from rtvideo.proxy.bridge import STOP, BackendUnavailable, TritonBridge, TritonStream
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.supervisor import BackendState, Supervisor
+from rtvideo.proxy.tasks import cancel_and_wait
 from rtvideo.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
@@ -176,8 +177,7 @@ class EndpointPool:
         """Stop probing and resolving; end the refused sequences still being ended; close channels."""
         self._closed = True
         if self._resolving is not None:
-            self._resolving.cancel()
-            await asyncio.gather(self._resolving, return_exceptions=True)
+            await cancel_and_wait([self._resolving])
         await asyncio.gather(*(e.supervisor.stop() for e in self.endpoints.values()))
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=END_GRACE_SECONDS + 1)

@@ -35,6 +35,7 @@ from rtvideo.proxy.limits import TokenBucket
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.ordering import OutboundOrder, Send
 from rtvideo.proxy.outbox import Frame, Outbox, Sink
+from rtvideo.proxy.tasks import cancel_and_wait
 from rtvideo.proxy.settings import ProxySettings
 
 log = logging.getLogger(__name__)
@@ -447,8 +448,7 @@ class ProxySession:
             _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
             for task in pending:
                 log.warning("request_id=%s a task did not end at shutdown: %s", self.request_id, task.get_coro())
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await cancel_and_wait(pending)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

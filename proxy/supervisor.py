@@ -21,6 +21,7 @@ from typing import Awaitable, Callable
 
 from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge
 from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,7 @@ class Supervisor:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait([task])
 
     async def check(self) -> bool:
         """One probe; updates the state (and ends sessions when it turns down). True when answered."""

@@ -479,3 +479,63 @@ def test_supervisor_turns_down_once_restarts_and_comes_back() -> None:
         assert backend.restarts == 1 and sup.ready and sup.status()["restarts"] == 1 and metrics.backend_restarts == 1
 
     asyncio.run(body())
+
+
+class _RacingBackend(_Backend):
+    """A probe that waits for its answer with `asyncio.wait_for`, as the bridge's does."""
+
+    answer: "asyncio.Future[float]"
+
+    async def probe(self, timeout: float) -> float:
+        from rtvideo.proxy.bridge import BackendUnavailable
+
+        self.probes += 1
+        self.answer = asyncio.get_running_loop().create_future()
+        try:
+            return await asyncio.wait_for(self.answer, timeout)
+        except asyncio.TimeoutError:
+            raise BackendUnavailable("no answer") from None
+
+
+def test_supervisor_stop_ends_a_probe_loop_whose_cancel_was_swallowed() -> None:
+    """A stop that lands as a probe's answer arrives: Python 3.11's `wait_for` returns the answer
+    and drops the cancel, and the probe loop ran on; the proxy's stop then waited for good (a CI
+    run hung 90 s in a fixture's teardown)."""
+    from rtvideo.proxy.metrics import ProxyMetrics
+    from rtvideo.proxy.supervisor import Supervisor
+
+    async def body() -> None:
+        backend = _RacingBackend()
+        sup = Supervisor(backend, ProxyMetrics(), interval=0.01, timeout=0.2, failures=2,  # type: ignore[arg-type]
+                         on_down=lambda reason: None)
+        sup.start()
+        while backend.probes == 0:
+            await asyncio.sleep(0.001)
+        backend.answer.set_result(0.001)  # the answer and the stop's cancel in one turn of the loop
+        await sup.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def test_cancel_and_wait_cancels_again_until_the_task_ends() -> None:
+    from rtvideo.proxy.tasks import cancel_and_wait
+
+    async def body() -> None:
+        swallowed = 0
+
+        async def stubborn() -> None:
+            nonlocal swallowed
+            while True:
+                try:
+                    await asyncio.sleep(10)
+                except asyncio.CancelledError:
+                    swallowed += 1
+                    if swallowed == 3:
+                        raise
+
+        task = asyncio.ensure_future(stubborn())
+        await asyncio.sleep(0)
+        await asyncio.wait_for(cancel_and_wait([task]), 5)
+        assert task.cancelled() and swallowed == 3
+
+    asyncio.run(body())
