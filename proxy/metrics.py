@@ -51,6 +51,10 @@ class ProxyMetrics:
         self._ack = Histogram("rtvideo_proxy_ack_latency_seconds",
                               "From a client's session.interaction to its ack, in the proxy",
                               buckets=ACK_BUCKETS, registry=r)
+        self._acks_refused = Counter(
+            "rtvideo_proxy_acks_refused",
+            "Interactions acked by the proxy that the model refused (they raced the session's end; "
+            "session.done lists each as unapplied)", registry=r)
         self._first_chunk = Histogram(
             "rtvideo_proxy_time_to_first_chunk_seconds",
             "From a session.start to its first media chunk handed to the socket", buckets=FIRST_CHUNK_BUCKETS,
@@ -115,6 +119,9 @@ class ProxyMetrics:
 
     def observe_ack(self, seconds: float) -> None:
         self._ack.observe(seconds)
+
+    def ack_refused(self) -> None:
+        self._acks_refused.inc()
 
     def first_chunk(self, seconds: float) -> None:
         self._first_chunk.observe(seconds)

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.proxy.acks import Answer, ProxyAcks
 from rtvideo.proxy.bridge import STOP, BackendUnavailable, TritonStream
 from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.ledger import Ledger
@@ -90,10 +91,11 @@ _LIVE = frozenset({Phase.AWAITING_START, Phase.STREAMING, Phase.STOP_SENT})
 
 @dataclass(frozen=True)
 class _OwnAnswer:
-    """An answer the proxy writes itself (pong, error about one message). Built when it is
-    written, so that an error held behind video.start names the request."""
+    """An answer the proxy writes itself (pong, ack, error about one message). Built when it is
+    written, so that an answer held behind video.start names the request."""
 
     build: Callable[[], Mapping[str, Any]]
+    received: float | None = None  # an ack's: when the client's frame arrived (perf_counter)
 
 
 _Item = Reply | _OwnAnswer
@@ -113,6 +115,7 @@ class ProxySession:
         self.peer = peer
         self._on_closed = on_closed
         self.ledger = Ledger()
+        self._acks = ProxyAcks()
         self.request_id: str | None = None  # from video.start, once forwarded
         self._phase = Phase.AWAITING_START
         self._outbox = Outbox(conn, settings.outbound_buffer_bytes, metrics, self._taken)
@@ -194,10 +197,22 @@ class ProxySession:
         elif len(self._in_flight) >= self._settings.max_requests_in_flight:
             self._reject(ErrorCode.RATE_LIMITED, f"too many requests in flight (at most "
                          f"{self._settings.max_requests_in_flight}); this one was not processed")
+        elif kind == protocol.INTERACTION:
+            self._interact(message, _raw_bytes(raw))
         else:
-            tag = self._send(_raw_bytes(raw))
-            if kind == protocol.INTERACTION:
-                self._interactions[tag] = time.perf_counter()
+            self._send(_raw_bytes(raw))
+
+    def _interact(self, message: Mapping[str, Any], raw: bytes) -> None:
+        """Acked here at once when the proxy can decide it like the model (rtvideo.proxy.acks);
+        forwarded either way, in order."""
+        received = time.perf_counter()
+        ack = self._acks.decide(message, raw)
+        if ack is None:
+            self._interactions[self._send(raw)] = received
+            return
+        self._acks.forwarded(self._send(ack.raw), ack)
+        event_id = ack.event_id
+        self._answer(lambda: protocol.queued(self.request_id, event_id), ack=event_id, received=received)
 
     def _send(self, raw: bytes) -> str:
         """One later request to Triton; it counts as in flight until its one answer arrives."""
@@ -281,10 +296,18 @@ class ProxySession:
         if reply.tag == self._ping_tag:
             self._ping_tag = None
             return  # the client had its pong from the proxy
+        answer = self._acks.answered(reply.tag, reply.message)
+        if answer is Answer.REFUSED:
+            self._metrics.ack_refused()
+            log.info("request_id=%s an interaction acked by the proxy was refused by the model (%s); "
+                     "session.done lists it as unapplied", self.request_id, reply.text[:200])
+        if answer is not Answer.NOT_ACKED_HERE:
+            return  # the client had its ack from the proxy
         if reply.tag == self._stop_tag or self._phase not in _LIVE:
             return  # the answer to session.stop is the trailer and session.done, not this
         kind = reply.message.get("type")
         if reply.tag == START_TAG:
+            self._acks.shown(reply.message)
             self._deliver(self._order.stream(reply, reply.message, time.monotonic()))
         else:  # the answer to one later request (ack, pong, per-message error)
             ack = reply.message["event_id"] if kind == protocol.QUEUED else None
@@ -294,9 +317,11 @@ class ProxySession:
         """An error about one client message; the session goes on."""
         self._answer(lambda: protocol.error(code, text, request_id=self.request_id))
 
-    def _answer(self, build: Callable[[], Mapping[str, Any]]) -> None:
-        """An answer of the proxy's own: ordered and bounded like any reply."""
-        self._deliver(self._order.answer(_OwnAnswer(build), len(protocol.encode(build()))))
+    def _answer(self, build: Callable[[], Mapping[str, Any]], *, ack: str | None = None,
+                received: float | None = None) -> None:
+        """An answer of the proxy's own: ordered and bounded like any reply; `ack`: the event id
+        it acknowledges."""
+        self._deliver(self._order.answer(_OwnAnswer(build, received), len(protocol.encode(build())), ack))
 
     def _deliver(self, sends: list[Send[_Item]]) -> None:
         """Write what the ordering released, in order, until the end is claimed (a refused
@@ -308,27 +333,36 @@ class ProxySession:
                 return
             if isinstance(send.item, Reply):
                 self._forward(send.item, send.urgent)
-            elif not self._emit(send.item.build(), urgent=send.urgent):
+            elif not self._emit(message := send.item.build(), urgent=send.urgent):
                 self._slow_consumer()
+            elif send.item.received is not None:
+                self._acked(message, send.item.received)
         if self._phase in _LIVE:
             self._arm_ack_timer()
 
     def _forward(self, reply: Reply, urgent: bool) -> None:
-        message = reply.message
+        message: Mapping[str, Any] = reply.message
+        text: str | None = reply.text
         kind = message.get("type")
         received = self._interactions.pop(reply.tag, None)
         if kind == protocol.VIDEO_START:
             self.request_id = message.get("request_id")
             log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
+        elif kind == protocol.DONE and self.request_id is not None:  # the proxy's acks were sent
+            completed = self._acks.complete_done(message)
+            if completed is not None:
+                message, text = completed, None
         data = reply.data if kind == protocol.CHUNK_METADATA else None
-        if not self._emit(message, text=reply.text, data=data, urgent=urgent):
+        if not self._emit(message, text=text, data=data, urgent=urgent):
             self._slow_consumer()
         elif kind == protocol.DONE and self._claim_end():
             self._spawn(self._finish(FLUSH_SECONDS))
-        if kind == protocol.QUEUED:
-            if received is not None:
-                self._metrics.observe_ack(time.perf_counter() - received)
-            log.debug("request_id=%s event_id=%s queued", self.request_id, message["event_id"])
+        if kind == protocol.QUEUED and received is not None:
+            self._acked(message, received)
+
+    def _acked(self, message: Mapping[str, Any], received: float) -> None:
+        self._metrics.observe_ack(time.perf_counter() - received)
+        log.debug("request_id=%s event_id=%s queued", self.request_id, message["event_id"])
 
     def _emit(self, message: Mapping[str, Any], *, text: str | None = None, data: bytes | None = None,
               urgent: bool = False, force: bool = False, now: bool = False) -> bool:

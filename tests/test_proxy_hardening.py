@@ -369,7 +369,7 @@ def test_the_rate_limit_answers_and_lets_a_stop_through() -> None:
     texts, sent = run_unit(body())
     kinds_ = [m["code"] if m["type"] == "error" else m["type"] for m in texts]
     assert kinds_ == ["video.start", "session.pong", "session.pong", "session.pong", "rate_limited", "rate_limited",
-                      "rate_limited", "rate_limited", "session.done"]
+                      "rate_limited", "session.interaction.queued", "rate_limited", "session.done"]
     assert [(json.loads(raw)["type"], end) for raw, _, end in sent] == [
         ("session.start", False), ("session.ping", False), ("session.interaction", False), ("session.stop", True)]
 
