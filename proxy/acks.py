@@ -57,14 +57,19 @@ class ProxyAcks:
         """The ack for a `session.interaction`, recorded; None when the model must answer it."""
         try:
             request = protocol.validate_interaction(message)
-            filled = request.with_event_id()
-            assert filled.event_id is not None
-            new = self.registry.admit(filled.event_id, filled.fingerprint)
         except ProtocolError:
-            return None  # invalid, a conflict or over the limit: recorded by neither, answered there
+            return None  # invalid: answered by the model, recorded by neither
+        filled = request.with_event_id()
+        assert filled.event_id is not None
         if request.event_id is None:  # the model must use the id the client is told
             interaction = {**message["interaction"], "event_id": filled.event_id}
             raw = protocol.encode({**message, "interaction": interaction}).encode("utf-8", "surrogatepass")
+            if len(raw) > protocol.MAX_MESSAGE_BYTES:
+                return None  # the id would take it over the model's size limit: the model names it
+        try:
+            new = self.registry.admit(filled.event_id, filled.fingerprint)
+        except ProtocolError:
+            return None  # a conflict or the session's limit: answered by the model, recorded by neither
         return Ack(filled.event_id, raw, new)
 
     def forwarded(self, tag: str, ack: Ack) -> None:

@@ -71,6 +71,17 @@ def test_a_missing_event_id_is_generated_here_and_sent_on_to_the_model() -> None
     assert other is not None and other.event_id != ack.event_id  # a fresh id each
 
 
+def test_an_id_that_would_take_a_message_over_the_size_limit_is_left_to_the_model() -> None:
+    acks = ProxyAcks()
+    message = {**interaction(None), "padding": ""}  # other top-level keys are ignored, and passed on
+    message["padding"] = "x" * (protocol.MAX_MESSAGE_BYTES - len(protocol.encode(message)) - 10)
+    raw = protocol.encode(message).encode()
+    assert len(raw) <= protocol.MAX_MESSAGE_BYTES  # within the limit as sent, not with a UUID added
+    assert acks.decide(message, raw) is None and len(acks.registry) == 0
+    message["interaction"]["event_id"] = "mine"
+    assert acks.decide(message, protocol.encode(message).encode()) is not None  # as sent: acked here
+
+
 def test_an_event_the_model_never_admitted_is_added_to_its_done() -> None:
     acks = ProxyAcks()
     for tag, event_id in (("m1", "shown"), ("m2", "listed"), ("m3", "late"), ("m4", "admitted")):
