@@ -231,7 +231,10 @@ class TritonBridge:
                 call.cancel()
         if error is not None:
             raise BackendUnavailable(f"health probe refused: {error}")
-        reply = _reply(result)
+        try:
+            reply = _reply(result)
+        except ValueError as exc:  # not UTF-8, not JSON: it would have ended the probing for good
+            raise BackendUnavailable(f"health probe answered with something that is not a message: {exc}") from None
         if reply.message.get("type") != protocol.PONG:
             raise BackendUnavailable(f"health probe answered with {reply.text[:200]}")
         return latency

@@ -539,3 +539,53 @@ def test_cancel_and_wait_cancels_again_until_the_task_ends() -> None:
         assert task.cancelled() and swallowed == 3
 
     asyncio.run(body())
+
+
+class _GarbledCall:
+    """A probe's call whose one response carries META that is not JSON, then ends."""
+
+    def __init__(self) -> None:
+        self._responses = [(self, None)]
+
+    def __aiter__(self) -> "_GarbledCall":
+        return self
+
+    async def __anext__(self) -> Any:
+        if not self._responses:
+            raise StopAsyncIteration
+        return self._responses.pop()
+
+    def get_response(self) -> Any:
+        return type("Response", (), {"id": "probe"})()
+
+    def as_numpy(self, name: str) -> Any:
+        import numpy as np
+
+        return np.array([b"\xff not json"], dtype=object) if name == "META" else None
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_probe_answered_with_garbage_is_a_failed_probe_and_probing_goes_on() -> None:
+    """Before, the decode error left `check()` (which takes only BackendUnavailable) and ended the
+    supervisor's task: the endpoint's state froze for good."""
+    from rtvideo.proxy.bridge import TritonBridge
+    from rtvideo.proxy.metrics import ProxyMetrics
+    from rtvideo.proxy.supervisor import Supervisor
+
+    async def body() -> None:
+        bridge = TritonBridge("127.0.0.1:1", "m")
+        calls = []
+        bridge._client = type("Client", (), {"stream_infer": lambda self, requests: calls.append(1) or _GarbledCall(),
+                                             "close": lambda self: asyncio.sleep(0)})()
+        sup = Supervisor(bridge, ProxyMetrics(), interval=0.01, timeout=1, failures=100,  # never down: same client
+                         on_down=lambda reason: None)
+        assert not await sup.check()
+        assert "not a message" in (sup.last_error or "")
+        sup.start()
+        while len(calls) < 5:
+            await asyncio.sleep(0.01)
+        await sup.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 10))
