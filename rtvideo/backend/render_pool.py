@@ -30,9 +30,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Mapping
 
+from rtvideo import launch
 from rtvideo.backend.sources import EventFailed, GeneratorChunkSource, SourceChunk
 from rtvideo.core.session_config import SessionConfig
-from rtvideo.triton.server import parent_death_signal
 
 log = logging.getLogger(__name__)
 
@@ -71,30 +71,6 @@ def read_message(stream: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
-def lower_priority(priority: str) -> None:
-    """Video work yields to the request path: `priority` is `idle` or a nice value. Under
-    SCHED_IDLE a waking request-path thread preempts a worker at once; under a nice value it
-    only gets a larger share, and the scheduler may let a rendering worker run on first: ack
-    p99 at 16 sessions went 12-13 ms (nice 5) -> 8-9 ms (idle) on 2 cores
-    (benchmarks/bench_capacity.py). Called in the child before exec, so every thread the
-    worker ever starts (numpy's and torch's at import) inherits it."""
-    if priority != "idle":
-        # absolute, and never below the model's own (raising a priority needs privilege)
-        os.setpriority(os.PRIO_PROCESS, 0, max(int(priority), os.getpriority(os.PRIO_PROCESS, 0)))
-        return
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except OSError:  # refused (a seccomp profile): the lowest priority is the next best
-        os.setpriority(os.PRIO_PROCESS, 0, 19)
-
-
-def _policy(pid: int) -> int | None:
-    try:
-        return os.sched_getscheduler(pid)
-    except OSError:  # already gone: its reader reports that
-        return None
-
-
 def worker_python() -> str:
     """The interpreter for workers: `$RTVIDEO_WORKER_PYTHON`, else this process's interpreter when it
     is a Python (inside Triton's stub `sys.executable` may be the stub), else `python3` on PATH."""
@@ -116,20 +92,17 @@ class RenderWorker:
                  on_death: Callable[["RenderWorker"], None] | None = None) -> None:
         self.index = index
         self._on_death = on_death  # called once, from the reader thread, when it dies unasked
-        dies_with_parent = parent_death_signal()
-
-        def preexec() -> None:
-            # killed with the model's process, even by kill -9 (its loading would not see the pipe close)
-            if dies_with_parent is not None:
-                dies_with_parent()
-            lower_priority(priority)
-
+        # Killed with the model's process, even by kill -9 (its loading would not see the pipe
+        # close). Video work yields to the request path: under SCHED_IDLE a waking request-path
+        # thread preempts a worker at once; under a nice value it only gets a larger share, and
+        # the scheduler may let a rendering worker run on first: ack p99 at 16 sessions went
+        # 12-13 ms (nice 5) -> 8-9 ms (idle) on 2 cores (benchmarks/bench_capacity.py). Set
+        # before the worker's exec, so every thread it starts (numpy's at import) inherits it.
+        python = worker_python()
         self._proc = subprocess.Popen(
-            [worker_python(), "-m", "rtvideo.backend.render_worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True, preexec_fn=preexec,
+            launch.command([python, "-m", "rtvideo.backend.render_worker"], python=python, priority=priority),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
         )
-        if priority == "idle" and _policy(self._proc.pid) not in (os.SCHED_IDLE, None):
-            log.warning("render worker %d: SCHED_IDLE was refused; it runs at nice 19", index)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
         self._write = threading.Lock()

@@ -20,7 +20,6 @@ unauthenticated ``text/plain`` POSTs, which any web page can send to a loopback 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import re
@@ -28,13 +27,13 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from rtvideo import launch
 from rtvideo.triton.install import TritonInstall, find_tritonserver
 from rtvideo.triton.logs import LogTarget, ServerLog
 
@@ -124,25 +123,6 @@ def clean_stale_shm() -> list[str]:
     if removed:
         log.info("removed %d stale shared-memory file(s) of launchers that are gone", len(removed))
     return removed
-
-
-def parent_death_signal() -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` that makes the child get SIGKILL when the spawning thread ends (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-    pr_set_pdeathsig = 1
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
 
 
 class TritonServer:
@@ -281,13 +261,12 @@ class TritonServer:
                       threading.current_thread().name)
         try:
             self._proc = subprocess.Popen(
-                self.command,
+                launch.command(self.command),  # dies with its launcher, even on kill -9
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=install.environment(),
                 start_new_session=True,  # own process group: stop() can reach the stubs too
-                preexec_fn=parent_death_signal(),  # dies with its launcher, even on kill -9
             )
         except BaseException:
             self.log.close()
