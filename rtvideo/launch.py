@@ -32,19 +32,19 @@ def command(argv: list[str], *, python: str = sys.executable, priority: str = ""
     return [python, "-m", "rtvideo.launch", str(os.getpid()), priority, *argv]
 
 
-def lower_priority(priority: str) -> None:
-    """SCHED_IDLE for 'idle' (nice 19 where it is refused, e.g. by a seccomp profile), else the
-    nice value, absolute and never below this process's own (raising one needs privilege)."""
-    if not priority:
-        return
-    if priority != "idle":
+def _lower_priority(priority: str) -> bool:
+    """SCHED_IDLE for 'idle', else the nice value, absolute and never below this process's own
+    (raising one needs privilege). False when SCHED_IDLE was refused (e.g. by a seccomp
+    profile): nice 19 then, the next best."""
+    if priority == "idle":
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            os.setpriority(os.PRIO_PROCESS, 0, 19)
+            return False
+    elif priority:
         os.setpriority(os.PRIO_PROCESS, 0, max(int(priority), os.getpriority(os.PRIO_PROCESS, 0)))
-        return
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except OSError:
-        os.setpriority(os.PRIO_PROCESS, 0, 19)
-        print(f"rtvideo.launch: SCHED_IDLE was refused; {sys.argv[3]} runs at nice 19", file=sys.stderr)
+    return True
 
 
 def main() -> None:
@@ -52,7 +52,8 @@ def main() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the spawning process died before the death signal was set
         os.kill(os.getpid(), signal.SIGKILL)
-    lower_priority(priority)
+    if not _lower_priority(priority):
+        print(f"rtvideo.launch: SCHED_IDLE was refused; {argv[0]} runs at nice 19", file=sys.stderr)
     os.execvp(argv[0], argv)
 
 
