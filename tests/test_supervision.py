@@ -398,15 +398,17 @@ def test_sigterm_during_a_restart_exits_at_once(tmp_path: Path) -> None:
 def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:
     s = _serve(tmp_path, "--probe-interval", "5")
     server_pid, stubs = _triton_pids(s.proc.pid)
+    everything = descendants(s.proc.pid)  # tritonserver, its stub, the stub's watchdog
     try:
         assert stubs
         launcher = s.proc.pid
         assert _shm_of(launcher)
+        assert any("rtvideo.watchdog" in _cmdline(p) for p in everything), [_cmdline(p) for p in everything]
         s.proc.kill()
         s.proc.wait()
         t0 = time.monotonic()
-        while alive(server_pid) or any(alive(p) for p in stubs):
-            assert time.monotonic() - t0 < 10, f"left running: {[_describe(p) for p in (server_pid, *stubs) if alive(p)]}"
+        while any(alive(p) for p in everything):
+            assert time.monotonic() - t0 < 10, f"left running: {[_describe(p) for p in everything if alive(p)]}"
             time.sleep(0.1)
         print(f"tritonserver and its stub gone {time.monotonic() - t0:.2f} s after the kill -9 of rtvideo serve")
         # What the dead launcher's stub left in /dev/shm goes at the next start (clean_stale_shm).
@@ -414,7 +416,7 @@ def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:
         assert not _shm_of(launcher)
     finally:
         _end(s.proc)
-        for pid in (server_pid, *stubs):
+        for pid in everything:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 

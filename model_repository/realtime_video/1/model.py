@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import threading
-import time
 from typing import Any, Mapping
 
 import triton_python_backend_utils as pb_utils
@@ -22,9 +21,10 @@ from rtvideo.backend.devices import device_from_args
 from rtvideo.backend.dispatch import RequestDispatcher
 from rtvideo.backend.metrics import BufferedMetrics
 from rtvideo.backend.priority_lock import PriorityLock
+from rtvideo.backend.render_pool import worker_python
 from rtvideo.backend.runtime import build_manager
 from rtvideo.backend.settings import BackendSettings
-from rtvideo import logsetup, wire
+from rtvideo import logsetup, watchdog, wire
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Every pb_utils call is IPC to tritonserver; concurrent calls from several session threads
@@ -118,7 +118,8 @@ class TritonMetricsPublisher:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        _exit_with_tritonserver()
+        # Its own exit after tritonserver's death deadlocked now and then (rtvideo/watchdog.py).
+        self._watchdog = watchdog.start(worker_python())
         logsetup.configure("INFO", fmt=os.environ.get("RTVIDEO_LOG_FORMAT", "text"))
         # Session threads hold the GIL between torch/PyAV calls; a shorter switch interval
         # lets execute() (acks) in sooner.
@@ -162,21 +163,6 @@ class TritonPythonModel:
         self._dispatcher.close()
         self._manager.shutdown()
         self._publisher.close()
-
-
-def _exit_with_tritonserver(poll_seconds: float = 0.25) -> None:
-    """The stub notices a dead tritonserver a second or two later and then runs its own exit,
-    which now and then hung for good after a kill -9 (state S on a futex: test_supervision),
-    keeping this process and its render workers. Nothing is left to answer once tritonserver
-    is gone, so this process leaves at once, without destructors."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_seconds)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tritonserver-watch", daemon=True).start()
 
 
 def _input(request: Any, name: str) -> Any:
