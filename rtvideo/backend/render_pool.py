@@ -72,8 +72,9 @@ def read_message(stream: IO[bytes]) -> Any:
 
 
 def worker_python() -> str:
-    """The interpreter for workers: `$RTVIDEO_WORKER_PYTHON`, else this process's interpreter when it
-    is a Python (inside Triton's stub `sys.executable` may be the stub), else `python3` on PATH."""
+    """The interpreter for render workers and the stub's watchdog: `$RTVIDEO_WORKER_PYTHON`, else
+    this process's interpreter when it is a Python (inside Triton's stub `sys.executable` may be
+    the stub), else `python3` on PATH."""
     explicit = os.environ.get("RTVIDEO_WORKER_PYTHON")
     if explicit:
         return explicit
@@ -81,7 +82,7 @@ def worker_python() -> str:
         return sys.executable
     found = shutil.which("python3")
     if found is None:
-        raise RuntimeError("no Python interpreter for render workers: set RTVIDEO_WORKER_PYTHON")
+        raise RuntimeError("no Python interpreter for render workers and the watchdog: set RTVIDEO_WORKER_PYTHON")
     return found
 
 
