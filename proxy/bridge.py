@@ -28,7 +28,6 @@ _PING = protocol.encode({"type": protocol.PING}).encode()
 STOP = protocol.encode({"type": protocol.STOP}).encode()  # session.stop, sent with sequence_end
 #: how long the call that ends a cancelled stream's sequence may take (bounded: Triton may be gone)
 END_CALL_SECONDS = 10.0
-_ending: "set[asyncio.Task[None]]" = set()  # those calls, held until they are over
 #: the longest gRPC waits between attempts to reach a Triton that went away. Its default backoff
 #: grows 1.6x a try to 120 s, so a Triton back after a restart stayed unreached (probes failing on
 #: the cached "connection refused") for up to about half the outage again, long enough for the
@@ -77,9 +76,10 @@ def _request(model: str, raw: bytes, tag: str, sequence_id: int, *, start: bool 
 class TritonStream:
     """One session's sequence on its own bidirectional gRPC stream."""
 
-    def __init__(self, client: InferenceServerClient, model: str) -> None:
+    def __init__(self, client: InferenceServerClient, model: str, endings: "set[asyncio.Task[None]]") -> None:
         self._client = client
         self._model = model
+        self._endings = endings  # the bridge's: its close waits for them
         self.sequence_id = new_sequence_id()
         self._requests: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._count = 0
@@ -135,8 +135,8 @@ class TritonStream:
             if self._open:
                 self._open = False
                 self.ending = asyncio.ensure_future(self._end_sequence())
-                _ending.add(self.ending)
-                self.ending.add_done_callback(_ending.discard)
+                self._endings.add(self.ending)
+                self.ending.add_done_callback(self._endings.discard)
 
     async def _end_sequence(self) -> None:
         call = self._client.stream_infer(_one(_request(self._model, STOP, "end", self.sequence_id, end=True)))
@@ -182,6 +182,7 @@ class TritonBridge:
         self.url = url
         self.model = model
         self._client: InferenceServerClient | None = None
+        self._endings: set[asyncio.Task[None]] = set()  # calls ending cancelled streams' sequences
 
     @property
     def client(self) -> InferenceServerClient:
@@ -190,7 +191,7 @@ class TritonBridge:
         return self._client
 
     def open_stream(self) -> TritonStream:
-        return TritonStream(self.client, self.model)
+        return TritonStream(self.client, self.model, self._endings)
 
     async def readiness(self, timeout: float = 2.0) -> dict[str, bool]:
         """Server and model readiness as Triton reports them (False when unreachable)."""
@@ -240,6 +241,15 @@ class TritonBridge:
         return latency
 
     async def close(self) -> None:
+        """Close the channel once the calls that end cancelled streams' sequences are over (each
+        within END_CALL_SECONDS): cut by a proxy's stop, they left those sequences held on a
+        Triton that lives on (its idle timeout, 65 min), e.g. across a rolling restart."""
+        if self._endings:
+            await asyncio.wait(set(self._endings))
+        await self.reconnect()
+
+    async def reconnect(self) -> None:
+        """Drop the channel now; the next call opens a fresh one (see Supervisor._run)."""
         if self._client is not None:
             await self._client.close()
             self._client = None

@@ -107,7 +107,7 @@ class Supervisor:
             if self.state in (BackendState.DOWN, BackendState.RESTARTING):
                 # A fresh channel connects at once; the old one may wait out gRPC's reconnect backoff
                 # (growing to 2 min), so a server back on the same address would be noticed late.
-                await self._bridge.close()
+                await self._bridge.reconnect()
             await self.check()
             if self.state is BackendState.DOWN and self._restart is not None and time.monotonic() >= self._next_restart:
                 await self._restart_backend()

@@ -541,7 +541,9 @@ def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
     A cancelled call does not end its sequence: Triton's sequence batcher held the slot until
     the idle timeout (65 min), and enough of them left a live server taking no new session. The
     sequence is ended on a call of its own; after that Triton knows no such sequence, so a
-    request on it is refused by Triton itself (no START), not answered by the model."""
+    request on it is refused by Triton itself (no START), not answered by the model. The
+    bridge is closed at once (as a proxy's stop does): its close waits for that call, which the
+    closed channel used to cut, leaving the sequence held."""
     wait_idle(triton)
 
     async def on_sequence(client: Any, sequence_id: int) -> tuple[Any, Any]:
@@ -558,7 +560,7 @@ def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
             call.cancel()
 
     async def body() -> tuple[str, Any, Any]:
-        bridge = TritonBridge(triton.grpc_url, FAST_MODEL)
+        bridge, checker = TritonBridge(triton.grpc_url, FAST_MODEL), TritonBridge(triton.grpc_url, FAST_MODEL)
         try:
             stream = bridge.open_stream()
             stream.send(json.dumps({"type": "session.start", "prompt": "given up on"}).encode(), start=True)
@@ -566,12 +568,14 @@ def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
             first = await asyncio.wait_for(replies.__anext__(), 10)
             stream.cancel()
             await replies.aclose()
-            assert stream.ending is not None, "an open sequence is ended on a call of its own"
-            await asyncio.wait_for(stream.ending, 10)
-            result, error = await on_sequence(bridge.client, stream.sequence_id)
+            assert stream.ending is not None and not stream.ending.done(), "an open sequence is ended on a call of its own"
+            await asyncio.wait_for(bridge.close(), 15)
+            assert stream.ending.done()
+            result, error = await on_sequence(checker.client, stream.sequence_id)
             return first.message["type"], result, error
         finally:
             await bridge.close()
+            await checker.close()
 
     first, result, error = run(body())
     assert first == "video.start"

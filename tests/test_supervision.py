@@ -442,7 +442,7 @@ class _Backend:
         self.restarts += 1
         self.alive = True
 
-    async def close(self) -> None:  # a fresh connection for the next probe
+    async def reconnect(self) -> None:  # a fresh connection for the next probe
         pass
 
 
