@@ -10,12 +10,12 @@ from typing import Any, Awaitable, Callable
 
 import tornado.web
 from tornado.httputil import HTTPServerRequest
-from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from rtvideo.core.protocol import MAX_START_BYTES
 from rtvideo.proxy import accesslog
 from rtvideo.proxy.access import host_allowed, token_ok
+from rtvideo.proxy.connections import BoundedHTTPServer, fd_room
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool, Resolver
@@ -153,7 +153,7 @@ class ProxyServer:
         self.app = make_app(settings, restart, resolver)
         self.context: ProxyContext = self.app.settings["context"]
         self.pool = self.context.pool
-        self._server: HTTPServer | None = None
+        self._server: BoundedHTTPServer | None = None
         self.port = settings.port
 
     @property
@@ -166,7 +166,11 @@ class ProxyServer:
         await self.pool.start()
         sockets = bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
-        self._server = HTTPServer(self.app, xheaders=False, max_body_size=MAX_REQUEST_BODY_BYTES)
+        self._server = BoundedHTTPServer(
+            self.app, xheaders=False, max_body_size=MAX_REQUEST_BODY_BYTES,
+            idle_connection_timeout=self.settings.http_idle_seconds, body_timeout=self.settings.http_idle_seconds,
+            max_open=fd_room(self.settings.max_open_connections),
+            on_refused=lambda: self.context.metrics.connection_rejected("open_connections"))
         self._server.add_sockets(sockets)
         log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
 

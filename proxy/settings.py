@@ -35,6 +35,11 @@ class ProxySettings:
         None, "bearer token clients must present (Authorization: Bearer, or ?token=)", secret=True)
     max_connections: int = setting(64, "concurrent WebSocket sessions (HTTP 503 beyond)")
     max_sessions_per_client: int = setting(16, "concurrent WebSocket sessions from one client address (HTTP 429 beyond)")
+    max_open_connections: int = setting(
+        1024, "open TCP connections of any kind (WebSocket, HTTP, idle); a new one beyond is closed at once")
+    http_idle_seconds: float = setting(
+        30.0, "close a connection that sends no complete request head (an idle keep-alive included), or "
+        "no announced body, within this many seconds")
     outbound_buffer_bytes: int = setting(16 * MiB, "per-session outbound buffer before slow_consumer")
     start_timeout: float = setting(10.0, "seconds to wait for session.start")
     ping_interval: float = setting(20.0, "WebSocket ping interval in seconds (0: off)")
@@ -60,6 +65,8 @@ class ProxySettings:
                 min(self.message_burst, self.max_requests_in_flight) < 1:
             raise ValueError("max_messages_per_second, message_burst, max_requests_in_flight and "
                              "backend_silence_seconds must be positive")
+        if self.max_open_connections < self.max_connections or self.http_idle_seconds <= 0:
+            raise ValueError("max_open_connections must be at least max_connections; http_idle_seconds positive")
         if self.ping_interval < 0 or self.ping_timeout <= 0:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:

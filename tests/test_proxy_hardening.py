@@ -458,3 +458,88 @@ def test_a_silent_backend_ends_the_session() -> None:
     assert done["chunks"] == 4 and done["request_id"] == "r" and done["stopped"] is False
     assert conn.closed == 1000 and 0.25 < after < 1.5
     assert not sent_end  # like a broken stream: dropped, nothing more sent on it
+
+
+# --- open connections: a bound on every kind, idle ones closed, the fd limit made to fit ---------
+async def _eof_after(sock: socket.socket, timeout: float) -> float | None:
+    """Seconds until the server closes `sock` (it sends nothing), or None within `timeout`."""
+    loop = asyncio.get_running_loop()
+    t0 = time.monotonic()
+    try:
+        data = await asyncio.wait_for(loop.sock_recv(sock, 1024), timeout)
+    except asyncio.TimeoutError:
+        return None
+    assert data == b"", data
+    return time.monotonic() - t0
+
+
+def test_open_connections_are_bounded_and_idle_ones_closed(proxies) -> None:
+    """A session and idle sockets fill the bound; one more connection is closed unanswered at
+    once; the idle ones go after `http_idle_seconds`; the session plays on throughout."""
+    server = proxies.server(max_open_connections=6, max_connections=4, http_idle_seconds=3)
+    host, port = "127.0.0.1", server.port
+
+    def refused() -> int:
+        return server.context.metrics.rejected["open_connections"]
+
+    def raw() -> socket.socket:
+        sock = socket.create_connection((host, port))
+        sock.setblocking(False)
+        return sock
+
+    async def body() -> None:
+        async with ws(server.url) as conn:
+            session = Ws(conn)
+            await session.start()
+            idle = [raw() for _ in range(5)]  # the session and these: 6 open
+            opened = time.monotonic()
+            try:
+                before = refused()
+                one_more = raw()
+                took = await _eof_after(one_more, 2.0)
+                assert took is not None and took < 2.0, "a connection beyond the bound was not closed at once"
+                one_more.close()
+                assert refused() == before + 1
+                # The idle ones: closed by the server after http_idle_seconds, not before.
+                closed = await asyncio.gather(*(_eof_after(sock, 15.0) for sock in idle))
+                assert all(c is not None for c in closed), closed
+                assert time.monotonic() - opened >= 2.5, closed
+            finally:
+                for sock in idle:
+                    sock.close()
+            # Room again: a plain request is answered, and the session still plays.
+            for _ in range(100):
+                try:
+                    conn_http = http.client.HTTPConnection(host, port, timeout=5)
+                    conn_http.request("GET", "/healthz")
+                    assert conn_http.getresponse().status == 200
+                    conn_http.close()
+                    break
+                except (ConnectionError, http.client.RemoteDisconnected):
+                    await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("no room after the idle connections were closed")
+            assert (await session.next_media())["kind"] == "media"
+
+    run(body(), 60)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_NOFILE as Linux sets it")
+def test_the_open_file_limit_is_raised_to_fit_the_bound_or_the_bound_to_fit_it() -> None:
+    import subprocess
+
+    probe = ("import resource, sys; from rtvideo.proxy.connections import fd_room; "
+             "soft, hard = map(int, sys.argv[1:]); resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)); "
+             "print(fd_room(1024), resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    cases = [(300, 300, "172 300")]  # a low hard limit: the bound shrinks to fit (with a warning)
+    if hard == resource.RLIM_INFINITY or hard >= 1024 + 128:
+        cases.append((256, -1 if hard == resource.RLIM_INFINITY else hard, "1024 1152"))  # raised to fit
+    for soft, hard_limit, expected in cases:
+        out = subprocess.run([sys.executable, "-c", probe, str(soft), str(hard_limit)], capture_output=True,
+                             text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == expected.split(), (soft, hard_limit, out.stdout, out.stderr)
+        assert ("raise the hard limit" in out.stderr) == (expected.startswith("172")), out.stderr

@@ -1,0 +1,68 @@
+"""The proxy's HTTP server, with a bound on open TCP connections.
+
+Tornado accepts every connection and waits up to an hour (its default) for a request head, so
+a client could hold any number of idle sockets (file descriptors) and starve the sessions; and
+an upgraded WebSocket leaves Tornado's own connection bookkeeping, so it has no count to bound.
+And a process out of file descriptors is worse than one that refuses: Tornado's accept loop
+raises on EMFILE and the listening socket stays readable, so the bound must fit the fd limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from typing import Any, Callable
+
+from tornado.httpserver import HTTPServer
+from tornado.iostream import IOStream
+
+log = logging.getLogger(__name__)
+
+#: file descriptors kept for all but client connections (gRPC channels, logs, Triton's pipes)
+RESERVED_FDS = 128
+
+
+def fd_room(max_open: int) -> int:
+    """How many connections this process can hold, at most `max_open`: its open-file limit is
+    raised first (the soft one, up to the hard one) to fit `max_open` and RESERVED_FDS; some
+    hosts start processes at a soft limit of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_open + RESERVED_FDS
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return max_open
+    room = max(1, soft - RESERVED_FDS)
+    log.warning("the open-file limit (%d) holds %d connections, not the %d asked (--max-open-connections): "
+                "raise the hard limit (ulimit -Hn)", soft, room, max_open)
+    return room
+
+
+class BoundedHTTPServer(HTTPServer):
+    """Closes a new connection at once while `max_open` connections (of any kind) are open."""
+
+    def initialize(self, *args: Any, max_open: int, on_refused: Callable[[], None], **kwargs: Any) -> None:
+        super().initialize(*args, **kwargs)
+        self._max_open = max_open
+        self._on_refused = on_refused
+        self._open: set[IOStream] = set()
+        self._full = False
+
+    @property
+    def open_connections(self) -> int:
+        self._open = {stream for stream in self._open if not stream.closed()}
+        return len(self._open)
+
+    def handle_stream(self, stream: IOStream, address: Any) -> None:
+        if self.open_connections >= self._max_open:
+            if not self._full:
+                log.warning("%d connections open: new ones are closed until some end (--max-open-connections)",
+                            self._max_open)
+            self._full = True
+            self._on_refused()
+            stream.close()
+            return
+        self._full = False
+        self._open.add(stream)
+        super().handle_stream(stream, address)
