@@ -209,3 +209,35 @@ def test_find_tritonserver_default_prepares_python_stub():
         version = f"{os.sys.version_info.major}.{os.sys.version_info.minor}"
         assert stub.resolve().parent.name == version
         assert (install.backend_directory / "python" / "triton_python_backend_utils.py").is_file()
+
+
+def test_the_temp_cache_must_be_this_users_own(tmp_path, monkeypatch):
+    """tritonserver loads backends from the cache: with ~/.cache unusable, the shared temp dir's
+    `rtvideo-<uid>` is used only when it is this user's own directory that only it may write."""
+    from rtvideo.triton import install
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))  # mkdir fails under a file
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    monkeypatch.setattr(install.tempfile, "gettempdir", lambda: str(shared))
+    root = shared / f"rtvideo-{os.getuid()}"
+
+    assert install._cache_root() == root and root.is_dir()
+    assert root.stat().st_mode & 0o777 == 0o700
+    root.chmod(0o777)  # others may write: they could plant backends
+    with pytest.raises(RuntimeError, match="only it may write"):
+        install._cache_root()
+    root.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    root.symlink_to(elsewhere)  # a link (to anywhere) made in the shared dir
+    with pytest.raises(RuntimeError, match="only it may write"):
+        install._cache_root()
+    root.unlink()
+    if os.getuid() == 0:  # another user's directory
+        root.mkdir(mode=0o755)
+        os.chown(root, 12345, 12345)
+        with pytest.raises(RuntimeError, match="owner uid 12345"):
+            install._cache_root()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -159,6 +160,9 @@ def _warn_if_numpy2() -> None:
 
 
 def _cache_root() -> Path:
+    """`$XDG_CACHE_HOME/rtvideo` (`~/.cache/rtvideo`), else `<tmp>/rtvideo-<uid>`. tritonserver
+    loads backends from there, so a directory in the shared temp dir that another user made
+    (or can write to, or a link) is refused: it would run their code as this user."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     root = Path(base) / "rtvideo"
     try:
@@ -168,7 +172,16 @@ def _cache_root() -> Path:
     except OSError:
         pass
     root = Path(tempfile.gettempdir()) / f"rtvideo-{os.getuid()}"
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = root.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise RuntimeError(
+            f"{root} is not a directory of this user's own that only it may write to (owner uid {st.st_uid}, "
+            f"mode {stat.filemode(st.st_mode)}); remove it, or make {Path(base) / 'rtvideo'} writable "
+            "(or set XDG_CACHE_HOME)")
     return root
 
 
