@@ -144,6 +144,22 @@ def test_relayed_log_goes_to_stderr_and_keeps_a_tail(capsys: pytest.CaptureFixtu
     assert "starting\n" in err and "boom" in err
 
 
+def test_a_temp_log_is_one_file_across_restarts() -> None:
+    """Without a log target each start used to make a new temp file: a server restarted again and
+    again (the supervisor's restarts) left one per try."""
+    log = ServerLog()
+    try:
+        for run in ("first", "second"):
+            proc = subprocess.Popen(["echo", f"{run} run"], stdout=log.open(), stderr=subprocess.STDOUT)
+            log.spawned()
+            assert proc.wait(10) == 0
+            log.close()
+        assert log.path is not None and log.path.read_text() == "first run\nsecond run\n"
+    finally:
+        if log.path is not None:
+            log.path.unlink()
+
+
 def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None:
     """One `rtvideo serve --triton-host 0.0.0.0 --triton-log -`: Triton's gRPC answers on loopback,
     and the model's per-session line reaches the serve process's standard error."""

@@ -66,7 +66,8 @@ class ServerLog:
         return "stderr" if self.relayed else str(self.path) if self.path is not None else "an open file"
 
     def open(self, *, temp_prefix: str = "rtvideo-tritonserver-") -> IO:
-        """The file to hand to the server process; a new ``<temp_prefix>*.log`` when the target is None,
+        """The file to hand to the server process; a new ``<temp_prefix>*.log`` when the target is None
+        (the same one again at later starts),
         the write end of the relay's pipe when it is :data:`STDERR` (call :meth:`spawned` after the spawn)."""
         target = self.target
         if self.relayed:
@@ -76,11 +77,14 @@ class ServerLog:
             self._relay = threading.Thread(target=self._run_relay, args=(read_fd,),
                                            name="tritonserver-log", daemon=True)
             self._relay.start()
-        elif target is None:
+        elif target is None and self.path is None:
             fd, name = tempfile.mkstemp(prefix=temp_prefix, suffix=".log")
             self.path = Path(name)
             self._owns_file = True
             self._file = os.fdopen(fd, "ab")
+        elif target is None:  # a restart: the same temp file goes on (one per restart piled up)
+            self._owns_file = True
+            self._file = open(self.path, "ab")
         elif isinstance(target, (str, os.PathLike)):
             self.path = Path(target)
             self._owns_file = True
