@@ -241,3 +241,36 @@ def test_the_temp_cache_must_be_this_users_own(tmp_path, monkeypatch):
         os.chown(root, 12345, 12345)
         with pytest.raises(RuntimeError, match="owner uid 12345"):
             install._cache_root()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory in /dev/shm")
+def test_stale_shared_memory_is_judged_only_within_its_pid_namespace():
+    """A launcher gone (a pid that no longer runs) leaves files that the next start removes; a
+    file named for another PID namespace (a container sharing /dev/shm) is left alone: its pid
+    says nothing here. Names without a namespace (an earlier version's) count as this one's."""
+    import subprocess
+
+    from rtvideo.triton import clean_stale_shm
+    from rtvideo.triton.server import SHM_DIR, pid_namespace, shm_prefix_of
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid runs nothing now
+    namespace = pid_namespace()
+    assert namespace, "no PID namespace could be read"
+    other = format(int(namespace, 16) + 1, "x")
+    names = {
+        "here": f"{shm_prefix_of(gone.pid)}deadbeef_region",
+        "older": f"rtvideo_{gone.pid}_deadbeef_region",
+        "elsewhere": f"rtvideo_n{other}_{gone.pid}_deadbeef_region",
+        "alive": f"{shm_prefix_of(os.getpid())}deadbeef_region",
+    }
+    try:
+        for name in names.values():
+            (SHM_DIR / name).write_bytes(b"x")
+        removed = set(clean_stale_shm())
+        assert {names["here"], names["older"]} <= removed
+        assert names["elsewhere"] not in removed and (SHM_DIR / names["elsewhere"]).exists()
+        assert names["alive"] not in removed and (SHM_DIR / names["alive"]).exists()
+    finally:
+        for name in names.values():
+            (SHM_DIR / name).unlink(missing_ok=True)

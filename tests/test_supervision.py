@@ -25,6 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo import wire
 from rtvideo.triton import clean_stale_shm, free_port
+from rtvideo.triton.server import shm_prefix_of
 from tests.streams import FAST_MODEL, metric
 from tests.test_cli import RTVIDEO, alive, descendants
 
@@ -274,7 +275,7 @@ def _describe(pid: int) -> str:
 
 
 def _shm_of(launcher_pid: int) -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"rtvideo_{launcher_pid}_")}
+    return {n for n in os.listdir("/dev/shm") if n.startswith(shm_prefix_of(launcher_pid))}
 
 
 @pytest.fixture(scope="module")

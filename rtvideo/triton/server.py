@@ -43,8 +43,24 @@ log = logging.getLogger(__name__)
 
 #: where POSIX shared memory lives on Linux
 SHM_DIR = Path("/dev/shm")
-#: Python-backend shared-memory names: ``rtvideo_<launcher pid>_<8 hex>_<Triton's suffix>``
-_SHM_NAME = re.compile(r"^rtvideo_(\d+)_[0-9a-f]{8}_")
+#: Python-backend shared-memory names: ``rtvideo_n<PID namespace>_<launcher pid>_<8 hex>_<Triton's
+#: suffix>`` (without ``n<...>_``: an earlier version's, or no namespace known)
+_SHM_NAME = re.compile(r"^rtvideo_(?:n([0-9a-f]+)_)?(\d+)_[0-9a-f]{8}_")
+
+
+def pid_namespace() -> str:
+    """This process's PID namespace (its inode, hex), '' where it cannot be told. Containers that
+    share /dev/shm (`--ipc=host`) see each other's files but not each other's pids."""
+    try:
+        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
+    except OSError:
+        return ""
+
+
+def shm_prefix_of(pid: int) -> str:
+    """The start of the shared-memory names of the servers a launcher `pid` (here) started."""
+    namespace = pid_namespace()
+    return f"rtvideo_n{namespace}_{pid}_" if namespace else f"rtvideo_{pid}_"
 
 
 @dataclass
@@ -111,14 +127,16 @@ def _remove_shm(names: list[str]) -> list[str]:
 
 
 def clean_stale_shm() -> list[str]:
-    """Remove ``/dev/shm/rtvideo_<pid>_*`` whose launcher pid no longer runs; returns the names removed.
-
-    A stub killed with ``kill -9`` (or a launcher killed the same way) leaves its regions behind."""
+    """Remove the Python backend's ``/dev/shm`` files whose launcher no longer runs; returns the
+    names removed. A stub killed with ``kill -9`` (or a launcher killed the same way) leaves its
+    regions behind. Only files of this PID namespace are judged: another's pids mean nothing here."""
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
         return []
-    stale = [n for n in names if (m := _SHM_NAME.match(n)) and not _pid_alive(int(m.group(1)))]
+    here = pid_namespace()
+    stale = [n for n in names if (m := _SHM_NAME.match(n)) and (m.group(1) or here) == here
+             and not _pid_alive(int(m.group(2)))]
     removed = _remove_shm(stale)
     if removed:
         log.info("removed %d stale shared-memory file(s) of launchers that are gone", len(removed))
@@ -203,7 +221,7 @@ class TritonServer:
         c = self.config
         # Python-backend shared-memory names are <prefix><uuid>: two servers on one host must not
         # share a prefix, and the launcher's pid in it lets a later start clean up after a crash.
-        self.shm_prefix = f"rtvideo_{os.getpid()}_{secrets.token_hex(4)}_"
+        self.shm_prefix = f"{shm_prefix_of(os.getpid())}{secrets.token_hex(4)}_"
         if c.http:
             http = ["--allow-http=true", f"--http-address={c.host}", f"--http-port={c.http_port}"]
         else:
