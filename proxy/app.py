@@ -170,7 +170,8 @@ class ProxyServer:
             self.app, xheaders=False, max_body_size=MAX_REQUEST_BODY_BYTES,
             idle_connection_timeout=self.settings.http_idle_seconds, body_timeout=self.settings.http_idle_seconds,
             max_open=fd_room(self.settings.max_open_connections),
-            on_refused=lambda: self.context.metrics.connection_rejected("open_connections"))
+            max_per_client=self.settings.max_open_connections_per_client,
+            on_refused=self.context.metrics.connection_rejected)
         self._server.add_sockets(sockets)
         log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
 

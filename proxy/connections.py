@@ -40,29 +40,39 @@ def fd_room(max_open: int) -> int:
 
 
 class BoundedHTTPServer(HTTPServer):
-    """Closes a new connection at once while `max_open` connections (of any kind) are open."""
+    """Closes a new connection at once while `max_open` connections (of any kind) are open, or
+    `max_per_client` from its address: one client alone cannot hold them all."""
 
-    def initialize(self, *args: Any, max_open: int, on_refused: Callable[[], None], **kwargs: Any) -> None:
+    def initialize(self, *args: Any, max_open: int, max_per_client: int, on_refused: Callable[[str], None],
+                   **kwargs: Any) -> None:
         super().initialize(*args, **kwargs)
         self._max_open = max_open
-        self._on_refused = on_refused
-        self._open: set[IOStream] = set()
+        self._max_per_client = max_per_client
+        self._on_refused = on_refused  # called with the reason: open_connections, client_connections
+        self._open: dict[IOStream, str] = {}  # each open connection's client address
         self._full = False
 
-    @property
-    def open_connections(self) -> int:
-        self._open = {stream for stream in self._open if not stream.closed()}
-        return len(self._open)
+    def open_connections(self, client: str | None = None) -> int:
+        """Connections open now, all or from `client`'s address."""
+        self._open = {stream: host for stream, host in self._open.items() if not stream.closed()}
+        return len(self._open) if client is None else sum(host == client for host in self._open.values())
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
-        if self.open_connections >= self._max_open:
+        client = address[0] if isinstance(address, tuple) else str(address)
+        if self.open_connections() >= self._max_open:
             if not self._full:
                 log.warning("%d connections open: new ones are closed until some end (--max-open-connections)",
                             self._max_open)
             self._full = True
-            self._on_refused()
-            stream.close()
+            self._refuse(stream, "open_connections")
             return
         self._full = False
-        self._open.add(stream)
+        if self.open_connections(client) >= self._max_per_client:
+            self._refuse(stream, "client_connections")
+            return
+        self._open[stream] = client
         super().handle_stream(stream, address)
+
+    def _refuse(self, stream: IOStream, reason: str) -> None:
+        self._on_refused(reason)
+        stream.close()

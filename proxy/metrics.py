@@ -32,7 +32,8 @@ FIRST_CHUNK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 #: how far a stream runs ahead of real-time playback, in seconds (negative: behind)
 LEAD_BUCKETS = (-10.0, -5.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 #: reasons a connection is refused before the upgrade (exported at 0 from the start)
-REJECT_REASONS = ("unauthorized", "origin", "capacity", "per_client", "backend_down", "draining", "open_connections")
+REJECT_REASONS = ("unauthorized", "origin", "capacity", "per_client", "backend_down", "draining", "open_connections",
+                  "client_connections")
 
 
 class ProxyMetrics:

@@ -37,6 +37,8 @@ class ProxySettings:
     max_sessions_per_client: int = setting(16, "concurrent WebSocket sessions from one client address (HTTP 429 beyond)")
     max_open_connections: int = setting(
         1024, "open TCP connections of any kind (WebSocket, HTTP, idle); a new one beyond is closed at once")
+    max_open_connections_per_client: int = setting(
+        64, "open TCP connections of any kind from one client address; a new one beyond is closed at once")
     http_idle_seconds: float = setting(
         30.0, "close a connection that sends no complete request head (an idle keep-alive included), or "
         "no announced body, within this many seconds")
@@ -65,8 +67,10 @@ class ProxySettings:
                 min(self.message_burst, self.max_requests_in_flight) < 1:
             raise ValueError("max_messages_per_second, message_burst, max_requests_in_flight and "
                              "backend_silence_seconds must be positive")
-        if self.max_open_connections < self.max_connections or self.http_idle_seconds <= 0:
-            raise ValueError("max_open_connections must be at least max_connections; http_idle_seconds positive")
+        if self.max_open_connections < self.max_connections or self.http_idle_seconds <= 0 or \
+                self.max_open_connections_per_client < self.max_sessions_per_client:
+            raise ValueError("max_open_connections must be at least max_connections, max_open_connections_per_client "
+                             "at least max_sessions_per_client; http_idle_seconds positive")
         if self.ping_interval < 0 or self.ping_timeout <= 0:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:

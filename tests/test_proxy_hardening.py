@@ -511,7 +511,7 @@ def test_open_connections_are_bounded_and_idle_ones_closed(proxies) -> None:
             for _ in range(100):
                 try:
                     conn_http = http.client.HTTPConnection(host, port, timeout=5)
-                    conn_http.request("GET", "/healthz")
+                    conn_http.request("GET", "/livez")
                     assert conn_http.getresponse().status == 200
                     conn_http.close()
                     break
@@ -520,6 +520,43 @@ def test_open_connections_are_bounded_and_idle_ones_closed(proxies) -> None:
             else:
                 raise AssertionError("no room after the idle connections were closed")
             assert (await session.next_media())["kind"] == "media"
+
+    run(body(), 60)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="all of 127/8 is loopback on Linux")
+def test_one_client_cannot_hold_every_open_connection(proxies) -> None:
+    server = proxies.server(max_open_connections=20, max_connections=4, max_open_connections_per_client=3,
+                            max_sessions_per_client=2)
+
+    def raw(source: str) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", server.port), source_address=(source, 0))
+        sock.setblocking(False)
+        return sock
+
+    async def livez(sock: socket.socket) -> bytes:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(sock, b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        return await asyncio.wait_for(loop.sock_recv(sock, 4096), 10)
+
+    async def body() -> None:
+        held = [raw("127.0.0.1") for _ in range(3)]
+        try:
+            before = server.context.metrics.rejected["client_connections"]
+            one_more = raw("127.0.0.1")
+            took = await _eof_after(one_more, 2.0)
+            one_more.close()
+            assert took is not None, "a client's connection beyond its bound was not closed at once"
+            assert server.context.metrics.rejected["client_connections"] == before + 1
+            other = raw("127.0.0.2")  # another client is still served
+            try:
+                assert (await livez(other)).startswith(b"HTTP/1.1 200"), "another client was refused"
+            finally:
+                other.close()
+            assert (await livez(held[0])).startswith(b"HTTP/1.1 200")  # the held ones work
+        finally:
+            for sock in held:
+                sock.close()
 
     run(body(), 60)
 
