@@ -341,8 +341,17 @@ def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocki
     from tests.test_render_pool import policies
 
     def workers() -> set[int]:
-        return {p for p in descendants(stub_pid(triton, PACED_MODEL))
-                if b"render_worker" in Path(f"/proc/{p}/cmdline").read_bytes()}
+        """Workers past their launcher (which has the worker's command in its own, and sets the
+        priority just before it execs: a replacement caught there was not SCHED_IDLE yet)."""
+        found = set()
+        for p in descendants(stub_pid(triton, PACED_MODEL)):
+            try:
+                argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[1:3] == [b"-m", b"rtvideo.backend.render_worker"]:
+                found.add(p)
+        return found
 
     wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
     before = workers()
