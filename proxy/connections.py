@@ -52,14 +52,10 @@ class BoundedHTTPServer(HTTPServer):
         self._open: dict[IOStream, str] = {}  # each open connection's client address
         self._full = False
 
-    def open_connections(self, client: str | None = None) -> int:
-        """Connections open now, all or from `client`'s address."""
-        self._open = {stream: host for stream, host in self._open.items() if not stream.closed()}
-        return len(self._open) if client is None else sum(host == client for host in self._open.values())
-
     def handle_stream(self, stream: IOStream, address: Any) -> None:
         client = address[0] if isinstance(address, tuple) else str(address)
-        if self.open_connections() >= self._max_open:
+        self._open = {known: host for known, host in self._open.items() if not known.closed()}
+        if len(self._open) >= self._max_open:
             if not self._full:
                 log.warning("%d connections open: new ones are closed until some end (--max-open-connections)",
                             self._max_open)
@@ -67,7 +63,7 @@ class BoundedHTTPServer(HTTPServer):
             self._refuse(stream, "open_connections")
             return
         self._full = False
-        if self.open_connections(client) >= self._max_per_client:
+        if sum(host == client for host in self._open.values()) >= self._max_per_client:
             self._refuse(stream, "client_connections")
             return
         self._open[stream] = client

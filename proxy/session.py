@@ -2,9 +2,10 @@
 
 The proxy checks only what it must answer itself (first message, size, JSON, type,
 binary frames) and forwards every other message verbatim; the model validates the
-rest. A valid interaction it acks at once, as the model would (rtvideo.proxy.acks). It bounds what one client can make it and Triton hold (§7): a token bucket for
-the message rate, a bound on requests in flight to Triton, and `session.ping` answered
-here (at most one a second goes on, to keep the model's stall clock running).
+rest. A valid interaction it acks at once, as the model would (rtvideo.proxy.acks). It
+bounds what one client can make it and Triton hold (§7): a token bucket for the message
+rate, a bound on requests in flight to Triton, and `session.ping` answered here (at most
+one a second goes on, to keep the model's stall clock running).
 
 Each session ends exactly once: the model's `session.done`, or an end the proxy
 reports itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`,
