@@ -59,7 +59,7 @@ CMD ["--host", "0.0.0.0", "--port", "8080", "--triton-host", "0.0.0.0", "--trito
 
 # --- vllm-omni: the production GPU image (default target) -----------------------------------------
 FROM ${VLLM_TRITON_IMAGE} AS vllm-omni
-# Keep equal to PINNED_VLLM_OMNI in rtvideo/backend/vllm_omni.py and scripts/setup.sh.
+# Keep equal to PINNED_VLLM_OMNI in rtvideo/backend/vllm_omni/ and scripts/setup.sh.
 ARG VLLM_OMNI_VERSION=0.30.0
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -84,7 +84,7 @@ RUN python3 -m pip list --format=freeze \
       "prometheus-client>=0.17" "websockets>=13" \
     && python3 -m pip install --no-cache-dir --no-deps . \
     && python3 scripts/check_vllm_image.py /opt/rtvideo/image-pins.txt \
-    && python3 -m rtvideo.model_repo /opt/rtvideo/models generator=vllm_omni \
+    && python3 -m rtvideo.triton.model_repo /opt/rtvideo/models generator=vllm_omni \
       width=640 height=384 fps=16 frames_per_chunk=33 max_sessions=1 \
       vllm_omni_model=BestWishYsh/Helios-Distilled \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rtvideo

@@ -83,14 +83,18 @@ def main() -> None:
     with bench_triton({"paced": PACED_PARAMS, "unpaced": UNPACED_PARAMS}) as server:
         print(f"tritonserver ready in {server.startup_seconds:.1f} s")
         ttfc = first_chunk_seconds(server.grpc_url, "unpaced", 5)
-        print(f"time to first chunk (256x256, 9 frames): median {statistics.median(ttfc) * 1e3:.1f} ms, "
-              f"max {max(ttfc) * 1e3:.1f} ms over {len(ttfc)} sessions")
+        print(
+            f"time to first chunk (256x256, 9 frames): median {statistics.median(ttfc) * 1e3:.1f} ms, "
+            f"max {max(ttfc) * 1e3:.1f} ms over {len(ttfc)} sessions"
+        )
         print(f"{'model':<9} {'sessions':>8} {'acks':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
         for model in ("paced", "unpaced"):
             for sessions in (1, 4, 8):
                 lat = ack_latencies(server.grpc_url, model, sessions, args.samples, args.interval)
-                print(f"{model:<9} {sessions:>8} {len(lat):>5} {percentile(lat, 0.5) * 1e3:>8.2f} "
-                      f"{percentile(lat, 0.99) * 1e3:>8.2f} {max(lat) * 1e3:>8.2f}")
+                print(
+                    f"{model:<9} {sessions:>8} {len(lat):>5} {percentile(lat, 0.5) * 1e3:>8.2f} "
+                    f"{percentile(lat, 0.99) * 1e3:>8.2f} {max(lat) * 1e3:>8.2f}"
+                )
 
 
 if __name__ == "__main__":

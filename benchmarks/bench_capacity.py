@@ -51,7 +51,7 @@ class Stats:
     visible: list[float] = field(default_factory=list)
     arrivals: list[list[float]] = field(default_factory=list)  # per session: media chunk arrival times
 
-    def merge(self, other: "Stats") -> None:
+    def merge(self, other: Stats) -> None:
         for path, values in other.acks.items():
             self.acks[path] += values
         self.visible += other.visible
@@ -95,8 +95,17 @@ def first_update(index: int, interval: float, aligned: bool) -> float:
     return interval * (1.0 if aligned else 1.0 + (index * 0.6180339887) % 1.0)
 
 
-def direct_session(url: str, model: str, index: int, begin: float, seconds: float, interval: float,
-                   aligned: bool, stats: Stats, lock: threading.Lock) -> None:
+def direct_session(
+    url: str,
+    model: str,
+    index: int,
+    begin: float,
+    seconds: float,
+    interval: float,
+    aligned: bool,
+    stats: Stats,
+    lock: threading.Lock,
+) -> None:
     arrivals: list[float] = []
     acks: list[float] = []
     visible: list[float] = []
@@ -138,12 +147,17 @@ def direct_session(url: str, model: str, index: int, begin: float, seconds: floa
         stats.arrivals.append(arrivals)
 
 
-def direct_sessions(url: str, model: str, first: int, count: int, begin: float, seconds: float,
-                    interval: float, aligned: bool) -> Stats:
+def direct_sessions(
+    url: str, model: str, first: int, count: int, begin: float, seconds: float, interval: float, aligned: bool
+) -> Stats:
     """`count` direct gRPC sessions, a thread each, in this (client) process."""
     stats, lock = Stats(), threading.Lock()
-    threads = [threading.Thread(target=direct_session, args=(url, model, first + i, begin, seconds, interval, aligned, stats, lock))
-               for i in range(count)]
+    threads = [
+        threading.Thread(
+            target=direct_session, args=(url, model, first + i, begin, seconds, interval, aligned, stats, lock)
+        )
+        for i in range(count)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -151,8 +165,9 @@ def direct_sessions(url: str, model: str, first: int, count: int, begin: float, 
     return stats
 
 
-async def ws_session(url: str, index: int, begin: float, seconds: float, interval: float, aligned: bool,
-                     stats: Stats) -> None:
+async def ws_session(
+    url: str, index: int, begin: float, seconds: float, interval: float, aligned: bool, stats: Stats
+) -> None:
     arrivals: list[float] = []
     async with connect(url, max_size=None, compression=None) as ws:
         await ws.send(json.dumps({"type": "session.start", "prompt": f"capacity ws session {index}", "seed": index}))
@@ -166,8 +181,18 @@ async def ws_session(url: str, index: int, begin: float, seconds: float, interva
                 await asyncio.sleep(max(0.0, next_send - time.perf_counter()))
                 next_send += interval
                 sent[f"e{k}"] = time.perf_counter()
-                await ws.send(json.dumps({"type": "session.interaction", "interaction": {
-                    "event_id": f"e{k}", "event": {"prompt": f"ws scene {index} number {k}"}, "transition_chunks": 2}}))
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "session.interaction",
+                            "interaction": {
+                                "event_id": f"e{k}",
+                                "event": {"prompt": f"ws scene {index} number {k}"},
+                                "transition_chunks": 2,
+                            },
+                        }
+                    )
+                )
                 k += 1
             await ws.send('{"type":"session.stop"}')
 
@@ -192,13 +217,16 @@ async def ws_session(url: str, index: int, begin: float, seconds: float, interva
     stats.arrivals.append(arrivals)
 
 
-def ws_sessions(url: str, first: int, count: int, begin: float, seconds: float, interval: float,
-                aligned: bool) -> Stats:
+def ws_sessions(
+    url: str, first: int, count: int, begin: float, seconds: float, interval: float, aligned: bool
+) -> Stats:
     """`count` WebSocket sessions on one event loop, in this (client) process."""
     stats = Stats()
 
     async def go() -> None:
-        await asyncio.gather(*(ws_session(url, first + i, begin, seconds, interval, aligned, stats) for i in range(count)))
+        await asyncio.gather(
+            *(ws_session(url, first + i, begin, seconds, interval, aligned, stats) for i in range(count))
+        )
 
     asyncio.run(go())
     return stats
@@ -209,17 +237,30 @@ def groups(count: int, size: int) -> list[tuple[int, int]]:
     return [(first, min(size, count - first)) for first in range(0, count, size)]
 
 
-def run_load(clients: ProcessPoolExecutor, grpc_url: str, ws_url: str, model: str, sessions: int, seconds: float,
-             interval: float, pids: list[int], aligned: bool = False) -> tuple[Stats, float]:
+def run_load(
+    clients: ProcessPoolExecutor,
+    grpc_url: str,
+    ws_url: str,
+    model: str,
+    sessions: int,
+    seconds: float,
+    interval: float,
+    pids: list[int],
+    aligned: bool = False,
+) -> tuple[Stats, float]:
     """Half the sessions over WebSocket, half direct, in client processes of their own (so the
     clients' own Python does not queue the measured replies behind each other). Everyone sends
     its first update at the same moment."""
     begin = time.monotonic() + 3.0 + sessions * 0.1  # after every session has started
     n_ws = sessions // 2
-    jobs = [clients.submit(ws_sessions, ws_url, first, n, begin, seconds, interval, aligned)
-            for first, n in groups(n_ws, WS_PER_PROCESS)]
-    jobs += [clients.submit(direct_sessions, grpc_url, model, n_ws + first, n, begin, seconds, interval, aligned)
-             for first, n in groups(sessions - n_ws, GRPC_PER_PROCESS)]
+    jobs = [
+        clients.submit(ws_sessions, ws_url, first, n, begin, seconds, interval, aligned)
+        for first, n in groups(n_ws, WS_PER_PROCESS)
+    ]
+    jobs += [
+        clients.submit(direct_sessions, grpc_url, model, n_ws + first, n, begin, seconds, interval, aligned)
+        for first, n in groups(sessions - n_ws, GRPC_PER_PROCESS)
+    ]
     sleep_until(begin)
     cpu0, t0 = cpu_seconds(pids), time.perf_counter()
     stats = Stats()
@@ -238,43 +279,67 @@ def main() -> None:
     parser.add_argument("--counts", default="1,4,8,16,24,32,40")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--update-interval", type=float, default=1.0)
-    parser.add_argument("--ack-seconds", type=float, default=60.0,
-                        help="length of each 8 × 4/s run: ~4 acks a second per session, so 60 s puts ~10 "
-                             "samples per path above the p99 (20 s: ~3, and p99 moved by several ms between runs)")
+    parser.add_argument(
+        "--ack-seconds",
+        type=float,
+        default=60.0,
+        help="length of each 8 × 4/s run: ~4 acks a second per session, so 60 s puts ~10 "
+        "samples per path above the p99 (20 s: ~3, and p99 moved by several ms between runs)",
+    )
     parser.add_argument("--workers", default="0,2", help="render_workers values to compare (0: in the stub)")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    configs = {f"paced_w{w}": {"max_sessions": str(max(*counts, 8) + 2), "render_workers": w}
-               for w in args.workers.split(",")}
+    configs = {
+        f"paced_w{w}": {"max_sessions": str(max(*counts, 8) + 2), "render_workers": w} for w in args.workers.split(",")
+    }
     biggest = max(*counts, 8)
     processes = len(groups(biggest // 2, WS_PER_PROCESS)) + len(groups(biggest - biggest // 2, GRPC_PER_PROCESS))
-    with bench_triton(configs) as server, ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as clients:
-        print(f"tritonserver ready in {server.startup_seconds:.1f} s; paced, 256x256, 9 frames a chunk at 16 fps; "
-              f"{os.cpu_count()} cores")
+    with (
+        bench_triton(configs) as server,
+        ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as clients,
+    ):
+        print(
+            f"tritonserver ready in {server.startup_seconds:.1f} s; paced, 256x256, 9 frames a chunk at 16 fps; "
+            f"{os.cpu_count()} cores"
+        )
         best: dict[str, int] = {}
         for model in configs:
             # every WebSocket session comes from this one address
             with ProxyProcess(server.grpc_url, model, ("--max-sessions-per-client", str(biggest))) as proxy:
                 pids = family(server.pid) + [proxy.proc.pid]
-                run_load(clients, server.grpc_url, proxy.url, model, biggest, 2, 0.5, pids)  # warm-up: every client process
-                print(f"\n{model}: {args.update_interval:g} s between a session's prompt updates, {args.seconds:g} s each")
-                print(f"{'N':>3} {'chunks':>6} {'late':>5} {'worst lag':>9} {'ack ws p50':>10} {'p99':>7} "
-                      f"{'grpc p50':>8} {'p99':>7} {'visible p50':>11} {'p99':>7} {'cpu/sess-s':>10}")
+                run_load(
+                    clients, server.grpc_url, proxy.url, model, biggest, 2, 0.5, pids
+                )  # warm-up: every client process
+                print(
+                    f"\n{model}: {args.update_interval:g} s between a session's prompt updates, {args.seconds:g} s each"
+                )
+                print(
+                    f"{'N':>3} {'chunks':>6} {'late':>5} {'worst lag':>9} {'ack ws p50':>10} {'p99':>7} "
+                    f"{'grpc p50':>8} {'p99':>7} {'visible p50':>11} {'p99':>7} {'cpu/sess-s':>10}"
+                )
                 for n in counts:
-                    s, cpu = run_load(clients, server.grpc_url, proxy.url, model, n, args.seconds, args.update_interval, pids)
+                    s, cpu = run_load(
+                        clients, server.grpc_url, proxy.url, model, n, args.seconds, args.update_interval, pids
+                    )
                     chunks, late, worst = s.stalls()
-                    print(f"{n:>3} {chunks:>6} {late:>5} {worst * 1e3:8.0f}m {ms(s.acks['ws'], .5):>10} "
-                          f"{ms(s.acks['ws'], .99)} {ms(s.acks['grpc'], .5):>8} {ms(s.acks['grpc'], .99)} "
-                          f"{ms(s.visible, .5):>11} {ms(s.visible, .99)} {cpu:10.3f}")
+                    print(
+                        f"{n:>3} {chunks:>6} {late:>5} {worst * 1e3:8.0f}m {ms(s.acks['ws'], 0.5):>10} "
+                        f"{ms(s.acks['ws'], 0.99)} {ms(s.acks['grpc'], 0.5):>8} {ms(s.acks['grpc'], 0.99)} "
+                        f"{ms(s.visible, 0.5):>11} {ms(s.visible, 0.99)} {cpu:10.3f}"
+                    )
                     if late == 0:
                         best[model] = max(best.get(model, 0), n)
                 for aligned in (False, True):
-                    s, _ = run_load(clients, server.grpc_url, proxy.url, model, 8, args.ack_seconds, 0.25, pids, aligned)
-                    print(f"  8 sessions × 4 new prompts/s, {'all at once' if aligned else 'staggered  '}: "
-                          f"ack ws p50 {ms(s.acks['ws'], .5)} p99 {ms(s.acks['ws'], .99)} | "
-                          f"grpc p50 {ms(s.acks['grpc'], .5)} p99 {ms(s.acks['grpc'], .99)} | "
-                          f"ws p99 − grpc p99 {(percentile(s.acks['ws'], .99) - percentile(s.acks['grpc'], .99)) * 1e3:+.1f} ms | "
-                          f"visible p99 {ms(s.visible, .99)} ms | late chunks {s.stalls()[1]}")
+                    s, _ = run_load(
+                        clients, server.grpc_url, proxy.url, model, 8, args.ack_seconds, 0.25, pids, aligned
+                    )
+                    print(
+                        f"  8 sessions × 4 new prompts/s, {'all at once' if aligned else 'staggered  '}: "
+                        f"ack ws p50 {ms(s.acks['ws'], 0.5)} p99 {ms(s.acks['ws'], 0.99)} | "
+                        f"grpc p50 {ms(s.acks['grpc'], 0.5)} p99 {ms(s.acks['grpc'], 0.99)} | "
+                        f"ws p99 − grpc p99 {(percentile(s.acks['ws'], 0.99) - percentile(s.acks['grpc'], 0.99)) * 1e3:+.1f} ms | "
+                        f"visible p99 {ms(s.visible, 0.99)} ms | late chunks {s.stalls()[1]}"
+                    )
         print()
         for model, n in best.items():
             print(f"largest zero-stall session count: {model} {n}")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from rtvideo.triton import TritonConfig, TritonServer, free_port
-from rtvideo.model_repo import derive_model
+from rtvideo.triton.model_repo import derive_model
 
 #: the two load shapes every benchmark compares: shipped pacing, and as fast as the CPU goes
 PACED_PARAMS = {"max_sessions": "8"}

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from rtvideo.backend import generator as generator_module
-from rtvideo.backend.generator import BuiltinGenerator
-from rtvideo.backend.text_encoder import EMBEDDING_DIM
+from rtvideo.backend.builtin import generator as generator_module
+from rtvideo.backend.builtin.generator import BuiltinGenerator
+from rtvideo.backend.builtin.text_encoder import EMBEDDING_DIM
 
 try:
     from rtvideo.backend.encoder import FragmentedMp4Encoder
@@ -36,7 +36,10 @@ CHUNK_FRAMES = 9
 FPS = 16
 PROMPTS = ("ocean waves at sunset", "a forest of pine trees in fog")
 #: prompts that switch on the costliest elements of the built-in scene (particles, flames, glints)
-BUSY = ("a burning lighthouse by the sea in a blizzard at night", "rain on a neon city street with a red car and a bonfire")
+BUSY = (
+    "a burning lighthouse by the sea in a blizzard at night",
+    "rain on a neon city street with a red car and a bonfire",
+)
 
 
 def transition_mixes(prompts: tuple[str, str] = PROMPTS) -> Iterator[dict[str, float]]:
@@ -92,8 +95,10 @@ def measure(generator: BuiltinGenerator, width: int, height: int, seconds: float
     def generate_busy() -> None:
         busy_session.generate(next(busy_mixes), CHUNK_FRAMES)
 
-    figures = {"generator": frames_per_second(generate_only, seconds),
-               "generator, busy": frames_per_second(generate_busy, seconds)}
+    figures = {
+        "generator": frames_per_second(generate_only, seconds),
+        "generator, busy": frames_per_second(generate_busy, seconds),
+    }
     if FragmentedMp4Encoder is not None:
         encoder = FragmentedMp4Encoder(width, height, FPS)
 

@@ -30,14 +30,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench_common import percentile
 from websockets.asyncio.client import connect
 
-from bench_common import percentile
-
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.model_repo import derive_model
 from rtvideo.proxy.placement import REFUSED_HOLD_SECONDS
 from rtvideo.triton import TritonConfig, TritonServer, free_port
+from rtvideo.triton.model_repo import derive_model
 
 MODEL = "realtime_video"
 
@@ -60,9 +59,25 @@ class Proxy:
         self.port = free_port()
         args = [a for url in urls for a in ("--triton-url", url)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rtvideo.cli", "serve", "--port", str(self.port), "--model", MODEL,
-             "--probe-interval", "1", "--log-level", "WARNING", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            [
+                sys.executable,
+                "-m",
+                "rtvideo.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--model",
+                MODEL,
+                "--probe-interval",
+                "1",
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         assert self.proc.stdout is not None and select.select([self.proc.stdout], [], [], 60)[0]
         assert self.proc.stdout.readline().startswith("rtvideo ready:")
         self.url = f"ws://127.0.0.1:{self.port}/v1/realtime/video"
@@ -81,8 +96,11 @@ class Proxy:
 
     def refusals(self) -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("rtvideo_proxy_endpoint_refusals_total{"))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("rtvideo_proxy_endpoint_refusals_total{")
+        )
 
     def close(self) -> None:
         self.proc.terminate()
@@ -109,8 +127,10 @@ def figures(label: str, values: list[float]) -> str:
     ms = [v * 1000 for v in values]
     if not ms:
         return f"{label:<44} (no samples)"
-    return (f"{label:<44} n={len(ms):<3} p50 {percentile(ms, 0.5):6.1f} ms  p90 {percentile(ms, 0.9):6.1f} ms  "
-            f"mean {statistics.fmean(ms):6.1f} ms")
+    return (
+        f"{label:<44} n={len(ms):<3} p50 {percentile(ms, 0.5):6.1f} ms  p90 {percentile(ms, 0.9):6.1f} ms  "
+        f"mean {statistics.fmean(ms):6.1f} ms"
+    )
 
 
 def main() -> None:
@@ -121,9 +141,13 @@ def main() -> None:
         repo = Path(tmp) / "repo"
         derive_model(repo, MODEL, {"max_sessions": "2"})
         port = _free_on_both()
-        servers = [TritonServer(TritonConfig(repo, grpc_port=port, http_port=free_port(), metrics_port=free_port(),
-                                             host=host), stdout=Path(tmp) / f"triton-{host}.log")
-                   for host in ("127.0.0.1", "127.0.0.2")]
+        servers = [
+            TritonServer(
+                TritonConfig(repo, grpc_port=port, http_port=free_port(), metrics_port=free_port(), host=host),
+                stdout=Path(tmp) / f"triton-{host}.log",
+            )
+            for host in ("127.0.0.1", "127.0.0.2")
+        ]
         t0 = time.monotonic()
         try:
             for server in servers:

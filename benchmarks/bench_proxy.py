@@ -1,6 +1,6 @@
 """What the WebSocket proxy costs: the same sessions through `rtvideo.proxy` and over direct gRPC.
 
-Starts its own tritonserver (rtvideo/triton + rtvideo/model_repo.py) with the unpaced model (and
+Starts its own tritonserver (rtvideo/triton + rtvideo/triton/model_repo.py) with the unpaced model (and
 the shipped pacing, for ack latency under a realistic load), and one proxy process per
 model (`python -m rtvideo.cli serve --triton-url …`, so the proxy has its own interpreter
 as in production). Measures, in the same run:
@@ -23,12 +23,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
-from websockets.asyncio.client import connect
 
 from bench_common import PACED_PARAMS, UNPACED_PARAMS, bench_triton, percentile
+from websockets.asyncio.client import connect
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.triton import free_port
@@ -45,7 +44,7 @@ class Run:
     nbytes: int = 0
     seconds: float = 0.0  # wall time from the first start to the last session.done
 
-    def merge(self, other: "Run") -> None:
+    def merge(self, other: Run) -> None:
         self.acks += other.acks
         self.first_chunk += other.first_chunk
         self.nbytes += other.nbytes
@@ -101,8 +100,18 @@ async def proxy_session(url: str, index: int, samples: int, interval: float, num
         async def send() -> None:
             for k in range(samples):
                 sent_at[f"e{k}"] = time.perf_counter()
-                await ws.send(json.dumps({"type": "session.interaction", "interaction": {
-                    "event_id": f"e{k}", "event": {"prompt": f"prompt {index}-{k % 5}"}, "transition_chunks": 2}}))
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "session.interaction",
+                            "interaction": {
+                                "event_id": f"e{k}",
+                                "event": {"prompt": f"prompt {index}-{k % 5}"},
+                                "transition_chunks": 2,
+                            },
+                        }
+                    )
+                )
                 await asyncio.sleep(max(0.0, t0 + (k + 1) * interval - time.perf_counter()))
             if num_frames is None:
                 await ws.send(json.dumps({"type": "session.stop"}))
@@ -155,8 +164,6 @@ def proxied(url: str, sessions: int, samples: int, interval: float, num_frames: 
     return total
 
 
-
-
 @dataclass
 class ProxyProcess:
     """`rtvideo serve --triton-url …` in its own interpreter; the ready line gives its URL."""
@@ -167,11 +174,25 @@ class ProxyProcess:
     proc: subprocess.Popen | None = None
     url: str = ""
 
-    def __enter__(self) -> "ProxyProcess":
+    def __enter__(self) -> ProxyProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rtvideo.cli", "serve", "--triton-url", self.triton_url, "--model", self.model,
-             "--port", str(free_port()), "--log-level", "WARNING", *self.flags],
-            stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "rtvideo.cli",
+                "serve",
+                "--triton-url",
+                self.triton_url,
+                "--model",
+                self.model,
+                "--port",
+                str(free_port()),
+                "--log-level",
+                "WARNING",
+                *self.flags,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -195,8 +216,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=60, help="interactions per session and path")
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between a session's interactions")
     args = parser.parse_args()
-    with bench_triton({UNPACED: UNPACED_PARAMS, PACED: PACED_PARAMS}) as server, \
-            ProxyProcess(server.grpc_url, UNPACED) as fast, ProxyProcess(server.grpc_url, PACED) as paced:
+    with (
+        bench_triton({UNPACED: UNPACED_PARAMS, PACED: PACED_PARAMS}) as server,
+        ProxyProcess(server.grpc_url, UNPACED) as fast,
+        ProxyProcess(server.grpc_url, PACED) as paced,
+    ):
         grpc = server.grpc_url
         print(f"tritonserver ready in {server.startup_seconds:.1f} s (256x256, 9 frames per chunk)")
         for model, proxy in ((UNPACED, fast), (PACED, paced)):  # warm-up: the generator speeds up
@@ -207,28 +231,38 @@ def main() -> None:
         print(f"{'model':<8} {'sessions':>8} {'path':<7} {'acks':>5} {'p50':>8} {'p99':>8} {'max':>8}")
         for label, model, proxy in (("unpaced", UNPACED, fast), ("paced", PACED, paced)):
             for sessions in (1, 8):
-                d, p = abba(lambda: direct(grpc, model, sessions, args.samples // 2, args.interval),
-                            lambda: proxied(proxy.url, sessions, args.samples // 2, args.interval))
+                d, p = abba(
+                    lambda: direct(grpc, model, sessions, args.samples // 2, args.interval),
+                    lambda: proxied(proxy.url, sessions, args.samples // 2, args.interval),
+                )
                 for path, run in (("direct", d), ("proxy", p)):
-                    print(f"{label:<8} {sessions:>8} {path:<7} {len(run.acks):>5} {ms(run.acks, .5)} "
-                          f"{ms(run.acks, .99)} {max(run.acks) * 1e3:8.2f}")
-                print(f"{'':<8} {'':>8} {'added':<7} {'':>5} "
-                      f"{(percentile(p.acks, .5) - percentile(d.acks, .5)) * 1e3:8.2f} "
-                      f"{(percentile(p.acks, .99) - percentile(d.acks, .99)) * 1e3:8.2f}")
+                    print(
+                        f"{label:<8} {sessions:>8} {path:<7} {len(run.acks):>5} {ms(run.acks, 0.5)} "
+                        f"{ms(run.acks, 0.99)} {max(run.acks) * 1e3:8.2f}"
+                    )
+                print(
+                    f"{'':<8} {'':>8} {'added':<7} {'':>5} "
+                    f"{(percentile(p.acks, 0.5) - percentile(d.acks, 0.5)) * 1e3:8.2f} "
+                    f"{(percentile(p.acks, 0.99) - percentile(d.acks, 0.99)) * 1e3:8.2f}"
+                )
 
         runs, d_first, p_first = 10, Run(), Run()
         for _ in range(runs):  # alternating one-chunk sessions
             d_first.merge(direct(grpc, UNPACED, 1, 0, 0.0, num_frames=9))
             p_first.merge(proxied(fast.url, 1, 0, 0.0, num_frames=9))
         d_ttfc, p_ttfc = statistics.median(d_first.first_chunk), statistics.median(p_first.first_chunk)
-        print(f"\ntime to first chunk (ms, median of {runs}): direct {d_ttfc * 1e3:.1f}, "
-              f"proxy {p_ttfc * 1e3:.1f}, ratio {p_ttfc / d_ttfc:.2f}")
+        print(
+            f"\ntime to first chunk (ms, median of {runs}): direct {d_ttfc * 1e3:.1f}, "
+            f"proxy {p_ttfc * 1e3:.1f}, ratio {p_ttfc / d_ttfc:.2f}"
+        )
 
         print("\nbytes/s delivered, unpaced, 540 frames per session, ABBA")
         print(f"{'sessions':>8} {'direct MB/s':>12} {'proxy MB/s':>12} {'ratio':>6}")
         for sessions in (1, 8):
-            d, p = abba(lambda: direct(grpc, UNPACED, sessions, 0, 0.0, num_frames=540),
-                        lambda: proxied(fast.url, sessions, 0, 0.0, num_frames=540))
+            d, p = abba(
+                lambda: direct(grpc, UNPACED, sessions, 0, 0.0, num_frames=540),
+                lambda: proxied(fast.url, sessions, 0, 0.0, num_frames=540),
+            )
             d_rate, p_rate = d.nbytes / d.seconds, p.nbytes / p.seconds
             print(f"{sessions:>8} {d_rate / 1e6:12.2f} {p_rate / 1e6:12.2f} {p_rate / d_rate:6.2f}")
 

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.model_repo import derive_model
 from rtvideo.triton import TritonConfig, TritonServer, free_port
+from rtvideo.triton.model_repo import derive_model
 
 #: vLLM-Omni's Helios-Distilled defaults (docs: 33 frames per chunk, 640x384, 16 fps)
 HELIOS = {"width": "640", "height": "384", "fps": "16", "frames_per_chunk": "33"}
@@ -33,29 +33,41 @@ def main() -> None:
     parser.add_argument("--engine-args", default="{}", help="AsyncOmni engine arguments, JSON")
     parser.add_argument("--extra-params", default="{}", help="the model's preset extra_params, JSON")
     parser.add_argument("--log", type=Path, default=None, help="Triton's log (default: a temp file)")
-    parser.add_argument("--engine", default="vllm_omni:AsyncOmni",
-                        help="engine factory (a smoke test on CPU: tests/omni_standin.py:StandInAsyncOmni)")
+    parser.add_argument(
+        "--engine",
+        default="vllm_omni:AsyncOmni",
+        help="engine factory (a smoke test on CPU: tests/support/omni_standin.py:StandInAsyncOmni)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     frames_per_chunk = int(HELIOS["frames_per_chunk"])
     with tempfile.TemporaryDirectory(prefix="rtvideo-omni-") as tmp:
         repo = Path(tmp)
-        derive_model(repo, "realtime_video", {
-            **HELIOS, "generator": "vllm_omni", "max_sessions": "1", "vllm_omni_model": args.model,
-            "vllm_omni_engine_args": json.dumps(json.loads(args.engine_args)),
-            "vllm_omni_extra_params": json.dumps(json.loads(args.extra_params)),
-            "vllm_omni_engine": args.engine if args.engine.startswith("vllm_omni:") else
-            f"{Path(args.engine.rpartition(':')[0]).resolve()}:{args.engine.rpartition(':')[2]}",
-        })
+        derive_model(
+            repo,
+            "realtime_video",
+            {
+                **HELIOS,
+                "generator": "vllm_omni",
+                "max_sessions": "1",
+                "vllm_omni_model": args.model,
+                "vllm_omni_engine_args": json.dumps(json.loads(args.engine_args)),
+                "vllm_omni_extra_params": json.dumps(json.loads(args.extra_params)),
+                "vllm_omni_engine": args.engine
+                if args.engine.startswith("vllm_omni:")
+                else f"{Path(args.engine.rpartition(':')[0]).resolve()}:{args.engine.rpartition(':')[2]}",
+            },
+        )
         config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port())
         t_load = time.perf_counter()
         with TritonServer(config, stdout=args.log or repo / "triton.log") as server:
             print(f"model loaded (engine start included) in {time.perf_counter() - t_load:.1f} s")
             with TritonStreamSession(server.grpc_url) as s:
                 t0 = time.perf_counter()
-                s.start("A quiet harbour at dawn, boats rocking gently", num_frames=args.chunks * frames_per_chunk,
-                        seed=7)
+                s.start(
+                    "A quiet harbour at dawn, boats rocking gently", num_frames=args.chunks * frames_per_chunk, seed=7
+                )
                 chunks: list[tuple[float, dict]] = []
                 update_sent = None
                 for reply in s.until("session.done", timeout=900):
@@ -63,8 +75,9 @@ def main() -> None:
                     if message.get("type") == "video.chunk_metadata" and message["kind"] == "media":
                         chunks.append((reply.received, message))
                         if update_sent is None:
-                            s.interact("A snowy street illuminated by warm lanterns", event_id="update",
-                                       transition_chunks=2)
+                            s.interact(
+                                "A snowy street illuminated by warm lanterns", event_id="update", transition_chunks=2
+                            )
                             update_sent = time.perf_counter()
                     elif message.get("type") == "error":
                         print("error:", message)
@@ -76,14 +89,18 @@ def main() -> None:
         later = sum(m["num_frames"] for _, m in chunks[1:])
         print(f"time to first chunk: {first:.2f} s ({chunks[0][1]['num_frames']} frames)")
         if span > 0:
-            print(f"generated after the first chunk: {later / span:.1f} fps ({later} frames in {span:.2f} s; "
-                  f"real time = {HELIOS['fps']} fps)")
+            print(
+                f"generated after the first chunk: {later / span:.1f} fps ({later} frames in {span:.2f} s; "
+                f"real time = {HELIOS['fps']} fps)"
+            )
         print(f"whole session: {frames} frames in {chunks[-1][0] - t0:.2f} s")
         for _, m in chunks:
             if m["started_event_ids"] or m["active_event_ids"]:
-                print(f"  chunk {m['generation_chunk_index']}: started {m['started_event_ids']} "
-                      f"active {m['active_event_ids']} completed {m['completed_event_ids']} "
-                      f"progress {m['transition_progress']}")
+                print(
+                    f"  chunk {m['generation_chunk_index']}: started {m['started_event_ids']} "
+                    f"active {m['active_event_ids']} completed {m['completed_event_ids']} "
+                    f"progress {m['transition_progress']}"
+                )
 
 
 if __name__ == "__main__":

@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench_common import parent_pids
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-
-from bench_common import parent_pids
 
 from rtvideo.core.errors import SESSION_ENDING_CODES
 from rtvideo.triton import free_port
@@ -39,7 +38,10 @@ RTVIDEO = Path(sys.executable).parent / "rtvideo"
 ENDING_CODES = {code.value for code in SESSION_ENDING_CODES}
 END_KEYS = ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
 HOSTILE = [
-    "not json", "[1,2]", '{"type":"nope"}', '{"type":"session.start","prompt":"again"}',
+    "not json",
+    "[1,2]",
+    '{"type":"nope"}',
+    '{"type":"session.start","prompt":"again"}',
     r'{"type":"session.interaction","interaction":{"event_id":"\ud800","event":{"prompt":"x"}}}',
     r'{"type":"session.interaction","interaction":{"event":{"prompt":"\udfff"}}}',
     '{"type":"session.interaction","interaction":{"event":{"prompt":""}}}',
@@ -111,8 +113,16 @@ class Soak:
     async def session(self, rng: random.Random) -> None:
         opened = time.monotonic()
         async with connect(self.url, max_size=2**24, open_timeout=10) as conn:
-            await conn.send(json.dumps({"type": "session.start", "prompt": f"scene {rng.random():.3f}",
-                                        "num_frames": rng.choice([None, 90, 180]), "seed": rng.randrange(1000)}))
+            await conn.send(
+                json.dumps(
+                    {
+                        "type": "session.start",
+                        "prompt": f"scene {rng.random():.3f}",
+                        "num_frames": rng.choice([None, 90, 180]),
+                        "seed": rng.randrange(1000),
+                    }
+                )
+            )
             abandon_after = rng.random() * 8 if rng.random() < 0.2 else None
             stop_after = 4 + rng.random() * 8
             sent_ids: set[str] = set()
@@ -140,8 +150,11 @@ class Soak:
                         sent_ids.add(event_id)
                         sent_at[event_id] = time.monotonic()
                         # a retry repeats its payload exactly: the payload is a function of the id
-                        interaction: dict[str, Any] = {"event_id": event_id, "event": {"prompt": f"p {event_id}"},
-                                                       "transition_chunks": int(event_id[1:]) % 4}
+                        interaction: dict[str, Any] = {
+                            "event_id": event_id,
+                            "event": {"prompt": f"p {event_id}"},
+                            "transition_chunks": int(event_id[1:]) % 4,
+                        }
                         await conn.send(json.dumps({"type": "session.interaction", "interaction": interaction}))
                     else:
                         await conn.send('{"type":"session.ping"}')
@@ -217,10 +230,24 @@ class Soak:
 async def main_async(args: argparse.Namespace) -> None:
     ports = [free_port() for _ in range(4)]
     log = Path(tempfile.mkstemp(prefix="soak-serve-", suffix=".log")[1])
-    cmd = [str(RTVIDEO), "serve", "--port", str(ports[0]), "--triton-grpc-port", str(ports[1]),
-           "--triton-metrics-port", str(ports[3]), "--probe-interval", "1",
-           "--max-sessions", str(args.sessions + 2), "--max-sessions-per-client", str(args.sessions + 4),
-           "--triton-log", str(log.with_suffix(".triton.log"))]
+    cmd = [
+        str(RTVIDEO),
+        "serve",
+        "--port",
+        str(ports[0]),
+        "--triton-grpc-port",
+        str(ports[1]),
+        "--triton-metrics-port",
+        str(ports[3]),
+        "--probe-interval",
+        "1",
+        "--max-sessions",
+        str(args.sessions + 2),
+        "--max-sessions-per-client",
+        str(args.sessions + 4),
+        "--triton-log",
+        str(log.with_suffix(".triton.log")),
+    ]
     with log.open("wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     try:
@@ -249,19 +276,27 @@ async def main_async(args: argparse.Namespace) -> None:
                 print(f"t={now:.0f}s kill -9 stub {stub}", flush=True)
                 recovery = await recovered(url, soak.killed_at)
                 soak.kill_window = (soak.killed_at, soak.killed_at + (recovery or 0))
-                print(f"recovered: a new session streamed {recovery:.1f} s after the kill" if recovery else
-                      "NOT recovered within 120 s", flush=True)
+                print(
+                    f"recovered: a new session streamed {recovery:.1f} s after the kill"
+                    if recovery
+                    else "NOT recovered within 120 s",
+                    flush=True,
+                )
         await asyncio.gather(*workers, return_exceptions=True)
         print("\nRSS (MB) over time: t, proxy (rtvideo serve), tritonserver, stub")
         for row in rss[:: max(1, len(rss) // 20)] + rss[-1:]:
             print(f"  {row[0]:6.0f} s  {row[1]:7.1f}  {row[2]:7.1f}  {row[3]:7.1f}")
         t = tally
-        print(f"\nsessions checked {t.sessions - t.in_kill_window} (+{t.in_kill_window} in the kill window, "
-              f"{t.abandoned} abandoned on purpose, {t.refused} refused), media chunks {t.chunks}, acks {t.acks}, "
-              f"hostile messages {t.hostile}")
+        print(
+            f"\nsessions checked {t.sessions - t.in_kill_window} (+{t.in_kill_window} in the kill window, "
+            f"{t.abandoned} abandoned on purpose, {t.refused} refused), media chunks {t.chunks}, acks {t.acks}, "
+            f"hostile messages {t.hostile}"
+        )
         print(f"errors by code: {json.dumps(t.errors, sort_keys=True)}")
-        print(f"lost outside the kill window: sessions without done {t.lost_done}, acks {t.lost_acks}, "
-              f"event ends {t.lost_ends}, index gaps {t.index_gaps}")
+        print(
+            f"lost outside the kill window: sessions without done {t.lost_done}, acks {t.lost_acks}, "
+            f"event ends {t.lost_ends}, index gaps {t.index_gaps}"
+        )
         print(f"recovery after stub kill: {recovery:.1f} s" if recovery else "recovery: none")
     finally:
         proc.send_signal(signal.SIGTERM)

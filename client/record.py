@@ -35,9 +35,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -51,8 +52,7 @@ ENDPOINT = "/v1/realtime/video"
 #: after Ctrl-C (session.stop), how long to wait for session.done before giving up
 STOP_WAIT_SECONDS = 15.0
 _ENDING = {code.value for code in SESSION_ENDING_CODES}
-AV_MISSING = ("rtvideo record: PyAV is needed to write the recording: pip install av "
-              "(or pip install 'rtvideo[backend]')")
+AV_MISSING = "rtvideo record: PyAV is needed to write the recording: pip install av (or pip install 'rtvideo[backend]')"
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ def parse_update(text: str) -> Update:
         prompt, chunks = head, int(tail)
         if chunks > protocol.MAX_TRANSITION_CHUNKS:
             raise argparse.ArgumentTypeError(
-                f"{text!r}: TRANSITION_CHUNKS must be 0 to {protocol.MAX_TRANSITION_CHUNKS}")
+                f"{text!r}: TRANSITION_CHUNKS must be 0 to {protocol.MAX_TRANSITION_CHUNKS}"
+            )
     if not prompt.strip():
         raise argparse.ArgumentTypeError(f"{text!r}: the prompt is empty")
     return Update(at, prompt, chunks)
@@ -89,23 +90,41 @@ def parse_update(text: str) -> Update:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the initial prompt")
-    parser.add_argument("--url", default=DEFAULT_URL,
-                        help=f"the server's WebSocket URL (default: {DEFAULT_URL}; a bare ws://HOST:PORT gets {ENDPOINT})")
-    parser.add_argument("--token", default=os.environ.get("RTVIDEO_TOKEN"),
-                        help="bearer token, sent as Authorization: Bearer (default: $RTVIDEO_TOKEN)")
+    parser.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help=f"the server's WebSocket URL (default: {DEFAULT_URL}; a bare ws://HOST:PORT gets {ENDPOINT})",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("RTVIDEO_TOKEN"),
+        help="bearer token, sent as Authorization: Bearer (default: $RTVIDEO_TOKEN)",
+    )
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--seconds", type=float, help="length of the video (default: until Ctrl-C)")
     length.add_argument("--num-frames", type=int, help="frames of the video (default: until Ctrl-C)")
     for name in ("width", "height", "fps", "seed"):
-        parser.add_argument(f"--{name}", type=int, help=f"{name} (default: the model's{', random' if name == 'seed' else ''})")
-    parser.add_argument("--update", type=parse_update, action="append", default=[], metavar="AT:PROMPT[:N]",
-                        help="send PROMPT AT seconds after video.start, blended over N chunks "
-                             "(default: the model's); repeatable")
-    parser.add_argument("-o", "--output", type=Path, default=Path("out.mp4"),
-                        help="the progressive MP4 to write (default: out.mp4)")
+        parser.add_argument(
+            f"--{name}", type=int, help=f"{name} (default: the model's{', random' if name == 'seed' else ''})"
+        )
+    parser.add_argument(
+        "--update",
+        type=parse_update,
+        action="append",
+        default=[],
+        metavar="AT:PROMPT[:N]",
+        help="send PROMPT AT seconds after video.start, blended over N chunks (default: the model's); repeatable",
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, default=Path("out.mp4"), help="the progressive MP4 to write (default: out.mp4)"
+    )
     parser.add_argument("--raw", type=Path, metavar="FILE", help="also write the fragmented MP4 stream as received")
-    parser.add_argument("--timeline", type=Path, metavar="FILE",
-                        help="also write every message sent and received, with its time, as JSON")
+    parser.add_argument(
+        "--timeline",
+        type=Path,
+        metavar="FILE",
+        help="also write every message sent and received, with its time, as JSON",
+    )
 
 
 def endpoint(url: str) -> str:
@@ -157,9 +176,11 @@ class Recording:
             self.video_start = message
             config = message.get("config", {})
             ignored = config.get("ignored_fields") or []
-            say(f"video.start {message.get('request_id')}: {config.get('width')}x{config.get('height')} "
+            say(
+                f"video.start {message.get('request_id')}: {config.get('width')}x{config.get('height')} "
                 f"@ {config.get('fps')} fps, seed {config.get('seed')}"
-                + (f", ignored {', '.join(ignored)}" if ignored else ""))
+                + (f", ignored {', '.join(ignored)}" if ignored else "")
+            )
         elif kind == protocol.CHUNK_METADATA:
             self._pending_meta = message
         elif kind == protocol.QUEUED:
@@ -186,8 +207,13 @@ class Recording:
 
     def _progress_line(self, meta: dict[str, Any], size: int, t: float) -> str:
         index = meta.get("transport_chunk_index", len(self.payloads) - 1)
-        acks = " ".join(f"{eid}({self.ack_latency[eid] * 1000:.1f}ms)" if eid in self.ack_latency else eid
-                        for eid in self._new_acks) or "-"
+        acks = (
+            " ".join(
+                f"{eid}({self.ack_latency[eid] * 1000:.1f}ms)" if eid in self.ack_latency else eid
+                for eid in self._new_acks
+            )
+            or "-"
+        )
         self._new_acks.clear()
         if meta.get("kind") == "trailer":
             return f"[chunk {index:3d}] trailer bytes={size} acks={acks}"
@@ -199,8 +225,10 @@ class Recording:
         lead = f"{self._frames / fps - (t - self._first_media_at):+.2f}s" if fps else "?"
         started = ",".join(meta.get("started_event_ids") or []) or "-"
         completed = ",".join(meta.get("completed_event_ids") or []) or "-"
-        return (f"[chunk {index:3d}] frames={frames} total={self._frames} bytes={size} lead={lead} "
-                f"acks={acks} started={started} completed={completed}")
+        return (
+            f"[chunk {index:3d}] frames={frames} total={self._frames} bytes={size} lead={lead} "
+            f"acks={acks} started={started} completed={completed}"
+        )
 
     @property
     def frames(self) -> int:
@@ -358,6 +386,7 @@ def save(rec: Recording, args: argparse.Namespace, say: Callable[[str], None]) -
 
 def main(args: argparse.Namespace) -> int:
     """`rtvideo record`: 0 after a complete session.done, 1 otherwise."""
+
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
@@ -383,8 +412,10 @@ def main(args: argparse.Namespace) -> int:
         say(f"{eid} was not sent: the session ended first")
     if rec.done is not None:
         done = rec.done
-        say(f"session.done: {done.get('chunks')} chunks, stopped={str(done.get('stopped')).lower()}, "
-            f"unapplied={done.get('unapplied_event_ids')}, unfinished={done.get('unfinished_event_ids')}")
+        say(
+            f"session.done: {done.get('chunks')} chunks, stopped={str(done.get('stopped')).lower()}, "
+            f"unapplied={done.get('unapplied_event_ids')}, unfinished={done.get('unfinished_event_ids')}"
+        )
     else:
         say("the connection ended without session.done")
     if rec.done is not None and not rec.complete and rec.failure is None:

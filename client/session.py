@@ -1,10 +1,10 @@
 """A small async client for `WebSocket /v1/realtime/video` (docs/protocol.md), on `websockets`.
 
-    async with RealtimeVideoClient("ws://127.0.0.1:8080/v1/realtime/video") as c:
-        start = await c.start("A quiet harbour at dawn", num_frames=144)
-        ack = await c.interact("A snowy street", transition_chunks=3)
-        async for chunk in c.chunks():
-            ...  # chunk.metadata, chunk.data
+async with RealtimeVideoClient("ws://127.0.0.1:8080/v1/realtime/video") as c:
+    start = await c.start("A quiet harbour at dawn", num_frames=144)
+    ack = await c.interact("A snowy street", transition_chunks=3)
+    async for chunk in c.chunks():
+        ...  # chunk.metadata, chunk.data
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -42,7 +43,7 @@ class RealtimeVideoError(Exception):
         self.code, self.message, self.event_id = code, message, event_id
 
     @classmethod
-    def from_message(cls, m: dict[str, Any]) -> "RealtimeVideoError":
+    def from_message(cls, m: dict[str, Any]) -> RealtimeVideoError:
         return cls(str(m.get("code")), str(m.get("message", "")), m.get("event_id"))
 
 
@@ -62,8 +63,12 @@ class RealtimeVideoClient:
     `errors` queue); a session-ending error is raised by `chunks()` (and `start()`)."""
 
     def __init__(
-        self, url: str, token: str | None = None, *,
-        on_error: Callable[[RealtimeVideoError], None] | None = None, open_timeout: float = 10.0,
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        on_error: Callable[[RealtimeVideoError], None] | None = None,
+        open_timeout: float = 10.0,
     ) -> None:
         self.url = url
         self._token = token
@@ -79,7 +84,7 @@ class RealtimeVideoClient:
         self.done: dict[str, Any] | None = None
         self.failure: RealtimeVideoError | None = None
 
-    async def __aenter__(self) -> "RealtimeVideoClient":
+    async def __aenter__(self) -> RealtimeVideoClient:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
         self._ws = await connect(self.url, additional_headers=headers, max_size=2**26, open_timeout=self._open_timeout)
         self._started = asyncio.get_running_loop().create_future()
@@ -100,8 +105,13 @@ class RealtimeVideoClient:
         return await self._started
 
     async def interact(
-        self, prompt: str, transition_chunks: int | None = None, event_id: str | None = None, *,
-        timeout: float = 5.0, attempts: int = 3,
+        self,
+        prompt: str,
+        transition_chunks: int | None = None,
+        event_id: str | None = None,
+        *,
+        timeout: float = 5.0,
+        attempts: int = 3,
     ) -> dict[str, Any]:
         """Send a prompt update and return its `session.interaction.queued`. Without an ack in
         `timeout`, the same event id and payload are sent again (a retry is never applied twice)."""

@@ -12,13 +12,14 @@ import queue
 import random
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import tritonclient.grpc as grpcclient
 
-from rtvideo import wire
 from rtvideo.core import protocol
-from rtvideo.wire import Reply
+from rtvideo.triton import wire
+from rtvideo.triton.wire import Reply
 
 MODEL = "realtime_video"
 
@@ -28,7 +29,7 @@ class TritonStreamSession:
         self.url = url
         self.model = model
         self.sequence_id = sequence_id or random.randint(1, 2**62)
-        self.replies: "queue.Queue[Reply | RuntimeError]" = queue.Queue()
+        self.replies: queue.Queue[Reply | RuntimeError] = queue.Queue()
         self._client = grpcclient.InferenceServerClient(url)
         self._client.start_stream(callback=self._on_response)
         self._counter = 0
@@ -64,16 +65,26 @@ class TritonStreamSession:
             self._done.clear()
         self._ended = self._ended or end
         self._client.async_stream_infer(
-            self.model, [tensor], request_id=tag, sequence_id=self.sequence_id,
-            sequence_start=start, sequence_end=end,
+            self.model,
+            [tensor],
+            request_id=tag,
+            sequence_id=self.sequence_id,
+            sequence_start=start,
+            sequence_end=end,
         )
         return tag
 
     def start(self, prompt: str, **fields: Any) -> str:
         return self.send({"type": protocol.START, "prompt": prompt, **fields}, start=True)
 
-    def interact(self, prompt: str | None = None, *, event_id: str | None = None,
-                 transition_chunks: int | None = None, event: Mapping[str, Any] | None = None) -> str:
+    def interact(
+        self,
+        prompt: str | None = None,
+        *,
+        event_id: str | None = None,
+        transition_chunks: int | None = None,
+        event: Mapping[str, Any] | None = None,
+    ) -> str:
         interaction: dict[str, Any] = {"event": dict(event) if event is not None else {"prompt": prompt}}
         if event_id is not None:
             interaction["event_id"] = event_id
@@ -123,7 +134,7 @@ class TritonStreamSession:
         self._client.stop_stream(cancel_requests=True)
         self._client.close()
 
-    def __enter__(self) -> "TritonStreamSession":
+    def __enter__(self) -> TritonStreamSession:
         return self
 
     def __exit__(self, *exc: Any) -> None:

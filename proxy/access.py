@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from tornado.httputil import HTTPServerRequest, split_host_and_port

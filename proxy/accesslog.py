@@ -64,8 +64,15 @@ def log_request(handler: Any) -> None:
     else:
         level = logging.ERROR
     if access_log.isEnabledFor(level):
-        access_log.log(level, "%d %s %s (%s) %.2fms", status, request.method, redact(request.uri or ""),
-                       request.remote_ip, 1000.0 * request.request_time())
+        access_log.log(
+            level,
+            "%d %s %s (%s) %.2fms",
+            status,
+            request.method,
+            redact(request.uri or ""),
+            request.remote_ip,
+            1000.0 * request.request_time(),
+        )
 
 
 class SecretFilter(logging.Filter):

@@ -19,8 +19,9 @@ Pure (no I/O): the session feeds it and acts on what it returns.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ProtocolError

@@ -4,7 +4,7 @@ beyond the standard library: the settings check them before anything starts)."""
 from __future__ import annotations
 
 import ipaddress
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def split_address(url: str) -> tuple[str, int]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import tornado.web
 from tornado.httputil import HTTPServerRequest
@@ -52,10 +53,18 @@ class HealthHandler(_JsonHandler):
         ctx = self.context
         triton = await ctx.pool.readiness()
         ready = triton["server_ready"] and triton["model_ready"] and ctx.pool.ready
-        self.reply(ready, {
-            "proxy": "ok", "ready": ready, "draining": ctx.draining, "model": ctx.settings.model,
-            "triton": triton, "sessions": len(ctx.sessions), **ctx.pool.status(),
-        })
+        self.reply(
+            ready,
+            {
+                "proxy": "ok",
+                "ready": ready,
+                "draining": ctx.draining,
+                "model": ctx.settings.model,
+                "triton": triton,
+                "sessions": len(ctx.sessions),
+                **ctx.pool.status(),
+            },
+        )
 
 
 class ReadyHandler(_JsonHandler):
@@ -110,16 +119,23 @@ class ProxyApplication(tornado.web.Application):
         return super().find_handler(request, **kwargs)
 
 
-def make_app(settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None,
-             resolver: Resolver | None = None) -> tornado.web.Application:
+def make_app(
+    settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None, resolver: Resolver | None = None
+) -> tornado.web.Application:
     """The Tornado application; its shared state is `app.settings["context"]`. `restart`, when given,
     restarts the backend after the supervisor found it down (`rtvideo serve` with its own Triton);
     `resolver` resolves the names among the Triton URLs (default: the system's)."""
     metrics = ProxyMetrics()
     pool = EndpointPool(
-        settings.triton_url, settings.model, metrics, probe_interval=settings.probe_interval,
-        probe_timeout=settings.probe_timeout, probe_failures=settings.probe_failures,
-        resolve_interval=settings.resolve_interval, resolver=resolver, restart=restart,
+        settings.triton_url,
+        settings.model,
+        metrics,
+        probe_interval=settings.probe_interval,
+        probe_timeout=settings.probe_timeout,
+        probe_failures=settings.probe_failures,
+        resolve_interval=settings.resolve_interval,
+        resolver=resolver,
+        restart=restart,
     )
     context = ProxyContext(settings=settings, metrics=metrics, pool=pool)
     handlers = [
@@ -128,8 +144,11 @@ def make_app(settings: ProxySettings, restart: Callable[[], Awaitable[None]] | N
         (r"/readyz", ReadyHandler, {"context": context}),
         (r"/livez", LiveHandler, {"context": context}),
         (r"/metrics", MetricsHandler, {"context": context}),
-        (r"/(|rtvideo\.js)", tornado.web.StaticFileHandler,
-         {"path": str(STATIC_DIR), "default_filename": "index.html"}),
+        (
+            r"/(|rtvideo\.js)",
+            tornado.web.StaticFileHandler,
+            {"path": str(STATIC_DIR), "default_filename": "index.html"},
+        ),
     ]
     accesslog.install_filter()
     return ProxyApplication(
@@ -147,8 +166,12 @@ class ProxyServer:
     """Listens for `settings` (port 0: any free port) on the running event loop; places sessions
     over the Triton endpoints and supervises them (see `make_app` for `restart` and `resolver`)."""
 
-    def __init__(self, settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None,
-                 resolver: Resolver | None = None) -> None:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        restart: Callable[[], Awaitable[None]] | None = None,
+        resolver: Resolver | None = None,
+    ) -> None:
         self.settings = settings
         self.app = make_app(settings, restart, resolver)
         self.context: ProxyContext = self.app.settings["context"]
@@ -167,11 +190,15 @@ class ProxyServer:
         sockets = bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
         self._server = BoundedHTTPServer(
-            self.app, xheaders=False, max_body_size=MAX_REQUEST_BODY_BYTES,
-            idle_connection_timeout=self.settings.http_idle_seconds, body_timeout=self.settings.http_idle_seconds,
+            self.app,
+            xheaders=False,
+            max_body_size=MAX_REQUEST_BODY_BYTES,
+            idle_connection_timeout=self.settings.http_idle_seconds,
+            body_timeout=self.settings.http_idle_seconds,
             max_open=fd_room(self.settings.max_open_connections),
             max_per_client=self.settings.max_open_connections_per_client,
-            on_refused=self.context.metrics.connection_rejected)
+            on_refused=self.context.metrics.connection_rejected,
+        )
         self._server.add_sockets(sockets)
         log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
 

@@ -12,15 +12,15 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOptions
 from tritonclient.grpc.aio import InferenceServerClient
 
-from rtvideo import wire
 from rtvideo.core import protocol
-from rtvideo.wire import START_TAG, Reply
-
+from rtvideo.triton import wire
+from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +66,24 @@ def _request_tensor(raw: bytes) -> InferInput:
     return tensor
 
 
-def _request(model: str, raw: bytes, tag: str, sequence_id: int, *, start: bool = False,
-             end: bool = False) -> dict[str, Any]:
+def _request(
+    model: str, raw: bytes, tag: str, sequence_id: int, *, start: bool = False, end: bool = False
+) -> dict[str, Any]:
     """One client message as `stream_infer`'s request (docs/protocol.md §8)."""
-    return {"model_name": model, "inputs": [_request_tensor(raw)], "request_id": tag,
-            "sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
+    return {
+        "model_name": model,
+        "inputs": [_request_tensor(raw)],
+        "request_id": tag,
+        "sequence_id": sequence_id,
+        "sequence_start": start,
+        "sequence_end": end,
+    }
 
 
 class TritonStream:
     """One session's sequence on its own bidirectional gRPC stream."""
 
-    def __init__(self, client: InferenceServerClient, model: str, endings: "set[asyncio.Task[None]]") -> None:
+    def __init__(self, client: InferenceServerClient, model: str, endings: set[asyncio.Task[None]]) -> None:
         self._client = client
         self._model = model
         self._endings = endings  # the bridge's: its close waits for them

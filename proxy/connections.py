@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import resource
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tornado.httpserver import HTTPServer
 from tornado.iostream import IOStream
@@ -34,8 +35,13 @@ def fd_room(max_open: int) -> int:
     if soft == resource.RLIM_INFINITY or soft >= want:
         return max_open
     room = max(1, soft - RESERVED_FDS)
-    log.warning("the open-file limit (%d) holds %d connections, not the %d asked (--max-open-connections): "
-                "raise the hard limit (ulimit -Hn)", soft, room, max_open)
+    log.warning(
+        "the open-file limit (%d) holds %d connections, not the %d asked (--max-open-connections): "
+        "raise the hard limit (ulimit -Hn)",
+        soft,
+        room,
+        max_open,
+    )
     return room
 
 
@@ -43,8 +49,9 @@ class BoundedHTTPServer(HTTPServer):
     """Closes a new connection at once while `max_open` connections (of any kind) are open, or
     `max_per_client` from its address: one client alone cannot hold them all."""
 
-    def initialize(self, *args: Any, max_open: int, max_per_client: int, on_refused: Callable[[str], None],
-                   **kwargs: Any) -> None:
+    def initialize(
+        self, *args: Any, max_open: int, max_per_client: int, on_refused: Callable[[str], None], **kwargs: Any
+    ) -> None:
         super().initialize(*args, **kwargs)
         self._max_open = max_open
         self._max_per_client = max_per_client
@@ -57,8 +64,9 @@ class BoundedHTTPServer(HTTPServer):
         self._open = {known: host for known, host in self._open.items() if not known.closed()}
         if len(self._open) >= self._max_open:
             if not self._full:
-                log.warning("%d connections open: new ones are closed until some end (--max-open-connections)",
-                            self._max_open)
+                log.warning(
+                    "%d connections open: new ones are closed until some end (--max-open-connections)", self._max_open
+                )
             self._full = True
             self._refuse(stream, "open_connections")
             return

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable
+from typing import Any
 
 from tornado.websocket import WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 

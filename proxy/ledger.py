@@ -3,8 +3,9 @@ consumer, backend failure) still gives every acked event exactly one visible end
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode
@@ -49,6 +50,9 @@ class Ledger:
     def done(self) -> dict[str, Any]:
         """The `session.done` for an end the model did not report itself."""
         return protocol.done(
-            self.request_id, chunks=self.chunks, stopped=False,
-            unapplied_event_ids=list(self.unapplied), unfinished_event_ids=list(self.unfinished),
+            self.request_id,
+            chunks=self.chunks,
+            stopped=False,
+            unapplied_event_ids=list(self.unapplied),
+            unfinished_event_ids=list(self.unfinished),
         )

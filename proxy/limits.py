@@ -4,8 +4,8 @@ Pure (time passed in), so that each can be tested alone."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from rtvideo.core.idempotency import MAX_EVENTS_PER_SESSION
 

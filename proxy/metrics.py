@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, generate_latest
@@ -32,8 +33,16 @@ FIRST_CHUNK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 #: how far a stream runs ahead of real-time playback, in seconds (negative: behind)
 LEAD_BUCKETS = (-10.0, -5.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 #: reasons a connection is refused before the upgrade (exported at 0 from the start)
-REJECT_REASONS = ("unauthorized", "origin", "capacity", "per_client", "backend_down", "draining", "open_connections",
-                  "client_connections")
+REJECT_REASONS = (
+    "unauthorized",
+    "origin",
+    "capacity",
+    "per_client",
+    "backend_down",
+    "draining",
+    "open_connections",
+    "client_connections",
+)
 
 
 class ProxyMetrics:
@@ -46,64 +55,112 @@ class ProxyMetrics:
         GCCollector(registry=r)
         self._sessions_active = Gauge("rtvideo_proxy_sessions_active", "WebSocket sessions open now", registry=r)
         self._sessions = Counter("rtvideo_proxy_sessions", "WebSocket sessions opened", registry=r)
-        self._bytes_out = Counter("rtvideo_proxy_bytes_out", "Bytes written to clients (text and binary frames)",
-                                  registry=r)
+        self._bytes_out = Counter(
+            "rtvideo_proxy_bytes_out", "Bytes written to clients (text and binary frames)", registry=r
+        )
         self._chunks_out = Counter("rtvideo_proxy_chunks_out", "Binary chunk frames written to clients", registry=r)
-        self._ack = Histogram("rtvideo_proxy_ack_latency_seconds",
-                              "From a client's session.interaction to its ack, in the proxy",
-                              buckets=ACK_BUCKETS, registry=r)
+        self._ack = Histogram(
+            "rtvideo_proxy_ack_latency_seconds",
+            "From a client's session.interaction to its ack, in the proxy",
+            buckets=ACK_BUCKETS,
+            registry=r,
+        )
         self._acks_refused = Counter(
             "rtvideo_proxy_acks_refused",
             "Interactions acked by the proxy that the model refused (they raced the session's end; "
-            "session.done lists each as unapplied)", registry=r)
+            "session.done lists each as unapplied)",
+            registry=r,
+        )
         self._first_chunk = Histogram(
             "rtvideo_proxy_time_to_first_chunk_seconds",
-            "From a session.start to its first media chunk handed to the socket", buckets=FIRST_CHUNK_BUCKETS,
-            registry=r)
+            "From a session.start to its first media chunk handed to the socket",
+            buckets=FIRST_CHUNK_BUCKETS,
+            registry=r,
+        )
         self._lead = Histogram(
             "rtvideo_proxy_chunk_lead_seconds",
             "Per media chunk handed out: its end time in the stream minus the wall time since the first "
             "media chunk (how far ahead of real-time playback; negative = behind)",
-            buckets=LEAD_BUCKETS, registry=r)
+            buckets=LEAD_BUCKETS,
+            registry=r,
+        )
         self._errors = Counter("rtvideo_proxy_errors", "Error messages sent to clients, by code", ["code"], registry=r)
-        self._rejected = Counter("rtvideo_proxy_rejected", "Connections refused before the upgrade, by reason",
-                                 ["reason"], registry=r)
+        self._rejected = Counter(
+            "rtvideo_proxy_rejected", "Connections refused before the upgrade, by reason", ["reason"], registry=r
+        )
         for reason in REJECT_REASONS:
             self._rejected.labels(reason)
-        self._backend_up = Gauge("rtvideo_proxy_backend_up", "1 while the model answers the health probe, else 0",
-                                 registry=r)
-        self._probe_latency = Gauge("rtvideo_proxy_probe_latency_seconds",
-                                    "Round trip of the last answered health probe", registry=r)
-        self._probe_failures = Counter("rtvideo_proxy_probe_failures", "Health probes that failed or timed out",
-                                       registry=r)
-        self._backend_restarts = Counter("rtvideo_proxy_backend_restarts",
-                                         "Restarts of the Triton started by rtvideo serve", registry=r)
-        self._draining = Gauge("rtvideo_proxy_draining", "1 while the proxy drains for shutdown (no new sessions)",
-                               registry=r)
+        self._backend_up = Gauge(
+            "rtvideo_proxy_backend_up", "1 while the model answers the health probe, else 0", registry=r
+        )
+        self._probe_latency = Gauge(
+            "rtvideo_proxy_probe_latency_seconds", "Round trip of the last answered health probe", registry=r
+        )
+        self._probe_failures = Counter(
+            "rtvideo_proxy_probe_failures", "Health probes that failed or timed out", registry=r
+        )
+        self._backend_restarts = Counter(
+            "rtvideo_proxy_backend_restarts", "Restarts of the Triton started by rtvideo serve", registry=r
+        )
+        self._draining = Gauge(
+            "rtvideo_proxy_draining", "1 while the proxy drains for shutdown (no new sessions)", registry=r
+        )
         # Per Triton endpoint (rtvideo.proxy.placement); a label leaves when its endpoint does.
-        self._ep_up = Gauge("rtvideo_proxy_endpoint_up", "1 while the endpoint's model answers the health probe",
-                            ["endpoint"], registry=r)
-        self._ep_sessions = Gauge("rtvideo_proxy_endpoint_sessions_active",
-                                  "This proxy's sessions on the endpoint (placed or being placed)", ["endpoint"],
-                                  registry=r)
-        self._ep_capacity = Gauge("rtvideo_proxy_endpoint_capacity",
-                                  "Session slots of the endpoint: max_sessions times its model instances",
-                                  ["endpoint"], registry=r)
-        self._ep_placements = Counter("rtvideo_proxy_endpoint_placements", "Sessions the endpoint accepted",
-                                      ["endpoint"], registry=r)
-        self._ep_refusals = Counter("rtvideo_proxy_endpoint_refusals",
-                                    "Session starts the endpoint answered with server_busy", ["endpoint"], registry=r)
-        self._ep_start_failures = Counter("rtvideo_proxy_endpoint_start_failures",
-                                          "Session starts that failed on the endpoint before an answer",
-                                          ["endpoint"], registry=r)
-        self._ep_probe_latency = Gauge("rtvideo_proxy_endpoint_probe_latency_seconds",
-                                       "Round trip of the endpoint's last answered health probe", ["endpoint"],
-                                       registry=r)
-        self._ep_probe_failures = Counter("rtvideo_proxy_endpoint_probe_failures",
-                                          "Health probes of the endpoint that failed or timed out", ["endpoint"],
-                                          registry=r)
-        self._ep_metrics = (self._ep_up, self._ep_sessions, self._ep_capacity, self._ep_placements, self._ep_refusals,
-                            self._ep_start_failures, self._ep_probe_latency, self._ep_probe_failures)
+        self._ep_up = Gauge(
+            "rtvideo_proxy_endpoint_up",
+            "1 while the endpoint's model answers the health probe",
+            ["endpoint"],
+            registry=r,
+        )
+        self._ep_sessions = Gauge(
+            "rtvideo_proxy_endpoint_sessions_active",
+            "This proxy's sessions on the endpoint (placed or being placed)",
+            ["endpoint"],
+            registry=r,
+        )
+        self._ep_capacity = Gauge(
+            "rtvideo_proxy_endpoint_capacity",
+            "Session slots of the endpoint: max_sessions times its model instances",
+            ["endpoint"],
+            registry=r,
+        )
+        self._ep_placements = Counter(
+            "rtvideo_proxy_endpoint_placements", "Sessions the endpoint accepted", ["endpoint"], registry=r
+        )
+        self._ep_refusals = Counter(
+            "rtvideo_proxy_endpoint_refusals",
+            "Session starts the endpoint answered with server_busy",
+            ["endpoint"],
+            registry=r,
+        )
+        self._ep_start_failures = Counter(
+            "rtvideo_proxy_endpoint_start_failures",
+            "Session starts that failed on the endpoint before an answer",
+            ["endpoint"],
+            registry=r,
+        )
+        self._ep_probe_latency = Gauge(
+            "rtvideo_proxy_endpoint_probe_latency_seconds",
+            "Round trip of the endpoint's last answered health probe",
+            ["endpoint"],
+            registry=r,
+        )
+        self._ep_probe_failures = Counter(
+            "rtvideo_proxy_endpoint_probe_failures",
+            "Health probes of the endpoint that failed or timed out",
+            ["endpoint"],
+            registry=r,
+        )
+        self._ep_metrics = (
+            self._ep_up,
+            self._ep_sessions,
+            self._ep_capacity,
+            self._ep_placements,
+            self._ep_refusals,
+            self._ep_start_failures,
+            self._ep_probe_latency,
+            self._ep_probe_failures,
+        )
 
     # --- what the proxy reports ------------------------------------------------------------
     def session_opened(self) -> None:
@@ -130,7 +187,7 @@ class ProxyMetrics:
     def chunk_lead(self, seconds: float) -> None:
         self._lead.observe(seconds)
 
-    def stream_timing(self) -> "StreamTiming":
+    def stream_timing(self) -> StreamTiming:
         """A clock for one session's stream histograms (see `StreamTiming`)."""
         return StreamTiming(self)
 
@@ -252,8 +309,9 @@ class ProxyMetrics:
     def by_endpoint(self, name: str) -> dict[str, float]:
         """One per-endpoint series by endpoint: `up`, `sessions_active`, `capacity`, `placements`,
         `refusals`, `start_failures`, `probe_latency_seconds`, `probe_failures`."""
-        metric = getattr(self, "_ep_" + {"sessions_active": "sessions", "probe_latency_seconds": "probe_latency"}
-                         .get(name, name))
+        metric = getattr(
+            self, "_ep_" + {"sessions_active": "sessions", "probe_latency_seconds": "probe_latency"}.get(name, name)
+        )
         suffix = "_total" if isinstance(metric, Counter) else ""
         return {s.labels["endpoint"]: s.value for s in _samples(metric, suffix)}
 

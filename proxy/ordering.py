@@ -21,8 +21,9 @@ writes what each call returns and arms one timer for `deadline`.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 from rtvideo.core import protocol
 from rtvideo.core.chunks import mentioned_event_ids

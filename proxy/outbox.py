@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError
@@ -48,9 +49,7 @@ class Outbox:
     handed to the socket, in order.
     """
 
-    def __init__(
-        self, sink: Sink, limit: int, metrics: ProxyMetrics, on_taken: Callable[[Frame], None]
-    ) -> None:
+    def __init__(self, sink: Sink, limit: int, metrics: ProxyMetrics, on_taken: Callable[[Frame], None]) -> None:
         self._sink = sink
         self._limit = limit
         self._metrics = metrics
@@ -144,6 +143,6 @@ class Outbox:
             self._idle.set()
 
 
-def _consume(future: "asyncio.Future[Any]") -> None:
+def _consume(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()

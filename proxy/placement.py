@@ -26,7 +26,8 @@ import logging
 import math
 import socket
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode
@@ -35,7 +36,7 @@ from rtvideo.proxy.bridge import STOP, BackendUnavailable, TritonBridge, TritonS
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.supervisor import BackendState, Supervisor
 from rtvideo.proxy.tasks import cancel_and_wait
-from rtvideo.wire import START_TAG, Reply
+from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +108,14 @@ class Endpoint:
 
     def status(self) -> dict[str, Any]:
         return {
-            "endpoint": self.address, "source": self.source, "state": self.supervisor.state.value,
-            "admitting": self.admitting, "leaving": self.leaving, "sessions": len(self.streams),
-            "capacity": self.capacity, "free": self.free,
+            "endpoint": self.address,
+            "source": self.source,
+            "state": self.supervisor.state.value,
+            "admitting": self.admitting,
+            "leaving": self.leaving,
+            "sessions": len(self.streams),
+            "capacity": self.capacity,
+            "free": self.free,
             **{k: v for k, v in self.supervisor.status().items() if k != "backend"},
         }
 
@@ -144,8 +150,16 @@ class EndpointPool:
     after its supervisor found it down."""
 
     def __init__(
-        self, urls: str | Iterable[str], model: str, metrics: ProxyMetrics, *, probe_interval: float,
-        probe_timeout: float, probe_failures: int, resolve_interval: float = 10.0, resolver: Resolver | None = None,
+        self,
+        urls: str | Iterable[str],
+        model: str,
+        metrics: ProxyMetrics,
+        *,
+        probe_interval: float,
+        probe_timeout: float,
+        probe_failures: int,
+        resolve_interval: float = 10.0,
+        resolver: Resolver | None = None,
         restart: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.urls = parse_urls(urls)
@@ -220,17 +234,26 @@ class EndpointPool:
         for address, endpoint in list(self.endpoints.items()):
             if address not in wanted and not endpoint.leaving:
                 endpoint.leaving = True
-                log.info("triton endpoint %s left %s; its %d session(s) run to their end", address,
-                         endpoint.source, len(endpoint.streams))
+                log.info(
+                    "triton endpoint %s left %s; its %d session(s) run to their end",
+                    address,
+                    endpoint.source,
+                    len(endpoint.streams),
+                )
                 self._retire_if_idle(endpoint)
 
     def _add(self, address: str, source: str) -> None:
         endpoint = Endpoint(address, source, TritonBridge(address, self.model))
         endpoint.supervisor = Supervisor(
-            endpoint.bridge, _EndpointMetrics(self._metrics, address, self._health_changed),  # type: ignore[arg-type]
-            interval=self._probe["interval"], timeout=self._probe["timeout"], failures=int(self._probe["failures"]),
-            on_down=lambda reason: self._down(endpoint, reason), restart=self._restart,
-            on_up=lambda: self._spawn(self._read_capacity(endpoint)), name=f"triton {address}",
+            endpoint.bridge,
+            _EndpointMetrics(self._metrics, address, self._health_changed),  # type: ignore[arg-type]
+            interval=self._probe["interval"],
+            timeout=self._probe["timeout"],
+            failures=int(self._probe["failures"]),
+            on_down=lambda reason: self._down(endpoint, reason),
+            restart=self._restart,
+            on_up=lambda: self._spawn(self._read_capacity(endpoint)),
+            name=f"triton {address}",
         )
         self.endpoints[address] = endpoint
         self._metrics.endpoint_added(address)
@@ -271,8 +294,9 @@ class EndpointPool:
         try:
             response = await endpoint.bridge.client.get_model_config(self.model, client_timeout=self._probe["timeout"])
         except Exception as exc:  # noqa: BLE001 - read again when it is next up
-            log.warning("triton endpoint %s: model config not read (%s); its capacity is unknown",
-                        endpoint.address, exc)
+            log.warning(
+                "triton endpoint %s: model config not read (%s); its capacity is unknown", endpoint.address, exc
+            )
             return
         capacity = capacity_of(response.config)
         if capacity != endpoint.capacity:
@@ -296,22 +320,27 @@ class EndpointPool:
         def rank(item: tuple[int, Endpoint]) -> tuple:
             index, endpoint = item
             free = endpoint.free
-            return (free is not None and free <= 0, now - endpoint.refused_at < REFUSED_HOLD_SECONDS,
-                    free is None, len(endpoint.streams) if free is None else -free, (index - turn) % count)
+            return (
+                free is not None and free <= 0,
+                now - endpoint.refused_at < REFUSED_HOLD_SECONDS,
+                free is None,
+                len(endpoint.streams) if free is None else -free,
+                (index - turn) % count,
+            )
 
         ordered = [e for _, e in sorted(enumerate(eligible), key=rank)]
         with_room = [e for e in ordered if e.free is None or e.free > 0]
         return with_room or ordered[:1]
 
-    def open_stream(self) -> "PlacedStream":
+    def open_stream(self) -> PlacedStream:
         """A new session's stream (the `open_stream` of `TritonBridge`, placed)."""
         return PlacedStream(self, self.candidates())
 
-    def _attached(self, endpoint: Endpoint, stream: "PlacedStream") -> None:
+    def _attached(self, endpoint: Endpoint, stream: PlacedStream) -> None:
         endpoint.streams.add(stream)
         self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
 
-    def _detached(self, endpoint: Endpoint, stream: "PlacedStream") -> None:
+    def _detached(self, endpoint: Endpoint, stream: PlacedStream) -> None:
         endpoint.streams.discard(stream)
         if self.endpoints.get(endpoint.address) is endpoint:
             self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
@@ -327,8 +356,11 @@ class EndpointPool:
     def _refused(self, endpoint: Endpoint, final: bool = False) -> None:
         endpoint.refused_at = time.monotonic()
         self._metrics.endpoint_refused(endpoint.address)
-        log.info("triton endpoint %s answered server_busy%s", endpoint.address,
-                 "; no other endpoint is left to try" if final else "; trying the next")
+        log.info(
+            "triton endpoint %s answered server_busy%s",
+            endpoint.address,
+            "; no other endpoint is left to try" if final else "; trying the next",
+        )
 
     def _start_failed(self, endpoint: Endpoint, reason: str) -> None:
         self._metrics.endpoint_start_failed(endpoint.address)
@@ -354,8 +386,10 @@ class EndpointPool:
     def status(self) -> dict[str, Any]:
         """For `/healthz`: the backend as a whole and every endpoint."""
         endpoints = sorted(self.endpoints.values(), key=lambda e: e.address)
-        summary: dict[str, Any] = {"backend": self.state.value,
-                                   "restarts": sum(e.supervisor.restarts for e in endpoints)}
+        summary: dict[str, Any] = {
+            "backend": self.state.value,
+            "restarts": sum(e.supervisor.restarts for e in endpoints),
+        }
         if len(endpoints) == 1:  # one server: its probe figures, as before there were several
             summary = {**endpoints[0].supervisor.status(), **summary}
         return {**summary, "endpoints": [e.status() for e in endpoints]}
@@ -458,8 +492,11 @@ class PlacedStream:
                 stream.close_requests()
                 self._pool._spawn(_end_refused(stream, iterator))
             else:
-                reason = failure or (f"the endpoint went down: {self._lost}" if self._lost else
-                                     "the stream ended before session.start was answered")
+                reason = failure or (
+                    f"the endpoint went down: {self._lost}"
+                    if self._lost
+                    else "the stream ended before session.start was answered"
+                )
                 self._why = f"no Triton endpoint could start the session; last: {reason}"
                 self._pool._start_failed(endpoint, reason)
                 stream.cancel()

@@ -24,21 +24,22 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.acks import Answer, ProxyAcks
 from rtvideo.proxy.bridge import STOP, BackendUnavailable, TritonStream
-from rtvideo.wire import START_TAG, Reply
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.limits import TokenBucket
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.ordering import OutboundOrder, Send
 from rtvideo.proxy.outbox import Frame, Outbox, Sink
-from rtvideo.proxy.tasks import cancel_and_wait
 from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.tasks import cancel_and_wait
+from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,13 @@ class ProxySession:
     """The state of one connection; every method runs on the proxy's event loop."""
 
     def __init__(
-        self, conn: Connection, bridge: StreamSource, settings: ProxySettings, metrics: ProxyMetrics,
-        peer: str, on_closed: Callable[["ProxySession"], None],
+        self,
+        conn: Connection,
+        bridge: StreamSource,
+        settings: ProxySettings,
+        metrics: ProxyMetrics,
+        peer: str,
+        on_closed: Callable[[ProxySession], None],
     ) -> None:
         self._conn = conn
         self._bridge = bridge
@@ -175,8 +181,11 @@ class ProxySession:
         if self._phase not in (Phase.STREAMING, Phase.STOP_SENT):
             return None  # the end is claimed: frames still buffered behind it are ignored
         if not self._bucket.take(time.monotonic()) and not _is_stop(raw, binary):
-            self._reject(ErrorCode.RATE_LIMITED, f"over the rate of {self._settings.max_messages_per_second:g} "
-                         f"messages a second (burst {self._settings.message_burst}); this one was not processed")
+            self._reject(
+                ErrorCode.RATE_LIMITED,
+                f"over the rate of {self._settings.max_messages_per_second:g} "
+                f"messages a second (burst {self._settings.message_burst}); this one was not processed",
+            )
             return _after(OVER_RATE_READ_PAUSE_SECONDS)
         self._on_later(raw, binary)
         return None
@@ -196,8 +205,11 @@ class ProxySession:
         elif self._phase is Phase.STOP_SENT:  # the sequence is closed
             self._reject(ErrorCode.INVALID_MESSAGE, "session.stop was sent; the session is ending")
         elif len(self._in_flight) >= self._settings.max_requests_in_flight:
-            self._reject(ErrorCode.RATE_LIMITED, f"too many requests in flight (at most "
-                         f"{self._settings.max_requests_in_flight}); this one was not processed")
+            self._reject(
+                ErrorCode.RATE_LIMITED,
+                f"too many requests in flight (at most "
+                f"{self._settings.max_requests_in_flight}); this one was not processed",
+            )
         elif kind == protocol.INTERACTION:
             self._interact(message, _raw_bytes(raw))
         else:
@@ -233,9 +245,12 @@ class ProxySession:
         """Pings are answered here; one a second at most, and one at a time, goes to Triton to
         reset the model's stall clock (docs/protocol.md §7). The model's pong is dropped."""
         now = time.monotonic()
-        if (self._phase is Phase.STREAMING and self._ping_tag is None
-                and now - self._ping_forwarded >= PING_FORWARD_SECONDS
-                and len(self._in_flight) < self._settings.max_requests_in_flight):
+        if (
+            self._phase is Phase.STREAMING
+            and self._ping_tag is None
+            and now - self._ping_forwarded >= PING_FORWARD_SECONDS
+            and len(self._in_flight) < self._settings.max_requests_in_flight
+        ):
             self._ping_tag, self._ping_forwarded = self._send(_PING), now
 
     def _on_first(self, raw: str | bytes, binary: bool) -> None:
@@ -300,8 +315,12 @@ class ProxySession:
         answer = self._acks.answered(reply.tag, reply.message)
         if answer is Answer.REFUSED:
             self._metrics.ack_refused()
-            log.info("request_id=%s an interaction acked by the proxy was refused by the model (%s); "
-                     "session.done lists it as unapplied", self.request_id, reply.text[:200])
+            log.info(
+                "request_id=%s an interaction acked by the proxy was refused by the model (%s); "
+                "session.done lists it as unapplied",
+                self.request_id,
+                reply.text[:200],
+            )
         if answer is not Answer.NOT_ACKED_HERE:
             return  # the client had its ack from the proxy
         if reply.tag == self._stop_tag or self._phase not in _LIVE:
@@ -318,8 +337,9 @@ class ProxySession:
         """An error about one client message; the session goes on."""
         self._answer(lambda: protocol.error(code, text, request_id=self.request_id))
 
-    def _answer(self, build: Callable[[], Mapping[str, Any]], *, ack: str | None = None,
-                received: float | None = None) -> None:
+    def _answer(
+        self, build: Callable[[], Mapping[str, Any]], *, ack: str | None = None, received: float | None = None
+    ) -> None:
         """An answer of the proxy's own: ordered and bounded like any reply; `ack`: the event id
         it acknowledges."""
         self._deliver(self._order.answer(_OwnAnswer(build, received), len(protocol.encode(build())), ack))
@@ -365,8 +385,16 @@ class ProxySession:
         self._metrics.observe_ack(time.perf_counter() - received)
         log.debug("request_id=%s event_id=%s queued", self.request_id, message["event_id"])
 
-    def _emit(self, message: Mapping[str, Any], *, text: str | None = None, data: bytes | None = None,
-              urgent: bool = False, force: bool = False, now: bool = False) -> bool:
+    def _emit(
+        self,
+        message: Mapping[str, Any],
+        *,
+        text: str | None = None,
+        data: bytes | None = None,
+        urgent: bool = False,
+        force: bool = False,
+        now: bool = False,
+    ) -> bool:
         if message.get("type") == protocol.ERROR:
             self._metrics.error_sent(str(message.get("code")))
         frame = Frame(text if text is not None else protocol.encode(message), message, data)
@@ -398,8 +426,12 @@ class ProxySession:
         self._ack_timer = None
         released = self._order.expire(time.monotonic())
         if released:
-            log.warning("request_id=%s released %d message(s) whose ack did not arrive in %.1f s",
-                        self.request_id, len(released), self._order.ack_wait)
+            log.warning(
+                "request_id=%s released %d message(s) whose ack did not arrive in %.1f s",
+                self.request_id,
+                len(released),
+                self._order.ack_wait,
+            )
         self._deliver(released)
 
     # --- ending ----------------------------------------------------------------------------
@@ -447,8 +479,12 @@ class ProxySession:
         try:
             await asyncio.wait_for(self._stream_over.wait(), END_GRACE_SECONDS)
         except asyncio.TimeoutError:
-            log.warning("request_id=%s Triton did not end the call of sequence %d within %g s; cancelling",
-                        self.request_id, stream.sequence_id, END_GRACE_SECONDS)
+            log.warning(
+                "request_id=%s Triton did not end the call of sequence %d within %g s; cancelling",
+                self.request_id,
+                stream.sequence_id,
+                END_GRACE_SECONDS,
+            )
         stream.cancel()
 
     def on_disconnect(self) -> None:
@@ -464,8 +500,13 @@ class ProxySession:
         if left in _LIVE:  # no end was claimed: the sequence is still open
             self._spawn(self._end_sequence())
         self._metrics.session_closed()
-        log.info("request_id=%s peer=%s session ended chunks=%d after %.1f s", self.request_id, self.peer,
-                 self.ledger.chunks, time.monotonic() - self._opened)
+        log.info(
+            "request_id=%s peer=%s session ended chunks=%d after %.1f s",
+            self.request_id,
+            self.peer,
+            self.ledger.chunks,
+            time.monotonic() - self._opened,
+        )
         self._on_closed(self)
 
     async def shutdown(self, timeout: float) -> None:
@@ -491,7 +532,7 @@ class ProxySession:
         task.add_done_callback(self._tasks.discard)
 
 
-def _after(delay: float) -> "asyncio.Future[None]":
+def _after(delay: float) -> asyncio.Future[None]:
     """A future that is done in `delay` seconds (never cancelled: Tornado would abort the
     connection on a cancelled one)."""
     future = asyncio.get_running_loop().create_future()

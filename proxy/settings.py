@@ -20,28 +20,43 @@ class ProxySettings:
     host: str = setting("127.0.0.1", "address the proxy listens on")
     port: int = setting(8080, "port of the proxy")
     triton_url: str = setting(
-        "127.0.0.1:8001", "Triton gRPC HOST:PORT (no scheme), several comma-separated; a HOST name counts as "
-        "one endpoint per address it resolves to")
+        "127.0.0.1:8001",
+        "Triton gRPC HOST:PORT (no scheme), several comma-separated; a HOST name counts as "
+        "one endpoint per address it resolves to",
+    )
     model: str = setting("realtime_video", "Triton model name")
     resolve_interval: float = setting(10.0, "seconds between resolutions of the Triton host names (0: only at start)")
     drain_seconds: float = setting(30.0, "on SIGTERM, seconds live sessions may run on before server_shutdown")
     allowed_origins: tuple[str, ...] = setting(
-        (), "extra allowed browser Origin, scheme://host[:port] (repeatable; '*' allows any); "
-        "same-origin and localhost pages always pass", flag="--allow-origin")
+        (),
+        "extra allowed browser Origin, scheme://host[:port] (repeatable; '*' allows any); "
+        "same-origin and localhost pages always pass",
+        flag="--allow-origin",
+    )
     allowed_hosts: tuple[str, ...] = setting(
-        (), "extra allowed Host name (repeatable; '*' allows any). Bound to loopback, only this "
-        "machine's names pass; bound elsewhere, any name passes unless names are listed", flag="--allowed-host")
+        (),
+        "extra allowed Host name (repeatable; '*' allows any). Bound to loopback, only this "
+        "machine's names pass; bound elsewhere, any name passes unless names are listed",
+        flag="--allowed-host",
+    )
     token: str | None = setting(
-        None, "bearer token clients must present (Authorization: Bearer, or ?token=)", secret=True)
+        None, "bearer token clients must present (Authorization: Bearer, or ?token=)", secret=True
+    )
     max_connections: int = setting(64, "concurrent WebSocket sessions (HTTP 503 beyond)")
-    max_sessions_per_client: int = setting(16, "concurrent WebSocket sessions from one client address (HTTP 429 beyond)")
+    max_sessions_per_client: int = setting(
+        16, "concurrent WebSocket sessions from one client address (HTTP 429 beyond)"
+    )
     max_open_connections: int = setting(
-        1024, "open TCP connections of any kind (WebSocket, HTTP, idle); a new one beyond is closed at once")
+        1024, "open TCP connections of any kind (WebSocket, HTTP, idle); a new one beyond is closed at once"
+    )
     max_open_connections_per_client: int = setting(
-        64, "open TCP connections of any kind from one client address; a new one beyond is closed at once")
+        64, "open TCP connections of any kind from one client address; a new one beyond is closed at once"
+    )
     http_idle_seconds: float = setting(
-        30.0, "close a connection that sends no complete request head (an idle keep-alive included), or "
-        "no announced body, within this many seconds")
+        30.0,
+        "close a connection that sends no complete request head (an idle keep-alive included), or "
+        "no announced body, within this many seconds",
+    )
     outbound_buffer_bytes: int = setting(16 * MiB, "per-session outbound buffer before slow_consumer")
     start_timeout: float = setting(10.0, "seconds to wait for session.start")
     ping_interval: float = setting(20.0, "WebSocket ping interval in seconds (0: off)")
@@ -50,27 +65,43 @@ class ProxySettings:
     probe_timeout: float = setting(5.0, "a health probe not answered within this many seconds has failed")
     probe_failures: int = setting(2, "consecutive failed probes after which the backend is down")
     max_messages_per_second: float = setting(
-        20.0, "client messages per second a session may send after session.start (rate_limited beyond)")
+        20.0, "client messages per second a session may send after session.start (rate_limited beyond)"
+    )
     message_burst: int = setting(40, "client messages a session may send at once, above the rate")
     max_requests_in_flight: int = setting(
-        32, "requests of one session sent to Triton and not answered yet (rate_limited beyond)")
+        32, "requests of one session sent to Triton and not answered yet (rate_limited beyond)"
+    )
     backend_silence_seconds: float = setting(
-        90.0, "end a live session with backend_unavailable when Triton sends nothing this long")
+        90.0, "end a live session with backend_unavailable when Triton sends nothing this long"
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:  # the socket layer would take 80800 as 80800 - 65536
             raise ValueError(f"port {self.port}: use 1 to 65535 (0: any free port)")
-        if min(self.max_connections, self.max_sessions_per_client, self.outbound_buffer_bytes) < 1 or self.start_timeout <= 0:
+        if (
+            min(self.max_connections, self.max_sessions_per_client, self.outbound_buffer_bytes) < 1
+            or self.start_timeout <= 0
+        ):
             raise ValueError(
-                "max_connections, max_sessions_per_client, outbound_buffer_bytes and start_timeout must be positive")
-        if min(self.max_messages_per_second, self.backend_silence_seconds) <= 0 or \
-                min(self.message_burst, self.max_requests_in_flight) < 1:
-            raise ValueError("max_messages_per_second, message_burst, max_requests_in_flight and "
-                             "backend_silence_seconds must be positive")
-        if self.max_open_connections < self.max_connections or self.http_idle_seconds <= 0 or \
-                self.max_open_connections_per_client < self.max_sessions_per_client:
-            raise ValueError("max_open_connections must be at least max_connections, max_open_connections_per_client "
-                             "at least max_sessions_per_client; http_idle_seconds positive")
+                "max_connections, max_sessions_per_client, outbound_buffer_bytes and start_timeout must be positive"
+            )
+        if (
+            min(self.max_messages_per_second, self.backend_silence_seconds) <= 0
+            or min(self.message_burst, self.max_requests_in_flight) < 1
+        ):
+            raise ValueError(
+                "max_messages_per_second, message_burst, max_requests_in_flight and "
+                "backend_silence_seconds must be positive"
+            )
+        if (
+            self.max_open_connections < self.max_connections
+            or self.http_idle_seconds <= 0
+            or self.max_open_connections_per_client < self.max_sessions_per_client
+        ):
+            raise ValueError(
+                "max_open_connections must be at least max_connections, max_open_connections_per_client "
+                "at least max_sessions_per_client; http_idle_seconds positive"
+            )
         if self.ping_interval < 0 or self.ping_timeout <= 0:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:

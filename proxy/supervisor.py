@@ -17,7 +17,7 @@ import asyncio
 import enum
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge
 from rtvideo.proxy.metrics import ProxyMetrics
@@ -40,9 +40,17 @@ class Supervisor:
     """Probes the backend and keeps `state`; `admitting` and `ready` are what the proxy asks."""
 
     def __init__(
-        self, bridge: TritonBridge, metrics: ProxyMetrics, *, interval: float, timeout: float, failures: int,
-        on_down: Callable[[str], None], restart: Callable[[], Awaitable[None]] | None = None,
-        on_up: Callable[[], None] | None = None, name: str = "backend",
+        self,
+        bridge: TritonBridge,
+        metrics: ProxyMetrics,
+        *,
+        interval: float,
+        timeout: float,
+        failures: int,
+        on_down: Callable[[str], None],
+        restart: Callable[[], Awaitable[None]] | None = None,
+        on_up: Callable[[], None] | None = None,
+        name: str = "backend",
     ) -> None:
         self._bridge = bridge
         self._metrics = metrics

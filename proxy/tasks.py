@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable
+from collections.abc import Iterable
 
 RECANCEL_SECONDS = 0.5
 
 
-async def cancel_and_wait(tasks: Iterable["asyncio.Future[object]"]) -> None:
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[object]]) -> None:
     """Cancel `tasks` and wait until every one is done.
 
     One cancel is not always enough: Python 3.11's `asyncio.wait_for` returns the result, and drops

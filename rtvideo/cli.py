@@ -23,13 +23,14 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from rtvideo import logsetup, settings_text
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.model_repo import MODEL_REPOSITORY, derive_model, read_candidate_sequences, read_parameters
 from rtvideo.proxy import settings as proxy_settings
+from rtvideo.triton.model_repo import MODEL_REPOSITORY, derive_model, read_candidate_sequences, read_parameters
 
 if TYPE_CHECKING:
     from rtvideo.triton import TritonServer
@@ -49,36 +50,69 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = commands.add_parser("serve", help="start Triton and the WebSocket proxy")
     proxy_settings.add_arguments(serve, skip=("triton_url",))
-    serve.add_argument("--triton-url", action="append", metavar="HOST:PORT",
-                       help="use this running Triton (gRPC) instead of starting one; repeat for several (sessions "
-                            "are placed over them); a HOST name counts once per address it resolves to "
-                            "(default: RTVIDEO_TRITON_URL, comma-separated)")
-    serve.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY,
-                       help=f"Triton model repository (default: {MODEL_REPOSITORY})")
-    serve.add_argument("--triton-host", default=os.environ.get("RTVIDEO_TRITON_HOST", "127.0.0.1"), metavar="HOST",
-                       help="address the Triton started here binds its gRPC, HTTP and metrics ports to "
-                            "(default: 127.0.0.1; 0.0.0.0 to publish them; the proxy still uses loopback then)")
-    serve.add_argument("--triton-log", type=_log_target, default=_log_target(os.environ.get("RTVIDEO_TRITON_LOG")),
-                       metavar="PATH|-",
-                       help="log file of the Triton started here, or - for this process's standard error "
-                            "(default: a new temp file)")
+    serve.add_argument(
+        "--triton-url",
+        action="append",
+        metavar="HOST:PORT",
+        help="use this running Triton (gRPC) instead of starting one; repeat for several (sessions "
+        "are placed over them); a HOST name counts once per address it resolves to "
+        "(default: RTVIDEO_TRITON_URL, comma-separated)",
+    )
+    serve.add_argument(
+        "--model-repository",
+        type=Path,
+        default=MODEL_REPOSITORY,
+        help=f"Triton model repository (default: {MODEL_REPOSITORY})",
+    )
+    serve.add_argument(
+        "--triton-host",
+        default=os.environ.get("RTVIDEO_TRITON_HOST", "127.0.0.1"),
+        metavar="HOST",
+        help="address the Triton started here binds its gRPC, HTTP and metrics ports to "
+        "(default: 127.0.0.1; 0.0.0.0 to publish them; the proxy still uses loopback then)",
+    )
+    serve.add_argument(
+        "--triton-log",
+        type=_log_target,
+        default=_log_target(os.environ.get("RTVIDEO_TRITON_LOG")),
+        metavar="PATH|-",
+        help="log file of the Triton started here, or - for this process's standard error (default: a new temp file)",
+    )
     for name, port in (("grpc", 8001), ("http", 8000), ("metrics", 8002)):
-        serve.add_argument(f"--triton-{name}-port", type=int, default=port, metavar="PORT",
-                           help=f"{name} port of the Triton started here (default: {port})")
-    serve.add_argument("--triton-http", action="store_true",
-                       help="open the HTTP endpoint of the Triton started here on --triton-http-port "
-                            "(off by default: it takes unauthenticated POSTs that any web page can send)")
+        serve.add_argument(
+            f"--triton-{name}-port",
+            type=int,
+            default=port,
+            metavar="PORT",
+            help=f"{name} port of the Triton started here (default: {port})",
+        )
+    serve.add_argument(
+        "--triton-http",
+        action="store_true",
+        help="open the HTTP endpoint of the Triton started here on --triton-http-port "
+        "(off by default: it takes unauthenticated POSTs that any web page can send)",
+    )
     model = serve.add_argument_group(
-        "model parameters (given ones override config.pbtxt in a derived copy of the model repository)")
+        "model parameters (given ones override config.pbtxt in a derived copy of the model repository)"
+    )
     settings_text.add_flags(model, BackendSettings, text_only=True)
     serve.add_argument("--log-level", default=os.environ.get("RTVIDEO_LOG_LEVEL", "INFO"), help="proxy log level")
-    serve.add_argument("--log-format", choices=logsetup.FORMATS, default=os.environ.get("RTVIDEO_LOG_FORMAT", "text"),
-                       help="text lines, or one JSON object per line with request_id/event_id fields")
+    serve.add_argument(
+        "--log-format",
+        choices=logsetup.FORMATS,
+        default=os.environ.get("RTVIDEO_LOG_FORMAT", "text"),
+        help="text lines, or one JSON object per line with request_id/event_id fields",
+    )
     from rtvideo.client import record  # websockets only; PyAV when the recording is saved
 
-    record.add_arguments(commands.add_parser(
-        "record", help="record one session to an MP4 (a WebSocket client)", description=record.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter))
+    record.add_arguments(
+        commands.add_parser(
+            "record",
+            help="record one session to an MP4 (a WebSocket client)",
+            description=record.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     return parser
 
 
@@ -111,7 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def model_overrides(args: argparse.Namespace) -> dict[str, str]:
     """The model parameters given on the command line, as `config.pbtxt` text."""
-    return {name: settings_text.to_text(value) for name, value in settings_text.values_from(args, BackendSettings).items()}
+    return {
+        name: settings_text.to_text(value) for name, value in settings_text.values_from(args, BackendSettings).items()
+    }
 
 
 def check_settings(args: argparse.Namespace) -> None:
@@ -122,8 +158,9 @@ def check_settings(args: argparse.Namespace) -> None:
     if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
         raise ValueError(f"--log-level (or RTVIDEO_LOG_LEVEL) {args.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
     if args.log_format not in logsetup.FORMATS:
-        raise ValueError(f"--log-format (or RTVIDEO_LOG_FORMAT) {args.log_format!r}: use "
-                         f"{' or '.join(logsetup.FORMATS)}")
+        raise ValueError(
+            f"--log-format (or RTVIDEO_LOG_FORMAT) {args.log_format!r}: use {' or '.join(logsetup.FORMATS)}"
+        )
     for name in ("grpc", "http", "metrics"):
         port = getattr(args, f"triton_{name}_port")
         if args.triton_url is None and not 1 <= port <= 65535:
@@ -156,14 +193,24 @@ def serve(args: argparse.Namespace) -> int:
                 if overrides:
                     repo = Path(scratch)
                     derive_model(repo, args.model, overrides, source=args.model_repository / args.model)
-                triton = TritonServer(TritonConfig(
-                    model_repository=repo, grpc_port=args.triton_grpc_port,
-                    http_port=args.triton_http_port, metrics_port=args.triton_metrics_port, http=args.triton_http,
-                    host=args.triton_host,
-                ), stdout=args.triton_log)
+                triton = TritonServer(
+                    TritonConfig(
+                        model_repository=repo,
+                        grpc_port=args.triton_grpc_port,
+                        http_port=args.triton_http_port,
+                        metrics_port=args.triton_metrics_port,
+                        http=args.triton_http,
+                        host=args.triton_host,
+                    ),
+                    stdout=args.triton_log,
+                )
                 triton.start(timeout=600)
-                log.info("tritonserver ready in %.1f s on %s (log: %s)", triton.startup_seconds, args.triton_host,
-                         triton.log.describe())
+                log.info(
+                    "tritonserver ready in %.1f s on %s (log: %s)",
+                    triton.startup_seconds,
+                    args.triton_host,
+                    triton.log.describe(),
+                )
                 triton_url = triton.grpc_url
             return asyncio.run(_run_proxy(proxy_settings.from_namespace(args, triton_url=triton_url), triton))
         except KeyboardInterrupt:

@@ -13,7 +13,8 @@ import dataclasses
 import math
 import os
 import typing
-from typing import Any, Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -96,8 +97,11 @@ def from_text(cls: type[T], values: Mapping[str, str], what: str = "setting") ->
 
 
 def add_flags(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *,
-    skip: tuple[str, ...] = (), text_only: bool = False,
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    skip: tuple[str, ...] = (),
+    text_only: bool = False,
 ) -> None:
     """One flag per field of `cls`, defaulting to `RTVIDEO_<NAME>` when set, else the field's default.
 
@@ -109,8 +113,12 @@ def add_flags(
         convert = parser_for(_types(cls)[f.name])
         repeatable = typing.get_origin(_types(cls)[f.name]) is tuple  # each use adds to the list
 
-        def checked(text: str, name: str = f.name, convert: Callable[[str], Any] = convert,
-                    keep_text: bool = text_only and not repeatable) -> Any:
+        def checked(
+            text: str,
+            name: str = f.name,
+            convert: Callable[[str], Any] = convert,
+            keep_text: bool = text_only and not repeatable,
+        ) -> Any:
             try:
                 value = convert(text)
             except (ValueError, TypeError):
@@ -125,9 +133,15 @@ def add_flags(
         elif not text_only:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         shown = "" if f.metadata.get("secret") or default is None else f" (default: {_show(default)})"
-        parser.add_argument(flag_name(f), dest=f.name, type=checked, default=default,
-                            action=_Extend if repeatable else "store",
-                            metavar=f.name.split("_")[-1].upper(), help=f"{f.metadata['help']}{shown}")
+        parser.add_argument(
+            flag_name(f),
+            dest=f.name,
+            type=checked,
+            default=default,
+            action=_Extend if repeatable else "store",
+            metavar=f.name.split("_")[-1].upper(),
+            help=f"{f.metadata['help']}{shown}",
+        )
 
 
 class _FromEnv(str):
@@ -135,7 +149,7 @@ class _FromEnv(str):
 
     variable: str
 
-    def __new__(cls, value: str, variable: str) -> "_FromEnv":
+    def __new__(cls, value: str, variable: str) -> _FromEnv:
         text = super().__new__(cls, value)
         text.variable = variable
         return text
@@ -144,8 +158,9 @@ class _FromEnv(str):
 class _Extend(argparse.Action):
     """A repeatable list flag: every use adds its (comma-separated) items to the default's."""
 
-    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any, option_string: str | None = None
+    ) -> None:
         current = getattr(ns, self.dest) or ()
         if isinstance(current, str):  # the environment's text, not converted yet
             current = self.type(current) if self.type else (current,)

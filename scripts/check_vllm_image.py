@@ -13,12 +13,13 @@ Reads installed metadata only (no import of torch or vLLM: no GPU at build time)
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
-from typing import Callable
 
 
 def problems(pins: list[str], installed: Callable[[str], str] = version) -> list[str]:
     """What is wrong with this image (empty: nothing); `pins` are `name==version` lines."""
+
     def have(name: str) -> str | None:
         try:
             return installed(name)
@@ -33,12 +34,16 @@ def problems(pins: list[str], installed: Callable[[str], str] = version) -> list
             found.append(f"{name} {pinned} of the base image was replaced by {now or 'nothing'}")
     vllm, omni = have("vllm"), have("vllm-omni")
     if vllm is None or omni is None:
-        found.append(f"vLLM {vllm or 'missing'}, vllm-omni {omni or 'missing'}: "
-                     "the base image must be a tritonserver:<yy.mm>-vllm-python-py3 tag")
+        found.append(
+            f"vLLM {vllm or 'missing'}, vllm-omni {omni or 'missing'}: "
+            "the base image must be a tritonserver:<yy.mm>-vllm-python-py3 tag"
+        )
     elif vllm.split(".")[:2] != omni.split(".")[:2]:
         want = ".".join(omni.split(".")[:2])
-        found.append(f"vLLM {vllm} with vllm-omni {omni}: use a base image whose vLLM is {want}.x "
-                     "(Triton's compatibility matrix lists the vLLM of each -vllm-python-py3 tag)")
+        found.append(
+            f"vLLM {vllm} with vllm-omni {omni}: use a base image whose vLLM is {want}.x "
+            "(Triton's compatibility matrix lists the vLLM of each -vllm-python-py3 tag)"
+        )
     return found
 
 
@@ -48,8 +53,9 @@ def main(pins_file: str) -> int:
     for problem in found:
         print(f"check_vllm_image: {problem}", file=sys.stderr)
     if not found:
-        print(f"check_vllm_image: vLLM {version('vllm')}, vllm-omni {version('vllm-omni')}, "
-              "base image packages unchanged")
+        print(
+            f"check_vllm_image: vLLM {version('vllm')}, vllm-omni {version('vllm-omni')}, base image packages unchanged"
+        )
     return 1 if found else 0
 
 

@@ -29,7 +29,7 @@ fi
 "$VPY" -m pip install -q -e ".[test]"
 # The vllm-omni wheel itself (no dependencies, nothing installed): the tests load vLLM-Omni's
 # real prompt-interaction handler and read AsyncOmni's source from it. Keep the version equal to
-# PINNED_VLLM_OMNI in rtvideo/backend/vllm_omni.py and the Dockerfile's VLLM_OMNI_VERSION.
+# PINNED_VLLM_OMNI in rtvideo/backend/vllm_omni/ and the Dockerfile's VLLM_OMNI_VERSION.
 VLLM_OMNI_VERSION=0.30.0
 if [ ! -f ".venv/wheels/vllm_omni-$VLLM_OMNI_VERSION-py3-none-any.whl" ]; then
   "$VPY" -m pip download -q --no-deps --only-binary=:all: "vllm-omni==$VLLM_OMNI_VERSION" -d .venv/wheels

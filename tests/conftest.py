@@ -1,27 +1,35 @@
-"""One real tritonserver for the whole test session, serving models derived from the real one."""
+"""One real tritonserver for the whole test session, serving models derived from the real one,
+and the markers that say what a test needs (registered in pyproject.toml)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from rtvideo.model_repo import derive_model
-from tests.streams import FAST_MODEL, FAST_MODEL_NAMES, PACED_MODEL
-
+from rtvideo.triton.model_repo import derive_model
+from tests.support.streams import FAST_MODEL, FAST_MODEL_NAMES, PACED_MODEL
 
 
 @pytest.fixture(scope="session")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator["object"]:
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from rtvideo.triton import TritonConfig, TritonServer, free_port
 
     repo = tmp_path_factory.mktemp("model_repository")
     # The fast model renders in the model's own process (render_workers 0); the paced one as
     # shipped, in render worker processes: both paths run every end-to-end test that uses them.
-    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off", "max_sessions": "8", "render_workers": "0",
-                                    "served_model_names": ",".join(FAST_MODEL_NAMES)})
+    derive_model(
+        repo,
+        FAST_MODEL,
+        {
+            "pacing_lead_chunks": "off",
+            "max_sessions": "8",
+            "render_workers": "0",
+            "served_model_names": ",".join(FAST_MODEL_NAMES),
+        },
+    )
     derive_model(repo, PACED_MODEL, {"max_sessions": "2"})
     log = Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log")))
     server = TritonServer(
@@ -33,3 +41,18 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator["object"]:
         yield server
     finally:
         server.stop()
+
+
+#: folders whose every test needs a running tritonserver (or starts `rtvideo serve`)
+_TRITON_FOLDERS = ("e2e", "browser")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by what it needs: `triton` (the session's server, or one it starts),
+    `browser` (headless Chromium). `pytest -m "not triton"` then runs the fast part alone."""
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        if "browser" in parts:
+            item.add_marker(pytest.mark.browser)
+        if any(folder in parts for folder in _TRITON_FOLDERS) or "triton" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.triton)

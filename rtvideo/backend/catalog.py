@@ -23,8 +23,10 @@ class AlignedLimits(GeneratorLimits):
             return problem
         for name, side in (("width", width), ("height", height)):
             if side % self.multiple or not self.min_side <= side <= self.max_side:
-                return (f"{name} {side} is not supported: use a multiple of {self.multiple} "
-                        f"from {self.min_side} to {self.max_side}")
+                return (
+                    f"{name} {side} is not supported: use a multiple of {self.multiple} "
+                    f"from {self.min_side} to {self.max_side}"
+                )
         return None
 
 

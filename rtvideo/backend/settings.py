@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from rtvideo import settings_text
 from rtvideo.backend import catalog
 from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.settings_text import setting
-
 
 #: `render_priority` values: SCHED_IDLE, or a nice value
 RENDER_PRIORITIES = ("idle", *(str(n) for n in range(20)))
@@ -31,10 +31,12 @@ class BackendSettings:
     fps: int = setting(16, "default frames per second")
     frames_per_chunk: int = setting(9, "frames in each generation chunk")
     default_transition_chunks: int = setting(
-        3, "transition length when an interaction gives none", flag="--transition-chunks")
+        3, "transition length when an interaction gives none", flag="--transition-chunks"
+    )
     #: chunks generation may run ahead of real-time playback; None = unpaced (benchmarks, offline)
     pacing_lead_chunks: float | None = setting(
-        1.0, "chunks generation may run ahead of playback ('off': unpaced)", flag="--pacing-lead")
+        1.0, "chunks generation may run ahead of playback ('off': unpaced)", flag="--pacing-lead"
+    )
     # 16 on the 2-core reference machine, which played 40 paced 256x256 sessions with 2 render
     # workers and no late chunk (benchmarks/bench_capacity.py; the rule is in the README)
     max_sessions: int = setting(16, "concurrent sessions in the model (server_busy beyond)")
@@ -43,30 +45,40 @@ class BackendSettings:
     device: str = setting("auto", "auto, cpu or cuda[:N]")
     torch_threads: int = setting(1, "CPU threads of torch and the BLAS libraries, per render process")
     render_workers: int = setting(
-        2, "worker processes that render and encode the built-in generator's chunks, so video work "
+        2,
+        "worker processes that render and encode the built-in generator's chunks, so video work "
         "never holds the interpreter that answers requests (0: in the model's own process; other "
-        "generators ignore it)")
+        "generators ignore it)",
+    )
     render_priority: str = setting(
-        "idle", "CPU priority of the render workers: idle (Linux SCHED_IDLE: every request-path thread "
-        "preempts them at once) or a nice value 0-19 (when other CPU-heavy work shares the model's cgroup)")
+        "idle",
+        "CPU priority of the render workers: idle (Linux SCHED_IDLE: every request-path thread "
+        "preempts them at once) or a nice value 0-19 (when other CPU-heavy work shares the model's cgroup)",
+    )
     #: like vLLM's --served-model-name: empty = the Triton model's own name (see `served_names`)
     served_model_names: tuple[str, ...] = setting(
-        (), "a name a session.start's model may ask for (repeatable; default: the Triton model's name); "
-        "rtvideo-<generator> is always accepted", flag="--served-model-name")
+        (),
+        "a name a session.start's model may ask for (repeatable; default: the Triton model's name); "
+        "rtvideo-<generator> is always accepted",
+        flag="--served-model-name",
+    )
     # generator=vllm_omni: one vLLM-Omni AsyncOmni engine in the model process (README, "GPU with vLLM-Omni")
     vllm_omni_model: str = setting("BestWishYsh/Helios-Distilled", "vllm_omni: model id or local path")
     vllm_omni_engine_args: str = setting(
-        "{}", "vllm_omni: AsyncOmni engine arguments, a JSON object (diffusion_streaming_output is always on)")
+        "{}", "vllm_omni: AsyncOmni engine arguments, a JSON object (diffusion_streaming_output is always on)"
+    )
     vllm_omni_extra_params: str = setting(
-        "{}", "vllm_omni: the model's preset extra_params (its extra_args), a JSON object")
+        "{}", "vllm_omni: the model's preset extra_params (its extra_args), a JSON object"
+    )
     vllm_omni_health_seconds: float = setting(5.0, "vllm_omni: seconds between engine health checks")
     #: what builds the engine, `module:callable` or `path/to/file.py:callable`; only tests change it
     #: (to a stand-in engine in tests/), so that the hosting code runs without a GPU
     vllm_omni_engine: str = setting(
-        "vllm_omni:AsyncOmni", "vllm_omni: engine factory as module:callable (tests use a stand-in)")
+        "vllm_omni:AsyncOmni", "vllm_omni: engine factory as module:callable (tests use a stand-in)"
+    )
 
     @classmethod
-    def from_parameters(cls, params: Mapping[str, str]) -> "BackendSettings":
+    def from_parameters(cls, params: Mapping[str, str]) -> BackendSettings:
         """Parse string parameters; unknown names and bad values fail the model load loudly."""
         settings = settings_text.from_text(cls, params, what="model parameter")
         settings.check()
@@ -97,8 +109,10 @@ class BackendSettings:
             raise ValueError(f"device {self.device!r}: use auto, cpu or cuda[:N]")
         for name in self.served_model_names:
             if len(name) > 256 or not _NAME.fullmatch(name):
-                raise ValueError(f"served model name {name[:40]!r}: use 1-256 characters without spaces, "
-                                 "commas or quotes (e.g. BestWishYsh/Helios-Distilled)")
+                raise ValueError(
+                    f"served model name {name[:40]!r}: use 1-256 characters without spaces, "
+                    "commas or quotes (e.g. BestWishYsh/Helios-Distilled)"
+                )
 
         self.engine_args()
         self.extra_params()
@@ -133,8 +147,10 @@ class BackendSettings:
         model (server_busy), and so does the proxy's health probe, which then fails: the backend
         is declared down and every session ends."""
         if candidates is not None and self.max_sessions >= candidates:
-            raise ValueError(f"model parameter max_sessions={self.max_sessions} must be below the sequence "
-                             f"batcher's max_candidate_sequences ({candidates}) in config.pbtxt")
+            raise ValueError(
+                f"model parameter max_sessions={self.max_sessions} must be below the sequence "
+                f"batcher's max_candidate_sequences ({candidates}) in config.pbtxt"
+            )
 
     def capabilities(self, model_name: str) -> ModelCapabilities:
         entry = catalog.GENERATORS[self.generator]

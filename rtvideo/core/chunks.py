@@ -11,8 +11,15 @@ MEDIA = "media"
 TRAILER = "trailer"
 
 
-def _metadata(request_id: str, kind: str, transport_chunk_index: int, generation_chunk_index: int | None,
-              num_frames: int, byte_length: int, plan: ChunkPlan | None) -> dict[str, Any]:
+def _metadata(
+    request_id: str,
+    kind: str,
+    transport_chunk_index: int,
+    generation_chunk_index: int | None,
+    num_frames: int,
+    byte_length: int,
+    plan: ChunkPlan | None,
+) -> dict[str, Any]:
     """The one shape of `video.chunk_metadata`; without a plan every event list is empty."""
     return {
         "type": CHUNK_METADATA,
@@ -35,8 +42,9 @@ def media_metadata(
     request_id: str, transport_chunk_index: int, plan: ChunkPlan, num_frames: int, byte_length: int
 ) -> dict[str, Any]:
     """Metadata for the payload of one generation chunk, with the tracker's id lists."""
-    return _metadata(request_id, MEDIA, transport_chunk_index, plan.generation_chunk_index,
-                     num_frames, byte_length, plan)
+    return _metadata(
+        request_id, MEDIA, transport_chunk_index, plan.generation_chunk_index, num_frames, byte_length, plan
+    )
 
 
 def trailer_metadata(request_id: str, transport_chunk_index: int, byte_length: int) -> dict[str, Any]:
@@ -46,5 +54,11 @@ def trailer_metadata(request_id: str, transport_chunk_index: int, byte_length: i
 
 def mentioned_event_ids(metadata: dict[str, Any]) -> set[str]:
     """Every event id a metadata message names (the ack-before-mention rule checks these)."""
-    keys = ("started_event_ids", "active_event_ids", "completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+    keys = (
+        "started_event_ids",
+        "active_event_ids",
+        "completed_event_ids",
+        "superseded_event_ids",
+        "interrupted_event_ids",
+    )
     return {event_id for key in keys for event_id in metadata.get(key, ())}

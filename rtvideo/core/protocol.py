@@ -11,8 +11,9 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any, Union
 
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.event_types import EVENT_FIELDS, OmniInteractionEvent
@@ -70,15 +71,18 @@ _START_NUMBER_FIELDS = {
 }
 _START_STR_FIELDS = ("model", "negative_prompt", "size", "format", "prompt")
 _START_OBJECT_FIELDS = ("extra_params", "sampling_params")
-START_FIELDS = frozenset(
-    {"type", *_START_INT_FIELDS, *_START_NUMBER_FIELDS, *_START_STR_FIELDS, *_START_OBJECT_FIELDS}
-)
+START_FIELDS = frozenset({"type", *_START_INT_FIELDS, *_START_NUMBER_FIELDS, *_START_STR_FIELDS, *_START_OBJECT_FIELDS})
 #: Diffusion sampling fields of a start: each generator uses some of them
 #: (`ModelCapabilities.sampling_fields`); the others are accepted when well-formed and
 #: reported in `video.start` `config.ignored_fields`. `extra_params` keys work alike.
 SAMPLING_FIELDS: tuple[str, ...] = (
-    "negative_prompt", "num_inference_steps", "guidance_scale", "guidance_scale_2",
-    "boundary_ratio", "flow_shift", "true_cfg_scale",
+    "negative_prompt",
+    "num_inference_steps",
+    "guidance_scale",
+    "guidance_scale_2",
+    "boundary_ratio",
+    "flow_shift",
+    "true_cfg_scale",
 )
 #: vLLM-Omni's VideoGenerationRequest takes `seconds` as a string of digits ("5"); so do we.
 _SECONDS_TEXT = re.compile(r"[1-9][0-9]{0,7}")
@@ -131,7 +135,7 @@ class InteractionRequest:
         )
         return hashlib.sha256(canonical.encode("ascii")).digest()
 
-    def with_event_id(self) -> "InteractionRequest":
+    def with_event_id(self) -> InteractionRequest:
         """The same request with a server-generated id when the client sent none."""
         if self.event_id is not None:
             return self
@@ -183,9 +187,7 @@ def decode_object(raw: bytes | str, limit: int) -> dict[str, Any]:
     """Size check on the raw bytes, then UTF-8, JSON, nesting depth and object shape."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if len(data) > limit:
-        raise ProtocolError(
-            ErrorCode.MESSAGE_TOO_LARGE, f"message is {len(data)} bytes; the limit is {limit} bytes"
-        )
+        raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"message is {len(data)} bytes; the limit is {limit} bytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -193,9 +195,7 @@ def decode_object(raw: bytes | str, limit: int) -> dict[str, Any]:
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
-        raise ProtocolError(
-            ErrorCode.INVALID_JSON, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels"
-        ) from None
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:  # JSONDecodeError and the number guards above
         raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not valid JSON: {exc}") from None
     if _depth(value) > MAX_JSON_DEPTH:
@@ -206,9 +206,7 @@ def decode_object(raw: bytes | str, limit: int) -> dict[str, Any]:
             "message contains a lone UTF-16 surrogate escape (e.g. \\ud800), which is not Unicode text",
         )
     if not isinstance(value, dict):
-        raise ProtocolError(
-            ErrorCode.INVALID_MESSAGE, f"message must be a JSON object, not {_json_kind(value)}"
-        )
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"message must be a JSON object, not {_json_kind(value)}")
     kind = value.get("type")
     if kind is None:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "message has no 'type'")
@@ -306,9 +304,7 @@ def check_first_message(raw: bytes | str, *, binary: bool = False) -> dict[str, 
             raise
         raise ProtocolError(ErrorCode.INVALID_START, f"first message must be session.start: {exc.message}") from None
     if obj["type"] != START:
-        raise ProtocolError(
-            ErrorCode.INVALID_START, f"first message must be session.start, not {obj['type']}"
-        )
+        raise ProtocolError(ErrorCode.INVALID_START, f"first message must be session.start, not {obj['type']}")
     return obj
 
 

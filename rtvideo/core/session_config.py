@@ -27,8 +27,7 @@ class GeneratorLimits:
             if not isinstance(side, numbers.Integral) or isinstance(side, bool):
                 return f"{name} must be an integer, not {side!r}"
             if side % 2 or not self.min_side <= side <= self.max_side:
-                return (f"{name} {side} is not supported: use an even number "
-                        f"from {self.min_side} to {self.max_side}")
+                return f"{name} {side} is not supported: use an even number from {self.min_side} to {self.max_side}"
         return None
 
     def fps_problem(self, fps: int) -> str | None:

@@ -16,14 +16,15 @@ whichever generator runs:
 - `session.done`'s `unapplied`/`unfinished`: events still waiting, and the transition
   still in flight, when the stream ends.
 
-Pure and deterministic, like `transitions.py`; `tests/test_stream_translation.py`
+Pure and deterministic, like `transitions.py`; `tests/unit/core/test_stream_translation.py`
 drives it against vLLM-Omni's real handler and checks the result against the tracker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from rtvideo.core.transitions import ChunkPlan, Outcome
 
@@ -104,7 +105,7 @@ class EngineStreamTranslator:
             if event_id in self._forwarded:
                 position = self._forwarded.index(event_id)
                 superseded = self._forwarded[:position]
-                self._forwarded = self._forwarded[position + 1:]
+                self._forwarded = self._forwarded[position + 1 :]
             n = self._chunks[event_id]
             flight = _Flight(event_id, n, 0 if n == 0 else 1)
             active.append(event_id)

@@ -8,8 +8,8 @@ generator blends embeddings exactly and never sees protocol messages.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 Mix = Mapping[str, float]
 

@@ -22,7 +22,6 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["TritonInstall", "find_tritonserver"]
 
@@ -35,11 +34,11 @@ class TritonInstall:
 
     binary: Path
     kind: str  # "env" ($TRITONSERVER), "path" (on PATH) or "wheel" (nvidia-pytriton)
-    backend_directory: Optional[Path] = None  # None: the binary's default (/opt/tritonserver/backends)
-    cache_directory: Optional[Path] = None
+    backend_directory: Path | None = None  # None: the binary's default (/opt/tritonserver/backends)
+    cache_directory: Path | None = None
     library_dirs: list[Path] = field(default_factory=list)  # prepended to LD_LIBRARY_PATH
 
-    def environment(self, base: Optional[dict[str, str]] = None) -> dict[str, str]:
+    def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for the server and the Python-backend stubs it spawns."""
         env = dict(os.environ if base is None else base)
         lib_dirs = [str(d) for d in _interpreter_library_dirs() + list(self.library_dirs)]
@@ -71,9 +70,7 @@ def find_tritonserver() -> TritonInstall:
         if (wheel_root / "python_backend_stubs").is_dir():
             return _wheel_install(wheel_root, binary=binary, kind="env")
         backends = wheel_root / "backends"
-        return TritonInstall(
-            binary=binary, kind="env", backend_directory=backends if backends.is_dir() else None
-        )
+        return TritonInstall(binary=binary, kind="env", backend_directory=backends if backends.is_dir() else None)
 
     on_path = shutil.which("tritonserver")
     if on_path:
@@ -104,7 +101,7 @@ def _interpreter_library_dirs() -> list[Path]:
     return [Path(libdir)] if libdir else []
 
 
-def _pytriton_server_dir() -> Optional[Path]:
+def _pytriton_server_dir() -> Path | None:
     import importlib.util
 
     spec = importlib.util.find_spec("pytriton")
@@ -130,9 +127,7 @@ def _wheel_install(wheel_root: Path, *, binary: Path, kind: str) -> TritonInstal
         )
     _warn_if_numpy2()
     library_dirs = [
-        d
-        for d in (wheel_root.parent.parent / "nvidia_pytriton.libs", wheel_root / "external_libs")
-        if d.is_dir()
+        d for d in (wheel_root.parent.parent / "nvidia_pytriton.libs", wheel_root / "external_libs") if d.is_dir()
     ]
     caches = wheel_root / "caches"
     return TritonInstall(
@@ -181,7 +176,8 @@ def _cache_root() -> Path:
         raise RuntimeError(
             f"{root} is not a directory of this user's own that only it may write to (owner uid {st.st_uid}, "
             f"mode {stat.filemode(st.st_mode)}); remove it, or make {Path(base) / 'rtvideo'} writable "
-            "(or set XDG_CACHE_HOME)")
+            "(or set XDG_CACHE_HOME)"
+        )
     return root
 
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Optional, Union
+from typing import IO, Union
 
 __all__ = ["STDERR", "LogTarget", "ServerLog"]
 
@@ -47,11 +47,11 @@ class ServerLog:
 
     def __init__(self, target: LogTarget = None) -> None:
         self.target = target
-        self.path: Optional[Path] = None
-        self._file: Optional[IO] = None
+        self.path: Path | None = None
+        self._file: IO | None = None
         self._owns_file = False
         # STDERR target: the relay thread of the current run and the bounded tail (kept across runs)
-        self._relay: Optional[threading.Thread] = None
+        self._relay: threading.Thread | None = None
         self._lock = threading.Lock()
         self._lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._error_lines: collections.deque[str] = collections.deque(maxlen=ERROR_LINES)
@@ -74,8 +74,9 @@ class ServerLog:
             read_fd, write_fd = os.pipe()
             self._owns_file = True
             self._file = os.fdopen(write_fd, "wb")
-            self._relay = threading.Thread(target=self._run_relay, args=(read_fd,),
-                                           name="tritonserver-log", daemon=True)
+            self._relay = threading.Thread(
+                target=self._run_relay, args=(read_fd,), name="tritonserver-log", daemon=True
+            )
             self._relay.start()
         elif target is None and self.path is None:
             fd, name = tempfile.mkstemp(prefix=temp_prefix, suffix=".log")

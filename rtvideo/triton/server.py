@@ -31,9 +31,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from rtvideo import launch
+from rtvideo.process import launch
 from rtvideo.triton.install import TritonInstall, find_tritonserver
 from rtvideo.triton.logs import LogTarget, ServerLog
 
@@ -135,8 +135,11 @@ def clean_stale_shm() -> list[str]:
     except OSError:
         return []
     here = pid_namespace()
-    stale = [n for n in names if (m := _SHM_NAME.match(n)) and (m.group(1) or here) == here
-             and not _pid_alive(int(m.group(2)))]
+    stale = [
+        n
+        for n in names
+        if (m := _SHM_NAME.match(n)) and (m.group(1) or here) == here and not _pid_alive(int(m.group(2)))
+    ]
     removed = _remove_shm(stale)
     if removed:
         log.info("removed %d stale shared-memory file(s) of launchers that are gone", len(removed))
@@ -152,16 +155,16 @@ class TritonServer:
     """
 
     def __init__(
-        self, config: TritonConfig, *, stdout: LogTarget = None, install: Optional[TritonInstall] = None
+        self, config: TritonConfig, *, stdout: LogTarget = None, install: TritonInstall | None = None
     ) -> None:
         self.config = config
         self.log = ServerLog(stdout)
         self._install = install
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: subprocess.Popen | None = None
         self.command: list[str] = []
-        self.startup_seconds: Optional[float] = None
+        self.startup_seconds: float | None = None
         #: prefix of the Python backend's shared-memory names for the current run
-        self.shm_prefix: Optional[str] = None
+        self.shm_prefix: str | None = None
         self._spawned_at = 0.0
 
     # -- endpoints ---------------------------------------------------------------------------
@@ -190,7 +193,7 @@ class TritonServer:
 
     # -- process -----------------------------------------------------------------------------
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         """Pid of tritonserver; also its process-group id (it leads its own session)."""
         return self._proc.pid if self._proc is not None else None
 
@@ -203,7 +206,7 @@ class TritonServer:
 
     # -- log ---------------------------------------------------------------------------------
     @property
-    def log_path(self) -> Optional[Path]:
+    def log_path(self) -> Path | None:
         """The server's log file, once started (``None`` for an open file without a path, or stderr)."""
         return self.log.path
 
@@ -275,8 +278,9 @@ class TritonServer:
         self.startup_seconds = None
         self._spawned_at = time.monotonic()
         if threading.current_thread() is not threading.main_thread():
-            log.debug("tritonserver spawned from thread %s: it dies when that thread ends",
-                      threading.current_thread().name)
+            log.debug(
+                "tritonserver spawned from thread %s: it dies when that thread ends", threading.current_thread().name
+            )
         try:
             self._proc = subprocess.Popen(
                 launch.command(self.command),  # dies with its launcher, even on kill -9
@@ -301,13 +305,16 @@ class TritonServer:
         try:
             while True:
                 if proc.poll() is not None:
-                    raise self.log.failure(f"tritonserver exited with code {proc.returncode} while starting", self.command)
+                    raise self.log.failure(
+                        f"tritonserver exited with code {proc.returncode} while starting", self.command
+                    )
                 if is_ready(self.grpc_url, timeout=1.0):
                     self.startup_seconds = time.monotonic() - self._spawned_at
                     return
                 if time.monotonic() > deadline:
                     raise self.log.failure(
-                        f"tritonserver not ready after {timeout:.0f} s (gRPC {self.grpc_url})", self.command)
+                        f"tritonserver not ready after {timeout:.0f} s (gRPC {self.grpc_url})", self.command
+                    )
                 time.sleep(0.1)
         except BaseException:
             self.stop()
@@ -348,7 +355,7 @@ class TritonServer:
             return []
         return _remove_shm(names)
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         self.start()
         return self
 

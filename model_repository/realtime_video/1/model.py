@@ -12,19 +12,22 @@ import json
 import os
 import sys
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from rtvideo.backend import metrics
-from rtvideo.backend.devices import device_from_args
-from rtvideo.backend.dispatch import RequestDispatcher
-from rtvideo.backend.metrics import BufferedMetrics
-from rtvideo.backend.priority_lock import PriorityLock
-from rtvideo.backend.render_pool import worker_python
-from rtvideo.backend.runtime import build_manager
+from rtvideo import logsetup
+from rtvideo.backend.builtin.devices import device_from_args
+from rtvideo.backend.builtin.render_pool import worker_python
+from rtvideo.backend.runtime import metrics
+from rtvideo.backend.runtime.assembly import build_manager
+from rtvideo.backend.runtime.dispatch import RequestDispatcher
+from rtvideo.backend.runtime.metrics import BufferedMetrics
+from rtvideo.backend.runtime.priority_lock import PriorityLock
 from rtvideo.backend.settings import BackendSettings
-from rtvideo import logsetup, watchdog, wire
+from rtvideo.process import watchdog
+from rtvideo.triton import wire
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Every pb_utils call is IPC to tritonserver; concurrent calls from several session threads
@@ -118,7 +121,7 @@ class TritonMetricsPublisher:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        # Its own exit after tritonserver's death deadlocked now and then (rtvideo/watchdog.py).
+        # Its own exit after tritonserver's death deadlocked now and then (rtvideo/process/watchdog.py).
         self._watchdog = watchdog.start(worker_python())
         logsetup.configure("INFO", fmt=os.environ.get("RTVIDEO_LOG_FORMAT", "text"))
         # Session threads hold the GIL between torch/PyAV calls; a shorter switch interval
@@ -132,10 +135,12 @@ class TritonPythonModel:
         # A KIND_GPU instance runs on its own GPU (cuda:<model_instance_device_id>) unless `device` says otherwise.
         settings = dataclasses.replace(settings, device=device_from_args(settings.device, args))
         settings.check_sequence_slots(
-            config.get("sequence_batching", {}).get("oldest", {}).get("max_candidate_sequences"))
+            config.get("sequence_batching", {}).get("oldest", {}).get("max_candidate_sequences")
+        )
         buffered = BufferedMetrics()
-        self._publisher = TritonMetricsPublisher(args["model_name"], buffered,
-                                                 instance=args.get("model_instance_name", ""))
+        self._publisher = TritonMetricsPublisher(
+            args["model_name"], buffered, instance=args.get("model_instance_name", "")
+        )
         # A failed engine (generator=vllm_omni) ends its sessions and makes the model refuse the
         # health probe (SessionManager.backend_failed), so the proxy takes it for down. The model
         # does not ask Triton to unload itself as vllm_backend does: pb_utils.unload_model, which

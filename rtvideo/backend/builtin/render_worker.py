@@ -1,0 +1,85 @@
+"""A render worker process (see `render_pool`): hosts sessions' generator state and encoders and
+renders their chunks one at a time. Started as `python -m rtvideo.backend.builtin.render_worker` (at
+the priority the pool chose); requests arrive on stdin and answers leave on stdout, nothing else
+is written there."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rtvideo.backend.builtin.render_pool import RenderedChunk, read_message, write_message
+
+
+class Worker:
+    def __init__(self) -> None:
+        self._generator: Any = None
+        self._limits: Any = None
+        self._sessions: dict[int, tuple[Any, Any]] = {}
+        self._ids = itertools.count(1)
+
+    def init(self, options: dict[str, Any]) -> None:
+        from rtvideo.backend.builtin.generator import BuiltinGenerator
+        from rtvideo.backend.runtime.assembly import limit_cpu_threads
+
+        limit_cpu_threads(int(options.get("torch_threads", 1)))
+        self._generator = BuiltinGenerator(device=options.get("device", "cpu"), fps=int(options.get("fps", 16)))
+        gc.freeze()  # torch and the text encoder: a full collection over them took ~200 ms (measured)
+
+    def open(self, width: int, height: int, seed: int, fps: int | None) -> int:
+        from rtvideo.backend.encoder import FragmentedMp4Encoder
+
+        generator_session = self._generator.open_session(width=width, height=height, seed=seed, fps=fps)
+        try:
+            encoder = FragmentedMp4Encoder(width, height, fps or self._generator.fps, self._generator.limits)
+        except Exception:
+            generator_session.close()
+            raise
+        session_id = next(self._ids)
+        self._sessions[session_id] = (generator_session, encoder)
+        return session_id
+
+    def render(self, session_id: int, mix: dict[str, float], num_frames: int) -> RenderedChunk:
+        generator_session, encoder = self._sessions[session_id]
+        t0 = time.perf_counter()
+        frames = generator_session.generate(mix, num_frames)
+        t1 = time.perf_counter()
+        payload = encoder.encode_chunk(frames)
+        return RenderedChunk(payload, len(frames), t1 - t0, time.perf_counter() - t1)
+
+    def close(self, session_id: int) -> bytes:
+        generator_session, encoder = self._sessions.pop(session_id)
+        try:
+            return encoder.close()
+        finally:
+            generator_session.close()
+
+
+def main() -> None:
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # a stray print must not corrupt the answer pipe
+    worker = Worker()
+    ops: dict[str, Callable[..., Any]] = {
+        "init": worker.init,
+        "open": worker.open,
+        "render": worker.render,
+        "close": worker.close,
+    }
+    while True:
+        try:
+            call_id, op, args = read_message(requests)
+        except EOFError:
+            return  # the model closed the pipe: shut down
+        try:
+            answer = (call_id, True, ops[op](*args))
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller
+            answer = (call_id, False, RuntimeError(f"{type(exc).__name__}: {exc}"))
+        write_message(answers, answer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Wires settings into a ready `SessionManager`; shared by the Triton model and the benchmarks."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from rtvideo.backend import catalog
+from rtvideo.backend.runtime.manager import SessionManager
+from rtvideo.backend.runtime.ports import Metrics
+from rtvideo.backend.runtime.session import Limits
+from rtvideo.backend.runtime.sources import ChunkSourceFactory, GeneratorSources
+from rtvideo.backend.settings import BackendSettings
+
+log = logging.getLogger(__name__)
+
+
+def limit_cpu_threads(threads: int, *, blas: bool = True) -> None:
+    """Cap torch's and (with `blas`) the BLAS libraries' CPU thread pools (OpenBLAS, OpenMP, MKL).
+
+    numpy's OpenBLAS starts one thread per core and, between calls, spins them on
+    `sched_yield`: measured with the built-in generator, that spinning cost more CPU (all of it
+    system time) than the rendering itself, and starved the request path on a small machine.
+    Many sessions share the cores; each renders on one thread. Only a process that renders
+    resizes the BLAS pool: a model process resized so hung in its exit now and then (a futex,
+    after its tritonserver was killed), and with render workers it does no BLAS work."""
+    import torch
+
+    torch.set_num_threads(threads)
+    if blas:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=threads)  # applies now and stays (no `with`)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' means CUDA when this process can see a GPU, else the CPU."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics | None = None) -> SessionManager:
+    """Load the generator (the slow part of model load) and return the session manager.
+
+    With `generator=vllm_omni` this starts the engine; when it fails its health check, the
+    manager ends live sessions and refuses starts and the health probe (`backend_failed`)."""
+    from rtvideo.backend.encoder import FragmentedMp4Encoder
+
+    pooled = settings.generator == "builtin" and settings.render_workers > 0
+    limit_cpu_threads(settings.torch_threads, blas=not pooled)  # the workers cap their own
+    manager: list[SessionManager] = []
+    sources: ChunkSourceFactory
+    if settings.generator == "vllm_omni":
+        from rtvideo.backend.vllm_omni.engine import EngineHost, load_factory
+        from rtvideo.backend.vllm_omni.source import EngineSources
+
+        def engine_dead(reason: str) -> None:
+            manager[0].backend_failed(reason)
+
+        host = EngineHost(
+            load_factory(settings.vllm_omni_engine),
+            model=settings.vllm_omni_model,
+            engine_args={**settings.engine_args(), "diffusion_streaming_output": True},
+            health_seconds=settings.vllm_omni_health_seconds,
+            on_dead=engine_dead,
+        )
+        sources = EngineSources(host, settings.extra_params(), settings.max_session_seconds)
+        log.info(
+            "generator=vllm_omni engine=%s model=%s settings=%s",
+            settings.vllm_omni_engine,
+            settings.vllm_omni_model,
+            settings,
+        )
+    else:
+        from rtvideo.backend.builtin.generator import BuiltinGenerator
+
+        device = resolve_device(settings.device)
+        if pooled:
+            from rtvideo.backend.builtin.render_pool import PooledSources, RenderPool
+
+            options = {"device": device, "fps": settings.fps, "torch_threads": settings.torch_threads}
+            sources = PooledSources(RenderPool(settings.render_workers, options, settings.render_priority))
+        else:
+            sources = GeneratorSources(BuiltinGenerator(device=device, fps=settings.fps))
+        log.info("generator=%s device=%s settings=%s", settings.generator, device, settings)
+    manager.append(
+        SessionManager(
+            sources=sources,
+            encoder_factory=functools.partial(FragmentedMp4Encoder, limits=catalog.LIMITS[settings.generator]),
+            capabilities=settings.capabilities(model_name),
+            limits=Limits(
+                pacing_lead_chunks=settings.pacing_lead_chunks,
+                max_session_seconds=settings.max_session_seconds,
+                stall_timeout_seconds=settings.stall_timeout_seconds,
+            ),
+            max_sessions=settings.max_sessions,
+            metrics=metrics,
+        )
+    )
+    return manager[0]

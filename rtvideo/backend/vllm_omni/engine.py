@@ -1,0 +1,256 @@
+"""The `vllm_omni` generator: one vLLM-Omni `AsyncOmni` engine hosted in the Triton model.
+
+Hosted the way Triton's `vllm_backend` hosts vLLM:
+
+- one thread runs one asyncio loop that owns the engine (`EngineHost`); requests and
+  interactions reach it with `asyncio.run_coroutine_threadsafe`;
+- the loop never calls Triton: each session's outputs go into that session's queue, and
+  the session's own worker thread translates, encodes and sends them (`EngineChunkSource`);
+- a stop, a cancelled stream or a disconnect ends the session, whose source then aborts
+  the engine request (`abort`);
+- a periodic `check_health()`; a failure calls `on_dead` (on a thread of its own), which
+  ends live sessions with `generation_failed` and makes the model refuse the health probe;
+- `shutdown()` (the model's `finalize`) aborts what runs, shuts the engine down, stops the
+  loop and frees the GPU.
+
+Transitions belong to the engine in this mode: each acked interaction is forwarded with
+`submit_interaction_async`, held until the engine produced its first output (it refuses
+them before), and its per-chunk stream metadata is translated into our chunk metadata by
+`rtvideo.core.stream_translation.EngineStreamTranslator`.
+
+The engine class is a parameter (`vllm_omni_engine`, `module:callable`): the real
+`vllm_omni:AsyncOmni`, or a stand-in in tests (`tests/support/omni_standin.py`). Only the
+`AsyncOmni` methods and keywords used here may be called on it;
+`tests/unit/backend/test_vllm_omni_api.py` checks each against the real class's source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import gc
+import importlib
+import importlib.util
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rtvideo.core.session_config import SessionConfig
+
+log = logging.getLogger(__name__)
+
+#: the vllm-omni release this adapter is written and tested against (its major.minor must equal
+#: vLLM's); scripts/setup.sh and the Dockerfile pin the same one
+PINNED_VLLM_OMNI = "0.30.0"
+
+_HEALTH_TIMEOUT = 30.0  # a health check that takes longer counts as failed
+_ABORT_TIMEOUT = 10.0
+
+
+class EngineError(RuntimeError):
+    """The engine failed one session's generation (the session ends with `generation_failed`)."""
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """`module:callable` or `path/to/file.py:callable` → the callable (the engine class)."""
+    module_name, _, attr = spec.rpartition(":")
+    if not module_name or not attr:
+        raise ValueError(f"engine factory {spec!r}: use module:callable")
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        name = f"rtvideo_engine_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    return getattr(module, attr)
+
+
+class EngineHost:
+    """One asyncio loop thread that owns one engine; every engine call happens on that loop."""
+
+    def __init__(
+        self,
+        factory: Callable[..., Any],
+        *,
+        model: str,
+        engine_args: Mapping[str, Any],
+        health_seconds: float,
+        on_dead: Callable[[str], None],
+        start_timeout: float = 3600.0,
+    ) -> None:
+        self._factory = factory
+        self._model = model
+        self._engine_args = dict(engine_args)
+        self._health_seconds = health_seconds
+        self._on_dead = on_dead
+        self._engine: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._tasks: dict[str, asyncio.Task] = {}  # request id -> its streaming task
+        self._order: dict[str, asyncio.Lock] = {}  # request id -> keeps its interactions in order
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self.dead: str | None = None
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), name="vllm-omni-loop", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(start_timeout):
+            raise TimeoutError(f"the engine did not start within {start_timeout:g} s")
+        if self._startup_error is not None:
+            self._thread.join()
+            raise RuntimeError(f"the engine failed to start: {self._startup_error}") from self._startup_error
+
+    # --- the loop thread ----------------------------------------------------------------
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        try:
+            self._engine = self._factory(model=self._model, **self._engine_args)
+        except BaseException as exc:  # noqa: BLE001 - reported to the constructor
+            self._startup_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        log.info("engine %s ready (model %s)", type(self._engine).__name__, self._model)
+        health = asyncio.create_task(self._watch_health())
+        await self._stopping.wait()
+        health.cancel()
+        for request_id in list(self._tasks):
+            await self._end(request_id)
+        try:
+            self._engine.shutdown()
+        except Exception:  # noqa: BLE001 - shutting down anyway
+            log.exception("engine shutdown failed")
+        self._engine = None
+
+    async def _watch_health(self) -> None:
+        while True:
+            await asyncio.sleep(self._health_seconds)
+            try:
+                await asyncio.wait_for(self._engine.check_health(), _HEALTH_TIMEOUT)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - any failure means the engine is gone
+                self.dead = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                log.error("engine health check failed: %s", self.dead)
+                # The callback ends sessions (Triton sends): never on this loop.
+                threading.Thread(target=self._on_dead, args=(self.dead,), name="engine-dead", daemon=True).start()
+                return
+
+    async def _stream(
+        self,
+        request_id: str,
+        prompt: Mapping[str, Any],
+        config: SessionConfig,
+        num_frames: int,
+        preset: Mapping[str, Any],
+        sink: queue.Queue[tuple],
+    ) -> None:
+        try:
+            params = self._sampling_params(config, num_frames, preset)
+            outputs = self._engine.generate(prompt=dict(prompt), request_id=request_id, sampling_params_list=[params])
+            async for output in outputs:
+                sink.put(("output", output, time.monotonic()))  # unbounded: never blocks the loop
+            sink.put(("end", None, time.monotonic()))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the session reports it
+            sink.put(("error", exc, time.monotonic()))
+
+    def _sampling_params(self, config: SessionConfig, num_frames: int, preset: Mapping[str, Any]) -> Any:
+        """The engine's own default diffusion params, with this session's values set (as vLLM-Omni's
+        streaming endpoint builds them)."""
+        defaults = [p for p in self._engine.default_sampling_params_list if hasattr(p, "num_frames")]
+        if not defaults:
+            raise EngineError("the engine has no diffusion stage (no default params with num_frames)")
+        params = copy.deepcopy(defaults[0])
+        params.width, params.height = config.width, config.height
+        params.fps, params.frame_rate = config.fps, float(config.fps)
+        params.num_frames = num_frames
+        params.seed = config.seed
+        params.extra_args = {**(getattr(params, "extra_args", None) or {}), **preset}
+        return params
+
+    async def _interact(self, request_id: str, interaction: Mapping[str, Any]) -> None:
+        async with self._order.setdefault(request_id, asyncio.Lock()):
+            await self._engine.submit_interaction_async(request_id, interaction=dict(interaction))
+
+    async def _end(self, request_id: str) -> None:
+        """Stop consuming a request's outputs and abort it in the engine unless it finished."""
+        self._order.pop(request_id, None)
+        task = self._tasks.pop(request_id, None)
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+            try:
+                await asyncio.wait_for(self._engine.abort(request_id), _ABORT_TIMEOUT)
+            except Exception:  # noqa: BLE001 - the engine may be gone
+                log.warning("request_id=%s engine abort failed", request_id, exc_info=True)
+
+    def _start(
+        self,
+        request_id: str,
+        prompt: Mapping[str, Any],
+        config: SessionConfig,
+        num_frames: int,
+        preset: Mapping[str, Any],
+        sink: queue.Queue[tuple],
+    ) -> None:
+        self._tasks[request_id] = asyncio.get_running_loop().create_task(
+            self._stream(request_id, prompt, config, num_frames, preset, sink)
+        )
+
+    # --- any thread ---------------------------------------------------------------------
+    def _submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        if self._loop is None or self._engine is None:
+            coro.close()
+            raise EngineError("the engine is not running")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def start_request(
+        self,
+        request_id: str,
+        prompt: Mapping[str, Any],
+        config: SessionConfig,
+        num_frames: int,
+        preset: Mapping[str, Any],
+        sink: queue.Queue[tuple],
+    ) -> None:
+        """Start streaming a request's outputs into `sink` (waits only for the task to be created)."""
+
+        async def start() -> None:
+            self._start(request_id, prompt, config, num_frames, preset, sink)
+
+        self._submit(start()).result(_ABORT_TIMEOUT)
+
+    def interact(self, request_id: str, interaction: Mapping[str, Any]) -> concurrent.futures.Future[Any]:
+        """Forward one interaction; the future fails when the engine refuses it."""
+        return self._submit(self._interact(request_id, interaction))
+
+    def end_request(self, request_id: str) -> None:
+        """Abort the request unless it has finished (does not wait)."""
+        try:
+            self._submit(self._end(request_id))
+        except (EngineError, RuntimeError):  # the loop is gone: nothing left to abort
+            pass
+
+    def shutdown(self, timeout: float = 60.0) -> None:
+        """Abort every request, shut the engine down, stop the loop and free the GPU."""
+        if self._loop is not None and self._stopping is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(timeout)
+        gc.collect()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,162 @@
+"""A session's chunks from the hosted engine: forwarding interactions and translating its stream metadata."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rtvideo.backend.runtime.sources import EventFailed, SourceChunk
+from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
+from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
+from rtvideo.core.session_config import SessionConfig
+from rtvideo.core.stream_translation import EngineStreamTranslator
+from rtvideo.core.transitions import Outcome
+
+log = logging.getLogger(__name__)
+
+_POLL_SECONDS = 0.25  # how often a session waiting for the engine checks for cancellation
+
+
+class EngineChunkSource:
+    """A session's chunks from the engine: its outputs, with its stream metadata translated."""
+
+    #: waiting before `next_chunk` does not slow the engine down, so the session does not pace
+    pacing = False
+
+    def __init__(
+        self,
+        host: EngineHost,
+        config: SessionConfig,
+        request_id: str,
+        num_frames: int,
+        preset: Mapping[str, Any],
+        on_event_failed: EventFailed,
+    ) -> None:
+        self._host = host
+        self._config = config
+        self._request_id = request_id
+        self._on_event_failed = on_event_failed
+        self._translator = EngineStreamTranslator()
+        self._waiting: dict[str, tuple[str, int]] = {}  # held event -> (prompt, N)
+        self._first_output = False
+        self._closed = False
+        self._lock = threading.Lock()  # translator + forwarding (request path vs worker)
+        self._queue: queue.Queue[tuple] = queue.Queue()
+        self._last = time.monotonic()
+        host.start_request(request_id, {"prompt": config.prompt}, config, num_frames, preset, self._queue)
+
+    def admit(self, event_id: str, prompt: str, transition_chunks: int | None) -> None:
+        n = self._config.default_transition_chunks if transition_chunks is None else transition_chunks
+        with self._lock:
+            self._translator.admit(event_id, n)
+            self._waiting[event_id] = (prompt, n)
+            if self._first_output:  # before it, the engine refuses interactions: hold them
+                self._forward(event_id)
+
+    def _forward(self, event_id: str) -> None:
+        """Hand one held event to the engine (under the lock, so forwards keep admission order)."""
+        prompt, n = self._waiting.pop(event_id)
+        self._translator.forwarded(event_id)
+        interaction = {"event_id": event_id, "event": {"prompt": prompt}, "transition_chunks": n}
+        try:
+            future = self._host.interact(self._request_id, interaction)
+        except Exception as exc:  # noqa: BLE001 - reported like a refusal
+            self._queue.put(("event_failed", (event_id, exc), time.monotonic()))
+            return
+
+        def done(f: concurrent.futures.Future[Any]) -> None:
+            exc = None if f.cancelled() else f.exception()
+            if exc is not None or f.cancelled():
+                self._queue.put(("event_failed", (event_id, exc), time.monotonic()))
+
+        future.add_done_callback(done)
+
+    def next_chunk(self, max_frames: int, interrupted: Callable[[], bool]) -> SourceChunk | None:
+        while True:
+            try:
+                kind, value, at = self._queue.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                if interrupted():
+                    return None
+                continue
+            if kind == "event_failed":
+                event_id, exc = value
+                self._on_event_failed(
+                    event_id, f"the engine refused the interaction: {exc}", lambda e=event_id: self._forget(e)
+                )
+            elif kind == "error":
+                raise EngineError(f"the engine failed: {type(value).__name__}: {value}") from value
+            elif kind == "end":
+                raise EngineError("the engine ended the stream before the session's last frame")
+            else:
+                return self._chunk(value, at)
+
+    def _chunk(self, output: Any, at: float) -> SourceChunk:
+        error = getattr(output, "error", None)
+        if error:
+            raise EngineError(f"the engine reported: {error}")
+        frames = rgb_frames(output_video(output))
+        if frames.shape[1:3] != (self._config.height, self._config.width):
+            raise EngineError(
+                f"the engine produced {frames.shape[2]}x{frames.shape[1]} frames, "
+                f"the session is {self._config.width}x{self._config.height}"
+            )
+        with self._lock:
+            plan = self._translator.chunk(stream_metadata(output))
+            if not self._first_output:
+                self._first_output = True
+                for event_id in self._translator.held:
+                    self._forward(event_id)
+        seconds, self._last = at - self._last, at
+        return SourceChunk(plan, frames, seconds)
+
+    def _forget(self, event_id: str) -> None:
+        with self._lock:
+            self._translator.failed(event_id)
+
+    def finish(self) -> Outcome:
+        with self._lock:
+            return self._translator.finish()
+
+    def close(self) -> bytes:
+        with self._lock:
+            if self._closed:
+                return b""
+            self._closed = True
+        self._host.end_request(self._request_id)
+        return b""
+
+
+class EngineSources:
+    """`ChunkSourceFactory` of the `vllm_omni` generator: one engine request per session."""
+
+    encodes = False
+
+    def __init__(self, host: EngineHost, preset: Mapping[str, Any], max_session_seconds: float) -> None:
+        self.host = host
+        self._preset = dict(preset)
+        self._max_session_seconds = max_session_seconds
+
+    def open(self, config: SessionConfig, request_id: str, on_event_failed: EventFailed) -> EngineChunkSource:
+        if self.host.dead is not None:
+            raise EngineError(f"the engine is not healthy: {self.host.dead}")
+        return EngineChunkSource(
+            self.host, config, request_id, self.engine_frames(config), self._preset, on_event_failed
+        )
+
+    def engine_frames(self, config: SessionConfig) -> int:
+        """Frames the engine is asked for: the session's, or for an open-ended session whole chunks
+        covering the longest session (it is aborted when the session ends)."""
+        if config.num_frames is not None:
+            return config.num_frames
+        chunks = math.ceil(self._max_session_seconds * config.fps / config.frames_per_chunk)
+        return chunks * config.frames_per_chunk
+
+    def close(self) -> None:
+        self.host.shutdown()

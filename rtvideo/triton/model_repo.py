@@ -1,0 +1,100 @@
+"""Derive Triton model directories from the shipped one, with `parameters` overrides.
+
+Used by the tests, the benchmarks and `rtvideo serve --width …`: the shipped
+`config.pbtxt` stays the single source, a derived copy only changes values.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+import rtvideo
+
+
+def _shipped_repository() -> Path:
+    """The model repository: inside the installed package (`rtvideo/model_repository`, package
+    data of a wheel), or `model_repository/` beside the package in a checkout."""
+    package = Path(rtvideo.__file__).resolve().parent
+    for candidate in (package / "model_repository", package.parent / "model_repository"):
+        if (candidate / "realtime_video" / "config.pbtxt").is_file():
+            return candidate
+    raise FileNotFoundError(f"no model repository in {package} or beside it: a broken install")
+
+
+#: the repository `rtvideo serve` serves by default
+MODEL_REPOSITORY = _shipped_repository()
+#: the shipped model directory (`config.pbtxt` + `1/model.py`)
+MODEL_DIR = MODEL_REPOSITORY / "realtime_video"
+
+
+#: a protobuf text-format string body: anything but quotes and backslashes, or an escape
+_STRING = r'"((?:[^"\\]|\\.)*)"'
+_PARAMETER = re.compile(r'^parameters: \{ key: "([^"]+)" value: \{ string_value: ' + _STRING + r" \} \}", re.M)
+
+
+def pbtxt_escape(value: str) -> str:
+    """`value` as the body of a pbtxt string (JSON values carry quotes)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def pbtxt_unescape(body: str) -> str:
+    """The text a pbtxt string body stands for (the simple escapes `pbtxt_escape` writes)."""
+    return re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), body)
+
+
+def read_parameters(source: Path = MODEL_DIR) -> dict[str, str]:
+    """The `parameters` of a model directory's `config.pbtxt`, as text."""
+    found = _PARAMETER.findall((Path(source) / "config.pbtxt").read_text())
+    return {key: pbtxt_unescape(body) for key, body in found}
+
+
+def read_candidate_sequences(source: Path = MODEL_DIR) -> int | None:
+    """The sequence batcher's `max_candidate_sequences` in a model directory's `config.pbtxt`."""
+    found = re.search(r"^\s*max_candidate_sequences:\s*(\d+)", (Path(source) / "config.pbtxt").read_text(), re.M)
+    return int(found.group(1)) if found else None
+
+
+def derive_model(target: Path, name: str, params: Mapping[str, str], source: Path = MODEL_DIR) -> Path:
+    """Copy the model directory `source` into `target/name` as model `name`, replacing the
+    given `parameters` values; an unknown parameter raises KeyError (a typo never passes)."""
+    dst = Path(target) / name
+    shutil.copytree(Path(source) / "1", dst / "1", ignore=shutil.ignore_patterns("__pycache__"))
+    config = (Path(source) / "config.pbtxt").read_text()
+    config, count = re.subn(r'^name:\s*"[^"]*"', f'name: "{name}"', config, count=1, flags=re.M)
+    if count != 1:
+        raise KeyError(f"{source}/config.pbtxt has no top-level name")
+    for key, value in params.items():
+        pattern = rf'(parameters: \{{ key: "{re.escape(key)}" value: \{{ string_value: )' + _STRING
+        config, count = re.subn(pattern, lambda m: f'{m.group(1)}"{pbtxt_escape(str(value))}"', config)
+        if count != 1:
+            raise KeyError(f"parameter {key} not found in {source}/config.pbtxt")
+    (dst / "config.pbtxt").write_text(config)
+    return dst
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rtvideo.triton.model_repo OUT [--name NAME] [KEY=VALUE ...]`: derive a model repository
+    from the shipped one (the production image configures its model this way)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rtvideo.triton.model_repo", description=main.__doc__)
+    parser.add_argument("out", type=Path, help="model repository to write (created)")
+    parser.add_argument("--name", default=MODEL_DIR.name, help="model name (default: %(default)s)")
+    parser.add_argument("params", nargs="*", metavar="KEY=VALUE", help="parameters to override")
+    args = parser.parse_args(argv)
+    params = dict(item.split("=", 1) for item in args.params)
+    from rtvideo.backend.settings import BackendSettings  # the values are checked as the model will
+
+    try:
+        BackendSettings.from_parameters({**read_parameters(), **params})
+        print(derive_model(args.out, args.name, params))
+    except (ValueError, KeyError) as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,289 @@
+"""The demo page at `GET /`, driven by its URL parameters in headless Chromium against a real
+proxy and Triton: start, a prompt update mid-stream, stop, all played through MSE."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from websockets.sync.client import connect
+
+from tests.browser.test_browser_mse import chromium
+from tests.e2e.test_proxy import ProxyHost, wait_idle
+from tests.support.streams import PACED_MODEL
+
+
+@pytest.fixture(scope="module")
+def demo_proxy(triton) -> Iterator[Any]:
+    host = ProxyHost(triton.grpc_url)
+    try:
+        yield host.server(model=PACED_MODEL)
+    finally:
+        host.close()
+
+
+DONE_TITLE = "rtvideo demo: done"
+
+
+def run_page(url: str, timeout: float = 30.0) -> tuple[str, str]:
+    """Open `url` in headless Chromium in real time (virtual time would run ahead of the
+    WebSocket), wait until the page's title says it is done, and return (summary, log) texts."""
+    texts = drive_page(url, {"summary": TEXT_OF % "summary", "log": TEXT_OF % "log"}, timeout)
+    return texts["summary"], texts["log"]
+
+
+#: an element's text; textContent, since the log is folded in a <details> (innerText skips hidden content)
+TEXT_OF = "document.getElementById(%r).textContent"
+
+
+def drive_page(
+    url: str,
+    expressions: Mapping[str, str],
+    timeout: float = 30.0,
+    screenshot: Path | None = None,
+    done_title: str | None = DONE_TITLE,
+) -> dict[str, Any]:
+    """Open `url` in headless Chromium (a 1280x800 window), wait until the page's title is
+    `done_title` (None: until the page exists), evaluate `expressions` (name -> JavaScript; a
+    promise is awaited) and, if asked, save a PNG screenshot."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may linger
+        browser = subprocess.Popen(
+            [
+                chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--autoplay-policy=no-user-gesture-required",
+                "--remote-debugging-port=0",
+                "--window-size=1280,800",
+                "--hide-scrollbars",
+                f"--user-data-dir={profile}",
+                url,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            port_file = Path(profile) / "DevToolsActivePort"
+            page: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                time.sleep(0.2)
+                if not port_file.exists() or not port_file.read_text().strip():
+                    continue
+                port = port_file.read_text().split()[0]
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as response:
+                        pages = [t for t in json.load(response) if t.get("type") == "page"]
+                except OSError:
+                    continue
+                if pages:
+                    page = pages[0]
+                    if done_title is None or page.get("title") == done_title:
+                        break
+            assert page, "Chromium did not open the page"
+            results: dict[str, Any] = {}
+            with connect(page["webSocketDebuggerUrl"], max_size=None) as cdp:
+
+                def call(n: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+                    cdp.send(json.dumps({"id": n, "method": method, "params": params}))
+                    while (reply := json.loads(cdp.recv(max(10.0, deadline - time.monotonic()))))["id"] != n:
+                        pass
+                    return reply["result"]
+
+                for n, (name, expression) in enumerate(expressions.items()):
+                    found = call(n, "Runtime.evaluate", {"expression": expression, "awaitPromise": True})
+                    assert "exceptionDetails" not in found, found["exceptionDetails"]
+                    results[name] = found["result"].get("value", "")
+                if screenshot is not None:
+                    call(
+                        len(expressions),
+                        "Emulation.setDeviceMetricsOverride",
+                        {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False},
+                    )
+                    time.sleep(0.5)  # let the last frame and the final layout paint
+                    shot = call(len(expressions) + 1, "Page.captureScreenshot", {"format": "png"})
+                    screenshot.write_bytes(base64.b64decode(shot["data"]))
+            return results
+        finally:
+            browser.terminate()
+            try:
+                browser.wait(10)
+            except subprocess.TimeoutExpired:
+                browser.kill()
+                browser.wait()
+
+
+def keep_screenshot(path: Path) -> None:
+    """Copy a screenshot to $RTVIDEO_SCREENSHOT_DIR, when set, for people to look at."""
+    folder = os.environ.get("RTVIDEO_SCREENSHOT_DIR")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(folder) / path.name)
+
+
+def test_the_page_is_served(demo_proxy) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{demo_proxy.port}/", timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/html")
+        body = response.read().decode()
+    assert '<pre id="summary">' in body and "/realtime/video" in body and "./rtvideo.js" in body
+    with urllib.request.urlopen(f"http://127.0.0.1:{demo_proxy.port}/rtvideo.js", timeout=10) as response:
+        assert response.status == 200
+        assert "javascript" in response.headers["Content-Type"]
+        module = response.read().decode()
+    assert "export class RealtimeVideoClient" in module and "export class MsePlayer" in module
+
+
+def test_demo_page_starts_updates_stops_and_plays(demo_proxy, triton) -> None:
+    wait_idle(triton, PACED_MODEL)
+    query = urlencode(
+        {
+            "prompt": "a lighthouse in a storm",
+            "autostart": 1,
+            "update": "a calm sea at noon",
+            "transition_chunks": 2,
+            "update_after": 2,
+            "stop_after": 5,
+        }
+    )
+    text, page_log = run_page(f"http://127.0.0.1:{demo_proxy.port}/?{query}")
+    assert text, "the session did not end in time; the page's log:\n" + page_log
+    summary = json.loads(text)
+    assert summary["errors"] == [], summary
+    assert summary["chunks"] >= 5, summary
+    assert len(summary["acks"]) == 1 and summary["acks"][0].startswith("demo-"), summary
+    done = summary["done"]
+    assert done["stopped"] is True and done["chunks"] == summary["payloads"], summary
+    assert summary["video_error"] is None, summary
+    assert abs(summary["buffered_end"] - summary["frames"] / 16) < 1 / 16, summary
+    assert summary["frames"] >= 5 * 9, summary
+    ack = summary["acks"][0]
+    assert f"started=[{ack}]" in page_log and f"completed=[{ack}]" in page_log, page_log  # it landed mid-stream
+
+
+def test_demo_timeline_follows_two_updates_to_their_ends(demo_proxy, triton, tmp_path: Path) -> None:
+    """Start, two prompt updates, stop: the timeline shows each update from its ack to its end,
+    and a screenshot of the page (at 1280x800) is kept for people to look at."""
+    wait_idle(triton, PACED_MODEL)
+    query = urlencode(
+        [
+            ("prompt", "a red lighthouse at sunset"),
+            ("autostart", 1),
+            ("seed", 7),
+            ("update", "a snowy forest at night"),
+            ("update_after", 2),
+            ("update", "a busy city street at noon"),
+            ("update_after", 3),
+            ("transition_chunks", 4),
+            ("stop_after", 10),
+        ]
+    )
+    shot = tmp_path / "demo-timeline.png"
+    found = drive_page(
+        f"http://127.0.0.1:{demo_proxy.port}/?{query}",
+        {
+            "summary": TEXT_OF % "summary",
+            "log": TEXT_OF % "log",
+            "rows": "JSON.stringify([...document.querySelectorAll('#timeline li[data-event-id]')].map("
+            "li => ({id: li.dataset.eventId, end: li.dataset.end || null, text: li.innerText})))",
+            "lead": "document.getElementById('m-lead').innerText",
+            "ack": "document.getElementById('m-ack').innerText",
+            "log_open": "document.getElementById('log-panel').open",
+            "save_enabled": "!document.getElementById('save').disabled",
+        },
+        timeout=60,
+        screenshot=shot,
+    )
+    keep_screenshot(shot)
+    assert found["summary"], "the session did not end in time; the page's log:\n" + found["log"]
+    summary = json.loads(found["summary"])
+    assert summary["errors"] == [] and summary["video_error"] is None, summary
+    assert summary["done"]["stopped"] is True and summary["chunks"] >= 10, summary
+    assert len(summary["acks"]) == 2, summary
+    ends = {"completed", "superseded", "interrupted", "failed", "unapplied", "unfinished"}
+    timeline = {row["event_id"]: row for row in summary["timeline"]}
+    assert set(timeline) == set(summary["acks"]), summary
+    assert all(row["end"] in ends and row["ack_ms"] is not None for row in timeline.values()), timeline
+    rows = json.loads(found["rows"])
+    assert [row["id"] for row in rows] == summary["acks"], rows
+    for row in rows:  # what a person sees: the end, on every row
+        assert row["end"] == timeline[row["id"]]["end"] and row["end"] in row["text"].lower(), rows
+        assert "queued in" in row["text"], rows
+    # The second update always starts (it is the newest), and a stop well after it lets it complete.
+    assert timeline[summary["acks"][1]]["end"] == "completed", timeline
+    assert found["ack"].endswith("ms") and found["lead"].endswith("s"), found
+    assert found["log_open"] is False and found["save_enabled"] is True, found
+    assert shot.stat().st_size > 20_000  # a real picture of the page
+
+
+RETRY_SCENARIO = """(async () => {
+  const { RealtimeVideoClient, MsePlayer } = await import(new URL("rtvideo.js", location.href).href);
+  const video = Object.assign(document.createElement("video"), { muted: true });
+  document.body.appendChild(video);
+  // retryMs: 1 resends the update every millisecond until its ack: several sends, one ack reported.
+  const client = new RealtimeVideoClient(RealtimeVideoClient.urlFor(location), { retryMs: 1, maxAttempts: 200 });
+  const player = new MsePlayer(video).attach(client);
+  const seen = { queued: [], metas: [], bytes: 0, errors: [], started: [], states: [] };
+  client.on("queued", d => seen.queued.push(d.eventId));
+  client.on("chunk", ({ meta, data }) => { seen.metas.push(meta); seen.bytes += data.length; });
+  client.on("error", m => seen.errors.push(m.code));
+  client.on("interaction", r => seen.states.push(r.state));
+  const ended = new Promise(resolve => player.on("ended", resolve));
+  const done = new Promise(resolve => client.on("done", resolve));
+  await client.connect();
+  client.start("a deep blue ocean", { width: 64, height: 64, seed: 3 });
+  await new Promise(resolve => client.on("video.start", resolve));
+  // The first send of the update is lost on the way (as on a flaky network): only the resend,
+  // retryMs later, reaches the server. Without this a fast ack could beat the first resend.
+  const send = client.ws.send.bind(client.ws);
+  let lost = false;
+  client.ws.send = data => { if (!lost && data.includes("retry-1")) { lost = true; return; } send(data); };
+  const ack = await client.interact("a red fire", { eventId: "retry-1", transitionChunks: 1 });
+  let conflict = null;
+  try { await client.interact("a green meadow", { eventId: "retry-1" }); } catch (e) { conflict = e.code; }
+  while (seen.metas.filter(m => m.kind === "media").length < 4) await new Promise(r => setTimeout(r, 50));
+  client.stop();
+  const end = await ended;
+  return JSON.stringify({ ack, conflict, seen, done: await done, end, codec: player.codec,
+                          recorded: player.recording().size, record: client.interactions.get("retry-1") });
+})()"""
+
+
+def test_client_module_retries_safely_and_plays(demo_proxy, triton) -> None:
+    """rtvideo.js in real Chromium against the real proxy: an update resent until its ack is
+    acked once and applied once, a conflicting reuse of its id is refused without touching it,
+    and the MSE player plays and records the whole stream (trailer included)."""
+    wait_idle(triton, PACED_MODEL)
+    found = drive_page(
+        f"http://127.0.0.1:{demo_proxy.port}/", {"result": RETRY_SCENARIO}, timeout=60, done_title="rtvideo demo"
+    )  # the idle demo page, loaded
+    result = json.loads(found["result"])
+    seen, record = result["seen"], result["record"]
+    assert result["ack"]["eventId"] == "retry-1" and result["ack"]["attempts"] >= 2, result["ack"]
+    assert seen["queued"] == ["retry-1"], seen["queued"]  # several acks arrived, one was reported
+    assert result["conflict"] == "event_id_conflict" and seen["errors"] == ["event_id_conflict"], result
+    started = [m for m in seen["metas"] if "retry-1" in m["started_event_ids"]]
+    assert len(started) == 1 and record["end"] == "completed", (started, record)  # applied once
+    assert seen["states"][:2] == ["sent", "queued"] and record["ackMs"] > 0, seen["states"]
+    assert seen["metas"][-1]["kind"] == "trailer" and result["done"]["stopped"] is True
+    assert result["recorded"] == seen["bytes"] == sum(m["byte_length"] for m in seen["metas"])
+    assert result["codec"].startswith("avc1.") and result["end"]["error"] is None, result
+    frames = sum(m["num_frames"] for m in seen["metas"])
+    assert abs(result["end"]["bufferedEnd"] - frames / 16) < 1 / 16, (result["end"], frames)

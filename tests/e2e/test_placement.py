@@ -1,0 +1,942 @@
+"""Many Triton servers behind one proxy: placement, retries, per-endpoint health, name resolution,
+the drain on SIGTERM, and the device of a GPU model instance.
+
+The real part: two real tritonservers (one on 127.0.0.1, one on 127.0.0.2, on the same gRPC port so
+that one name can stand for both), models with `max_sessions` 2 at the shipped pacing, and real
+proxies and WebSocket clients in front of them."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib.util
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from rtvideo.proxy.addresses import parse_urls, split_address
+from rtvideo.proxy.bridge import BackendUnavailable
+from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.placement import EndpointPool, PlacedStream, capacity_of
+from rtvideo.proxy.supervisor import BackendState
+from rtvideo.triton.wire import START_TAG, Reply
+from tests.e2e.test_cli import RTVIDEO, alive, descendants
+from tests.support.streams import Transcript
+
+T = TypeVar("T")
+MODEL = "realtime_video"
+
+
+# --- addresses, capacity, device: no server -------------------------------------------------------
+def test_triton_urls_are_checked() -> None:
+    assert parse_urls("a:1, b:2,a:1") == ("a:1", "b:2")
+    assert parse_urls(["a:1", "b:2,c:3"]) == ("a:1", "b:2", "c:3")
+    assert split_address("[::1]:8001") == ("::1", 8001)
+    for bad in ("a", "a:", ":1", "a:0", "a:99999", "http://a:1", "::1:8001", "[nope]:1", "a b:1", ""):
+        with pytest.raises(ValueError):
+            parse_urls(bad)
+
+
+def test_capacity_is_max_sessions_times_instances() -> None:
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    def config(max_sessions: str | None, *groups: tuple[int, int, list[int]]) -> Any:
+        c = pb.ModelConfig(name=MODEL)
+        if max_sessions is not None:
+            c.parameters["max_sessions"].string_value = max_sessions
+        for count, kind, gpus in groups:
+            c.instance_group.add(count=count, kind=kind, gpus=gpus)
+        return c
+
+    gpu, cpu = pb.ModelInstanceGroup.KIND_GPU, pb.ModelInstanceGroup.KIND_CPU
+    assert capacity_of(config("2", (1, cpu, []))) == 2
+    assert capacity_of(config("4", (1, gpu, [0, 1, 2, 3]))) == 16  # one instance per GPU, 4 sessions each
+    assert capacity_of(config("4", (2, gpu, [0, 1]), (1, cpu, []))) == 20
+    assert capacity_of(config("3")) == 3
+    assert capacity_of(config(None, (1, cpu, []))) is None
+    assert capacity_of(config("many", (1, cpu, []))) is None
+
+
+def test_a_gpu_instance_runs_on_its_own_gpu() -> None:
+    from rtvideo.backend.builtin.devices import instance_device
+
+    assert instance_device("auto", "GPU", "3") == "cuda:3"
+    assert instance_device("cuda", "GPU", 1) == "cuda:1"
+    assert instance_device("cuda:0", "GPU", "3") == "cuda:0"  # the parameter names a device: it wins
+    assert instance_device("cpu", "GPU", "3") == "cpu"
+    assert instance_device("auto", "CPU", "0") == "auto"
+    assert instance_device("auto", "MODEL", "0") == "auto"
+    with pytest.raises(ValueError):
+        instance_device("auto", "GPU", "-1")
+
+
+def test_model_py_gives_each_gpu_instance_its_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`initialize` of the shipped model.py, with a stand-in `triton_python_backend_utils`: the
+    settings it builds the session manager with carry the instance's GPU."""
+    from rtvideo.triton.model_repo import MODEL_DIR
+
+    class _Metric:
+        def __init__(self, labels: dict) -> None:
+            self.labels = labels
+
+        def set(self, value: float) -> None: ...
+
+        def increment(self, value: float) -> None: ...
+
+    class _Family:
+        GAUGE, COUNTER = "gauge", "counter"
+
+        def __init__(self, name: str, doc: str, kind: str) -> None:
+            self.labels: list[dict] = []
+
+        def Metric(self, labels: dict) -> _Metric:  # noqa: N802 - pb_utils' name
+            self.labels.append(labels)
+            return _Metric(labels)
+
+    fake = types.ModuleType("triton_python_backend_utils")
+    fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1  # type: ignore[attr-defined]
+    fake.MetricFamily = _Family  # type: ignore[attr-defined]
+    fake.using_decoupled_model_transaction_policy = lambda config: True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
+    spec = importlib.util.spec_from_file_location("rtvideo_model_under_test", MODEL_DIR / "1" / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    built: list[Any] = []
+
+    class _Manager:
+        def on_request(self, *args: Any, **kwargs: Any) -> None: ...
+
+        def shutdown(self) -> None: ...
+
+    monkeypatch.setattr(module, "build_manager", lambda settings, name, metrics: built.append(settings) or _Manager())
+
+    def load(kind: str, device_id: str, device: str = "auto") -> str:
+        config = {
+            "model_transaction_policy": {"decoupled": True},
+            "parameters": {"device": {"string_value": device}, "max_sessions": {"string_value": "4"}},
+        }
+        model = module.TritonPythonModel()
+        model.initialize(
+            {
+                "model_config": json.dumps(config),
+                "model_name": MODEL,
+                "model_instance_kind": kind,
+                "model_instance_device_id": device_id,
+                "model_instance_name": f"{MODEL}_{device_id}",
+            }
+        )
+        model.finalize()
+        assert built[-1].max_sessions == 4  # per instance: every instance has its own manager
+        return built[-1].device
+
+    assert load("GPU", "0") == "cuda:0"
+    assert load("GPU", "5") == "cuda:5"
+    assert load("GPU", "5", device="cpu") == "cpu"
+    assert load("CPU", "0") == "auto"
+
+
+# --- placement with stand-in servers -------------------------------------------------------------
+def _reply(tag: str, message: dict) -> Reply:
+    return Reply(tag, json.dumps(message), message, b"")
+
+
+BUSY = {"type": "error", "code": "server_busy", "message": "all 2 session slots are in use"}
+BUSY_DONE = {
+    "type": "session.done",
+    "request_id": None,
+    "chunks": 0,
+    "stopped": False,
+    "unapplied_event_ids": [],
+    "unfinished_event_ids": [],
+}
+
+
+class _FakeStream:
+    """A `TritonStream` whose server answers session.start as its endpoint's `mode` says."""
+
+    def __init__(self, server: _FakeServer) -> None:
+        self.server = server
+        self.sequence_id = len(server.streams) + 1
+        self.sent: list[tuple[bytes, bool, bool, str]] = []
+        self._replies: asyncio.Queue[Reply | Exception | None] = asyncio.Queue()
+        self.cancelled = False
+        self.half_closed = False
+
+    def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
+        tag = START_TAG if start else f"m{len(self.sent) + 1}"
+        self.sent.append((raw, start, end, tag))
+        mode = self.server.mode
+        if start and mode == "busy":
+            self._replies.put_nowait(_reply(START_TAG, BUSY))
+            self._replies.put_nowait(_reply(START_TAG, BUSY_DONE))
+        elif start and mode == "ok":
+            self._replies.put_nowait(_reply(START_TAG, {"type": "video.start", "request_id": f"r{self.sequence_id}"}))
+        elif start and mode == "fail":
+            self._replies.put_nowait(BackendUnavailable("Triton refused a request: unavailable"))
+        elif end and mode != "silent":  # stands for the end being confirmed
+            self._replies.put_nowait(_reply(tag, {"type": "session.done", "stopped": True}))
+        elif not start and mode == "ok":
+            self._replies.put_nowait(_reply(tag, {"type": "session.pong"}))
+        return tag
+
+    async def replies(self) -> AsyncIterator[Reply]:
+        while (item := await self._replies.get()) is not None:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    def close_requests(self) -> None:
+        """Half-close: a live server ends the call once every request completed."""
+        self.half_closed = True
+        if self.server.mode != "silent":
+            self._replies.put_nowait(None)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._replies.put_nowait(None)
+
+
+class _FakeServer:
+    def __init__(self, mode: str) -> None:
+        self.mode = mode  # ok, busy, fail, silent
+        self.streams: list[_FakeStream] = []
+
+    def open_stream(self) -> _FakeStream:
+        self.streams.append(_FakeStream(self))
+        return self.streams[-1]
+
+    async def close(self) -> None: ...
+
+
+async def _pool(*modes: str, capacity: int = 2) -> tuple[EndpointPool, list[_FakeServer]]:
+    urls = ",".join(f"10.0.0.{i + 1}:8001" for i in range(len(modes)))
+    pool = EndpointPool(urls, MODEL, ProxyMetrics(), probe_interval=60, probe_timeout=1, probe_failures=1)
+    await pool.refresh()  # IP addresses: no resolver; supervisors not started
+    servers = []
+    for endpoint, mode in zip(sorted(pool.endpoints.values(), key=lambda e: e.address), modes):
+        servers.append(_FakeServer(mode))
+        endpoint.bridge = servers[-1]  # type: ignore[assignment]
+        endpoint.capacity = capacity
+        endpoint.supervisor.state = BackendState.UP
+    return pool, servers
+
+
+class _Reader:
+    """One session's single pass over its stream's replies (as ProxySession._pump makes it)."""
+
+    def __init__(self, stream: PlacedStream) -> None:
+        self._replies = stream.replies().__aiter__()
+
+    async def take(self, count: int) -> list[Reply]:
+        return [await asyncio.wait_for(self._replies.__anext__(), 5) for _ in range(count)]
+
+
+def test_most_free_slots_first_ties_rotate_full_ones_last() -> None:
+    async def body() -> None:
+        pool, _ = await _pool("ok", "ok", "ok")
+        a, b, c = sorted(pool.endpoints.values(), key=lambda e: e.address)
+        firsts = [pool.candidates()[0].address for _ in range(3)]
+        assert sorted(firsts) == sorted(e.address for e in (a, b, c))  # equal: each in turn
+        streams = [pool.open_stream() for _ in range(5)]  # 2 + 2 + 1
+        assert sorted(len(e.streams) for e in (a, b, c)) == [1, 2, 2]
+        assert [e.free for e in pool.candidates()] == [1]  # the only one with room
+        streams.append(pool.open_stream())
+        assert all(e.free == 0 for e in (a, b, c))
+        assert len(pool.candidates()) == 1  # all full: one, whose model answers server_busy
+        b.supervisor.state = BackendState.DOWN
+        streams[0].cancel()
+        streams[1].cancel()
+        assert all(e is not b for e in pool.candidates())  # down: never a candidate
+        c.leaving = True
+        assert all(e is a for e in pool.candidates())  # leaving: no new sessions
+        for s in streams:
+            s.cancel()
+        assert not a.streams and not b.streams
+
+    asyncio.run(body())
+
+
+def test_a_refused_start_is_replayed_on_the_next_endpoint_unseen() -> None:
+    async def body() -> None:
+        pool, (busy, ok) = await _pool("busy", "ok")
+        busy_ep = next(e for e in pool.endpoints.values() if e.bridge is busy)
+        ok_ep = next(e for e in pool.endpoints.values() if e.bridge is ok)
+        ok_ep.capacity = 1  # so that the busy one (more free slots by this proxy's count) goes first
+        stream = pool.open_stream()
+        assert stream.endpoint is busy_ep
+        assert stream.send(b"start", start=True) == START_TAG
+        assert stream.send(b"ping") == "m2"  # sent before the start is answered: replayed too
+        got = await _Reader(stream).take(2)
+        assert [r.message["type"] for r in got] == ["video.start", "session.pong"]  # nothing of the refusal
+        assert stream.endpoint is ok_ep and stream.placed and stream.attempts == 2
+        assert [(raw, tag) for raw, _, _, tag in ok.streams[0].sent] == [(b"start", START_TAG), (b"ping", "m2")]
+        await asyncio.sleep(0.05)
+        refused = busy.streams[0]
+        assert refused.sent[-1][2] is True and refused.cancelled  # that sequence was ended there, then dropped
+        assert busy_ep.streams == set() and ok_ep.streams == {stream}
+        stream.send(b"later")  # once placed, nothing more is kept for replay
+        assert len(ok.streams[0].sent) == 3 and stream._sent == []
+        metrics = pool._metrics
+        assert metrics.by_endpoint("refusals") == {busy_ep.address: 1, ok_ep.address: 0}
+        assert metrics.by_endpoint("placements") == {busy_ep.address: 0, ok_ep.address: 1}
+        assert metrics.by_endpoint("sessions_active") == {busy_ep.address: 0, ok_ep.address: 1}
+        stream.cancel()
+        assert ok.streams[0].cancelled and not ok_ep.streams
+        await pool.stop()
+
+    asyncio.run(body())
+
+
+def test_when_all_refuse_the_last_refusal_is_the_answer() -> None:
+    async def body() -> None:
+        pool, servers = await _pool("busy", "busy")
+        stream = pool.open_stream()
+        stream.send(b"start", start=True)
+        got = await _Reader(stream).take(2)
+        assert [r.message for r in got] == [BUSY, BUSY_DONE]
+        assert stream.attempts == 2 and sum(len(s.streams) for s in servers) == 2
+        assert sum(pool._metrics.by_endpoint("refusals").values()) == 2
+        stream.cancel()
+        await pool.stop()
+
+    asyncio.run(body())
+
+
+def test_a_failed_start_moves_on_and_all_failing_is_backend_unavailable() -> None:
+    async def body() -> None:
+        pool, (fail, ok) = await _pool("fail", "ok")
+        next(e for e in pool.endpoints.values() if e.bridge is ok).capacity = 1
+        stream = pool.open_stream()
+        stream.send(b"start", start=True)
+        assert [r.message["type"] for r in await _Reader(stream).take(1)] == ["video.start"]
+        assert fail.streams[0].cancelled and sum(pool._metrics.by_endpoint("start_failures").values()) == 1
+        stream.cancel()
+
+        pool, _ = await _pool("fail", "fail")
+        stream = pool.open_stream()
+        stream.send(b"start", start=True)
+        with pytest.raises(BackendUnavailable, match="no Triton endpoint could start the session"):
+            await _Reader(stream).take(1)
+        assert not any(e.streams for e in pool.endpoints.values())
+
+        pool, _ = await _pool("ok")
+        next(iter(pool.endpoints.values())).supervisor.state = BackendState.DOWN  # no endpoint takes it
+        stream = pool.open_stream()
+        assert stream.send(b"start", start=True) == START_TAG and stream.send(b"x") == "m2"
+        with pytest.raises(BackendUnavailable, match="no Triton endpoint takes new sessions"):
+            await _Reader(stream).take(1)
+
+    asyncio.run(body())
+
+
+def test_an_endpoint_going_down_ends_placed_sessions_and_moves_pending_ones() -> None:
+    async def body() -> None:
+        pool, (silent, ok) = await _pool("silent", "ok")
+        silent_ep = next(e for e in pool.endpoints.values() if e.bridge is silent)
+        ok_ep = next(e for e in pool.endpoints.values() if e.bridge is ok)
+        ok_ep.capacity = 1
+        pending = pool.open_stream()  # on the silent one: its start is never answered
+        pending.send(b"start", start=True)
+        reader = _Reader(pending)
+        took = asyncio.ensure_future(reader.take(1))
+        await asyncio.sleep(0.01)
+        assert pending.endpoint is silent_ep
+        pool._down(silent_ep, "stub gone")
+        assert [r.message["type"] for r in await took] == ["video.start"] and pending.endpoint is ok_ep
+
+        pool._down(ok_ep, "stub gone too")  # now placed: it ends
+        with pytest.raises(BackendUnavailable, match="stub gone too"):
+            await reader.take(1)
+        pending.cancel()
+        assert not ok_ep.streams
+
+    asyncio.run(body())
+
+
+def test_names_resolve_to_endpoints_that_join_and_leave() -> None:
+    async def body() -> None:
+        answers: dict[str, list[str]] = {"tritons.test": ["10.1.0.1"]}
+        failing = False
+
+        async def resolver(host: str, port: int) -> list[str]:
+            if failing:
+                raise OSError("DNS is away")
+            return answers[host]
+
+        pool = EndpointPool(
+            "tritons.test:8001,10.9.9.9:8001",
+            MODEL,
+            ProxyMetrics(),
+            probe_interval=60,
+            probe_timeout=1,
+            probe_failures=1,
+            resolver=resolver,
+        )
+        await pool.refresh()
+        assert sorted(pool.endpoints) == ["10.1.0.1:8001", "10.9.9.9:8001"]
+        answers["tritons.test"] = ["10.1.0.1", "10.1.0.2", "10.1.0.2"]
+        await pool.refresh()
+        assert sorted(pool.endpoints) == ["10.1.0.1:8001", "10.1.0.2:8001", "10.9.9.9:8001"]
+        for e in pool.endpoints.values():
+            e.supervisor.state = BackendState.UP
+        stream = PlacedStream(pool, [pool.endpoints["10.1.0.1:8001"]])  # a session stays on it
+        failing = True
+        await pool.refresh()  # a failed resolution removes nothing
+        assert len(pool.endpoints) == 3
+        failing = False
+        answers["tritons.test"] = ["10.1.0.2"]
+        await pool.refresh()
+        gone = pool.endpoints["10.1.0.1:8001"]
+        assert gone.leaving and not gone.admitting and gone.streams == {stream}
+        assert all(e is not gone for e in pool.candidates())
+        assert [e["endpoint"] for e in pool.status()["endpoints"] if e["leaving"]] == ["10.1.0.1:8001"]
+        stream.cancel()  # its last session ends: it is gone
+        assert sorted(pool.endpoints) == ["10.1.0.2:8001", "10.9.9.9:8001"]
+        assert "10.1.0.1:8001" not in pool._metrics.by_endpoint("sessions_active")
+        await pool.stop()
+
+    asyncio.run(body())
+
+
+# --- two real tritonservers -----------------------------------------------------------------------
+def _port_free_on(port: int, *hosts: str) -> bool:
+    for host in hosts:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
+class Pair:
+    """Triton A on 127.0.0.1 and B on 127.0.0.2, on the same gRPC port."""
+
+    def __init__(self, tmp: Path) -> None:
+        from rtvideo.triton import TritonConfig, TritonServer, free_port
+        from rtvideo.triton.model_repo import derive_model
+
+        repo = tmp / "repo"
+        derive_model(repo, MODEL, {"max_sessions": "2"})  # the shipped pacing: sessions stay live
+        while not _port_free_on(port := free_port(), "127.0.0.1", "127.0.0.2"):
+            pass
+        self.port = port
+        self.servers = {
+            host: TritonServer(
+                TritonConfig(repo, grpc_port=port, http_port=free_port(), metrics_port=free_port(), host=host),
+                stdout=tmp / f"triton-{host}.log",
+            )
+            for host in ("127.0.0.1", "127.0.0.2")
+        }
+
+    def url(self, host: str) -> str:
+        return f"{host}:{self.port}"
+
+    @property
+    def a(self) -> str:
+        return self.url("127.0.0.1")
+
+    @property
+    def b(self) -> str:
+        return self.url("127.0.0.2")
+
+    def start(self) -> None:
+        """Spawn both from this (the main) thread, then wait for both: they start in parallel."""
+        for server in self.servers.values():
+            if not server.is_alive():
+                server.spawn()
+        for server in self.servers.values():
+            server.wait_ready(300)
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    p = Pair(tmp_path_factory.mktemp("pair"))
+    try:
+        t0 = time.monotonic()
+        p.start()
+        print(f"two tritonservers ready in {time.monotonic() - t0:.1f} s")
+        yield p
+    finally:
+        p.stop()
+
+
+class Host:
+    """A background event loop hosting proxies (ProxyServer), like tests/e2e/test_proxy.py's."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="proxy-loop", daemon=True)
+        self._thread.start()
+        self.servers: list[Any] = []
+
+    def call(self, coro: Awaitable[T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
+
+    def proxy(self, urls: str, resolver: Any = None, **overrides: Any) -> Any:
+        from rtvideo.proxy.app import ProxyServer
+        from rtvideo.proxy.settings import ProxySettings
+
+        settings = ProxySettings(
+            port=0, triton_url=urls, model=MODEL, probe_interval=0.5, probe_failures=2, **overrides
+        )
+
+        async def start() -> ProxyServer:
+            server = ProxyServer(settings, resolver=resolver)
+            await server.start()
+            return server
+
+        server = self.call(start())
+        self.servers.append(server)
+        return server
+
+    def placements(self, server: Any) -> dict[str, str]:
+        """request_id → endpoint of every live session of `server`."""
+
+        async def read() -> dict[str, str]:
+            return {
+                s.request_id: s._stream.endpoint.address
+                for s in server.context.sessions
+                if s.request_id and s._stream is not None and s._stream.endpoint is not None
+            }
+
+        return self.call(read())
+
+    def close(self) -> None:
+        for server in self.servers:
+            self.call(server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    h = Host()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def _health(server: Any) -> dict:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return json.loads(err.read())
+
+
+def _wait_endpoints(server: Any, want: dict[str, str], timeout: float = 60.0) -> dict:
+    """Until /healthz shows exactly these endpoints in these states (and capacity 2 when up)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = _health(server)
+        got = {e["endpoint"]: e["state"] for e in health["endpoints"]}
+        capacities_read = all(e["capacity"] == 2 for e in health["endpoints"] if e["state"] == "up")
+        if got == want and capacities_read:
+            return health
+        assert time.monotonic() < deadline, f"endpoints {got}, wanted {want}: {health}"
+        time.sleep(0.1)
+
+
+def _metric_values(server: Any) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+class Client:
+    """One WebSocket session, recording what it receives."""
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+        self.t = Transcript()
+        self.request_id: str | None = None
+
+    @classmethod
+    async def open(cls, url: str, **start: Any) -> Client:
+        client = cls(await connect(url, max_size=None))
+        await client.conn.send(json.dumps({"type": "session.start", "prompt": "a harbour at dawn", **start}))
+        first = await client.next()
+        if first["type"] == "video.start":
+            client.request_id = first["request_id"]
+        return client
+
+    async def next(self, timeout: float = 30.0) -> dict:
+        frame = await asyncio.wait_for(self.conn.recv(), timeout)
+        assert isinstance(frame, str), "a binary frame without its metadata"
+        message = json.loads(frame)
+        data = b""
+        if message["type"] == "video.chunk_metadata":
+            data = await asyncio.wait_for(self.conn.recv(), timeout)
+            assert isinstance(data, bytes)
+        self.t.add(message, data)
+        return message
+
+    async def until(self, kind: str, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while (message := await self.next(max(0.01, deadline - time.monotonic())))["type"] != kind:
+            pass
+        return message
+
+    async def media(self, count: int = 1) -> None:
+        for _ in range(count):
+            while (await self.next())["type"] != "video.chunk_metadata" or self.t.pairs[-1][0]["kind"] != "media":
+                pass
+
+    async def closed(self, timeout: float = 20.0) -> int | None:
+        """Read to the end; the close code."""
+        with pytest.raises(ConnectionClosed):
+            while True:
+                await self.next(timeout)
+        return self.conn.close_code
+
+    async def stop(self) -> None:
+        await self.conn.send(json.dumps({"type": "session.stop"}))
+        await self.until("session.done")
+        await self.conn.close()
+
+
+def run(coro: Awaitable[T], timeout: float = 180.0) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
+
+
+def test_sessions_fill_both_servers_then_server_busy(pair: Pair, host: Host) -> None:
+    server = host.proxy(f"{pair.a},{pair.b}")
+    health = _wait_endpoints(server, {pair.a: "up", pair.b: "up"})
+    assert health["ready"] and health["backend"] == "up"
+
+    async def body() -> None:
+        clients = [await Client.open(server.url) for _ in range(4)]
+        assert all(c.request_id for c in clients), [c.t.messages for c in clients]
+        placed = host.placements(server)
+        assert sorted(placed.values()) == sorted([pair.a, pair.a, pair.b, pair.b]), placed
+        fifth = await Client.open(server.url)
+        assert [m["type"] for m in fifth.t.messages] == ["error"] and fifth.t.messages[0]["code"] == "server_busy"
+        assert (await fifth.next())["type"] == "session.done"
+        values = _metric_values(server)
+        for url in (pair.a, pair.b):
+            assert values[f'rtvideo_proxy_endpoint_sessions_active{{endpoint="{url}"}}'] == 2
+            assert values[f'rtvideo_proxy_endpoint_placements_total{{endpoint="{url}"}}'] == 2
+            assert values[f'rtvideo_proxy_endpoint_up{{endpoint="{url}"}}'] == 1
+            assert values[f'rtvideo_proxy_endpoint_capacity{{endpoint="{url}"}}'] == 2
+        assert values['rtvideo_proxy_errors_total{code="server_busy"}'] == 1
+        assert sum(values[f'rtvideo_proxy_endpoint_refusals_total{{endpoint="{u}"}}'] for u in (pair.a, pair.b)) == 1
+        for c in clients:
+            await c.media()
+        await asyncio.gather(*(c.stop() for c in clients))
+        await fifth.conn.close()
+
+    run(body())
+    health = _health(server)
+    assert [(e["endpoint"], e["sessions"], e["free"]) for e in health["endpoints"]] == [(pair.a, 0, 2), (pair.b, 0, 2)]
+
+
+def test_a_server_filled_by_another_client_is_passed_over_unnoticed(pair: Pair, host: Host) -> None:
+    from rtvideo.client.triton_stream import TritonStreamSession
+
+    server = host.proxy(f"{pair.a},{pair.b}")
+    _wait_endpoints(server, {pair.a: "up", pair.b: "up"})
+    direct = [TritonStreamSession(pair.a, MODEL) for _ in range(2)]  # A is full, unknown to the proxy
+    try:
+        for d in direct:
+            d.start("someone else's session")
+            assert d.next().message["type"] == "video.start"
+
+        async def body() -> list[Client]:
+            clients = [await Client.open(server.url) for _ in range(2)]
+            for c in clients:  # the first thing each sees is its video.start: no error, no refusal
+                assert c.request_id and c.t.messages[0]["type"] == "video.start", c.t.messages
+                await c.media()
+            assert sorted(host.placements(server).values()) == [pair.b, pair.b]
+            await asyncio.gather(*(c.stop() for c in clients))
+            return clients
+
+        run(body())
+        refusals = server.context.metrics.by_endpoint("refusals")
+        assert refusals[pair.a] >= 1 and refusals[pair.b] == 0, refusals
+        assert server.context.metrics.errors["server_busy"] == 0
+    finally:
+        for d in direct:
+            d.stop()
+            d.close()
+
+
+def run_beside_main(
+    body: Callable[[Callable[[Callable[[], Any]], Awaitable[Any]]], Awaitable[T]], timeout: float = 400.0
+) -> T:
+    """`run(body(in_main))` on a thread; `await in_main(fn)` runs `fn` on this, the main, thread
+    (a tritonserver dies with the thread that spawned it, so it is spawned from here)."""
+    jobs: queue.Queue = queue.Queue()
+    result: dict[str, Any] = {}
+
+    async def in_main(fn: Callable[[], Any]) -> Any:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        jobs.put((fn, future))
+        return await asyncio.wrap_future(future)
+
+    def target() -> None:
+        try:
+            result["value"] = run(body(in_main), timeout)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
+            result["error"] = exc
+        finally:
+            jobs.put(None)
+
+    thread = threading.Thread(target=target, name="client-loop")
+    thread.start()
+    while (job := jobs.get()) is not None:
+        fn, future = job
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting body
+            future.set_exception(exc)
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _restart(server: Any) -> None:
+    """Stop and start a tritonserver on its ports. tritonserver 2.51 (the pytriton wheel) now and
+    then dies of SIGSEGV while starting right after a kill -9 freed the same ports (seen twice
+    in a few dozen restarts here); that crash is Triton's, not the placement's under test, so
+    one such start is tried again."""
+    server.stop()
+    try:
+        server.start(300)
+    except RuntimeError as exc:
+        if "exited with code -" not in str(exc):
+            raise
+        server.stop()
+        server.start(300)
+
+
+def test_a_killed_server_ends_its_sessions_the_other_goes_on_and_it_comes_back(pair: Pair, host: Host) -> None:
+    server = host.proxy(f"{pair.a},{pair.b}")
+    _wait_endpoints(server, {pair.a: "up", pair.b: "up"})
+    a = pair.servers["127.0.0.1"]
+    timings: dict[str, float] = {}
+
+    async def body(in_main: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:
+        first = [await Client.open(server.url) for _ in range(2)]
+        placed = host.placements(server)
+        assert sorted(placed.values()) == [pair.a, pair.b]
+        on_a = next(c for c in first if placed[c.request_id] == pair.a)
+        on_b = next(c for c in first if placed[c.request_id] == pair.b)
+        await on_a.media()
+        await on_b.media()
+        os.killpg(a.pid, signal.SIGKILL)  # tritonserver and its stub
+        t0 = time.monotonic()
+        assert (await on_a.until("error"))["code"] == "backend_unavailable"
+        done = await on_a.next()
+        assert done["type"] == "session.done" and done["chunks"] == len(on_a.t.pairs)
+        assert await on_a.closed() == 1000
+        timings["its session ended"] = time.monotonic() - t0
+        await on_b.media(2)  # the other server's session goes on
+        while (await asyncio.to_thread(_health, server))["endpoints"][0]["state"] != "down":
+            assert time.monotonic() - t0 < 20
+            await asyncio.sleep(0.1)
+        timings["endpoint down"] = time.monotonic() - t0
+        new = await Client.open(server.url)  # the survivor takes it
+        assert new.request_id and host.placements(server)[new.request_id] == pair.b
+        full = await Client.open(server.url)  # B is full, A is down: busy
+        assert full.t.messages[0]["code"] == "server_busy"
+        await full.conn.close()
+        await on_b.media()
+        assert not on_b.t.of_type("error")
+
+        t1 = time.monotonic()
+        await in_main(lambda: _restart(a))  # on the same ports
+        timings["restart"] = time.monotonic() - t1
+        await asyncio.to_thread(_wait_endpoints, server, {pair.a: "up", pair.b: "up"})
+        timings["back in rotation"] = time.monotonic() - t1
+        back = await Client.open(server.url)  # B is full: only A can take it
+        assert back.request_id and host.placements(server)[back.request_id] == pair.a
+        await asyncio.gather(*(c.stop() for c in (on_b, new, back)))
+
+    try:
+        run_beside_main(body)
+    finally:
+        if not a.is_alive():
+            _restart(a)
+    print("after the kill -9 of one tritonserver:", ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+
+
+def test_a_name_that_resolves_to_both_servers_gives_two_endpoints(pair: Pair, host: Host) -> None:
+    addresses = ["127.0.0.1"]
+
+    async def resolver(name: str, port: int) -> list[str]:
+        assert name == "tritons.test"
+        return list(addresses)
+
+    server = host.proxy(f"tritons.test:{pair.port}", resolver=resolver, resolve_interval=0.2)
+    _wait_endpoints(server, {pair.a: "up"})
+    addresses.append("127.0.0.2")
+    _wait_endpoints(server, {pair.a: "up", pair.b: "up"})
+
+    async def body() -> None:
+        clients = [await Client.open(server.url) for _ in range(2)]
+        assert sorted(host.placements(server).values()) == [pair.a, pair.b]
+        addresses.remove("127.0.0.1")  # A leaves the name: its session runs on, new ones go to B
+        deadline = time.monotonic() + 10
+        while not any(e["leaving"] for e in _health(server)["endpoints"]):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        extra = await Client.open(server.url)
+        assert host.placements(server)[extra.request_id] == pair.b
+        for c in clients:
+            await c.media()
+        await asyncio.gather(*(c.stop() for c in (*clients, extra)))
+
+    run(body())
+    _wait_endpoints(server, {pair.b: "up"})  # gone once its last session ended
+
+
+# --- the drain on SIGTERM -------------------------------------------------------------------------
+def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_path: Path) -> None:
+    from rtvideo.triton import free_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [
+                str(RTVIDEO),
+                "serve",
+                "--port",
+                str(port),
+                "--triton-url",
+                pair.a,
+                "--triton-url",
+                pair.b,
+                "--model",
+                MODEL,
+                "--drain-seconds",
+                "3",
+                "--probe-interval",
+                "0.5",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    url = f"ws://127.0.0.1:{port}/v1/realtime/video"
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(base + path, timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    try:
+        assert proc.stdout is not None and select.select([proc.stdout], [], [], 60)[0], log.read_text()
+        assert proc.stdout.readline().startswith("rtvideo ready:"), log.read_text()
+        deadline = time.monotonic() + 30
+        while status("/readyz") != 200:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        timings: dict[str, float] = {}
+
+        async def body() -> tuple[Client, Client]:
+            short = await Client.open(url, num_frames=45)  # 5 chunks at real time: ends within the drain
+
+            async def ended() -> tuple[dict, float]:
+                return await short.until("session.done", timeout=20), time.monotonic()
+
+            short_end = asyncio.ensure_future(ended())
+            long = await Client.open(url)
+            await long.media()
+            await long.conn.send(
+                json.dumps(
+                    {
+                        "type": "session.interaction",
+                        "interaction": {"event_id": "slow", "transition_chunks": 50, "event": {"prompt": "a storm"}},
+                    }
+                )
+            )
+            await long.until("session.interaction.queued")
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            while await asyncio.to_thread(status, "/readyz") != 503:
+                assert time.monotonic() - t0 < 1.0, "/readyz not 503 at once"
+            timings["readyz 503"] = time.monotonic() - t0
+            assert await asyncio.to_thread(status, "/livez") == 200
+            with pytest.raises(InvalidStatus) as refused:
+                await connect(url)
+            assert refused.value.response.status_code == 503
+            assert not short_end.done(), "the short session ended before the SIGTERM"
+            done, at = await short_end
+            assert done["stopped"] is False and not short.t.of_type("error")
+            assert await short.closed() == 1000
+            timings["short session done"] = at - t0
+            error = await long.until("error", timeout=15)
+            timings["server_shutdown"] = time.monotonic() - t0
+            assert error["code"] == "server_shutdown"
+            assert await long.closed() == 1001
+            return short, long
+
+        short, long = run(body(), timeout=120)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print("from SIGTERM:", ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+    assert 3.0 <= timings["server_shutdown"] < 8.0, timings
+    done = long.t.messages[-1]
+    assert done["type"] == "session.done" and done["chunks"] == len(long.t.pairs) and done["stopped"] is False
+    named = {
+        e
+        for m in long.t.media
+        for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+        for e in m[k]
+    }
+    assert "slow" in named | set(done["unapplied_event_ids"]) | set(done["unfinished_event_ids"])
+    assert [m["type"] for m in long.t.messages if m["type"] != "video.chunk_metadata"][-2:] == ["error", "session.done"]
+    assert not [p for p in descendants(proc.pid) if alive(p)]
+
+
+@pytest.mark.parametrize(
+    "args,env,fragment",
+    [
+        (["--triton-url", "127.0.0.1:8001", "--triton-url", "http://b:8001"], {}, "Triton URL 'http://b:8001'"),
+        ([], {"RTVIDEO_TRITON_URL": "127.0.0.1:8001,nope"}, "Triton URL 'nope'"),
+        (["--triton-url", "127.0.0.1:8001", "--drain-seconds", "-1"], {}, "drain_seconds must be >= 0"),
+    ],
+)
+def test_bad_triton_urls_give_one_line_and_exit_2(args: list[str], env: dict[str, str], fragment: str) -> None:
+    out = subprocess.run(
+        [str(RTVIDEO), "serve", *args], capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in out.stderr, out.stderr

@@ -1,0 +1,898 @@
+"""The WebSocket proxy end to end: real proxies in a background event loop, the session's real
+Triton behind them, real WebSocket clients (`websockets`) in front, real decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
+from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES
+from rtvideo.proxy import bridge as bridge_module
+from rtvideo.proxy import session as proxy_session
+from rtvideo.proxy.access import origin_allowed
+from rtvideo.proxy.app import ProxyServer
+from rtvideo.proxy.bridge import TritonBridge
+from rtvideo.proxy.ledger import Ledger
+from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.settings import ProxySettings
+from rtvideo.triton import free_port
+from rtvideo.triton.wire import START_TAG, Reply
+from tests.e2e.test_backend import ids
+from tests.support.streams import (
+    FAST_MODEL,
+    PACED_MODEL,
+    Transcript,
+    check_stream_rules,
+    decode,
+    wait_for_metric,
+)
+
+T = TypeVar("T")
+
+
+# --- fixtures: proxies on a background event loop ----------------------------------------------
+class ProxyHost:
+    """A thread running one asyncio loop that hosts proxy servers, one per distinct setting."""
+
+    def __init__(self, triton_url: str) -> None:
+        self.triton_url = triton_url
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="proxy-loop", daemon=True)
+        self._thread.start()
+        self._servers: dict[tuple, ProxyServer] = {}
+
+    def call(self, coro: Awaitable[T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
+
+    def server(self, **overrides: Any) -> ProxyServer:
+        values = {"port": 0, "triton_url": self.triton_url, "model": FAST_MODEL, **overrides}
+        key = tuple(sorted(values.items()))
+        if key not in self._servers:
+
+            async def start() -> ProxyServer:
+                server = ProxyServer(ProxySettings(**values))
+                await server.start()
+                return server
+
+            self._servers[key] = self.call(start())
+        return self._servers[key]
+
+    def url(self, **overrides: Any) -> str:
+        return self.server(**overrides).url
+
+    def close(self) -> None:
+        for server in self._servers.values():  # a session still ending may take SHUTDOWN_SECONDS and more
+            self.call(server.stop(), timeout=90)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def proxies(triton) -> Iterator[ProxyHost]:
+    host = ProxyHost(triton.grpc_url)
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+def run(coro: Awaitable[T], timeout: float = 120.0) -> T:
+    """Run one test body on a fresh client loop (the proxies run on their own loop)."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
+
+
+def wait_idle(triton, model: str = FAST_MODEL, timeout: float = 15.0) -> None:
+    """Wait until the model has no live session (earlier tests' sessions end within a chunk)."""
+    wait_for_metric(triton, "rtvideo_active_sessions", model, 0, timeout)
+
+
+# --- a raw WebSocket session that checks framing -----------------------------------------------
+class Ws:
+    """A client connection recording a Transcript; a metadata text frame must be followed
+    immediately by its binary frame (read here as one step)."""
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+        self.t = Transcript()
+
+    async def send(self, message: dict[str, Any] | str | bytes) -> None:
+        await self.conn.send(json.dumps(message) if isinstance(message, dict) else message)
+
+    async def start(self, prompt: str = "a harbour", **fields: Any) -> dict[str, Any]:
+        await self.send({"type": "session.start", "prompt": prompt, **fields})
+        start = await self.next()
+        assert start["type"] == "video.start", start
+        return start
+
+    async def interact(self, prompt: str, event_id: str, transition_chunks: int | None = None) -> None:
+        interaction: dict[str, Any] = {"event_id": event_id, "event": {"prompt": prompt}}
+        if transition_chunks is not None:
+            interaction["transition_chunks"] = transition_chunks
+        await self.send({"type": "session.interaction", "interaction": interaction})
+
+    async def next(self, timeout: float = 30.0) -> dict[str, Any]:
+        frame = await asyncio.wait_for(self.conn.recv(), timeout)
+        assert isinstance(frame, str), "a binary frame without its metadata"
+        message = json.loads(frame)
+        data = b""
+        if message["type"] == "video.chunk_metadata":
+            data = await asyncio.wait_for(self.conn.recv(), timeout)
+            assert isinstance(data, bytes), f"metadata followed by {data!r} instead of its payload"
+            assert len(data) == message["byte_length"]
+        self.t.add(message, data)
+        return message
+
+    async def until(self, match: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            message = await self.next(max(0.01, deadline - time.monotonic()))
+            if match(message):
+                return message
+
+    async def next_media(self) -> dict[str, Any]:
+        return await self.until(lambda m: m["type"] == "video.chunk_metadata" and m["kind"] == "media")
+
+    async def finish(self, timeout: float = 60.0) -> Transcript:
+        """Read to `session.done`, then expect a normal close (1000) and nothing in between."""
+        await self.until(lambda m: m["type"] == "session.done", timeout)
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(self.conn.recv(), 10)
+        assert self.conn.close_code == 1000
+        return self.t
+
+
+def ws(url: str, **kwargs: Any) -> Any:
+    return connect(url, max_size=None, proxy=None, open_timeout=10, **kwargs)
+
+
+async def first_message_answers(url: str, first: Any, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Send one first message; read the two answers (an error, then session.done) and the 1000 close."""
+    async with ws(url) as conn:
+        s = Ws(conn)
+        await s.send(first)
+        messages = [await s.next(timeout), await s.next(timeout)]
+        with pytest.raises(ConnectionClosed):
+            await conn.recv()
+        assert conn.close_code == 1000
+        return messages
+
+
+def is_error(code: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda m: m["type"] == "error" and m["code"] == code
+
+
+# --- sessions through the proxy ----------------------------------------------------------------
+def test_full_session_pairs_trailer_done_close(proxies) -> None:
+    async def body() -> Transcript:
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            start = await s.start("A quiet harbour at dawn", num_frames=30, seed=7)
+            assert start["request_id"].startswith("video_stream-") and start["config"]["num_frames"] == 30
+            return await s.finish()
+
+    t = run(body())
+    check_stream_rules(t)
+    assert [m["num_frames"] for m in t.media] == [9, 9, 9, 3]
+    assert t.pairs[-1][0]["kind"] == "trailer"
+    assert decode(t.video).shape == (30, 256, 256, 3)
+    done = t.messages[-1]
+    assert done["stopped"] is False and done["chunks"] == 5
+
+
+def test_stop_ends_with_trailer_and_done(proxies) -> None:
+    async def body() -> Transcript:
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            await s.start("lanterns", seed=5)
+            await s.next_media()
+            await s.send({"type": "session.stop"})
+            await s.send({"type": "session.stop"})  # a second stop is harmless
+            return await s.finish()
+
+    t = run(body())
+    check_stream_rules(t)
+    assert t.messages[-1]["stopped"] is True and t.pairs[-1][0]["kind"] == "trailer"
+    assert decode(t.video).shape[0] == sum(m["num_frames"] for m in t.media)
+
+
+def test_retry_conflict_and_interaction_failed(proxies) -> None:
+    async def body() -> tuple[Transcript, list[dict[str, Any]]]:
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            await s.start("source", num_frames=90, seed=3)
+            await s.interact("snow", "e1", 1)
+            await s.interact("snow", "e1", 1)
+            await s.interact("rain", "e1", 1)
+            await s.send(
+                {
+                    "type": "session.interaction",
+                    "interaction": {"event_id": "neg", "event": {"prompt": "x", "negative_prompt": "blur"}},
+                }
+            )
+            await s.send({"type": "session.ping"})
+            t = await s.finish()
+        answers = [
+            m
+            for m in t.messages
+            if m["type"] in ("session.interaction.queued", "session.pong") or (m["type"] == "error")
+        ]
+        return t, answers
+
+    t, answers = run(body())
+    check_stream_rules(t)
+    rid = t.messages[0]["request_id"]
+    queued = [m for m in answers if m["type"] == "session.interaction.queued"]
+    assert [m["event_id"] for m in queued] == ["e1", "e1", "neg"] and all(m["request_id"] == rid for m in queued)
+    errors = {m["code"]: m for m in answers if m["type"] == "error"}
+    assert errors["event_id_conflict"]["event_id"] == "e1"
+    assert errors["interaction_failed"]["event_id"] == "neg"
+    assert sum(m["type"] == "session.pong" for m in answers) == 1
+    started = [e for m in t.media for e in m["started_event_ids"]]
+    assert started.count("e1") == 1 and "neg" not in started
+
+
+def run_trace(proxies, steps: list[list[dict[str, Any]]], chunks_after: int) -> list[dict[str, Any]]:
+    """tests/e2e/test_backend.py::run_trace through the paced proxy: after chunk 1, before each
+    following boundary, send that step's updates and wait for their acks."""
+
+    async def body() -> tuple[Transcript, list[dict[str, Any]]]:
+        async with ws(proxies.url(model=PACED_MODEL)) as conn:
+            s = Ws(conn)
+            await s.start("source", seed=1)
+            await s.next_media()
+            await s.next_media()
+            metas = []
+            for step in steps + [[]] * chunks_after:
+                for u in step:
+                    await s.interact(u["prompt"], u["event_id"], u.get("transition_chunks"))
+                for u in step:
+                    await s.until(
+                        lambda m: m["type"] == "session.interaction.queued" and m["event_id"] == u["event_id"]
+                    )
+                metas.append(await s.next_media())
+            await s.send({"type": "session.stop"})
+            return await s.finish(), metas
+
+    t, metas = run(body())
+    check_stream_rules(t)
+    return metas
+
+
+GOLDEN = {
+    "hard": (
+        [[dict(prompt="A", event_id="A", transition_chunks=0)]],
+        1,
+        [(["A"], ["A"], ["A"], [], []), ([], [], [], [], [])],
+    ),
+    "default_n": (
+        [[dict(prompt="A", event_id="A")]],
+        3,
+        [(["A"], ["A"], [], [], []), ([], ["A"], [], [], []), ([], ["A"], ["A"], [], []), ([], [], [], [], [])],
+    ),
+    "interrupt": (
+        [[dict(prompt="A", event_id="A", transition_chunks=3)], [dict(prompt="B", event_id="B", transition_chunks=2)]],
+        1,
+        [(["A"], ["A"], [], [], []), (["B"], ["A", "B"], [], [], ["A"]), ([], ["B"], ["B"], [], [])],
+    ),
+    "overlap": (
+        [[dict(prompt="A", event_id="A", transition_chunks=2)], [dict(prompt="B", event_id="B", transition_chunks=2)]],
+        1,
+        [(["A"], ["A"], [], [], []), (["B"], ["A", "B"], ["A"], [], []), ([], ["B"], ["B"], [], [])],
+    ),
+    "supersede": (
+        [[dict(prompt="A", event_id="A"), dict(prompt="B", event_id="B", transition_chunks=0)]],
+        1,
+        [(["B"], ["B"], ["B"], ["A"], []), ([], [], [], [], [])],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_golden_traces(proxies, case: str) -> None:
+    steps, after, expected = GOLDEN[case]
+    metas = run_trace(proxies, steps, after)
+    assert [ids(m) for m in metas] == expected
+    if case == "default_n":
+        assert [m["transition_progress"]["A"] for m in metas[:3]] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    if case == "interrupt":
+        assert metas[1]["transition_progress"] == pytest.approx({"A": 2 / 3, "B": 0.5})
+
+
+def test_ack_precedes_first_mention_under_load(proxies) -> None:
+    """Hard updates sent back to back on an unpaced stream: each is named by the very next chunk."""
+
+    async def body() -> Transcript:
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            await s.start("source", seed=4)
+            for i in range(40):
+                await s.interact(f"p{i}", f"h{i}", 0)
+                if i % 8 == 0:
+                    await s.next_media()
+            await s.send({"type": "session.stop"})
+            return await s.finish()
+
+    t = run(body())
+    check_stream_rules(t)  # asserts every named id was acked earlier
+    assert len(t.of_type("session.interaction.queued")) == 40
+
+
+class FakeConnection:
+    """Records what a ProxySession writes (text frames as dicts)."""
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+
+    def write_message(self, message: str | bytes, binary: bool = False) -> asyncio.Future[None]:
+        self.frames.append(message if binary else json.loads(message))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    def close(self, code: int | None = None, reason: str | None = None) -> None:
+        pass
+
+
+def test_session_forwards_a_mention_only_after_its_ack(monkeypatch) -> None:
+    """Replies interleaved the wrong way round on the gRPC stream still reach the client in order."""
+    monkeypatch.setattr(proxy_session, "ACK_WAIT_SECONDS", 0.2)
+
+    def reply(tag: str, message: dict[str, Any], data: bytes = b"") -> Reply:
+        return Reply(tag, json.dumps(message), message, data)
+
+    def chunk(index: int, started: list[str]) -> Reply:
+        meta = {
+            "type": "video.chunk_metadata",
+            "request_id": "r",
+            "kind": "media",
+            "transport_chunk_index": index,
+            "started_event_ids": started,
+            "active_event_ids": started,
+            "byte_length": 3,
+        }
+        return reply(START_TAG, meta, b"abc")
+
+    async def body() -> list[Any]:
+        conn = FakeConnection()
+        settings = ProxySettings(triton_url="127.0.0.1:1")
+        s = proxy_session.ProxySession(
+            conn, TritonBridge(settings.triton_url, settings.model), settings, ProxyMetrics(), "test", lambda _: None
+        )
+        s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r"}))
+        s._on_reply(chunk(0, ["e1"]))  # overtook its ack
+        s._on_reply(chunk(1, []))  # and must stay behind it
+        await asyncio.sleep(0.05)
+        s._on_reply(reply("m1", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
+        s._on_reply(chunk(2, ["e2"]))  # an ack that never comes: released after the bound
+        await asyncio.sleep(0.4)
+        s.on_disconnect()
+        return conn.frames
+
+    frames = run(body())
+    kinds = [
+        f if isinstance(f, bytes) else (f["type"], f.get("transport_chunk_index", f.get("event_id"))) for f in frames
+    ]
+    assert kinds == [
+        ("video.start", None),
+        ("session.interaction.queued", "e1"),
+        ("video.chunk_metadata", 0),
+        b"abc",
+        ("video.chunk_metadata", 1),
+        b"abc",
+        ("video.chunk_metadata", 2),
+        b"abc",
+    ]
+
+
+def test_ledger_gives_every_acked_event_one_end() -> None:
+    ledger = Ledger()
+    ledger.observe({"type": "video.start", "request_id": "r"}, False)
+    for eid in ("a", "b", "c", "d"):
+        ledger.observe({"type": "session.interaction.queued", "event_id": eid}, False)
+    ledger.observe({"type": "video.chunk_metadata", "started_event_ids": ["a"], "superseded_event_ids": ["b"]}, True)
+    ledger.observe({"type": "error", "code": "interaction_failed", "event_id": "c"}, False)
+    done = ledger.done()
+    assert (done["request_id"], done["chunks"]) == ("r", 1)
+    assert done["unapplied_event_ids"] == ["d"] and done["unfinished_event_ids"] == ["a"]
+
+
+BAD_INPUTS: list[tuple[str, Any, str]] = [
+    ("bad json", "{", "invalid_json"),
+    ("NaN", '{"type": "session.ping", "x": NaN}', "invalid_json"),
+    ("too deep", '{"type": "session.ping", "x": ' + "[" * 40 + "]" * 40 + "}", "invalid_json"),
+    ("array", "[1, 2]", "invalid_message"),
+    ("string", '"hello"', "invalid_message"),
+    ("no type", '{"prompt": "x"}', "invalid_message"),
+    ("unknown type", '{"type": "session.bogus"}', "invalid_message"),
+    ("binary frame", b"\x00\x01binary", "invalid_message"),
+    ("second start", '{"type": "session.start", "prompt": "again"}', "invalid_message"),
+    ("oversized", '{"type": "session.ping", "pad": "' + "x" * MAX_MESSAGE_BYTES + '"}', "message_too_large"),
+    ("interaction not object", '{"type": "session.interaction", "interaction": 3}', "invalid_interaction"),
+    ("no event", '{"type": "session.interaction", "interaction": {"event_id": "x1"}}', "invalid_interaction"),
+    (
+        "empty prompt",
+        '{"type": "session.interaction", "interaction": {"event": {"prompt": "  "}}}',
+        "invalid_interaction",
+    ),
+    (
+        "negative transition",
+        '{"type": "session.interaction", "interaction": {"event": {"prompt": "a"}, "transition_chunks": -1}}',
+        "invalid_interaction",
+    ),
+    (
+        "string transition",
+        '{"type": "session.interaction", "interaction": {"event": {"prompt": "a"}, "transition_chunks": "3"}}',
+        "invalid_interaction",
+    ),
+    (
+        "empty event id",
+        '{"type": "session.interaction", "interaction": {"event_id": "", "event": {"prompt": "a"}}}',
+        "invalid_interaction",
+    ),
+    (
+        "long event id",
+        json.dumps({"type": "session.interaction", "interaction": {"event_id": "e" * 257, "event": {"prompt": "a"}}}),
+        "invalid_interaction",
+    ),
+    (
+        "unknown event field",
+        '{"type": "session.interaction", "interaction": {"event": {"prompt": "a", "colour": "red"}}}',
+        "invalid_interaction",
+    ),
+]
+
+
+def test_bad_inputs_are_answered_and_the_session_goes_on(proxies) -> None:
+    async def body() -> tuple[Transcript, list[str]]:
+        codes = []
+        async with ws(proxies.url(model=PACED_MODEL)) as conn:
+            s = Ws(conn)
+            await s.start("source", seed=9)
+            for _, raw, code in BAD_INPUTS:
+                await s.send(raw)
+                error = await s.until(lambda m: m["type"] == "error")
+                assert error["request_id"] == s.t.messages[0]["request_id"]
+                codes.append(error["code"])
+            before = len(s.t.media)
+            await s.next_media()  # chunks keep coming after all of it
+            assert len(s.t.media) > before
+            await s.send({"type": "session.stop"})
+            return await s.finish(), codes
+
+    t, codes = run(body())
+    check_stream_rules(t)
+    assert codes == [code for _, _, code in BAD_INPUTS], [
+        name for (name, _, c), got in zip(BAD_INPUTS, codes) if c != got
+    ]
+
+
+def test_start_timeout(proxies) -> None:
+    async def body() -> list[dict[str, Any]]:
+        async with ws(proxies.url(start_timeout=0.5)) as conn:
+            s = Ws(conn)
+            error = await s.next(5)
+            done = await s.next(5)
+            with pytest.raises(ConnectionClosed):
+                await conn.recv()
+            assert conn.close_code == 1000
+            return [error, done]
+
+    error, done = run(body())
+    assert error["code"] == "start_timeout" and "request_id" not in error
+    assert done["type"] == "session.done" and done["chunks"] == 0 and done["request_id"] is None
+
+
+@pytest.mark.parametrize(
+    "first, code",
+    [
+        (b"binary start", "invalid_start"),
+        ('{"type": "session.ping"}', "invalid_start"),
+        ("not json", "invalid_start"),
+        ('{"type": "session.start", "prompt": "' + "x" * MAX_START_BYTES + '"}', "message_too_large"),
+        ('{"type": "session.start", "prompt": "x", "format": "webm"}', "unsupported_format"),  # refused by the model
+        ('{"type": "session.start", "prompt": "x", "model": "other"}', "model_mismatch"),
+    ],
+)
+def test_invalid_first_message_ends_the_session(proxies, first: Any, code: str) -> None:
+    error, done = run(first_message_answers(proxies.url(), first))
+    assert error["type"] == "error" and error["code"] == code
+    assert done["type"] == "session.done" and done["chunks"] == 0
+
+
+# --- admission ---------------------------------------------------------------------------------
+def status_of(url: str, **kwargs: Any) -> int:
+    async def body() -> int:
+        try:
+            async with ws(url, **kwargs):
+                return 101
+        except InvalidStatus as exc:
+            return exc.response.status_code
+        except OSError:
+            return 0  # refused: nothing listens
+
+    return run(body(), 30)
+
+
+def test_origin_policy(proxies) -> None:
+    url = proxies.url(allowed_origins=("https://app.example",))
+    assert status_of(url, origin="http://evil.example") == 403
+    assert status_of(url, origin="https://app.example") == 101
+    assert status_of(url, origin="http://localhost:3000") == 101
+    assert status_of(url, origin="http://" + url.split("/")[2]) == 101  # same origin
+    assert status_of(url) == 101  # a program without Origin
+    assert origin_allowed("https://x.example", ["*"]) and not origin_allowed("https://x.example", [])
+
+
+def test_bearer_token(proxies) -> None:
+    server = proxies.server(token="s3cret")
+    assert status_of(server.url) == 401
+    assert status_of(server.url, additional_headers={"Authorization": "Bearer wrong"}) == 401
+    assert status_of(server.url, additional_headers={"Authorization": "Bearer s3cret"}) == 101
+    assert status_of(server.url + "?token=s3cret") == 101
+    metrics_url = f"http://127.0.0.1:{server.port}/metrics"
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(metrics_url, timeout=5)
+    assert err.value.code == 401
+    request = urllib.request.Request(metrics_url, headers={"Authorization": "Bearer s3cret"})
+    assert b"rtvideo_proxy_rejected_total" in urllib.request.urlopen(request, timeout=5).read()
+
+
+def test_max_connections(proxies) -> None:
+    url = proxies.url(max_connections=1)
+
+    async def body() -> None:
+        async with ws(url):
+            with pytest.raises(InvalidStatus) as err:
+                async with ws(url):
+                    pass
+            assert err.value.response.status_code == 503
+        for _ in range(100):  # the slot frees when the proxy sees the close
+            try:
+                async with ws(url):
+                    return
+            except InvalidStatus:
+                await asyncio.sleep(0.05)
+        raise AssertionError("the slot was not freed")
+
+    run(body())
+
+
+# --- resources ---------------------------------------------------------------------------------
+def test_disconnect_frees_the_triton_session(proxies, triton) -> None:
+    wait_idle(triton)
+
+    async def body() -> None:
+        conn = await ws(proxies.url())
+        s = Ws(conn)
+        await s.start("endless", seed=2)
+        await s.next_media()
+        await s.next_media()
+        await asyncio.to_thread(wait_for_metric, triton, "rtvideo_active_sessions", FAST_MODEL, 1)
+        conn.transport.abort()  # gone without a close frame
+
+    run(body())
+    wait_idle(triton, timeout=10)
+
+
+def test_a_stream_cancelled_before_it_is_read_never_reaches_triton(triton) -> None:
+    """The supervisor may end a session (backend_lost: stream.cancel()) in the loop turn its
+    session.start was queued in, before the pump first ran. replies() opened the call anyway:
+    the start reached the model, the requests were half-closed, and with nobody left to end the
+    sequence the model streamed into the void until the session limit, holding a slot."""
+    wait_idle(triton)
+
+    async def body() -> list[Reply]:
+        bridge = TritonBridge(triton.grpc_url, FAST_MODEL)
+        try:
+            stream = bridge.open_stream()
+            stream.send(json.dumps({"type": "session.start", "prompt": "nobody is listening"}).encode(), start=True)
+            stream.cancel()
+
+            async def collect() -> list[Reply]:
+                return [reply async for reply in stream.replies()]
+
+            return await asyncio.wait_for(collect(), 5.0)
+        finally:
+            await bridge.close()
+
+    assert run(body()) == []
+    wait_idle(triton, timeout=10)
+
+
+def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
+    """The proxy cancels a stream it gives up on (the silence bound, its endpoint marked down).
+    A cancelled call does not end its sequence: Triton's sequence batcher held the slot until
+    the idle timeout (65 min), and enough of them left a live server taking no new session. The
+    sequence is ended on a call of its own; after that Triton knows no such sequence, so a
+    request on it is refused by Triton itself (no START), not answered by the model. The
+    bridge is closed at once (as a proxy's stop does): its close waits for that call, which the
+    closed channel used to cut, leaving the sequence held."""
+    wait_idle(triton)
+
+    async def on_sequence(client: Any, sequence_id: int) -> tuple[Any, Any]:
+        """One `session.stop` with sequence_end on `sequence_id`, on a call of its own."""
+
+        async def one() -> Any:
+            yield bridge_module._request(FAST_MODEL, bridge_module.STOP, "check", sequence_id, end=True)
+
+        call = client.stream_infer(one())
+        try:
+            return await asyncio.wait_for(call.__anext__(), 10)
+        except StopAsyncIteration:
+            return None, None  # completed flags-only: the model took it
+        finally:
+            call.cancel()
+
+    async def body() -> tuple[str, Any, Any]:
+        bridge, checker = TritonBridge(triton.grpc_url, FAST_MODEL), TritonBridge(triton.grpc_url, FAST_MODEL)
+        try:
+            stream = bridge.open_stream()
+            stream.send(json.dumps({"type": "session.start", "prompt": "given up on"}).encode(), start=True)
+            replies = stream.replies().__aiter__()
+            first = await asyncio.wait_for(replies.__anext__(), 10)
+            stream.cancel()
+            await replies.aclose()
+            assert stream.ending is not None and not stream.ending.done(), (
+                "an open sequence is ended on a call of its own"
+            )
+            await asyncio.wait_for(bridge.close(), 15)
+            assert stream.ending.done()
+            result, error = await on_sequence(checker.client, stream.sequence_id)
+            return first.message["type"], result, error
+        finally:
+            await bridge.close()
+            await checker.close()
+
+    first, result, error = run(body())
+    assert first == "video.start"
+    assert result is None and error is not None and "START" in str(error), (result, error)
+    wait_idle(triton, timeout=10)
+
+
+async def _read_after_slow_consumer(server: ProxyServer, pause: float) -> tuple[list[Any], int | None]:
+    """A session whose client reads nothing until the proxy ends it with slow_consumer, then,
+    `pause` s later, reads everything: the frames and the close code."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the kernel buffers little
+    sock.connect(("127.0.0.1", server.port))
+    sock.setblocking(False)
+    conn = await connect(server.url, sock=sock, max_size=None, max_queue=1, proxy=None)
+    before = server.context.metrics.errors["slow_consumer"]
+    await conn.send(json.dumps({"type": "session.start", "prompt": "firehose", "seed": 1}))
+    deadline = time.monotonic() + 60
+    while server.context.metrics.errors["slow_consumer"] == before:
+        assert time.monotonic() < deadline, "the proxy never noticed the slow consumer"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(pause)
+    frames = []
+    try:
+        async for frame in conn:
+            frames.append(frame)
+    except ConnectionClosed:
+        pass
+    return frames, conn.close_code
+
+
+@pytest.mark.parametrize("pause", [0.0, 2.0])
+def test_slow_consumer_is_cut_off(proxies, triton, pause: float) -> None:
+    """The end (error, session.done, close) reaches a client that reads again, also one that
+    reads only after the proxy's 1 s flush, within Tornado's 5 s wait for the client's close.
+    It used to wait in the outbox behind the write in progress, and the close went out without it."""
+    wait_idle(triton)
+    server = proxies.server(outbound_buffer_bytes=64 * 1024)
+    frames, close_code = run(_read_after_slow_consumer(server, pause))
+    texts = [json.loads(f) for f in frames if isinstance(f, str)]
+    assert [m["type"] for m in texts[-2:]] == ["error", "session.done"], [m["type"] for m in texts[-4:]]
+    assert texts[-2]["code"] == "slow_consumer" and close_code == 1000
+    assert texts[-1]["chunks"] == sum(isinstance(f, bytes) for f in frames)
+    wait_idle(triton, timeout=10)
+
+
+def test_eight_concurrent_sessions_lose_nothing(proxies, triton) -> None:
+    wait_idle(triton)
+    rng = random.Random(1234)
+
+    async def one(i: int) -> tuple[Transcript, dict[str, int]]:
+        sent: dict[str, int] = {}
+        async with ws(proxies.url()) as conn:
+            s = Ws(conn)
+            await s.start(f"scene {i}", seed=i)
+            reader = asyncio.create_task(s.finish(120))
+            for k in range(rng.randint(4, 10)):
+                eid, n = f"s{i}-e{k}", rng.choice([None, 0, 1, 2, 3])
+                for _ in range(1 + (rng.random() < 0.3)):  # some retries
+                    await s.interact(f"prompt {i}.{k}", eid, n)
+                    sent[eid] = sent.get(eid, 0) + 1
+                await asyncio.sleep(rng.uniform(0, 0.15))
+            while len(s.t.of_type("session.interaction.queued")) < sum(sent.values()):
+                await asyncio.sleep(0.01)
+            await s.send({"type": "session.stop"})
+            return await reader, sent
+
+    async def body() -> list[tuple[Transcript, dict[str, int]]]:
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    for t, sent in run(body(), 180):
+        check_stream_rules(t)
+        acks: dict[str, int] = {}
+        for m in t.of_type("session.interaction.queued"):
+            acks[m["event_id"]] = acks.get(m["event_id"], 0) + 1
+        assert acks == sent, "every send is acked exactly once"
+        assert not t.of_type("error")
+        done = t.messages[-1]
+        ends = (
+            [
+                e
+                for m in t.media
+                for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+                for e in m[k]
+            ]
+            + done["unapplied_event_ids"]
+            + done["unfinished_event_ids"]
+        )
+        assert sorted(ends) == sorted(sent), "each admitted event reaches exactly one end"
+        assert decode(t.video).shape[0] == sum(m["num_frames"] for m in t.media)
+
+
+def test_client_library(proxies, tmp_path) -> None:
+    async def body() -> dict[str, Any] | None:
+        async with RealtimeVideoClient(proxies.url()) as c:
+            start = await c.start("a red desert canyon", num_frames=45, seed=3)
+            assert start["config"]["num_frames"] == 45
+            ack = await c.interact("a blue frozen ocean", transition_chunks=2, event_id="to-b")
+            assert await c.interact("a blue frozen ocean", transition_chunks=2, event_id="to-b") == ack
+            with pytest.raises(RealtimeVideoError) as conflict:
+                await c.interact("something else", event_id="to-b")
+            assert conflict.value.code == "event_id_conflict" and conflict.value.event_id == "to-b"
+            generated = await c.interact("fog")
+            assert len(generated["event_id"]) == 36
+            return await c.save_mp4(tmp_path / "out.mp4")
+
+    done = run(body())
+    assert done is not None and done["chunks"] == 6
+    assert decode((tmp_path / "out.mp4").read_bytes()).shape[0] == 45
+
+
+def test_client_raises_session_ending_errors(proxies) -> None:
+    async def body() -> None:
+        async with RealtimeVideoClient(proxies.url()) as c:
+            with pytest.raises(RealtimeVideoError) as err:
+                await c.start("x", format="webm")
+            assert err.value.code == "unsupported_format"
+            with pytest.raises(RealtimeVideoError):
+                async for _ in c.chunks():
+                    pass
+
+    run(body())
+
+
+def test_shutdown_ends_sessions_with_server_shutdown(proxies, triton) -> None:
+    """Stopping a proxy (no drain left) ends its sessions with server_shutdown, a session.done that
+    accounts for what the client got, and close 1001; the sequence is ended on Triton."""
+    server = proxies.server(max_connections=7)  # a proxy of its own, stopped here
+
+    async def body() -> Transcript:
+        async with ws(server.url) as conn:
+            s = Ws(conn)
+            await s.start("until shutdown", seed=6)
+            await s.next_media()
+            stopping = asyncio.get_running_loop().run_in_executor(None, proxies.call, server.stop())
+            await s.until(is_error("server_shutdown"))
+            await s.until(lambda m: m["type"] == "session.done")
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(conn.recv(), 10)
+            assert conn.close_code == 1001
+            await stopping
+            return s.t
+
+    t = run(body())
+    done = t.messages[-1]
+    assert done["stopped"] is False and done["chunks"] == len(t.pairs)
+    assert [m["type"] for m in t.messages if m["type"] != "video.chunk_metadata"][-2:] == ["error", "session.done"]
+    assert status_of(server.url) == 0  # nothing listens any more
+    wait_idle(triton)
+
+
+# --- HTTP endpoints and a dead backend ---------------------------------------------------------
+def test_healthz_and_metrics(proxies) -> None:
+    server = proxies.server()
+    base = f"http://127.0.0.1:{server.port}"
+
+    async def body() -> None:  # something to count: a chunk, an ack, an error
+        async with ws(server.url) as conn:
+            s = Ws(conn)
+            await s.start("counted", num_frames=9)
+            await s.interact("counted too", "m1")
+            await s.send("{")
+            await s.finish()
+
+    run(body())
+    health = json.loads(urllib.request.urlopen(base + "/healthz", timeout=5).read())
+    assert health["ready"] is True and health["triton"] == {"server_ready": True, "model_ready": True}
+    text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+    for name in (
+        "rtvideo_proxy_sessions_active",
+        "rtvideo_proxy_sessions_total",
+        "rtvideo_proxy_bytes_out_total",
+        "rtvideo_proxy_chunks_out_total",
+        "rtvideo_proxy_ack_latency_seconds_count",
+        'rtvideo_proxy_ack_latency_seconds_bucket{le="0.005"}',
+        'rtvideo_proxy_errors_total{code="invalid_json"}',
+    ):
+        assert name in text, name
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if not line.startswith("#")
+    }
+    assert values["rtvideo_proxy_chunks_out_total"] > 0 and values["rtvideo_proxy_ack_latency_seconds_count"] > 0
+
+
+def test_unreachable_triton(proxies) -> None:
+    server = proxies.server(triton_url=f"127.0.0.1:{free_port()}", probe_interval=60)  # one probe: not down yet
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10)
+    assert err.value.code == 503 and json.loads(err.value.read())["triton"]["server_ready"] is False
+
+    error, done = run(first_message_answers(server.url, {"type": "session.start", "prompt": "x"}, timeout=20))
+    assert error["code"] == "backend_unavailable" and done["type"] == "session.done"
+
+
+def test_triton_dying_mid_session(proxies, tmp_path) -> None:
+    """A second, throwaway tritonserver is killed under a live session: the client gets
+    backend_unavailable, then a session.done that still counts what it received, then 1000."""
+    from rtvideo.triton import TritonConfig, TritonServer
+    from rtvideo.triton.model_repo import derive_model
+
+    derive_model(tmp_path, FAST_MODEL, {"pacing_lead_chunks": "1.0", "max_sessions": "1"})
+    doomed = TritonServer(
+        TritonConfig(tmp_path, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()),
+        stdout=tmp_path / "triton.log",
+    )
+    doomed.start(timeout=300)
+    try:
+        server = proxies.server(triton_url=doomed.grpc_url)
+
+        async def body() -> Ws:
+            async with ws(server.url) as conn:
+                s = Ws(conn)
+                await s.start("doomed", seed=3)
+                await s.next_media()
+                await s.interact("still queued", event_id="late", transition_chunks=50)
+                await s.until(lambda m: m["type"] == "session.interaction.queued")
+                await asyncio.to_thread(os.killpg, doomed.pid, signal.SIGKILL)
+                await s.until(lambda m: m["type"] == "error", timeout=30)
+                await s.until(lambda m: m["type"] == "session.done", timeout=10)
+                with pytest.raises(ConnectionClosed):
+                    await conn.recv()
+                assert conn.close_code == 1000
+                return s
+
+        s = run(body())
+    finally:
+        doomed.stop()
+    errors = s.t.of_type("error")
+    assert [e["code"] for e in errors] == ["backend_unavailable"]
+    done = s.t.messages[-1]
+    assert done["chunks"] == len(s.t.pairs)
+    named = {
+        e
+        for m in s.t.media
+        for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+        for e in m[k]
+    }
+    assert "late" in named | set(done["unapplied_event_ids"]) | set(done["unfinished_event_ids"])

@@ -1,0 +1,242 @@
+"""`rtvideo record` as a subprocess against a real proxy and Triton: a scheduled update, the
+progressive MP4, the raw stream, the timeline, and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import av
+import pytest
+
+from tests.e2e.test_cli import RTVIDEO
+from tests.e2e.test_proxy import proxies  # noqa: F401 - a fixture
+from tests.support.streams import (
+    PACED_MODEL,
+    Transcript,
+    check_stream_rules,
+    decode,
+    wait_for_metric,
+)
+
+#: `rtvideo record` with the serving stack made unimportable: it must not need any of it
+NO_SERVING_STACK = (
+    "import sys\n"
+    "for name in ('torch', 'tornado', 'tritonclient', 'grpc'):\n"
+    "    sys.modules[name] = None\n"
+    "from rtvideo.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def record_command(*args: str, block: tuple[str, ...] = ()) -> list[str]:
+    if block:
+        blocker = "".join(f"sys.modules[{name!r}] = None\n" for name in block)
+        return [
+            sys.executable,
+            "-c",
+            NO_SERVING_STACK.replace("from rtvideo.cli", blocker + "from rtvideo.cli"),
+            "record",
+            *args,
+        ]
+    return [sys.executable, "-c", NO_SERVING_STACK, "record", *args]
+
+
+def top_level_boxes(data: bytes) -> list[str]:
+    boxes, at = [], 0
+    while at + 8 <= len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        boxes.append(data[at + 4 : at + 8].decode("ascii"))
+        if size == 1:
+            size = int.from_bytes(data[at + 8 : at + 16], "big")
+        assert size >= 8, boxes
+        at += size
+    return boxes
+
+
+def transcript_from(timeline: dict[str, Any], raw: bytes) -> Transcript:
+    """The received messages of a timeline, with each payload cut from the raw stream."""
+    t, at, pending = Transcript(), 0, None
+    for entry in timeline["messages"]:
+        if entry["direction"] != "received":
+            continue
+        if "binary_bytes" in entry:
+            assert pending is not None, "a payload without its metadata"
+            t.add(pending, raw[at : at + entry["binary_bytes"]])
+            at += entry["binary_bytes"]
+            pending = None
+        elif entry["message"]["type"] == "video.chunk_metadata":
+            pending = entry["message"]
+        else:
+            t.add(entry["message"], b"")
+    assert at == len(raw)
+    return t
+
+
+def test_record_with_an_update(proxies, triton, tmp_path: Path) -> None:
+    wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
+    out, raw, timeline = tmp_path / "canyon.mp4", tmp_path / "canyon.fmp4", tmp_path / "canyon.json"
+    done = subprocess.run(
+        record_command(
+            "a red desert canyon",
+            "--url",
+            proxies.url(model=PACED_MODEL),
+            "--num-frames",
+            "72",
+            "--seed",
+            "3",
+            "--update",
+            "1.0:a blue frozen ocean: at night:2",
+            "-o",
+            str(out),
+            "--raw",
+            str(raw),
+            "--timeline",
+            str(timeline),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    chunk_lines = [line for line in lines if line.startswith("[chunk")]
+
+    # the progressive MP4: plays, every frame, its duration, no fragments
+    data = out.read_bytes()
+    boxes = top_level_boxes(data)
+    assert "moof" not in boxes and boxes.index("moov") < boxes.index("mdat"), boxes
+    with av.open(str(out)) as container:
+        stream = container.streams.video[0]
+        assert stream.frames == 72 and stream.average_rate == 16
+        assert container.duration / 1e6 == pytest.approx(72 / 16, abs=1 / 16)
+        assert float(stream.duration * stream.time_base) == pytest.approx(72 / 16, abs=1 / 16)
+    assert decode(data).shape == (72, 256, 256, 3)
+
+    # the raw stream and the timeline: every message, in order, with the ack and the event's life
+    record = json.loads(timeline.read_text())
+    assert "token" not in record["url"]
+    t = transcript_from(record, raw.read_bytes())
+    check_stream_rules(t)  # and each message matched the published schema
+    assert len(chunk_lines) == len(t.pairs) == t.messages[-1]["chunks"]
+    assert decode(raw.read_bytes()).shape[0] == 72
+    sent = [e for e in record["messages"] if e["direction"] == "sent"]
+    assert [e["message"]["type"] for e in sent] == ["session.start", "session.interaction"]
+    interaction = sent[1]["message"]["interaction"]
+    assert interaction == {
+        "event_id": "update-1",
+        "event": {"prompt": "a blue frozen ocean: at night"},
+        "transition_chunks": 2,
+    }
+    times = {
+        e["message"]["type"]: e["t"]
+        for e in record["messages"]
+        if "message" in e
+        and e["direction"] == "received"
+        and e["message"]["type"] in ("video.start", "session.interaction.queued")
+    }
+    assert sent[1]["t"] - times["video.start"] == pytest.approx(1.0, abs=0.3)  # AT after video.start
+    assert times["session.interaction.queued"] >= sent[1]["t"]
+    started = [m for m in t.media if "update-1" in m["started_event_ids"]]
+    completed = [m for m in t.media if "update-1" in m["completed_event_ids"]]
+    assert len(started) == len(completed) == 1
+    assert completed[0]["generation_chunk_index"] == started[0]["generation_chunk_index"] + 1  # N = 2
+
+    # the progress lines name the ack (with its latency) and the event's start and completion
+    index = {m["transport_chunk_index"]: m for m in t.media}
+    ack_line = next(line for line in chunk_lines if "acks=update-1(" in line)
+    assert "ms)" in ack_line
+    assert any(
+        f"[chunk {started[0]['transport_chunk_index']:3d}]" in line and "started=update-1" in line
+        for line in chunk_lines
+    )
+    assert any(
+        f"[chunk {completed[0]['transport_chunk_index']:3d}]" in line and "completed=update-1" in line
+        for line in chunk_lines
+    )
+    assert all("lead=" in line for line in chunk_lines if "trailer" not in line) and index
+
+
+def test_sigint_stops_and_saves_what_arrived(proxies, triton, tmp_path: Path) -> None:
+    wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
+    out, timeline = tmp_path / "endless.mp4", tmp_path / "endless.json"
+    proc = subprocess.Popen(
+        [
+            str(RTVIDEO),
+            "record",
+            "an endless harbour",
+            "--url",
+            proxies.url(model=PACED_MODEL).rsplit("/v1/", 1)[0],
+            "-o",
+            str(out),
+            "--timeline",
+            str(timeline),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        while sum(line.startswith("[chunk") for line in lines) < 3:
+            assert time.monotonic() < deadline, lines
+            line = proc.stderr.readline()
+            assert line, f"rtvideo record ended early: {lines}"
+            lines.append(line)
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, lines + [rest]
+    record = json.loads(timeline.read_text())
+    sent = [e["message"]["type"] for e in record["messages"] if e["direction"] == "sent"]
+    assert sent == ["session.start", "session.stop"]
+    received = [e["message"] for e in record["messages"] if e["direction"] == "received" and "message" in e]
+    done = received[-1]
+    assert done["type"] == "session.done" and done["stopped"] is True
+    frames = sum(m["num_frames"] for m in received if m["type"] == "video.chunk_metadata")
+    assert frames >= 27
+    with av.open(str(out)) as container:
+        assert container.streams.video[0].frames == frames
+        assert container.duration / 1e6 == pytest.approx(frames / 16, abs=1 / 16)
+    assert decode(out.read_bytes()).shape[0] == frames
+    assert "interrupted: session.stop sent" in "".join(lines) + rest
+
+
+def test_record_without_pyav_says_how_to_install(tmp_path: Path) -> None:
+    done = subprocess.run(
+        record_command("x", "--url", "ws://127.0.0.1:9/v1/realtime/video", block=("av",)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "pip install av" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["x", "--update", "soon:prompt"],
+        ["x", "--update", "2:"],
+        ["x", "--update", "-1:p"],
+        ["x", "--seconds", "2", "--num-frames", "9"],
+        [],
+    ],
+)
+def test_record_usage_errors_exit_2(args: list[str]) -> None:
+    done = subprocess.run(record_command(*args), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_unreachable_server_exits_1() -> None:
+    done = subprocess.run(record_command("x", "--url", "ws://127.0.0.1:9"), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "cannot connect" in done.stderr, done.stderr

@@ -1,0 +1,294 @@
+"""generator=vllm_omni end to end, without a GPU: a real tritonserver hosts the model with the
+STAND-IN engine (`tests/support/omni_standin.py`, loaded through the `vllm_omni_engine` parameter),
+and real WebSocket clients talk to it through the real proxy.
+
+The stand-in applies interactions with vLLM-Omni's real prompt handler and records every
+call it gets in a JSON-lines file, so the tests see what reached the engine and when.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from rtvideo.triton.model_repo import derive_model
+from tests.e2e.test_proxy import ProxyHost, Ws, is_error, run, ws
+from tests.support.omni_standin import colour
+from tests.support.paths import SUPPORT
+from tests.support.streams import Transcript, check_stream_rules, decode
+
+STANDIN = SUPPORT / "omni_standin.py"
+MODEL, DYING = "omni_video", "omni_video_dies"
+W, H, FPC = 128, 128, 4
+PRESET = {"is_enable_stage2": True, "pyramid_num_inference_steps_list": [2, 2, 2]}
+
+
+class Engine:
+    """One model's stand-in engine, seen through its record file."""
+
+    def __init__(self, record: Path) -> None:
+        self.record = record
+
+    def calls(self, call: str | None = None, **match: Any) -> list[dict[str, Any]]:
+        if not self.record.exists():
+            return []
+        rows = [json.loads(line) for line in self.record.read_text().splitlines() if line.strip()]
+        return [r for r in rows if (call is None or r["call"] == call) and all(r.get(k) == v for k, v in match.items())]
+
+    def wait_for(self, call: str, timeout: float = 15.0, **match: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while not (found := self.calls(call, **match)):
+            assert time.monotonic() < deadline, f"the engine never got {call} {match}: {self.calls()}"
+            time.sleep(0.05)
+        return found[0]
+
+
+@pytest.fixture(scope="module")
+def omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, Engine]]]:
+    from rtvideo.triton import TritonConfig, TritonServer, free_port
+
+    repo = tmp_path_factory.mktemp("omni_repository")
+    engines = {}
+    for name in (MODEL, DYING):
+        record = repo / f"{name}.calls.jsonl"
+        engines[name] = Engine(record)
+        engine_args = {
+            "record": str(record),
+            "frames_per_chunk": FPC,
+            "chunk_seconds": 0.05,
+            "first_chunk_seconds": 0.8,
+        }
+        derive_model(
+            repo,
+            name,
+            {
+                "generator": "vllm_omni",
+                "width": str(W),
+                "height": str(H),
+                "fps": "16",
+                "frames_per_chunk": str(FPC),
+                "default_transition_chunks": "2",
+                "max_sessions": "4",
+                "vllm_omni_engine": f"{STANDIN}:StandInAsyncOmni",
+                "vllm_omni_engine_args": json.dumps(engine_args),
+                "vllm_omni_extra_params": json.dumps(PRESET),
+                "vllm_omni_health_seconds": "0.2",
+            },
+        )
+    log = Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log")))
+    server = TritonServer(
+        TritonConfig(model_repository=repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()),
+        stdout=log,
+    )
+    server.start(timeout=300)
+    host = ProxyHost(server.grpc_url)
+    try:
+        yield host, engines
+    finally:
+        host.close()
+        server.stop()
+
+
+def frames_colour(t: Transcript, chunk: int) -> np.ndarray:
+    counts = [m["num_frames"] for m in t.media]
+    frames = decode(t.video)
+    start = sum(counts[:chunk])
+    return frames[start : start + counts[chunk]].reshape(-1, 3).mean(axis=0)
+
+
+def test_updates_before_and_after_the_first_output_then_stop(omni) -> None:
+    proxies, engines = omni
+    engine = engines[MODEL]
+
+    async def body() -> tuple[Transcript, str]:
+        async with ws(proxies.url(model=MODEL)) as conn:
+            s = Ws(conn)
+            start = await s.start("a harbour", seed=11)
+            assert start["config"]["frames_per_chunk"] == FPC and start["config"]["width"] == W
+            await s.interact("early lanterns", "early", 0)  # the engine has produced nothing yet
+            await s.until(lambda m: m.get("event_id") == "early" and m["type"] == "session.interaction.queued")
+            first = await s.next_media()
+            assert first["started_event_ids"] == []  # held, not lost: it starts at a later boundary
+            await s.until(lambda m: m["type"] == "video.chunk_metadata" and "early" in m["completed_event_ids"])
+            await s.interact("late snow", "late", 2)
+            await s.until(lambda m: m["type"] == "video.chunk_metadata" and "late" in m["completed_event_ids"])
+            await s.next_media()
+            await s.send({"type": "session.stop"})
+            return await s.finish(), start["request_id"]
+
+    t, request_id = run(body())
+    check_stream_rules(t)
+    done = t.messages[-1]
+    assert done["stopped"] is True and done["unapplied_event_ids"] == [] and done["unfinished_event_ids"] == []
+    assert t.pairs[-1][0]["kind"] == "trailer"
+    # what reached the engine: the session's values, the preset, and no interaction before the first output
+    generate = engine.wait_for("generate", request_id=request_id)
+    assert (generate["width"], generate["height"], generate["fps"], generate["seed"]) == (W, H, 16, 11)
+    assert generate["extra_args"] == PRESET and generate["num_frames"] % FPC == 0  # open-ended: whole chunks
+    submits = engine.calls("submit", request_id=request_id)
+    assert [(c["event_id"], c["transition_chunks"], c["before_first_output"]) for c in submits] == [
+        ("early", 0, False),
+        ("late", 2, False),
+    ]
+    # the transition as the wire says it: N = 2 reaches the target in the second affected chunk
+    late = [m for m in t.media if "late" in m["active_event_ids"]]
+    assert [m["transition_progress"]["late"] for m in late] == [0.5, 1.0]
+    assert late[0]["started_event_ids"] == ["late"] and late[1]["completed_event_ids"] == ["late"]
+    # the engine rendered the blend it said it did
+    last = len(t.media) - 1
+    assert np.abs(frames_colour(t, last) - colour("late snow").numpy() * 255).max() < 6
+    # the stop ended the open-ended engine request
+    engine.wait_for("abort", request_id=request_id)
+
+
+def test_bounded_session_carries_exactly_its_frames(omni) -> None:
+    proxies, _ = omni
+
+    async def body() -> Transcript:
+        async with ws(proxies.url(model=MODEL)) as conn:
+            s = Ws(conn)
+            await s.start("a field", num_frames=10)
+            return await s.finish()
+
+    t = run(body())
+    check_stream_rules(t)
+    assert [m["num_frames"] for m in t.media] == [4, 4, 2]
+    assert decode(t.video).shape == (10, H, W, 3) and t.messages[-1]["stopped"] is False
+
+
+def test_client_disconnect_aborts_the_engine_request(omni) -> None:
+    proxies, engines = omni
+
+    async def body() -> str:
+        async with ws(proxies.url(model=MODEL)) as conn:
+            s = Ws(conn)
+            start = await s.start("a road")
+            await s.next_media()
+            return start["request_id"]  # leaving the block closes the connection mid-stream
+
+    request_id = run(body())
+    engines[MODEL].wait_for("abort", request_id=request_id)
+
+
+def test_engine_error_on_one_event_is_interaction_failed_and_the_session_goes_on(omni) -> None:
+    proxies, engines = omni
+
+    async def body() -> Transcript:
+        async with ws(proxies.url(model=MODEL)) as conn:
+            s = Ws(conn)
+            await s.start("a bridge")
+            await s.next_media()
+            await s.interact("stand-in: refuse this", "bad")
+            error = await s.until(is_error("interaction_failed"))
+            assert error["event_id"] == "bad" and "refuse" in error["message"]
+            await s.interact("a good one", "good", 0)
+            await s.until(lambda m: m["type"] == "video.chunk_metadata" and "good" in m["completed_event_ids"])
+            await s.send({"type": "session.stop"})
+            return await s.finish()
+
+    t = run(body())
+    check_stream_rules(t)
+    named = {
+        e
+        for m in t.media
+        for key in (
+            "started_event_ids",
+            "active_event_ids",
+            "completed_event_ids",
+            "superseded_event_ids",
+            "interrupted_event_ids",
+        )
+        for e in m[key]
+    }
+    done = t.messages[-1]
+    assert "bad" not in named and "bad" not in done["unapplied_event_ids"] + done["unfinished_event_ids"]
+
+
+def readyz(url: str) -> int:
+    try:
+        return urllib.request.urlopen(
+            url.replace("ws://", "http://").replace("/v1/realtime/video", "/readyz"), timeout=5
+        ).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def eventually(check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_engine_death_ends_sessions_and_makes_the_model_unready(omni) -> None:
+    proxies, engines = omni
+    url = proxies.url(model=DYING, probe_interval=0.3, probe_failures=2)
+    eventually(lambda: readyz(url) == 200, 15)
+
+    async def body() -> Transcript:
+        async with ws(url) as conn:
+            s = Ws(conn)
+            await s.start("a quiet street")
+            await s.next_media()
+            await s.interact("stand-in: die", "fatal")
+            error = await s.until(is_error("generation_failed"), timeout=15)
+            assert "engine" in error["message"]
+            return await s.finish()
+
+    t = run(body())
+    assert t.messages[-1]["type"] == "session.done" and t.pairs[-1][0]["kind"] == "media"  # no trailer after an error
+    # the model refuses the health probe from now on: the proxy takes it for down
+    eventually(lambda: readyz(url) == 503, 15)
+
+    async def refused() -> None:
+        with pytest.raises((InvalidStatus, ConnectionClosed)):
+            async with ws(url) as conn:
+                await Ws(conn).start("anyone there?")
+
+    run(refused())
+
+
+def test_finalize_aborts_shuts_the_engine_down_and_stops_the_loop(tmp_path) -> None:
+    """What the model's finalize() does (`SessionManager.shutdown`), in this process: tritonserver
+    2.51 often exits before a model that served sessions is finalized (its exit timeout), for the
+    built-in generator too, so the end of a real server does not show it reliably."""
+    import threading
+
+    from rtvideo.backend.runtime.assembly import build_manager
+    from rtvideo.backend.settings import BackendSettings
+    from tests.unit.backend.test_session_runtime import Recorder
+
+    engine = Engine(tmp_path / "calls.jsonl")
+    settings = BackendSettings(
+        generator="vllm_omni",
+        width=W,
+        height=H,
+        frames_per_chunk=FPC,
+        pacing_lead_chunks=None,
+        vllm_omni_engine=f"{STANDIN}:StandInAsyncOmni",
+        vllm_omni_engine_args=json.dumps({"record": str(engine.record), "frames_per_chunk": FPC}),
+    )
+    manager = build_manager(settings, "realtime_video")
+    channel = Recorder()
+    manager.on_request(1, b'{"type": "session.start", "prompt": "p"}', start=True, end=False, channel=channel)
+    deadline = time.monotonic() + 15
+    while "video.chunk_metadata" not in channel.types():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    request_id = channel.sent[0][0]["request_id"]
+    manager.shutdown()
+    assert channel.finished.wait(5)
+    assert [m["code"] for m, _, _ in channel.sent if m and m["type"] == "error"] == ["backend_unavailable"]
+    engine.wait_for("abort", request_id=request_id)
+    engine.wait_for("shutdown")
+    assert not [t for t in threading.enumerate() if t.name == "vllm-omni-loop"], "the engine's loop thread ended"

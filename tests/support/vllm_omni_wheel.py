@@ -1,0 +1,115 @@
+"""vLLM-Omni's own code, read from its wheel at test time (never copied into this repository).
+
+`scripts/setup.sh` downloads the pinned wheel (no dependencies) into `.venv/wheels/`.
+`load_prompt_handler()` executes three of its modules, `diffusion/interaction/types.py`,
+`modality_handlers/base.py` and `modality_handlers/prompt.py`, with minimal stand-ins
+for the few vLLM-Omni modules they import that would pull in vLLM or a GPU (only
+`StepRequestState` is needed: a plain dataclass with the fields the handler touches).
+torch is the real one (the handler blends embeddings with it).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rtvideo.backend.vllm_omni.engine import PINNED_VLLM_OMNI
+from tests.support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
+WHEEL = ROOT / ".venv" / "wheels" / f"vllm_omni-{PINNED_VLLM_OMNI}-py3-none-any.whl"
+_PACKAGE = "vllm_omni/diffusion/interaction/"
+_MODULES = ("types", "modality_handlers.base", "modality_handlers.prompt")
+
+
+def wheel_path() -> Path:
+    if not WHEEL.is_file():
+        raise FileNotFoundError(f"{WHEEL} is missing: run scripts/setup.sh (it downloads the pinned wheel)")
+    return WHEEL
+
+
+def wheel_source(member: str, wheel: Path | None = None) -> str:
+    """One file of the wheel, e.g. `vllm_omni/entrypoints/async_omni.py`."""
+    with zipfile.ZipFile(wheel or wheel_path()) as zf:
+        return zf.read(member).decode()
+
+
+@dataclass
+class StepRequestState:
+    """Stand-in for `vllm_omni.diffusion.worker.utils.StepRequestState`: what the prompt handler uses."""
+
+    request_id: str
+    sampling: Any
+    prompt_embeds: Any = None
+    chunk_index: int = 0
+    interaction_sessions: dict[str, Any] = field(default_factory=dict)
+    interaction_chunk_metadata: Any = None
+
+
+@dataclass
+class Sampling:
+    """Stand-in for the two sampling fields the handler passes to `encode_prompt`."""
+
+    num_outputs_per_prompt: int = 1
+    max_sequence_length: int = 512
+
+
+_LOADED: dict[str, types.ModuleType] = {}
+
+
+def load_prompt_handler(wheel: Path | None = None) -> types.ModuleType:
+    """vLLM-Omni's `modality_handlers/prompt.py` module (`PromptInteractionHandler`, ...), run from the wheel."""
+    key = str(wheel or wheel_path())
+    if key in _LOADED:
+        return _LOADED[key]
+    stand_ins = {
+        "vllm_omni": _package("vllm_omni"),
+        "vllm_omni.diffusion": _package("vllm_omni.diffusion"),
+        "vllm_omni.diffusion.interaction": _package("vllm_omni.diffusion.interaction"),
+        "vllm_omni.diffusion.interaction.modality_handlers": _package(
+            "vllm_omni.diffusion.interaction.modality_handlers"
+        ),
+        "vllm_omni.diffusion.worker": _package("vllm_omni.diffusion.worker"),
+        "vllm_omni.diffusion.worker.utils": _module(
+            "vllm_omni.diffusion.worker.utils", StepRequestState=StepRequestState
+        ),
+    }
+    saved = {name: sys.modules.get(name) for name in stand_ins}
+    loaded: dict[str, types.ModuleType] = {}
+    try:
+        sys.modules.update(stand_ins)
+        with zipfile.ZipFile(key) as zf:
+            for name in _MODULES:
+                full = f"vllm_omni.diffusion.interaction.{name}"
+                module = types.ModuleType(full)
+                module.__file__ = f"{key}!{_PACKAGE}{name.replace('.', '/')}.py"
+                sys.modules[full] = module
+                loaded[full] = module
+                code = compile(zf.read(_PACKAGE + name.replace(".", "/") + ".py"), module.__file__, "exec")
+                exec(code, module.__dict__)  # noqa: S102 - the pinned wheel's own source
+    finally:
+        for name in list(stand_ins) + list(loaded):
+            previous = saved.get(name)
+            if previous is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
+    prompt = loaded["vllm_omni.diffusion.interaction.modality_handlers.prompt"]
+    _LOADED[key] = prompt
+    return prompt
+
+
+def _package(name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__path__ = []  # a package, so submodules resolve through sys.modules
+    return module
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    return module

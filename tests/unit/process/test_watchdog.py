@@ -1,0 +1,123 @@
+"""rtvideo.process.watchdog: a stub-like process is killed when its parent ends, even while it holds the
+GIL for good (the stub's own teardown deadlocked so after a kill -9, and a watcher thread inside
+it could not run)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from rtvideo.process import watchdog
+from tests.e2e.test_cli import alive
+from tests.support.paths import REPO_ROOT
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc and pidfds")
+
+REPO = REPO_ROOT
+
+# The stand-in for Triton's stub: starts its watchdog, says so, then holds the GIL forever
+# (PyDLL keeps it through the call), as the deadlocked teardown did.
+STUB = textwrap.dedent("""
+    import ctypes, os
+    from rtvideo.process import watchdog
+    guard = watchdog.start()
+    print(os.getpid(), guard.pid, flush=True)
+    ctypes.PyDLL(None).sleep(600)
+""")
+# The stand-in for tritonserver: starts the stub and waits.
+SERVER = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {STUB!r}]); time.sleep(600)"
+
+
+def _gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _server() -> tuple[subprocess.Popen, int, int]:
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert server.stdout is not None
+    stub, guard = map(int, server.stdout.readline().split())
+    return server, stub, guard
+
+
+def _end(*pids: int) -> None:
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_stub_dies_with_its_server_while_it_holds_the_gil() -> None:
+    server, stub, guard = _server()
+    try:
+        time.sleep(0.3)  # the watchdog is past its start-up, waiting on the server
+        assert alive(stub) and alive(guard)
+        server.kill()
+        server.wait()
+        assert _gone(stub, 5), "the stub outlived its server"
+        assert _gone(guard, 5), "the watchdog outlived its stub"
+    finally:
+        _end(stub, guard)
+
+
+def test_the_watchdog_dies_with_its_stub_and_leaves_the_server_alone() -> None:
+    server, stub, guard = _server()
+    try:
+        os.kill(stub, signal.SIGKILL)
+        assert _gone(guard, 5), "the watchdog outlived its stub"
+        assert server.poll() is None
+    finally:
+        server.kill()
+        server.wait()
+        _end(stub, guard)
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "polling"])
+def test_waiting_ends_when_the_parent_does(pidfds: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not pidfds:
+
+        def no_pidfds(pid: int) -> int:
+            raise OSError(38, "Function not implemented")
+
+        monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, time; "
+            "p = subprocess.Popen(['sleep', '600']); print(p.pid, flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        waiter = threading.Thread(target=watchdog._wait_for_end, args=(parent.pid, child), daemon=True)
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive(), "returned while the parent lives"
+        parent.kill()
+        parent.wait()
+        waiter.join(5)
+        assert not waiter.is_alive(), "still waiting after the parent ended"
+        # A pid that is not (or no longer) the child's parent: nothing to wait for.
+        watchdog._wait_for_end(os.getpid(), child)
+    finally:
+        _end(child)

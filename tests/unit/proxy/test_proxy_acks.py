@@ -1,0 +1,287 @@
+"""The proxy's own acks (rtvideo.proxy.acks): the same decisions as the model, in lockstep with
+it, and every acked event with exactly one end when an interaction races the session's end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from websockets.exceptions import ConnectionClosed
+
+from rtvideo.core import protocol
+from rtvideo.proxy.acks import Answer, ProxyAcks
+from rtvideo.triton.wire import START_TAG
+from tests.e2e.test_proxy import Ws, proxies, run, ws  # noqa: F401 - `proxies` is a fixture
+from tests.support.streams import check_stream_rules
+from tests.unit.backend.test_session_runtime import Recorder
+from tests.unit.proxy.test_proxy_units import START, VIDEO_START, ended, reply
+from tests.unit.proxy.test_proxy_units import run as run_unit
+from tests.unit.proxy.test_proxy_units import session as unit_session
+
+
+def interaction(event_id: str | None = "e1", prompt: str = "a lighthouse", **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"event": {"prompt": prompt}, **extra}
+    if event_id is not None:
+        body["event_id"] = event_id
+    return {"type": "session.interaction", "interaction": body}
+
+
+def decide(acks: ProxyAcks, message: dict[str, Any]) -> Any:
+    return acks.decide(message, json.dumps(message).encode())
+
+
+# --- the decisions -------------------------------------------------------------------------------
+def test_a_valid_interaction_is_acked_here_and_its_retry_again() -> None:
+    acks = ProxyAcks()
+    first = decide(acks, interaction("e1"))
+    assert first is not None and first.event_id == "e1" and first.new
+    assert json.loads(first.raw) == interaction("e1")  # forwarded as the client sent it
+    again = decide(acks, interaction("e1"))
+    assert again is not None and again.event_id == "e1" and not again.new
+
+
+def test_what_only_the_model_may_answer_is_not_acked_nor_recorded() -> None:
+    acks = ProxyAcks()
+    assert decide(acks, interaction("e1", prompt="  ")) is None  # invalid_interaction
+    assert decide(acks, interaction("e1", bogus=1)) is None
+    assert len(acks.registry) == 0
+    assert decide(acks, interaction("e1")) is not None
+    assert decide(acks, interaction("e1", prompt="another")) is None  # event_id_conflict
+    retry = decide(acks, interaction("e1"))
+    assert retry is not None and not retry.new  # the original is untouched
+    acks.registry.max_events = 1
+    assert decide(acks, interaction("e2")) is None  # the session's limit
+
+
+def test_a_missing_event_id_is_generated_here_and_sent_on_to_the_model() -> None:
+    acks = ProxyAcks()
+    message = interaction(None, transition_chunks=2)
+    ack = decide(acks, message)
+    assert ack is not None and ack.new and ack.event_id
+    forwarded = json.loads(ack.raw)
+    assert forwarded["interaction"]["event_id"] == ack.event_id
+    forwarded["interaction"].pop("event_id")
+    assert forwarded == message
+    other = decide(acks, interaction(None, transition_chunks=2))
+    assert other is not None and other.event_id != ack.event_id  # a fresh id each
+
+
+def test_an_id_that_would_take_a_message_over_the_size_limit_is_left_to_the_model() -> None:
+    acks = ProxyAcks()
+    message = {**interaction(None), "padding": ""}  # other top-level keys are ignored, and passed on
+    message["padding"] = "x" * (protocol.MAX_MESSAGE_BYTES - len(protocol.encode(message)) - 10)
+    raw = protocol.encode(message).encode()
+    assert len(raw) <= protocol.MAX_MESSAGE_BYTES  # within the limit as sent, not with a UUID added
+    assert acks.decide(message, raw) is None and len(acks.registry) == 0
+    message["interaction"]["event_id"] = "mine"
+    assert acks.decide(message, protocol.encode(message).encode()) is not None  # as sent: acked here
+
+
+def test_an_event_the_model_never_admitted_is_added_to_its_done() -> None:
+    acks = ProxyAcks()
+    for tag, event_id in (("m1", "shown"), ("m2", "listed"), ("m3", "late"), ("m4", "admitted")):
+        ack = decide(acks, interaction(event_id))
+        acks.forwarded(tag, ack)
+    assert acks.answered("m9", {"type": "session.pong"}) is Answer.NOT_ACKED_HERE
+    assert acks.answered("m4", protocol.queued("r", "admitted")) is Answer.ADMITTED
+    acks.shown({"type": "video.chunk_metadata", "started_event_ids": ["shown"], "completed_event_ids": []})
+    done = protocol.done("r", chunks=3, stopped=True, unapplied_event_ids=["listed"], unfinished_event_ids=[])
+    completed = acks.complete_done(done)
+    assert completed is not None and completed["unapplied_event_ids"] == ["listed", "late"]
+    assert completed["unfinished_event_ids"] == [] and done["unapplied_event_ids"] == ["listed"]
+    refused = protocol.error(protocol.ErrorCode.INVALID_MESSAGE, "the session has ended", request_id="r")
+    assert acks.answered("m3", refused) is Answer.REFUSED
+    assert acks.complete_done({**done, "unapplied_event_ids": ["listed", "late"]}) is None
+
+
+# --- lockstep with the model ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def manager() -> Iterator[Any]:
+    """The real model logic (SessionManager, built-in generator, rendering in-process)."""
+    from rtvideo.backend.runtime.assembly import build_manager
+    from rtvideo.backend.settings import BackendSettings
+
+    built = build_manager(BackendSettings(width=64, height=64, render_workers=0, max_sessions=64), "realtime_video")
+    yield built
+    built.shutdown()
+
+
+_sequences = iter(range(1, 1_000_000))
+
+_messages = st.builds(
+    lambda event_id, prompt, chunks, extra: interaction(
+        event_id, prompt, **({"transition_chunks": chunks} if chunks != "absent" else {}), **extra
+    ),
+    st.sampled_from(["a", "b", "c", None]),
+    st.sampled_from(["x", "y", " "]),  # " ": invalid (empty after stripping)
+    st.sampled_from(["absent", None, 1, 2, 2.0, -1]),  # -1: invalid; 2 and 2.0: the same fingerprint
+    st.sampled_from([{}, {}, {"bogus": 1}]),  # an unknown key: invalid
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_messages, min_size=1, max_size=15))
+def test_the_proxy_acks_exactly_what_the_model_acks(manager: Any, messages: list[dict[str, Any]]) -> None:
+    """Fed the same interactions in the same order, the model answers every one the proxy acked
+    with that very ack, and every one the proxy left to it with an error."""
+    corrid = next(_sequences)
+    start = Recorder()
+    manager.on_request(corrid, START.encode(), start=True, end=False, channel=start)
+    request_id = start.sent[0][0]["request_id"]
+    acks = ProxyAcks()
+    try:
+        for message in messages:
+            ack = decide(acks, message)
+            answer = Recorder()
+            manager.on_request(
+                corrid, ack.raw if ack else json.dumps(message).encode(), start=False, end=False, channel=answer
+            )
+            got = answer.sent[0][0]
+            if ack is not None:
+                assert got == protocol.queued(request_id, ack.event_id)
+            else:
+                assert got["type"] == "error" and got["code"] in ("invalid_interaction", "event_id_conflict")
+    finally:
+        manager.on_request(corrid, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    assert start.finished.wait(10)
+
+
+# --- the session ---------------------------------------------------------------------------------
+def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() -> None:
+    async def body() -> list[dict[str, Any]]:
+        s, conn, bridge = unit_session()
+        s.on_frame(START, False)
+        s.on_frame(json.dumps(interaction("early")), False)  # before video.start: its ack waits behind it
+        assert conn.texts() == []
+        s._on_reply(VIDEO_START)
+        s.on_frame(json.dumps(interaction("e1")), False)
+        s.on_frame(json.dumps(interaction("e1", prompt="another")), False)  # a conflict: the model answers
+        await asyncio.sleep(0.01)  # the writer hands them to the socket
+        assert [m["type"] for m in conn.texts()] == [
+            "video.start",
+            "session.interaction.queued",
+            "session.interaction.queued",
+        ]
+        s._on_reply(reply("m2", protocol.queued("r", "early")))  # the model's identical acks: dropped
+        s._on_reply(reply("m3", protocol.queued("r", "e1")))
+        s._on_reply(
+            reply("m4", protocol.error(protocol.ErrorCode.EVENT_ID_CONFLICT, "used", request_id="r", event_id="e1"))
+        )
+        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        await ended(s, conn)
+        return conn.texts()
+
+    texts = run_unit(body())
+    assert [(m["type"], m.get("event_id")) for m in texts] == [
+        ("video.start", None),
+        ("session.interaction.queued", "early"),
+        ("session.interaction.queued", "e1"),
+        ("error", "e1"),
+        ("session.done", None),
+    ]
+    assert texts[1]["request_id"] == texts[2]["request_id"] == "r"
+    assert "unapplied_event_ids" not in texts[-1]  # the model admitted both: its done is passed on untouched
+
+
+def test_an_interaction_that_raced_the_end_is_unapplied_in_the_done() -> None:
+    """Acked here, refused by the model (its session had ended): not an error after its ack,
+    but one end in session.done."""
+
+    async def body() -> list[dict[str, Any]]:
+        s, conn, bridge = unit_session()
+        s.on_frame(START, False)
+        s._on_reply(VIDEO_START)
+        s.on_frame(json.dumps(interaction("applied")), False)
+        s._on_reply(reply("m2", protocol.queued("r", "applied")))
+        s.on_frame(json.dumps(interaction("late")), False)
+        s._on_reply(
+            reply(
+                START_TAG,
+                {
+                    "type": "video.chunk_metadata",
+                    "request_id": "r",
+                    "kind": "media",
+                    "transport_chunk_index": 0,
+                    "started_event_ids": ["applied"],
+                    "completed_event_ids": ["applied"],
+                    "byte_length": 1,
+                },
+                b"x",
+            )
+        )
+        s._on_reply(
+            reply(
+                START_TAG, protocol.done("r", chunks=1, stopped=False, unapplied_event_ids=[], unfinished_event_ids=[])
+            )
+        )
+        s._on_reply(
+            reply(
+                "m3",
+                {"type": "error", "code": "invalid_message", "message": "the session has ended", "request_id": "r"},
+            )
+        )
+        await ended(s, conn)
+        return conn.texts()
+
+    texts = run_unit(body())
+    assert [m["type"] for m in texts] == [
+        "video.start",
+        "session.interaction.queued",
+        "session.interaction.queued",
+        "video.chunk_metadata",
+        "session.done",
+    ]
+    assert texts[-1]["unapplied_event_ids"] == ["late"] and texts[-1]["chunks"] == 1
+
+
+def test_interactions_racing_the_end_through_triton_each_get_one_end(proxies) -> None:
+    """Against the real model: short sessions with interactions sent until session.done. Every
+    acked event ends exactly once, also the ones that reached the model after its session ended
+    (counted by the proxy; sessions repeat until at least one did)."""
+    limits = {"max_messages_per_second": 5000.0, "message_burst": 5000}
+    url = proxies.url(**limits)
+    registry = proxies.server(**limits).context.metrics.registry
+
+    def refused() -> float:
+        return registry.get_sample_value("rtvideo_proxy_acks_refused_total") or 0.0
+
+    async def one(k: int) -> None:
+        async with ws(url) as conn:
+            s = Ws(conn)
+            await s.start("a short one", num_frames=18)
+            reader = asyncio.create_task(s.finish())
+            n = 0
+            with contextlib.suppress(ConnectionClosed):
+                while not reader.done():
+                    n += 1
+                    await s.interact(f"update {n}", f"k{k}-{n}")
+                    await asyncio.sleep(0.001)
+            t = await reader
+        check_stream_rules(t)
+        assert not t.of_type("error")
+        acked = [m["event_id"] for m in t.of_type("session.interaction.queued")]
+        done = t.messages[-1]
+        ends = (
+            [
+                e
+                for m in t.media
+                for key in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+                for e in m[key]
+            ]
+            + done["unapplied_event_ids"]
+            + done["unfinished_event_ids"]
+        )
+        assert sorted(ends) == sorted(acked), "each acked event reaches exactly one end"
+
+    before = refused()
+    for k in range(30):
+        run(one(k))
+        if refused() > before:
+            break
+    assert refused() > before, "no interaction raced a session's end in 30 sessions"

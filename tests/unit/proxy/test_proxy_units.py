@@ -1,0 +1,392 @@
+"""Races of the proxy session and the client, driven by hand: a fake WebSocket and a fake Triton
+stream for `ProxySession`, a scripted `websockets` server for `RealtimeVideoClient`. No Triton."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+
+from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
+from rtvideo.proxy import session as proxy_session
+from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.settings import ProxySettings
+from rtvideo.triton.wire import START_TAG, Reply
+
+T = TypeVar("T")
+START = json.dumps({"type": "session.start", "prompt": "a harbour"})
+
+
+def run(coro: Awaitable[T], timeout: float = 20.0) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
+
+
+# --- a fake WebSocket and a fake Triton stream ---------------------------------------------------
+class FakeConnection:
+    """Records what the session hands to the socket (text frames as dicts); while `paused`,
+    writes stay in progress (a client that does not read)."""
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+        self.paused = False
+        self.closed: int | None = None
+        self.on_close: Callable[[], None] = lambda: None
+        self._writes: list[asyncio.Future[None]] = []
+
+    def write_message(self, message: str | bytes, binary: bool = False) -> asyncio.Future[None]:
+        self.frames.append(message if binary else json.loads(message))
+        future = asyncio.get_running_loop().create_future()
+        self._writes.append(future)
+        if not self.paused:
+            self.resume()
+        return future
+
+    def resume(self) -> None:
+        self.paused = False
+        for future in self._writes:
+            if not future.done():
+                future.set_result(None)
+        self._writes.clear()
+
+    def close(self, code: int | None = None, reason: str | None = None) -> None:
+        if self.closed is None:
+            self.closed = code
+            self.on_close()  # as Tornado calls on_close
+
+    def texts(self) -> list[dict[str, Any]]:
+        return [f for f in self.frames if isinstance(f, dict)]
+
+
+class FakeStream:
+    """`TritonStream` without Triton: records requests; a `sequence_end` is confirmed like the
+    model does (a stopped `session.done` on the start stream) unless `auto_done` is off."""
+
+    sequence_id = 1
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bool, bool]] = []
+        self.auto_done = True
+        self._replies: asyncio.Queue[Reply | None] = asyncio.Queue()
+
+    def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
+        self.sent.append((raw, start, end))
+        if end and self.auto_done:
+            self._replies.put_nowait(
+                reply(START_TAG, {"type": "session.done", "request_id": "r", "chunks": 0, "stopped": True})
+            )
+        return START_TAG if start else f"m{len(self.sent)}"
+
+    async def replies(self) -> AsyncIterator[Reply]:
+        while (item := await self._replies.get()) is not None:
+            yield item
+
+    def close_requests(self) -> None:
+        """Half-close: like Triton, the call ends once every request has completed (here: at
+        once, unless the model is made not to answer the stop)."""
+        if self.auto_done:
+            self._replies.put_nowait(None)
+
+    def cancel(self) -> None:
+        self._replies.put_nowait(None)
+
+
+class FakeBridge:
+    def __init__(self) -> None:
+        self.streams: list[FakeStream] = []
+
+    def open_stream(self) -> FakeStream:
+        self.streams.append(FakeStream())
+        return self.streams[-1]
+
+
+def reply(tag: str, message: dict[str, Any], data: bytes = b"") -> Reply:
+    return Reply(tag, json.dumps(message), message, data)
+
+
+def chunk(index: int, size: int, kind: str = "media") -> Reply:
+    meta = {
+        "type": "video.chunk_metadata",
+        "request_id": "r",
+        "kind": kind,
+        "transport_chunk_index": index,
+        "started_event_ids": [],
+        "byte_length": size,
+    }
+    return reply(START_TAG, meta, b"x" * size)
+
+
+VIDEO_START = reply(START_TAG, {"type": "video.start", "request_id": "r"})
+
+
+def session(**settings: Any) -> tuple[proxy_session.ProxySession, FakeConnection, FakeBridge]:
+    conn, bridge = FakeConnection(), FakeBridge()
+    s = proxy_session.ProxySession(
+        conn,
+        bridge,
+        ProxySettings(**settings),
+        ProxyMetrics(),  # type: ignore[arg-type]
+        "test",
+        lambda _: None,
+    )
+    conn.on_close = s.on_disconnect
+    return s, conn, bridge
+
+
+async def ended(s: proxy_session.ProxySession, conn: FakeConnection) -> None:
+    """Wait for the session's own close, then for every task it started."""
+    await asyncio.wait_for(s._closed.wait(), 5)
+    await asyncio.wait_for(asyncio.gather(*list(s._tasks)), 5)
+
+
+def kinds(frames: list[Any]) -> list[Any]:
+    return [
+        f"<{len(f)} bytes>"
+        if isinstance(f, bytes)
+        else (f["type"], f.get("transport_chunk_index", f.get("code", f.get("event_id"))))
+        for f in frames
+    ]
+
+
+# --- ProxySession ------------------------------------------------------------------------------
+def test_a_refused_chunk_stops_everything_after_it_in_the_same_burst() -> None:
+    """Chunk 0 is being written; chunk 1 does not fit, the trailer and done arriving in the same
+    synchronous burst would: none of them may go out, the end is slow_consumer with the ledger's done."""
+
+    async def body() -> FakeConnection:
+        s, conn, _ = session(outbound_buffer_bytes=3000)
+        s.on_frame(START, False)
+        s._on_reply(VIDEO_START)
+        await asyncio.sleep(0.01)
+        conn.paused = True
+        s._on_reply(chunk(0, 2000))
+        await asyncio.sleep(0.01)  # handed to the socket, write in progress
+        s._on_reply(chunk(1, 2500))  # refused
+        s._on_reply(chunk(2, 100, kind="trailer"))
+        s._on_reply(reply(START_TAG, {"type": "session.done", "request_id": "r", "chunks": 3, "stopped": False}))
+        conn.resume()
+        await ended(s, conn)
+        return conn
+
+    conn = run(body())
+    assert kinds(conn.frames) == [
+        ("video.start", None),
+        ("video.chunk_metadata", 0),
+        "<2000 bytes>",
+        ("error", "slow_consumer"),
+        ("session.done", None),
+    ]
+    done = conn.texts()[-1]
+    assert done["chunks"] == 1 and done["stopped"] is False and done["request_id"] == "r"
+    assert conn.closed == 1000
+
+
+def test_frames_behind_an_invalid_first_message_start_nothing() -> None:
+    async def body() -> tuple[FakeConnection, FakeBridge]:
+        s, conn, bridge = session()
+        s.on_frame(b"binary first", True)  # refused
+        s.on_frame(START, False)  # already buffered behind it: the connection is being refused
+        await ended(s, conn)
+        return conn, bridge
+
+    conn, bridge = run(body())
+    assert bridge.streams == [], "a session was started on a refused connection"
+    assert kinds(conn.frames) == [("error", "invalid_start"), ("session.done", None)]
+
+
+def test_answers_never_overtake_video_start() -> None:
+    """An ack (from Triton) and a proxy's own error that come before video.start wait behind it."""
+
+    async def body() -> FakeConnection:
+        s, conn, _ = session()
+        s.on_frame(START, False)
+        s.on_frame(
+            json.dumps({"type": "session.interaction", "interaction": {"event_id": "e1", "event": {"prompt": "b"}}}),
+            False,
+        )
+        s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
+        s.on_frame(b"binary", True)  # answered by the proxy itself
+        await asyncio.sleep(0.01)
+        assert conn.frames == [], "an answer went out before video.start"
+        s._on_reply(VIDEO_START)
+        s._on_reply(chunk(0, 10))
+        await asyncio.sleep(0.01)
+        s.on_disconnect()
+        await ended(s, conn)
+        return conn
+
+    conn = run(body())
+    assert kinds(conn.frames) == [
+        ("video.start", None),
+        ("session.interaction.queued", "e1"),
+        ("error", "invalid_message"),
+        ("video.chunk_metadata", 0),
+        "<10 bytes>",
+    ]
+    assert conn.texts()[2]["request_id"] == "r"  # sent after video.start, so it names the request
+
+
+def test_a_held_chunk_waits_for_its_ack_from_its_own_arrival(monkeypatch) -> None:
+    """A chunk held after another waits its full ack wait, not what is left of the first one's."""
+    monkeypatch.setattr(proxy_session, "ACK_WAIT_SECONDS", 0.5)
+
+    def naming(index: int, event_id: str) -> Reply:
+        meta = {
+            "type": "video.chunk_metadata",
+            "request_id": "r",
+            "kind": "media",
+            "transport_chunk_index": index,
+            "started_event_ids": [event_id],
+            "byte_length": 1,
+        }
+        return reply(START_TAG, meta, b"x")
+
+    async def body() -> tuple[FakeConnection, float]:
+        s, conn, _ = session()
+        s.on_frame(START, False)
+        s._on_reply(VIDEO_START)
+        s._on_reply(naming(0, "e1"))  # overtook its ack
+        await asyncio.sleep(0.3)
+        s._on_reply(naming(1, "e2"))  # an ack that never comes
+        held = time.monotonic()
+        s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
+        while len(conn.texts()) < 4:
+            await asyncio.sleep(0.01)
+        waited = time.monotonic() - held
+        s.on_disconnect()
+        await ended(s, conn)
+        return conn, waited
+
+    conn, waited = run(body())
+    assert kinds(conn.frames) == [
+        ("video.start", None),
+        ("session.interaction.queued", "e1"),
+        ("video.chunk_metadata", 0),
+        "<1 bytes>",
+        ("video.chunk_metadata", 1),
+        "<1 bytes>",
+    ]
+    assert waited >= 0.5 - 0.02, f"chunk 1 was released after {waited:.2f} s"
+
+
+@pytest.mark.parametrize("answer", ["error", "pong"])
+def test_a_local_answer_that_does_not_fit_ends_the_session(monkeypatch, answer: str) -> None:
+    """A pong or error the proxy writes itself is bounded like any reply: refused → slow_consumer."""
+    monkeypatch.setattr(proxy_session, "END_GRACE_SECONDS", 0.1)
+
+    async def body() -> FakeConnection:
+        s, conn, bridge = session(outbound_buffer_bytes=3000)
+        s.on_frame(START, False)
+        s._on_reply(VIDEO_START)
+        await asyncio.sleep(0.01)
+        conn.paused = True
+        s._on_reply(chunk(0, 2950))
+        await asyncio.sleep(0.01)
+        if answer == "pong":
+            bridge.streams[0].auto_done = False  # the model has not confirmed the stop yet
+            s.on_frame(json.dumps({"type": "session.stop"}), False)
+            s.on_frame(json.dumps({"type": "session.ping"}), False)  # answered by the proxy itself
+        else:
+            s.on_frame(b"binary", True)
+        conn.resume()
+        await ended(s, conn)
+        return conn
+
+    conn = run(body())
+    assert kinds(conn.frames) == [
+        ("video.start", None),
+        ("video.chunk_metadata", 0),
+        "<2950 bytes>",
+        ("error", "slow_consumer"),
+        ("session.done", None),
+    ]
+    assert conn.texts()[-1]["chunks"] == 1
+
+
+# --- RealtimeVideoClient against a scripted server -----------------------------------------------
+Script = Callable[[ServerConnection, dict[str, Any]], Awaitable[None]]
+
+
+async def scripted(script: Script, body: Callable[[RealtimeVideoClient], Awaitable[T]]) -> T:
+    """A WebSocket server that calls `script` for every client message and never closes first."""
+
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            await script(ws, json.loads(frame))
+
+    async with serve(handler, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with RealtimeVideoClient(f"ws://127.0.0.1:{port}") as client:
+            return await body(client)
+
+
+async def send(ws: ServerConnection, message: dict[str, Any]) -> None:
+    await ws.send(json.dumps(message))
+
+
+def test_client_an_ending_error_before_video_start_wakes_start_and_interact() -> None:
+    async def script(ws: ServerConnection, m: dict[str, Any]) -> None:
+        if m["type"] == "session.interaction":  # the session ends before video.start; done is late
+            await send(ws, {"type": "error", "code": "backend_unavailable", "message": "gone"})
+
+    async def body(c: RealtimeVideoClient) -> list[Any]:
+        started = asyncio.ensure_future(c.start("x"))
+        await asyncio.sleep(0.05)
+        return await asyncio.wait_for(asyncio.gather(started, c.interact("y", timeout=10), return_exceptions=True), 2)
+
+    results = run(scripted(script, body))
+    assert [type(r) for r in results] == [RealtimeVideoError, RealtimeVideoError]
+    assert [r.code for r in results] == ["backend_unavailable", "backend_unavailable"]
+
+
+def test_client_interact_after_the_end_fails_fast() -> None:
+    async def script(ws: ServerConnection, m: dict[str, Any]) -> None:
+        if m["type"] == "session.start":
+            await send(ws, {"type": "video.start", "request_id": "r"})
+            await send(ws, {"type": "session.done", "request_id": "r", "chunks": 0, "stopped": False})
+
+    async def body(c: RealtimeVideoClient) -> float:
+        await c.start("x")
+        while c.done is None:
+            await asyncio.sleep(0.01)
+        began = time.monotonic()
+        with pytest.raises(RealtimeVideoError) as err:
+            await c.interact("y", timeout=0.5, attempts=2)
+        assert err.value.code == "session_done"
+        return time.monotonic() - began
+
+    assert run(scripted(script, body)) < 0.3
+
+
+def test_client_concurrent_interacts_with_one_event_id_all_resolve() -> None:
+    """The first caller gives up before the ack; the second, on the same event id, still gets it."""
+
+    async def script(ws: ServerConnection, m: dict[str, Any]) -> None:
+        if m["type"] == "session.start":
+            await send(ws, {"type": "video.start", "request_id": "r"})
+        elif m["type"] == "session.interaction":
+
+            async def ack_later() -> None:
+                await asyncio.sleep(0.4)
+                await send(
+                    ws,
+                    {"type": "session.interaction.queued", "request_id": "r", "event_id": m["interaction"]["event_id"]},
+                )
+
+            asyncio.ensure_future(ack_later())
+
+    async def body(c: RealtimeVideoClient) -> list[Any]:
+        await c.start("x")
+        impatient = c.interact("y", event_id="e", timeout=0.2, attempts=1)
+        patient = c.interact("y", event_id="e", timeout=3, attempts=1)
+        results = await asyncio.gather(impatient, patient, return_exceptions=True)
+        assert c._acks == {}, "a finished interact left its waiter behind"
+        return results
+
+    impatient, patient = run(scripted(script, body))
+    assert isinstance(impatient, asyncio.TimeoutError)
+    assert patient == {"type": "session.interaction.queued", "request_id": "r", "event_id": "e"}
