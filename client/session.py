@@ -193,7 +193,7 @@ class RealtimeVideoClient:
             self._resolve(self._started, message)
         elif kind == protocol.QUEUED:
             wait = self._acks.get(message["event_id"])
-            self._resolve(wait and wait.future, message)
+            self._resolve(wait.future if wait is not None else None, message)
         elif kind == protocol.DONE:
             self.done = message
             self._settle()

@@ -1,9 +1,11 @@
-"""The Triton side of the proxy: one gRPC channel per proxy, one gRPC stream per session.
+"""The Triton side of the proxy: one gRPC channel per server, one gRPC stream per session.
 
-A session's stream is fed from an asyncio.Queue of requests (docs/protocol.md §8: one
-client message per request; `sequence_start` on the start, `sequence_end` on the
-stop) and yields `Reply`s: the request they answer, the server message, the payload.
-`TritonBridge.probe` is the health probe the supervisor sends (a one-request sequence).
+`TritonStream` is a `SessionStream` (rtvideo.proxy.streams): fed from an asyncio.Queue of
+requests (docs/protocol.md §8: one client message per request; `sequence_start` on the
+start, `sequence_end` on the stop), it yields `Reply`s: the request they answer, the server
+message, the payload. `TritonBridge.probe` is the health probe the supervisor sends (a
+one-request sequence). Invariant: a sequence this proxy started is always ended on Triton,
+by its stop, or by a call of its own after a cancel (bounded by `END_CALL_SECONDS`).
 """
 
 from __future__ import annotations
@@ -19,19 +21,25 @@ from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOption
 from tritonclient.grpc.aio import InferenceServerClient
 
 from rtvideo.core import protocol
+from rtvideo.proxy.tasks import TaskSet
 from rtvideo.triton import wire
 from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
 
-_PING = protocol.encode({"type": protocol.PING}).encode()
-STOP = protocol.encode({"type": protocol.STOP}).encode()  # session.stop, sent with sequence_end
+#: the request bytes of a `session.ping` (forwarded pings, the health probe) and of a
+#: `session.stop` (sent with `sequence_end` to end a sequence)
+PING = protocol.encode({"type": protocol.PING}).encode()
+STOP = protocol.encode({"type": protocol.STOP}).encode()
+#: how long Triton may take to end a call once its sequence was ended and its requests
+#: half-closed (it ends it when every request has completed: about a millisecond, or a chunk
+#: when generation was still running), before the stream is cancelled
+END_GRACE_SECONDS = 3.0
 #: how long the call that ends a cancelled stream's sequence may take (bounded: Triton may be gone)
 END_CALL_SECONDS = 10.0
-#: the longest gRPC waits between attempts to reach a Triton that went away. Its default backoff
-#: grows 1.6x a try to 120 s, so a Triton back after a restart stayed unreached (probes failing on
-#: the cached "connection refused") for up to about half the outage again, long enough for the
-#: supervisor to restart it once more. (The connect timeout, `min_reconnect_backoff_ms`, stays 20 s.)
+#: the longest gRPC waits between attempts to reach a Triton that went away (its default backoff
+#: grows to 120 s, so a server back after a restart went unnoticed for long); the connect
+#: timeout, `min_reconnect_backoff_ms`, stays 20 s
 RECONNECT_BACKOFF_MS = 1000
 
 
@@ -83,7 +91,7 @@ def _request(
 class TritonStream:
     """One session's sequence on its own bidirectional gRPC stream."""
 
-    def __init__(self, client: InferenceServerClient, model: str, endings: set[asyncio.Task[None]]) -> None:
+    def __init__(self, client: InferenceServerClient, model: str, endings: TaskSet) -> None:
         self._client = client
         self._model = model
         self._endings = endings  # the bridge's: its close waits for them
@@ -93,7 +101,7 @@ class TritonStream:
         self._call: Any = None
         self._cancelled = False
         self._open = False  # a start went out and no end: the sequence is live on Triton
-        self.ending: asyncio.Task[None] | None = None  # the call that ends it after a cancel
+        self.ending: asyncio.Task[Any] | None = None  # the call that ends it after a cancel
 
     def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
         """Queue one client message (sent verbatim); returns the tag its replies carry."""
@@ -133,17 +141,15 @@ class TritonStream:
 
     def cancel(self) -> None:
         """End the stream now (the model sees `is_cancelled()` and frees the session). A
-        cancelled call does not end its sequence: Triton's sequence batcher held the slot until
-        its idle timeout (65 min), so a sequence left live is ended on a call of its own."""
+        cancelled call does not end its sequence (Triton's sequence batcher would hold the slot
+        until its idle timeout), so a sequence left live is ended on a call of its own."""
         self._cancelled = True
         self._requests.put_nowait(None)
         if self._call is not None:
             self._call.cancel()
             if self._open:
                 self._open = False
-                self.ending = asyncio.ensure_future(self._end_sequence())
-                self._endings.add(self.ending)
-                self.ending.add_done_callback(self._endings.discard)
+                self.ending = self._endings.spawn(self._end_sequence())
 
     async def _end_sequence(self) -> None:
         call = self._client.stream_infer(_one(_request(self._model, STOP, "end", self.sequence_id, end=True)))
@@ -189,7 +195,7 @@ class TritonBridge:
         self.url = url
         self.model = model
         self._client: InferenceServerClient | None = None
-        self._endings: set[asyncio.Task[None]] = set()  # calls ending cancelled streams' sequences
+        self._endings = TaskSet()  # calls ending cancelled streams' sequences
 
     @property
     def client(self) -> InferenceServerClient:
@@ -214,7 +220,7 @@ class TritonBridge:
         """The health probe (docs/protocol.md §8): `session.ping` alone on a fresh sequence, with
         `sequence_start` and `sequence_end`; returns the round trip in seconds. Raises
         BackendUnavailable unless a `session.pong` comes back within `timeout`."""
-        request = _request(self.model, _PING, "probe", new_sequence_id(), start=True, end=True)
+        request = _request(self.model, PING, "probe", new_sequence_id(), start=True, end=True)
 
         t0 = time.perf_counter()
         call: Any = None
@@ -224,9 +230,8 @@ class TritonBridge:
             result, error = await asyncio.wait_for(call.__anext__(), timeout)
             latency = time.perf_counter() - t0
             # The call ends by itself after the final answer (its one request is complete and the
-            # requests are half-closed); it is cancelled only when it does not. Cancelled at once,
-            # a few hundred probes (minutes of probing) left Triton unable to unload the model:
-            # every later stop ran out its exit timeout and killed the stub.
+            # requests are half-closed); it is cancelled only when it does not: cancelled probe
+            # calls pile up in Triton and keep it from unloading the model.
             ended = await _ends(call, max(0.1, timeout - latency))
         except asyncio.TimeoutError:
             raise BackendUnavailable(f"no answer to the health probe within {timeout:g} s") from None
@@ -243,16 +248,14 @@ class TritonBridge:
             reply = _reply(result)
         except ValueError as exc:  # not UTF-8, not JSON: it would have ended the probing for good
             raise BackendUnavailable(f"health probe answered with something that is not a message: {exc}") from None
-        if reply.message.get("type") != protocol.PONG:
+        if reply.message is None or reply.message.get("type") != protocol.PONG:
             raise BackendUnavailable(f"health probe answered with {reply.text[:200]}")
         return latency
 
     async def close(self) -> None:
         """Close the channel once the calls that end cancelled streams' sequences are over (each
-        within END_CALL_SECONDS): cut by a proxy's stop, they left those sequences held on a
-        Triton that lives on (its idle timeout, 65 min), e.g. across a rolling restart."""
-        if self._endings:
-            await asyncio.wait(set(self._endings))
+        within END_CALL_SECONDS), so that no sequence is left held on a Triton that lives on."""
+        await self._endings.wait()
         await self.reconnect()
 
     async def reconnect(self) -> None:

@@ -49,7 +49,9 @@ class BoundedHTTPServer(HTTPServer):
     """Closes a new connection at once while `max_open` connections (of any kind) are open, or
     `max_per_client` from its address: one client alone cannot hold them all."""
 
-    def initialize(
+    # Tornado's `Configurable` hands the constructor's arguments to `initialize`; this one adds
+    # required keywords of its own, which mypy takes for an incompatible override.
+    def initialize(  # type: ignore[override]
         self, *args: Any, max_open: int, max_per_client: int, on_refused: Callable[[str], None], **kwargs: Any
     ) -> None:
         super().initialize(*args, **kwargs)

@@ -106,6 +106,7 @@ class _StrictTextProtocol(WebSocketProtocol13):
             try:
                 data.decode("utf-8")
             except UnicodeDecodeError:
-                self.handler.on_invalid_text()  # type: ignore[attr-defined]
-                return None
+                if isinstance(self.handler, RealtimeVideoHandler):  # installed only there
+                    self.handler.on_invalid_text()
+                    return None
         return super()._handle_message(opcode, data)

@@ -1,58 +1,51 @@
-"""What a client has been sent, so that a `session.done` the proxy writes itself (slow
-consumer, backend failure) still gives every acked event exactly one visible end."""
+"""What one session's client has been handed, frame by frame, and the lists of every
+`session.done` it gets (docs/protocol.md §3.3).
+
+The session's `EventBook` (rtvideo.core.event_book) is the one record of its events: the
+proxy admits its own acks there (rtvideo.proxy.acks), and the ledger feeds it every frame
+at the moment the socket takes it. A `session.done`, the model's or one the proxy writes
+itself (slow consumer, backend failure, shutdown), gets its lists from the book at that
+same moment, so they account for exactly the frames before it: every event whose ack the
+client got has one visible end, and no event it never heard of is named.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rtvideo.core import protocol
-from rtvideo.core.errors import ErrorCode
-from rtvideo.proxy.limits import RecentIds
+from rtvideo.core.event_book import EventBook
+from rtvideo.proxy.outbox import Frame
 
 
 @dataclass
 class Ledger:
-    request_id: str | None = None
-    chunks: int = 0
-    unapplied: dict[str, None] = field(default_factory=dict)  # acked, not started (insertion-ordered)
-    unfinished: dict[str, None] = field(default_factory=dict)  # started, not completed
-    ended: RecentIds = field(default_factory=RecentIds)  # bounded like the model's event ids (RecentIds)
+    book: EventBook = field(default_factory=EventBook)
+    request_id: str | None = None  # of the video.start handed out
+    chunks: int = 0  # binary frames handed out
 
-    def observe(self, message: Mapping[str, Any] | None, has_data: bool) -> None:
-        """One frame (or pair) handed to the socket, in order."""
-        self.chunks += has_data
-        if message is None:
-            return
+    def taken(self, frame: Frame) -> Frame:
+        """One frame (or pair) handed to the socket, in order; returns what is written: the frame,
+        or for a `session.done` the same message with the book's lists."""
+        message = frame.message
         kind = message.get("type")
+        if kind == protocol.DONE:
+            # Every ack the client will get is ahead of it: one the book still holds as merely
+            # admitted was never handed out (the session ended first), so it is not named.
+            outcome = self.book.outcome(acked_only=True)
+            done = {
+                **message,
+                "unapplied_event_ids": list(outcome.unapplied),
+                "unfinished_event_ids": list(outcome.unfinished),
+            }
+            return frame if done == message else Frame(protocol.encode(done), done)
+        self.chunks += frame.data is not None
         if kind == protocol.VIDEO_START:
             self.request_id = message.get("request_id")
-        elif kind == protocol.QUEUED and message["event_id"] not in self.ended:
-            if message["event_id"] not in self.unfinished:
-                self.unapplied.setdefault(message["event_id"], None)
-        elif kind == protocol.ERROR and message.get("code") == ErrorCode.INTERACTION_FAILED.value:
-            self._end(message.get("event_id"))
-        elif kind == protocol.CHUNK_METADATA:
-            for event_id in message.get("started_event_ids", ()):
-                self.unapplied.pop(event_id, None)
-                self.unfinished.setdefault(event_id, None)
-            for key in ("completed_event_ids", "interrupted_event_ids", "superseded_event_ids"):
-                for event_id in message.get(key, ()):
-                    self._end(event_id)
-
-    def _end(self, event_id: str | None) -> None:
-        if event_id is not None:
-            self.ended.add(event_id)
-            self.unapplied.pop(event_id, None)
-            self.unfinished.pop(event_id, None)
+        self.book.observe(message)
+        return frame
 
     def done(self) -> dict[str, Any]:
         """The `session.done` for an end the model did not report itself."""
-        return protocol.done(
-            self.request_id,
-            chunks=self.chunks,
-            stopped=False,
-            unapplied_event_ids=list(self.unapplied),
-            unfinished_event_ids=list(self.unfinished),
-        )
+        return self.book.done(self.request_id, chunks=self.chunks, stopped=False, acked_only=True)

@@ -1,5 +1,9 @@
 """One writer per connection: frames leave in order, a metadata text frame and its binary
-frame back to back, and the bytes waiting for a slow reader are bounded."""
+frame back to back, and the bytes waiting for a slow reader are bounded.
+
+Invariant: `on_taken` sees every frame the moment it is handed to the socket, in order, and
+nothing else is written; what it returns is what is written (the session completes a
+`session.done` there, rtvideo.proxy.ledger)."""
 
 from __future__ import annotations
 
@@ -45,11 +49,10 @@ class Outbox:
     `limit` bounds the bytes queued or being written: `put` refuses a frame that would
     exceed it (the caller ends the session with `slow_consumer`). Urgent frames (acks,
     pongs: small answers a client waits for) are written before queued video, so they
-    never wait behind a backlog of chunks. `on_taken` sees every frame the moment it is
-    handed to the socket, in order.
+    never wait behind a backlog of chunks.
     """
 
-    def __init__(self, sink: Sink, limit: int, metrics: ProxyMetrics, on_taken: Callable[[Frame], None]) -> None:
+    def __init__(self, sink: Sink, limit: int, metrics: ProxyMetrics, on_taken: Callable[[Frame], Frame]) -> None:
         self._sink = sink
         self._limit = limit
         self._metrics = metrics
@@ -90,7 +93,7 @@ class Outbox:
         behind a write that never completes, and the close would go out without them."""
         if self._closed:
             return
-        self._on_taken(frame)
+        frame = self._on_taken(frame)
         try:
             writes = [self._sink.write_message(frame.text)]
             if frame.data is not None:
@@ -126,15 +129,15 @@ class Outbox:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                frame = (self._urgent or self._queue).popleft()
-                self._on_taken(frame)
+                queued = (self._urgent or self._queue).popleft()
+                frame = self._on_taken(queued)
                 # Both writes are issued before any await: nothing can come between them.
                 writes = [self._sink.write_message(frame.text)]
                 if frame.data is not None:
                     writes.append(self._sink.write_message(frame.data, binary=True))
                 for write in writes:
                     await write
-                self._pending -= frame.size
+                self._pending -= queued.size
                 self._metrics.sent(frame.size, frame.data is not None)
         except (WebSocketClosedError, StreamClosedError):
             log.debug("connection closed while writing")

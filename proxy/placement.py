@@ -10,32 +10,33 @@ that leaves takes no new session; its live sessions run to their end). Each endp
 own `Supervisor` (the model's health probe through that server) and its capacity: the
 model's `max_sessions` (its config, read over gRPC) times its model instances.
 
-`PlacedStream` is one session's stream as `ProxySession` sees it (the surface of
-`TritonStream`). It starts on the admitting endpoint with the most free slots (capacity minus
-this proxy's sessions there; ties rotate). Until the model answers session.start, what the
-client sent is kept: when the endpoint answers `server_busy` (another proxy or client filled
-it) or fails, the sequence there is ended and everything is replayed on the next endpoint, on
-a new stream with a new sequence id. Nothing of a refused attempt reaches the client; when
-every candidate refuses, the last refusal is the answer.
+`PlacedStream` is one session's `SessionStream` (rtvideo.proxy.streams), in one `Placement`
+state. It starts on the admitting endpoint with the most free slots (capacity minus this
+proxy's sessions there; ties rotate). Until the model answers session.start, what the client
+sent is kept: when the endpoint answers `server_busy` (another proxy or client filled it) or
+fails, the sequence there is ended and everything is replayed on the next endpoint, on a new
+stream with a new sequence id. Nothing of a refused attempt reaches the client; when every
+candidate refuses, the last refusal is the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.addresses import is_ip_address, join_address, parse_urls, split_address
-from rtvideo.proxy.bridge import STOP, BackendUnavailable, TritonBridge, TritonStream
+from rtvideo.proxy.bridge import END_GRACE_SECONDS, STOP, BackendUnavailable, TritonBridge, TritonStream
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.supervisor import BackendState, Supervisor
-from rtvideo.proxy.tasks import cancel_and_wait
+from rtvideo.proxy.tasks import TaskSet, cancel_and_wait
 from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,6 @@ Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
 #: an endpoint that answered `server_busy` is tried after the others for this long
 REFUSED_HOLD_SECONDS = 2.0
-#: how long ending a refused attempt's sequence may take before its stream is dropped
-END_GRACE_SECONDS = 3.0
 _STATE_ORDER = (BackendState.UP, BackendState.STARTING, BackendState.RESTARTING, BackendState.DOWN)
 
 
@@ -173,7 +172,7 @@ class EndpointPool:
         self._restart = restart
         self.endpoints: dict[str, Endpoint] = {}
         self._turn = 0  # rotates the choice among equally free endpoints
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskSet()  # ending refused attempts, closing endpoints that left, reading capacities
         self._resolving: asyncio.Task | None = None
         self._started = False
         self._closed = False
@@ -193,8 +192,7 @@ class EndpointPool:
         if self._resolving is not None:
             await cancel_and_wait([self._resolving])
         await asyncio.gather(*(e.supervisor.stop() for e in self.endpoints.values()))
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=END_GRACE_SECONDS + 1)
+        await self._tasks.wait(END_GRACE_SECONDS + 1)
         await asyncio.gather(*(e.bridge.close() for e in self.endpoints.values()), return_exceptions=True)
 
     async def _resolve_loop(self) -> None:
@@ -246,13 +244,13 @@ class EndpointPool:
         endpoint = Endpoint(address, source, TritonBridge(address, self.model))
         endpoint.supervisor = Supervisor(
             endpoint.bridge,
-            _EndpointMetrics(self._metrics, address, self._health_changed),  # type: ignore[arg-type]
+            _EndpointMetrics(self._metrics, address, self._health_changed),
             interval=self._probe["interval"],
             timeout=self._probe["timeout"],
             failures=int(self._probe["failures"]),
             on_down=lambda reason: self._down(endpoint, reason),
             restart=self._restart,
-            on_up=lambda: self._spawn(self._read_capacity(endpoint)),
+            on_up=lambda: self.spawn(self._read_capacity(endpoint)),
             name=f"triton {address}",
         )
         self.endpoints[address] = endpoint
@@ -266,17 +264,16 @@ class EndpointPool:
             del self.endpoints[endpoint.address]
             self._metrics.endpoint_removed(endpoint.address)
             self._health_changed()
-            self._spawn(self._close_endpoint(endpoint))
+            self.spawn(self._close_endpoint(endpoint))
 
     @staticmethod
     async def _close_endpoint(endpoint: Endpoint) -> None:
         await endpoint.supervisor.stop()
         await endpoint.bridge.close()
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run `coro` in the background; the pool's stop waits for it (bounded)."""
+        self._tasks.spawn(coro)
 
     # --- health and capacity --------------------------------------------------------------------
     def _health_changed(self) -> None:
@@ -336,24 +333,28 @@ class EndpointPool:
         """A new session's stream (the `open_stream` of `TritonBridge`, placed)."""
         return PlacedStream(self, self.candidates())
 
-    def _attached(self, endpoint: Endpoint, stream: PlacedStream) -> None:
+    # --- what a placed stream tells the pool -------------------------------------------------
+    def attach(self, endpoint: Endpoint, stream: PlacedStream) -> None:
+        """`stream` takes a slot at `endpoint` (an attempt begins there)."""
         endpoint.streams.add(stream)
         self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
 
-    def _detached(self, endpoint: Endpoint, stream: PlacedStream) -> None:
+    def detach(self, endpoint: Endpoint, stream: PlacedStream) -> None:
+        """`stream` left `endpoint` (its attempt was refused or failed, or the session is over)."""
         endpoint.streams.discard(stream)
         if self.endpoints.get(endpoint.address) is endpoint:
             self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
         self._retire_if_idle(endpoint)
 
-    def _answered(self, endpoint: Endpoint, busy: bool) -> None:
+    def start_answered(self, endpoint: Endpoint, busy: bool) -> None:
         """The model at `endpoint` answered a session.start: placed there, or (last candidate) busy."""
         if busy:
-            self._refused(endpoint, final=True)
+            self.start_refused(endpoint, final=True)
         else:
             self._metrics.endpoint_placed(endpoint.address)
 
-    def _refused(self, endpoint: Endpoint, final: bool = False) -> None:
+    def start_refused(self, endpoint: Endpoint, final: bool = False) -> None:
+        """The model at `endpoint` answered `server_busy` (`final`: no other endpoint is left)."""
         endpoint.refused_at = time.monotonic()
         self._metrics.endpoint_refused(endpoint.address)
         log.info(
@@ -362,7 +363,8 @@ class EndpointPool:
             "; no other endpoint is left to try" if final else "; trying the next",
         )
 
-    def _start_failed(self, endpoint: Endpoint, reason: str) -> None:
+    def start_failed(self, endpoint: Endpoint, reason: str) -> None:
+        """A session start at `endpoint` failed (the stream broke, or the endpoint went down)."""
         self._metrics.endpoint_start_failed(endpoint.address)
         log.warning("triton endpoint %s: a session start failed (%s); trying the next", endpoint.address, reason)
 
@@ -404,23 +406,37 @@ class EndpointPool:
 
 
 # --- one session's stream ------------------------------------------------------------------------
+class Placement(enum.Enum):
+    """Where a placed stream is. Moves forward only: PLACING (one attempt after another) until
+    its model answers session.start (PLACED) or no endpoint is left (EXHAUSTED); from any state,
+    CANCELLED once the session ended it."""
+
+    PLACING = enum.auto()  # an attempt is open on one endpoint; what the session sent is kept for the next
+    PLACED = enum.auto()  # its model answered session.start: bound to that endpoint for good
+    EXHAUSTED = enum.auto()  # no candidate left: `replies` raises BackendUnavailable
+    CANCELLED = enum.auto()  # the session ended it
+
+
 class PlacedStream:
-    """One session's stream over the pool, with `TritonStream`'s surface (`send`, `replies`,
-    `close_requests`, `cancel`, `sequence_id`); bound to one endpoint for good once its model answers session.start."""
+    """One session's stream over the pool, a `SessionStream`; bound to one endpoint for good once
+    its model answers session.start."""
 
     def __init__(self, pool: EndpointPool, candidates: list[Endpoint]) -> None:
         self._pool = pool
         self._candidates = list(candidates)  # not tried yet, best first
         self._sent: list[tuple[bytes, bool, bool]] = []  # replayed on the next attempt until placed
         self._count = 0
-        self.placed = False
+        self.state = Placement.PLACING
         self.attempts = 0
         self.endpoint: Endpoint | None = None
         self._stream: TritonStream | None = None
-        self._cancelled = False
         self._lost: str | None = None  # the endpoint went down under this attempt
         self._why = "no Triton endpoint takes new sessions now"
         self._next_attempt()
+
+    @property
+    def placed(self) -> bool:
+        return self.state is Placement.PLACED
 
     @property
     def sequence_id(self) -> int:
@@ -435,7 +451,7 @@ class PlacedStream:
     def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
         """Queue one client message; returns the tag its replies carry (the same on every attempt)."""
         self._count += 1
-        if not self.placed:
+        if self.state is Placement.PLACING:
             self._sent.append((raw, start, end))
         if self._stream is not None:
             return self._stream.send(raw, start=start, end=end)
@@ -458,7 +474,7 @@ class PlacedStream:
                         reply = await iterator.__anext__()
                     except StopAsyncIteration:
                         break
-                    if self.placed:
+                    if self.state is not Placement.PLACING:
                         yield reply
                     elif reply.tag != START_TAG:
                         held.append(reply)
@@ -466,9 +482,9 @@ class PlacedStream:
                         refused = True
                         break
                     else:  # video.start, or an answer that is the session's (the last busy one too)
-                        self.placed = True
+                        self.state = Placement.PLACED
                         self._sent.clear()
-                        self._pool._answered(endpoint, _is_busy(reply))
+                        self._pool.start_answered(endpoint, _is_busy(reply))
                         if reply.message and reply.message.get("type") == protocol.ERROR:
                             self._leave()  # refused for good: it takes no slot there (its sequence still ends)
                         for early in held:
@@ -476,21 +492,21 @@ class PlacedStream:
                         held.clear()
                         yield reply
             except BackendUnavailable as exc:
-                if self.placed or self._cancelled:
+                if self.state is not Placement.PLACING:
                     raise
                 failure = str(exc)
-            if self._cancelled:
+            if self.state is Placement.CANCELLED:
                 return
-            if self.placed:
+            if self.state is Placement.PLACED:
                 if self._lost is not None:
                     raise BackendUnavailable(f"triton endpoint {endpoint.address} is down: {self._lost}")
                 return  # the stream ended; the session knows whether that was early
             # Not placed: refused, failed, down, or ended without an answer: the next endpoint.
             if refused:
-                self._pool._refused(endpoint)
+                self._pool.start_refused(endpoint)
                 stream.send(STOP, end=True)
                 stream.close_requests()
-                self._pool._spawn(_end_refused(stream, iterator))
+                self._pool.spawn(_end_refused(stream, iterator))
             else:
                 reason = failure or (
                     f"the endpoint went down: {self._lost}"
@@ -498,7 +514,7 @@ class PlacedStream:
                     else "the stream ended before session.start was answered"
                 )
                 self._why = f"no Triton endpoint could start the session; last: {reason}"
-                self._pool._start_failed(endpoint, reason)
+                self._pool.start_failed(endpoint, reason)
                 stream.cancel()
                 await iterator.aclose()
             self._leave()
@@ -507,7 +523,7 @@ class PlacedStream:
 
     def cancel(self) -> None:
         """End the stream now (the session is over); frees its place on the endpoint."""
-        self._cancelled = True
+        self.state = Placement.CANCELLED
         if self._stream is not None:
             self._stream.cancel()
         self._leave()
@@ -515,7 +531,7 @@ class PlacedStream:
     # --- the pool's side ---------------------------------------------------------------------
     def lost(self, reason: str) -> None:
         """The endpoint is down: a placed session ends (backend_unavailable); one not yet placed moves on."""
-        if self._lost is None and self._stream is not None and not self._cancelled:
+        if self._lost is None and self._stream is not None and self.state is not Placement.CANCELLED:
             self._lost = reason
             self._stream.cancel()
 
@@ -525,19 +541,20 @@ class PlacedStream:
             if not endpoint.admitting:
                 continue
             self.endpoint, self._lost = endpoint, None
-            self._pool._attached(endpoint, self)
+            self._pool.attach(endpoint, self)
             self._stream = endpoint.bridge.open_stream()
             self.attempts += 1
             for raw, start, end in self._sent:  # the same requests in the same order: the same tags
                 self._stream.send(raw, start=start, end=end)
             return True
         self._stream = None
+        self.state = Placement.EXHAUSTED
         return False
 
     def _leave(self) -> None:
         endpoint, self.endpoint = self.endpoint, None
         if endpoint is not None:
-            self._pool._detached(endpoint, self)
+            self._pool.detach(endpoint, self)
 
 
 async def _end_refused(stream: TritonStream, iterator: AsyncIterator[Reply]) -> None:

@@ -5,7 +5,9 @@ binary frames) and forwards every other message verbatim; the model validates th
 rest. A valid interaction it acks at once, as the model would (rtvideo.proxy.acks). It
 bounds what one client can make it and Triton hold (§7): a token bucket for the message
 rate, a bound on requests in flight to Triton, and `session.ping` answered here (at most
-one a second goes on, to keep the model's stall clock running).
+one a second goes on, to keep the model's stall clock running). The session's events are
+in one `EventBook`, kept by its `Ledger` (rtvideo.proxy.ledger): every `session.done` the
+client gets has that book's lists.
 
 Each session ends exactly once: the model's `session.done`, or an end the proxy
 reports itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`,
@@ -24,55 +26,42 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.acks import Answer, ProxyAcks
-from rtvideo.proxy.bridge import STOP, BackendUnavailable, TritonStream
+from rtvideo.proxy.bridge import END_GRACE_SECONDS, PING, STOP, BackendUnavailable
 from rtvideo.proxy.ledger import Ledger
-from rtvideo.proxy.limits import TokenBucket
+from rtvideo.proxy.limits import TokenBucket, event_id_in, over_rate_stop, refused_event_id
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.ordering import OutboundOrder, Send
 from rtvideo.proxy.outbox import Frame, Outbox, Sink
 from rtvideo.proxy.settings import ProxySettings
-from rtvideo.proxy.tasks import cancel_and_wait
+from rtvideo.proxy.streams import SessionStream, StreamSource
+from rtvideo.proxy.tasks import TaskSet, cancel_and_wait
 from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
 
 #: how long a chunk may wait for the ack of an event it names (the ack is already on its way)
 ACK_WAIT_SECONDS = 1.0
-#: how long Triton may take to end the call after the sequence was ended and the requests
-#: half-closed (it ends it when every request has completed: about a millisecond, or a chunk
-#: when generation was still running), before the stream is cancelled
-END_GRACE_SECONDS = 3.0
 #: at most one client session.ping a second goes on to Triton (it resets the model's stall clock)
 PING_FORWARD_SECONDS = 1.0
-#: a frame over the rate this small is parsed anyway, so that a session.stop is never refused
-STOP_PEEK_BYTES = 256
 #: after a frame over the rate, the client's next frame is read this much later: a flooding client
 #: costs the proxy at most about 1,000 answered frames a second and meets TCP backpressure
 #: beyond, while what it has already pushed into its socket is still drained and answered
 OVER_RATE_READ_PAUSE_SECONDS = 0.001
 #: how long the last messages of a session may take to reach a client before the close
 FLUSH_SECONDS = 10.0
-_PING = protocol.encode({"type": protocol.PING}).encode()
 
 
 class Connection(Sink, Protocol):
     """The WebSocket (Tornado's handler): writes and a close."""
 
     def close(self, code: int | None = None, reason: str | None = None) -> None: ...
-
-
-class StreamSource(Protocol):
-    """Where a session's Triton stream comes from: a `TritonBridge` (one server), or the
-    `EndpointPool` that places it over many (rtvideo.proxy.placement)."""
-
-    def open_stream(self) -> TritonStream: ...
 
 
 class Phase(enum.Enum):
@@ -121,14 +110,14 @@ class ProxySession:
         self._metrics = metrics
         self.peer = peer
         self._on_closed = on_closed
-        self.ledger = Ledger()
-        self._acks = ProxyAcks()
+        self.ledger = Ledger()  # what the client was handed; holds the session's EventBook
+        self._acks = ProxyAcks(self.ledger.book)
         self.request_id: str | None = None  # from video.start, once forwarded
         self._phase = Phase.AWAITING_START
         self._outbox = Outbox(conn, settings.outbound_buffer_bytes, metrics, self._taken)
         self._order: OutboundOrder[_Item] = OutboundOrder(ack_wait=ACK_WAIT_SECONDS)
         self._ack_timer: asyncio.TimerHandle | None = None
-        self._stream: TritonStream | None = None  # the Triton sequence, while there is one to end
+        self._stream: SessionStream | None = None  # the Triton sequence, while there is one to end
         self._stop_tag: str | None = None  # the request that carried sequence_end
         self._stream_over = asyncio.Event()  # Triton ended the call (or it broke, or was cancelled)
         self._closed = asyncio.Event()  # the WebSocket is closed (awaited by shutdown)
@@ -139,14 +128,14 @@ class ProxySession:
         self._bucket = TokenBucket(settings.max_messages_per_second, settings.message_burst, time.monotonic())
         self._heard = time.monotonic()  # when Triton last sent anything on this session's stream
         self._silence_timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskSet()
         self._opened = time.monotonic()
         self._timing = metrics.stream_timing()  # time to first chunk, chunk lead
         self._start_timer = asyncio.get_running_loop().call_later(settings.start_timeout, self._start_timed_out)
         metrics.session_opened()
 
     # --- phase transitions -----------------------------------------------------------------
-    def _open_sequence(self, stream: TritonStream) -> None:
+    def _open_sequence(self, stream: SessionStream) -> None:
         """AWAITING_START → STREAMING: session.start went to Triton on its own stream."""
         self._stream, self._phase = stream, Phase.STREAMING
         self._heard = time.monotonic()
@@ -180,11 +169,12 @@ class ProxySession:
             return None
         if self._phase not in (Phase.STREAMING, Phase.STOP_SENT):
             return None  # the end is claimed: frames still buffered behind it are ignored
-        if not self._bucket.take(time.monotonic()) and not _is_stop(raw, binary):
+        if not self._bucket.take(time.monotonic()) and not over_rate_stop(raw, binary):
             self._reject(
                 ErrorCode.RATE_LIMITED,
                 f"over the rate of {self._settings.max_messages_per_second:g} "
                 f"messages a second (burst {self._settings.message_burst}); this one was not processed",
+                event_id=refused_event_id(raw, binary),
             )
             return _after(OVER_RATE_READ_PAUSE_SECONDS)
         self._on_later(raw, binary)
@@ -209,6 +199,7 @@ class ProxySession:
                 ErrorCode.RATE_LIMITED,
                 f"too many requests in flight (at most "
                 f"{self._settings.max_requests_in_flight}); this one was not processed",
+                event_id=event_id_in(message),
             )
         elif kind == protocol.INTERACTION:
             self._interact(message, _raw_bytes(raw))
@@ -251,7 +242,7 @@ class ProxySession:
             and now - self._ping_forwarded >= PING_FORWARD_SECONDS
             and len(self._in_flight) < self._settings.max_requests_in_flight
         ):
-            self._ping_tag, self._ping_forwarded = self._send(_PING), now
+            self._ping_tag, self._ping_forwarded = self._send(PING), now
 
     def _on_first(self, raw: str | bytes, binary: bool) -> None:
         self._start_timer.cancel()
@@ -271,7 +262,7 @@ class ProxySession:
             self._fail(ErrorCode.START_TIMEOUT, f"no session.start within {self._settings.start_timeout:g} s")
 
     # --- Triton → client -------------------------------------------------------------------
-    async def _pump(self, stream: TritonStream) -> None:
+    async def _pump(self, stream: SessionStream) -> None:
         try:
             async for reply in stream.replies():
                 self._on_reply(reply)
@@ -282,7 +273,7 @@ class ProxySession:
         finally:
             self._stream_over.set()
 
-    def _stream_broke(self, stream: TritonStream, reason: str) -> None:
+    def _stream_broke(self, stream: SessionStream, reason: str) -> None:
         """The stream failed (or fell silent): nothing is left to end on Triton's side; a live
         session ends with backend_unavailable and a session.done written here."""
         if self._stream is stream:
@@ -309,10 +300,13 @@ class ProxySession:
     def _on_reply(self, reply: Reply) -> None:
         self._heard = time.monotonic()
         self._in_flight.discard(reply.tag)
+        message = reply.message
+        if message is None:
+            return  # flags-only: nothing for the client (the streams yield none)
         if reply.tag == self._ping_tag:
             self._ping_tag = None
             return  # the client had its pong from the proxy
-        answer = self._acks.answered(reply.tag, reply.message)
+        answer = self._acks.answered(reply.tag, message)
         if answer is Answer.REFUSED:
             self._metrics.ack_refused()
             log.info(
@@ -325,17 +319,16 @@ class ProxySession:
             return  # the client had its ack from the proxy
         if reply.tag == self._stop_tag or self._phase not in _LIVE:
             return  # the answer to session.stop is the trailer and session.done, not this
-        kind = reply.message.get("type")
+        kind = message.get("type")
         if reply.tag == START_TAG:
-            self._acks.shown(reply.message)
-            self._deliver(self._order.stream(reply, reply.message, time.monotonic()))
+            self._deliver(self._order.stream(reply, message, time.monotonic()))
         else:  # the answer to one later request (ack, pong, per-message error)
-            ack = reply.message["event_id"] if kind == protocol.QUEUED else None
+            ack = message["event_id"] if kind == protocol.QUEUED else None
             self._deliver(self._order.answer(reply, len(reply.text) + len(reply.data), ack))
 
-    def _reject(self, code: ErrorCode, text: str) -> None:
-        """An error about one client message; the session goes on."""
-        self._answer(lambda: protocol.error(code, text, request_id=self.request_id))
+    def _reject(self, code: ErrorCode, text: str, event_id: str | None = None) -> None:
+        """An error about one client message (`event_id`: the event it names); the session goes on."""
+        self._answer(lambda: protocol.error(code, text, request_id=self.request_id, event_id=event_id))
 
     def _answer(
         self, build: Callable[[], Mapping[str, Any]], *, ack: str | None = None, received: float | None = None
@@ -362,19 +355,15 @@ class ProxySession:
             self._arm_ack_timer()
 
     def _forward(self, reply: Reply, urgent: bool) -> None:
-        message: Mapping[str, Any] = reply.message
-        text: str | None = reply.text
+        message = reply.message
+        assert message is not None  # `_on_reply` passes on only replies that carry one
         kind = message.get("type")
         received = self._interactions.pop(reply.tag, None)
         if kind == protocol.VIDEO_START:
             self.request_id = message.get("request_id")
             log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
-        elif kind == protocol.DONE and self.request_id is not None:  # the proxy's acks were sent
-            completed = self._acks.complete_done(message)
-            if completed is not None:
-                message, text = completed, None
         data = reply.data if kind == protocol.CHUNK_METADATA else None
-        if not self._emit(message, text=text, data=data, urgent=urgent):
+        if not self._emit(message, text=reply.text, data=data, urgent=urgent):
             self._slow_consumer()
         elif kind == protocol.DONE and self._claim_end():
             self._spawn(self._finish(FLUSH_SECONDS))
@@ -409,10 +398,12 @@ class ProxySession:
             f"the client reads too slowly: more than {self._settings.outbound_buffer_bytes} bytes are waiting",
         )
 
-    def _taken(self, frame: Frame) -> None:
-        self.ledger.observe(frame.message, frame.data is not None)
+    def _taken(self, frame: Frame) -> Frame:
+        """A frame handed to the socket; returns what is written (a done with the book's lists)."""
+        frame = self.ledger.taken(frame)
         self._timing.taken(frame.message)
         self._order.handed_out(frame.message)
+        return frame
 
     def _arm_ack_timer(self) -> None:
         """One timer, for the ordering's deadline. The deadline only moves later while it is armed,
@@ -448,7 +439,7 @@ class ProxySession:
         self._fail(code, "a text frame was not valid UTF-8; closing (1007)", close_code=1007)
 
     async def _report_failure(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
-        """Error, `session.done` (from the ledger: what the client was actually sent), close."""
+        """Error, `session.done` (from the ledger: what the client was actually handed), close."""
         stuck = code is ErrorCode.SLOW_CONSUMER or not await self._outbox.flush(1.0)
         if stuck:
             self._outbox.discard()  # the client cannot take more; the end must still fit
@@ -520,34 +511,26 @@ class ProxySession:
             self._conn.close(1001, "server shutting down")
         # The session's tasks end by themselves (every wait in them is bounded), but a stream
         # Triton never ends must not hold the server's stop: what is left after `timeout` goes.
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
-            for task in pending:
-                log.warning("request_id=%s a task did not end at shutdown: %s", self.request_id, task.get_coro())
-            await cancel_and_wait(pending)
+        pending = await self._tasks.wait(timeout)
+        for task in pending:
+            log.warning("request_id=%s a task did not end at shutdown: %s", self.request_id, task.get_coro())
+        await cancel_and_wait(pending)
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._tasks.spawn(coro)
 
 
 def _after(delay: float) -> asyncio.Future[None]:
     """A future that is done in `delay` seconds (never cancelled: Tornado would abort the
     connection on a cancelled one)."""
-    future = asyncio.get_running_loop().create_future()
-    asyncio.get_running_loop().call_later(delay, lambda: future.done() or future.set_result(None))
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    asyncio.get_running_loop().call_later(delay, done)
     return future
-
-
-def _is_stop(raw: str | bytes, binary: bool) -> bool:
-    """Whether a frame over the rate is a session.stop anyway (looked at only when small)."""
-    if binary or len(raw) > STOP_PEEK_BYTES or protocol.STOP not in raw:
-        return False
-    try:
-        return protocol.decode_later(raw)["type"] == protocol.STOP
-    except ProtocolError:
-        return False
 
 
 def _raw_bytes(raw: str | bytes) -> bytes:

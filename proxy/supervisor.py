@@ -18,15 +18,27 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge
-from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 #: the wait before another restart, after one that did not bring the backend up: doubles up to the cap
 RESTART_BACKOFF_SECONDS = (5.0, 60.0)
+
+
+class ProbeMetrics(Protocol):
+    """What a supervisor reports: `ProxyMetrics`, or one endpoint's view of it (rtvideo.proxy.placement)."""
+
+    def probe_answered(self, seconds: float) -> None: ...
+
+    def probe_failed(self) -> None: ...
+
+    def backend_restarted(self) -> None: ...
+
+    def set_backend_up(self, up: bool) -> None: ...
 
 
 class BackendState(str, enum.Enum):
@@ -42,7 +54,7 @@ class Supervisor:
     def __init__(
         self,
         bridge: TritonBridge,
-        metrics: ProxyMetrics,
+        metrics: ProbeMetrics,
         *,
         interval: float,
         timeout: float,

@@ -231,10 +231,10 @@ async def _run_proxy(settings: proxy_settings.ProxySettings, triton: TritonServe
     """Serve until a signal, then drain (exit 0); the supervisor restarts the Triton started here when needed."""
     from rtvideo.proxy.app import ProxyServer
 
-    # grpc.aio hands each reply from its poller thread to this loop; with the default 5 ms GIL
-    # switch interval that hand-over waited behind a busy loop (the ack tail, measured).
+    # grpc.aio hands each reply from its poller thread to this loop; a 1 ms GIL switch interval
+    # (the default is 5 ms) keeps that hand-over from waiting long behind a busy thread.
     sys.setswitchinterval(0.001)
-    gc.freeze()  # what was imported stays: no full collection walks it again (~20 ms, the whole loop)
+    gc.freeze()  # what was imported stays: no full collection walks it again and stalls the loop
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -272,8 +272,9 @@ async def _restart(triton: TritonServer) -> None:
     except asyncio.CancelledError:
         # Shutting down mid-restart: nobody will use this Triton. Killed now, the waiting thread
         # sees it exit within 0.1 s and cleans up; else the exit would wait for its whole start-up.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(triton.pid, signal.SIGKILL)  # its process group (it leads its own session)
+        if triton.pid is not None:  # spawn() set it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(triton.pid, signal.SIGKILL)  # its process group (it leads its own session)
         raise
     log.info("tritonserver restarted in %.1f s (pid %s, was %s)", triton.startup_seconds, triton.pid, old)
 

@@ -13,6 +13,7 @@ import logging
 import re
 import sys
 import time
+from typing import TextIO
 
 #: longest message kept whole (prompts are at most 4096 characters; config lines quote one)
 MAX_MESSAGE_CHARS = 6000
@@ -66,11 +67,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
-def configure(level: str | int = "INFO", stream: object = None, fmt: str = "text") -> None:
+def configure(level: str | int = "INFO", stream: TextIO | None = None, fmt: str = "text") -> None:
     """Root logging to standard error (or `stream`): escaped text lines, or JSON lines."""
     if fmt not in FORMATS:
         raise ValueError(f"log format {fmt!r}: use one of {', '.join(FORMATS)}")
-    handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else SafeFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):

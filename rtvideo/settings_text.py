@@ -14,9 +14,12 @@ import math
 import os
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 #: words that turn an optional number off (e.g. `pacing_lead_chunks=off`)
 OFF_WORDS = frozenset({"off", "none", "unpaced"})
@@ -39,7 +42,7 @@ def env_name(f: dataclasses.Field) -> str:
     return ENV_PREFIX + f.name.upper()
 
 
-def _types(cls: type) -> dict[str, Any]:
+def _types(cls: type[DataclassInstance]) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -61,8 +64,8 @@ def parser_for(annotation: Any) -> Callable[[str], Any]:
 
 
 def _finite_float(text: str) -> float:
-    """A number; `nan` and `inf` are refused (NaN passes every `<= 0` check: a NaN probe interval
-    probed in a busy loop, a NaN session limit never ended a session; `off` turns optional ones off)."""
+    """A number; `nan` and `inf` are refused, since NaN passes every `<= 0` check (`off` turns
+    optional ones off)."""
     value = float(text.strip())
     if not math.isfinite(value):
         raise ValueError(f"{text!r} is not a finite number")
@@ -78,7 +81,7 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean")
 
 
-def parse(cls: type, name: str, text: str, what: str = "setting") -> Any:
+def parse(cls: type[DataclassInstance], name: str, text: str, what: str = "setting") -> Any:
     """One setting of `cls` from text; ValueError says which setting and why."""
     try:
         return parser_for(_types(cls)[name])(text)
@@ -89,7 +92,7 @@ def parse(cls: type, name: str, text: str, what: str = "setting") -> Any:
 def from_text(cls: type[T], values: Mapping[str, str], what: str = "setting") -> T:
     """An instance of `cls` from text values; unknown names and bad values raise ValueError
     naming the setting as `what` calls it (e.g. "model parameter")."""
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown {what}(s): {', '.join(unknown)}")
@@ -98,7 +101,7 @@ def from_text(cls: type[T], values: Mapping[str, str], what: str = "setting") ->
 
 def add_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    cls: type,
+    cls: type[DataclassInstance],
     *,
     skip: tuple[str, ...] = (),
     text_only: bool = False,
@@ -107,7 +110,7 @@ def add_flags(
 
     `text_only`: values stay text (validated as `cls` would parse them) and default to None,
     for settings passed on as text (the model's `parameters`)."""
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         if f.name in skip or "help" not in f.metadata:
             continue
         convert = parser_for(_types(cls)[f.name])
@@ -130,8 +133,12 @@ def add_flags(
         default: Any = os.environ.get(env_name(f))
         if default is not None:
             default = _FromEnv(default, env_name(f))
+        elif not text_only and f.default is not dataclasses.MISSING:
+            default = f.default
+        elif not text_only and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         elif not text_only:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            raise TypeError(f"setting {f.name} has no default")  # `setting()` always gives one
         shown = "" if f.metadata.get("secret") or default is None else f" (default: {_show(default)})"
         parser.add_argument(
             flag_name(f),
@@ -163,7 +170,7 @@ class _Extend(argparse.Action):
     ) -> None:
         current = getattr(ns, self.dest) or ()
         if isinstance(current, str):  # the environment's text, not converted yet
-            current = self.type(current) if self.type else (current,)
+            current = self.type(current) if callable(self.type) else (current,)
         setattr(ns, self.dest, tuple(current) + tuple(values))
 
 
@@ -176,10 +183,6 @@ def to_text(value: Any) -> str:
     return _show(value)
 
 
-def values_from(ns: argparse.Namespace, cls: type) -> dict[str, Any]:
+def values_from(ns: argparse.Namespace, cls: type[DataclassInstance]) -> dict[str, Any]:
     """The fields of `cls` that `ns` holds and that were set (not None)."""
-    return {
-        f.name: getattr(ns, f.name)
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        if getattr(ns, f.name, None) is not None
-    }
+    return {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if getattr(ns, f.name, None) is not None}

@@ -10,4 +10,11 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
 fi
+# The whole run (no arguments) first checks lint, format and types (config: pyproject.toml).
+if [ "$#" -eq 0 ]; then
+  echo "ruff check, ruff format --check, mypy"
+  .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
+  .venv/bin/mypy
+fi
 exec .venv/bin/python -m pytest -q "$@"

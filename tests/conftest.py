@@ -1,5 +1,6 @@
 """One real tritonserver for the whole test session, serving models derived from the real one,
-and the markers that say what a test needs (registered in pyproject.toml)."""
+real proxies in front of it (`proxies`, one host per module), and the markers that say what a
+test needs (registered in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rtvideo.triton.model_repo import derive_model
+from tests.support.proxy_host import ProxyHost
 from tests.support.streams import FAST_MODEL, FAST_MODEL_NAMES, PACED_MODEL
 
 
@@ -41,6 +43,16 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxies(triton) -> Iterator[ProxyHost]:
+    """Real proxies in front of the session's Triton, one per distinct setting, for one module."""
+    host = ProxyHost(triton.grpc_url)
+    try:
+        yield host
+    finally:
+        host.close()
 
 
 #: folders whose every test needs a running tritonserver (or starts `rtvideo serve`)

@@ -20,7 +20,7 @@ from fractions import Fraction
 import av
 import numpy as np
 from av.video.frame import PictureType
-from av.video.reformatter import VideoReformatter
+from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
 from rtvideo.core.session_config import GeneratorLimits
 
@@ -38,6 +38,7 @@ _X264_OPTIONS = {
 }
 _BT709 = 1  # AVCOL_SPC / AVCOL_PRI / AVCOL_TRC value for ITU-R BT.709
 _TV_RANGE = 1  # AVCOL_RANGE_MPEG
+_DEFAULT_LIMITS = GeneratorLimits()
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class _FragmentIndex:
 class FragmentedMp4Encoder:
     """RGB chunks in, one self-contained fMP4 fragment per chunk out, with zero frame lag."""
 
-    def __init__(self, width: int, height: int, fps: int, limits: GeneratorLimits = GeneratorLimits()) -> None:
+    def __init__(self, width: int, height: int, fps: int, limits: GeneratorLimits = _DEFAULT_LIMITS) -> None:
         problem = limits.size_problem(width, height) or limits.fps_problem(fps)
         if problem:
             raise ValueError(problem)
@@ -132,8 +133,8 @@ class FragmentedMp4Encoder:
             frame = self._reformatter.reformat(
                 av.VideoFrame.from_ndarray(rgb, format="rgb24"),
                 format="yuv420p",
-                dst_colorspace="ITU709",
-                dst_color_range="MPEG",
+                dst_colorspace=Colorspace.ITU709,
+                dst_color_range=ColorRange.MPEG,
             )
             frame.pts = self.encoded_frames + i
             if i == 0:

@@ -37,8 +37,7 @@ class BackendSettings:
     pacing_lead_chunks: float | None = setting(
         1.0, "chunks generation may run ahead of playback ('off': unpaced)", flag="--pacing-lead"
     )
-    # 16 on the 2-core reference machine, which played 40 paced 256x256 sessions with 2 render
-    # workers and no late chunk (benchmarks/bench_capacity.py; the rule is in the README)
+    # sized for a 2-core machine with 2 render workers, with room to spare (the sizing rule is in the README)
     max_sessions: int = setting(16, "concurrent sessions in the model (server_busy beyond)")
     max_session_seconds: float = setting(3600.0, "longest session, in seconds")
     stall_timeout_seconds: float = setting(60.0, "end a session without generation progress for this long")

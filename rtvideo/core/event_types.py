@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 try:  # pragma: no cover - exercised only where vllm-omni (CUDA) is installed
-    from vllm_omni.diffusion.interaction.types import OmniInteractionEvent  # type: ignore
+    from vllm_omni.diffusion.interaction.types import OmniInteractionEvent
 except Exception:  # noqa: BLE001 - any import failure means "not available here"
 
-    class OmniInteractionEvent(TypedDict, total=False):  # type: ignore[no-redef]
+    class OmniInteractionEvent(TypedDict, total=False):  # type: ignore[no-redef]  # the stand-in where vllm-omni is absent
         prompt: str
         multi_modal_data: dict[str, Any]
         mm_processor_kwargs: dict[str, Any]

@@ -11,9 +11,9 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.event_types import EVENT_FIELDS, OmniInteractionEvent
@@ -53,7 +53,7 @@ MAX_GUIDANCE = 1e6
 
 # Optional `session.start` fields (vLLM-Omni's VideoGenerationRequest) and their kinds.
 # docs/protocol.md §2.1 lists each with its range; rtvideo/schemas/client_messages.json says the same.
-_START_INT_FIELDS = {
+_START_INT_FIELDS: dict[str, tuple[int, int]] = {
     "width": (1, MAX_DIMENSION),
     "height": (1, MAX_DIMENSION),
     "fps": (1, MAX_FPS),
@@ -61,7 +61,7 @@ _START_INT_FIELDS = {
     "seed": (0, MAX_SEED),
     "num_inference_steps": (1, MAX_INFERENCE_STEPS),
 }
-_START_NUMBER_FIELDS = {
+_START_NUMBER_FIELDS: dict[str, tuple[float, float]] = {
     "seconds": (0.0, MAX_NUM_FRAMES),
     "guidance_scale": (0.0, MAX_GUIDANCE),
     "guidance_scale_2": (0.0, MAX_GUIDANCE),
@@ -152,7 +152,7 @@ class PingRequest:
     pass
 
 
-SessionMessage = Union[InteractionRequest, StopRequest, PingRequest]
+SessionMessage = InteractionRequest | StopRequest | PingRequest
 
 
 # --- decoding ----------------------------------------------------------------------------
@@ -172,6 +172,7 @@ def _depth(value: Any) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         node, level = stack.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, list):
@@ -353,9 +354,9 @@ def validate_start(obj: Mapping[str, Any]) -> StartRequest:
             values[name] = as_int(fields[name], name, low, high, ErrorCode.INVALID_START)
     if isinstance(fields.get("seconds"), str) and _SECONDS_TEXT.fullmatch(fields["seconds"]):
         fields["seconds"] = int(fields["seconds"])  # vLLM-Omni's form: a string of digits
-    for name, (low, high) in _START_NUMBER_FIELDS.items():
+    for name, (lowest, highest) in _START_NUMBER_FIELDS.items():
         if fields.get(name) is not None:
-            values[name] = _as_number(fields[name], name, low, high)
+            values[name] = _as_number(fields[name], name, lowest, highest)
     if values.get("seconds") == 0.0:
         raise ProtocolError(ErrorCode.INVALID_START, "seconds must be greater than 0")
     if fields.get("size") is not None:
@@ -398,6 +399,14 @@ def parse_message(raw: bytes | str) -> SessionMessage:
     if kind == PING:
         return PingRequest()
     return validate_interaction(obj)
+
+
+def is_stop(raw: bytes | str, *, binary: bool = False) -> bool:
+    """Whether a message after the start is a `session.stop` (one `decode_later` accepts)."""
+    try:
+        return decode_later(raw, binary=binary)["type"] == STOP
+    except ProtocolError:
+        return False
 
 
 def validate_interaction(obj: Mapping[str, Any]) -> InteractionRequest:
@@ -451,7 +460,7 @@ def video_start(request_id: str, fmt: str, config: Mapping[str, Any]) -> dict[st
     return {"type": VIDEO_START, "request_id": request_id, "format": fmt, "config": dict(config)}
 
 
-def queued(request_id: str, event_id: str) -> dict[str, Any]:
+def queued(request_id: str | None, event_id: str) -> dict[str, Any]:
     return {"type": QUEUED, "request_id": request_id, "event_id": event_id}
 
 

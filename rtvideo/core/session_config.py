@@ -79,6 +79,11 @@ class SessionConfig:
     #: well-formed sampling fields the generator does not use (§2.1), sorted; always sent
     ignored_fields: tuple[str, ...] = ()
 
+    def transition_chunks(self, requested: int | None) -> int:
+        """An interaction's N (docs/protocol.md §5): its own `transition_chunks`, else this
+        session's default. The one place the default is applied: sources get an int."""
+        return self.default_transition_chunks if requested is None else requested
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["ignored_fields"] = list(self.ignored_fields)

@@ -12,9 +12,10 @@ whichever generator runs:
 - `interrupted_event_ids`: the transition in flight when the engine starts another one
   without completing it;
 - `superseded_event_ids`: events forwarded to the engine before the one that starts and
-  never started themselves (the engine keeps only the newest pending one);
-- `session.done`'s `unapplied`/`unfinished`: events still waiting, and the transition
-  still in flight, when the stream ends.
+  never started themselves (the engine keeps only the newest pending one).
+
+`session.done`'s lists are not derived here: `rtvideo.core.event_book.EventBook` reads
+them off the chunks actually sent, whichever generator made them.
 
 Pure and deterministic, like `transitions.py`; `tests/unit/core/test_stream_translation.py`
 drives it against vLLM-Omni's real handler and checks the result against the tracker.
@@ -26,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rtvideo.core.transitions import ChunkPlan, Outcome
+from rtvideo.core.transitions import ChunkPlan
 
 #: keys of the engine's per-chunk stream metadata (`multimodal_output["metadata"]["stream"]`);
 #: its `generation_chunk_index` is not used: ours counts the chunks this session sent, 0, 1, 2, …
@@ -126,11 +127,6 @@ class EngineStreamTranslator:
             interrupted=tuple(interrupted),
             progress=progress,
         )
-
-    def finish(self) -> Outcome:
-        """Ends of the events still open: waiting ones are unapplied, the one in flight unfinished."""
-        unfinished = (self._flight.event_id,) if self._flight is not None else ()
-        return Outcome(tuple(self._forwarded) + tuple(self._held), unfinished)
 
     def _known(self, ids: Iterable[str] | None) -> list[str]:
         """The ids this session admitted: an id the engine names that was never acked here is

@@ -1,9 +1,11 @@
 """Prompt-transition tracker (docs/protocol.md §5, vLLM-Omni's `PromptInteractionHandler`).
 
-Pure and deterministic: events are admitted as they arrive, and each chunk
-boundary resolves into the chunk's prompt mix plus the event-id lists the
-metadata carries. A mix is a convex combination over prompt keys, so a
-generator blends embeddings exactly and never sees protocol messages.
+Pure and deterministic: events are admitted as they arrive (with their N already
+resolved: `SessionConfig.transition_chunks`), and each chunk boundary resolves into the
+chunk's prompt mix plus the event-id lists the metadata carries. A mix is a convex
+combination over prompt keys, so a generator blends embeddings exactly and never sees
+protocol messages. Which events are still open when the stream ends is not the tracker's
+to say: `rtvideo.core.event_book.EventBook` reads it off the chunks actually sent.
 """
 
 from __future__ import annotations
@@ -60,20 +62,11 @@ class ChunkPlan:
     progress: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """Events that reached no visible end on a chunk before the stream ended."""
-
-    unapplied: tuple[str, ...]
-    unfinished: tuple[str, ...]
-
-
 @dataclass
 class TransitionTracker:
     """Admits prompt targets (the newest pending wins) and resolves chunk boundaries."""
 
     initial_prompt: str
-    default_chunks: int = 3
     _state: dict[str, float] = field(init=False)
     _flight: _Transition | None = field(init=False, default=None)
     _pending: Target | None = field(init=False, default=None)
@@ -81,13 +74,11 @@ class TransitionTracker:
     _next_index: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        if self.default_chunks < 0:
-            raise ValueError("default_chunks must be non-negative")
         self._state = {self.initial_prompt: 1.0}
 
-    def admit(self, event_id: str, prompt: str, chunks: int | None = None) -> Target:
+    def admit(self, event_id: str, prompt: str, chunks: int) -> Target:
         """Queue a target for the next boundary; an older pending target is superseded."""
-        target = Target(event_id, prompt, self.default_chunks if chunks is None else chunks)
+        target = Target(event_id, prompt, chunks)
         if target.chunks < 0:
             raise ValueError("transition chunks must be non-negative")
         if self._pending is not None:
@@ -136,11 +127,3 @@ class TransitionTracker:
             interrupted=tuple(interrupted),
             progress=progress,
         )
-
-    def finish(self) -> Outcome:
-        """Ends of the events still open when the stream ends (pending or dropped but unreported)."""
-        unapplied = list(self._dropped)
-        if self._pending is not None:
-            unapplied.append(self._pending.event_id)
-        unfinished = (self._flight.target.event_id,) if self._flight is not None else ()
-        return Outcome(tuple(unapplied), unfinished)

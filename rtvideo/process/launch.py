@@ -2,10 +2,9 @@
 
 `python -m rtvideo.process.launch PARENT_PID PRIORITY COMMAND...` sets the death signal and the
 priority, then becomes COMMAND (exec: same pid, and every thread COMMAND ever starts inherits
-the priority). This used to run as a `preexec_fn`, i.e. Python code in the forked child of a
-multi-threaded process (gRPC's threads in a proxy or a test, Triton's stub), which Python
-documents as unsafe: it segfaulted there now and then (a Triton restarted by a test, twice in
-one day). Without a `preexec_fn` the fork runs no Python until the exec.
+the priority). It takes the place of a `preexec_fn`: Python documents Python code in the forked
+child of a multi-threaded process (gRPC's threads, Triton's stub) as unsafe, and with this
+launcher the fork runs no Python until the exec.
 
 Imports only the standard library: it runs once per child, before the child's own start-up.
 """

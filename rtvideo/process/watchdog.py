@@ -1,14 +1,12 @@
 """A process that kills this one when this one's parent ends: Triton's stub with tritonserver.
 
 Triton's stub notices a dead tritonserver (its health thread, every 300 ms) and then runs its
-own teardown, which takes the GIL and now and then deadlocked for good (state S on a futex,
-after a kill -9 of `rtvideo serve`: test_supervision, locally and in CI), keeping the stub and
-its render workers. A watcher thread inside the stub needs the GIL as well, and lost that race
-now and then. This one is its own process: `start()` runs `python -m rtvideo.process.watchdog PARENT`
-through `rtvideo.process.launch`, so it dies with the process that started it, and the kill needs
-nothing from that process.
+own teardown, which takes the GIL and can deadlock, so the stub and its render workers stay.
+A watcher thread inside the stub would need that GIL too. So the watchdog is a process of its
+own: `start()` runs `python -m rtvideo.process.watchdog PARENT` through `rtvideo.process.launch`,
+so it dies with the process that started it, and the kill needs nothing from that process.
 
-Imports only the standard library: it is a process per stub.
+Imports only the standard library: every stub starts one, so it stays light.
 """
 
 from __future__ import annotations

@@ -76,13 +76,13 @@ def find_tritonserver() -> TritonInstall:
     if on_path:
         return TritonInstall(binary=Path(on_path), kind="path")
 
-    wheel_root = _pytriton_server_dir()
-    if wheel_root is None:
+    pytriton_root = _pytriton_server_dir()
+    if pytriton_root is None:
         raise FileNotFoundError(
             "no tritonserver found: set $TRITONSERVER, put tritonserver on PATH (NGC container), "
             "or install the wheel with `pip install 'rtvideo[server]'` (nvidia-pytriton)"
         )
-    return _wheel_install(wheel_root, binary=wheel_root / "bin" / "tritonserver", kind="wheel")
+    return _wheel_install(pytriton_root, binary=pytriton_root / "bin" / "tritonserver", kind="wheel")
 
 
 def _dedupe(items: list[str]) -> list[str]:

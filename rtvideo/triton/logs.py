@@ -78,22 +78,22 @@ class ServerLog:
                 target=self._run_relay, args=(read_fd,), name="tritonserver-log", daemon=True
             )
             self._relay.start()
-        elif target is None and self.path is None:
-            fd, name = tempfile.mkstemp(prefix=temp_prefix, suffix=".log")
-            self.path = Path(name)
+        elif target is None:
             self._owns_file = True
-            self._file = os.fdopen(fd, "ab")
-        elif target is None:  # a restart: the same temp file goes on (one per restart piled up)
-            self._owns_file = True
-            self._file = open(self.path, "ab")
+            if self.path is None:
+                fd, name = tempfile.mkstemp(prefix=temp_prefix, suffix=".log")
+                self.path = Path(name)
+                self._file = os.fdopen(fd, "ab")
+            else:  # a restart appends to the same temp file, so restarts add no temp files
+                self._file = open(self.path, "ab")
         elif isinstance(target, (str, os.PathLike)):
             self.path = Path(target)
             self._owns_file = True
             self._file = open(self.path, "ab")
         else:
-            name = getattr(target, "name", None)
-            if isinstance(name, str) and os.path.isfile(name):
-                self.path = Path(name)  # readable back: tail() and errors() can use it
+            file_name = getattr(target, "name", None)
+            if isinstance(file_name, str) and os.path.isfile(file_name):
+                self.path = Path(file_name)  # readable back: tail() and errors() can use it
             self._file = target
         return self._file
 
@@ -166,7 +166,7 @@ class ServerLog:
                     if _is_error(line):
                         picked.append(line)
         # The CUDA/NVML complaints of a CPU-only machine are noise here.
-        picked = [l for l in picked if "CudaDriverHelper" not in l]
+        picked = [line for line in picked if "CudaDriverHelper" not in line]
         return "\n".join(picked[-max_lines:])
 
     def failure(self, what: str, command: list[str]) -> RuntimeError:

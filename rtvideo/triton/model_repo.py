@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 
 import rtvideo
@@ -45,6 +46,11 @@ def pbtxt_unescape(body: str) -> str:
     return re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), body)
 
 
+def _with_body(body: str, match: re.Match[str]) -> str:
+    """A `re.sub` replacement: the match's group 1 (the text before the string), then `body` quoted."""
+    return f'{match.group(1)}"{body}"'
+
+
 def read_parameters(source: Path = MODEL_DIR) -> dict[str, str]:
     """The `parameters` of a model directory's `config.pbtxt`, as text."""
     found = _PARAMETER.findall((Path(source) / "config.pbtxt").read_text())
@@ -68,7 +74,7 @@ def derive_model(target: Path, name: str, params: Mapping[str, str], source: Pat
         raise KeyError(f"{source}/config.pbtxt has no top-level name")
     for key, value in params.items():
         pattern = rf'(parameters: \{{ key: "{re.escape(key)}" value: \{{ string_value: )' + _STRING
-        config, count = re.subn(pattern, lambda m: f'{m.group(1)}"{pbtxt_escape(str(value))}"', config)
+        config, count = re.subn(pattern, partial(_with_body, pbtxt_escape(str(value))), config)
         if count != 1:
             raise KeyError(f"parameter {key} not found in {source}/config.pbtxt")
     (dst / "config.pbtxt").write_text(config)

@@ -8,9 +8,8 @@ server, so the whole group is signalled, not just the server's pid.
 Nothing is left behind when the launcher itself dies either (even by ``kill -9``): on
 Linux the server gets ``SIGKILL`` when the thread that spawned it ends
 (``PR_SET_PDEATHSIG``), so spawn from a thread that lives as long as the server (the
-main thread). Its stubs then notice that their parent is gone (the stub polls
-``kill(parent, 0)`` every 0.3 s; the orphaned server is reaped by init) and exit, about
-2 s after the launcher's death here.
+main thread). Its stubs then notice that their parent is gone (each stub polls
+``kill(parent, 0)`` every 0.3 s; init reaps the orphaned server) and exit.
 Their shared-memory files (``/dev/shm/rtvideo_<launcher pid>_<hex>_*``) are removed on
 :meth:`~TritonServer.stop`, and those of launchers that no longer run at the next start.
 
@@ -44,7 +43,7 @@ log = logging.getLogger(__name__)
 #: where POSIX shared memory lives on Linux
 SHM_DIR = Path("/dev/shm")
 #: Python-backend shared-memory names: ``rtvideo_n<PID namespace>_<launcher pid>_<8 hex>_<Triton's
-#: suffix>`` (without ``n<...>_``: an earlier version's, or no namespace known)
+#: suffix>``; a name without ``n<...>_`` comes from an older rtvideo or a host whose namespace is unknown
 _SHM_NAME = re.compile(r"^rtvideo_(?:n([0-9a-f]+)_)?(\d+)_[0-9a-f]{8}_")
 
 
@@ -154,9 +153,7 @@ class TritonServer:
     The tail of that log is in the ``RuntimeError`` raised when the server dies while starting.
     """
 
-    def __init__(
-        self, config: TritonConfig, *, stdout: LogTarget = None, install: TritonInstall | None = None
-    ) -> None:
+    def __init__(self, config: TritonConfig, *, stdout: LogTarget = None, install: TritonInstall | None = None) -> None:
         self.config = config
         self.log = ServerLog(stdout)
         self._install = install

@@ -3,24 +3,19 @@ proxy and Triton: start, a prompt update mid-stream, stop, all played through MS
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
-import subprocess
-import tempfile
-import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from websockets.sync.client import connect
 
-from tests.browser.test_browser_mse import chromium
-from tests.e2e.test_proxy import ProxyHost, wait_idle
+from tests.support.browser import drive_page
+from tests.support.proxy_host import ProxyHost, wait_idle
 from tests.support.streams import PACED_MODEL
 
 
@@ -33,10 +28,7 @@ def demo_proxy(triton) -> Iterator[Any]:
         host.close()
 
 
-DONE_TITLE = "rtvideo demo: done"
-
-
-def run_page(url: str, timeout: float = 30.0) -> tuple[str, str]:
+def run_page(url: str, timeout: float = 120.0) -> tuple[str, str]:
     """Open `url` in headless Chromium in real time (virtual time would run ahead of the
     WebSocket), wait until the page's title says it is done, and return (summary, log) texts."""
     texts = drive_page(url, {"summary": TEXT_OF % "summary", "log": TEXT_OF % "log"}, timeout)
@@ -45,89 +37,6 @@ def run_page(url: str, timeout: float = 30.0) -> tuple[str, str]:
 
 #: an element's text; textContent, since the log is folded in a <details> (innerText skips hidden content)
 TEXT_OF = "document.getElementById(%r).textContent"
-
-
-def drive_page(
-    url: str,
-    expressions: Mapping[str, str],
-    timeout: float = 30.0,
-    screenshot: Path | None = None,
-    done_title: str | None = DONE_TITLE,
-) -> dict[str, Any]:
-    """Open `url` in headless Chromium (a 1280x800 window), wait until the page's title is
-    `done_title` (None: until the page exists), evaluate `expressions` (name -> JavaScript; a
-    promise is awaited) and, if asked, save a PNG screenshot."""
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may linger
-        browser = subprocess.Popen(
-            [
-                chromium(),
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--autoplay-policy=no-user-gesture-required",
-                "--remote-debugging-port=0",
-                "--window-size=1280,800",
-                "--hide-scrollbars",
-                f"--user-data-dir={profile}",
-                url,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + timeout
-            port_file = Path(profile) / "DevToolsActivePort"
-            page: dict[str, Any] = {}
-            while time.monotonic() < deadline:
-                time.sleep(0.2)
-                if not port_file.exists() or not port_file.read_text().strip():
-                    continue
-                port = port_file.read_text().split()[0]
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as response:
-                        pages = [t for t in json.load(response) if t.get("type") == "page"]
-                except OSError:
-                    continue
-                if pages:
-                    page = pages[0]
-                    if done_title is None or page.get("title") == done_title:
-                        break
-            assert page, "Chromium did not open the page"
-            results: dict[str, Any] = {}
-            with connect(page["webSocketDebuggerUrl"], max_size=None) as cdp:
-
-                def call(n: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
-                    cdp.send(json.dumps({"id": n, "method": method, "params": params}))
-                    while (reply := json.loads(cdp.recv(max(10.0, deadline - time.monotonic()))))["id"] != n:
-                        pass
-                    return reply["result"]
-
-                for n, (name, expression) in enumerate(expressions.items()):
-                    found = call(n, "Runtime.evaluate", {"expression": expression, "awaitPromise": True})
-                    assert "exceptionDetails" not in found, found["exceptionDetails"]
-                    results[name] = found["result"].get("value", "")
-                if screenshot is not None:
-                    call(
-                        len(expressions),
-                        "Emulation.setDeviceMetricsOverride",
-                        {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False},
-                    )
-                    time.sleep(0.5)  # let the last frame and the final layout paint
-                    shot = call(len(expressions) + 1, "Page.captureScreenshot", {"format": "png"})
-                    screenshot.write_bytes(base64.b64decode(shot["data"]))
-            return results
-        finally:
-            browser.terminate()
-            try:
-                browser.wait(10)
-            except subprocess.TimeoutExpired:
-                browser.kill()
-                browser.wait()
 
 
 def keep_screenshot(path: Path) -> None:

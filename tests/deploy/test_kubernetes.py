@@ -15,10 +15,10 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 yamllint_config = pytest.importorskip("yamllint.config")
 yamllint_linter = pytest.importorskip("yamllint.linter")
 
-from rtvideo.cli import build_parser  # noqa: E402
-from rtvideo.proxy.app import SHUTDOWN_SECONDS  # noqa: E402
-from rtvideo.triton.model_repo import MODEL_DIR, read_parameters  # noqa: E402
-from tests.support.paths import REPO_ROOT
+from rtvideo.cli import build_parser  # noqa: E402 - after the importorskips: skipped without yamllint
+from rtvideo.proxy.app import SHUTDOWN_SECONDS  # noqa: E402 - after the importorskips
+from rtvideo.triton.model_repo import MODEL_DIR, read_parameters  # noqa: E402 - after the importorskips
+from tests.support.paths import REPO_ROOT  # noqa: E402 - after the importorskips
 
 DEPLOY = REPO_ROOT / "deploy" / "kubernetes"
 FILES = sorted(DEPLOY.rglob("*.yaml"))

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.e2e.test_cli import RTVIDEO, serve_one_session
-from tests.e2e.test_proxy import proxies, run  # noqa: F401 - `proxies` is a fixture
-from tests.e2e.test_proxy_hardening import http_status
 from tests.support.paths import REPO_ROOT
+from tests.support.processes import RTVIDEO
+from tests.support.proxy_client import http_status
+from tests.support.proxy_host import run
+from tests.support.serve_session import serve_one_session
 
 ROOT = REPO_ROOT
 
@@ -58,6 +59,7 @@ def test_wheel_carries_the_browser_demo_and_its_module(wheel: Path) -> None:
     assert {"rtvideo/proxy/static/index.html", "rtvideo/proxy/static/rtvideo.js"} <= names
 
 
+@pytest.mark.slow  # a fresh virtual environment and a pip install
 def test_client_only_install_needs_neither_torch_nor_tornado(wheel: Path, tmp_path: Path) -> None:
     python = fresh_venv(tmp_path / "venv")
     pip(python, str(wheel), cwd=tmp_path)
@@ -87,6 +89,8 @@ def test_client_only_install_needs_neither_torch_nor_tornado(wheel: Path, tmp_pa
     assert record.returncode == 1 and "pip install av" in record.stderr, record.stderr  # no PyAV here: says how
 
 
+@pytest.mark.triton  # `rtvideo serve` starts a tritonserver
+@pytest.mark.slow  # and installs torch and the server extra into a fresh virtual environment first
 def test_wheel_with_server_extra_serves_from_another_directory(wheel: Path, tmp_path: Path) -> None:
     """Non-editable [server] install: the model repository comes from the package data."""
     python = fresh_venv(tmp_path / "venv")

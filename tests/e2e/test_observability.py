@@ -20,8 +20,9 @@ from rtvideo.client.session import RealtimeVideoClient
 from rtvideo.proxy.accesslog import redact, redact_text
 from rtvideo.proxy.metrics import ProxyMetrics, StreamTiming
 from rtvideo.triton import STDERR, ServerLog, free_port, is_ready
-from tests.e2e.test_cli import RTVIDEO, descendants, end_all
-from tests.e2e.test_proxy import Ws, proxies, run, ws  # noqa: F401 - `proxies` is a fixture
+from tests.support.processes import RTVIDEO, descendants, end_all
+from tests.support.proxy_client import Ws, ws
+from tests.support.proxy_host import run
 
 OLD_FAMILIES = (  # counters without `_total`, as the parser names them
     "rtvideo_proxy_sessions_active",
@@ -232,8 +233,8 @@ def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None
 
         request_id = asyncio.run(asyncio.wait_for(session(), 60))
         wanted = f"request_id={request_id} "
-        deadline = time.monotonic() + 10
-        while not any(wanted in l and " started" in l for l in stderr_path.read_text().splitlines()):
+        deadline = time.monotonic() + 30
+        while not any(wanted in line and " started" in line for line in stderr_path.read_text().splitlines()):
             assert time.monotonic() < deadline, "no per-session line:\n" + stderr_path.read_text()[-3000:]
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)

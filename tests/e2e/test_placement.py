@@ -37,7 +37,7 @@ from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool, PlacedStream, capacity_of
 from rtvideo.proxy.supervisor import BackendState
 from rtvideo.triton.wire import START_TAG, Reply
-from tests.e2e.test_cli import RTVIDEO, alive, descendants
+from tests.support.processes import RTVIDEO, alive, descendants
 from tests.support.streams import Transcript
 
 T = TypeVar("T")
@@ -231,7 +231,7 @@ async def _pool(*modes: str, capacity: int = 2) -> tuple[EndpointPool, list[_Fak
     pool = EndpointPool(urls, MODEL, ProxyMetrics(), probe_interval=60, probe_timeout=1, probe_failures=1)
     await pool.refresh()  # IP addresses: no resolver; supervisors not started
     servers = []
-    for endpoint, mode in zip(sorted(pool.endpoints.values(), key=lambda e: e.address), modes):
+    for endpoint, mode in zip(sorted(pool.endpoints.values(), key=lambda e: e.address), modes, strict=True):
         servers.append(_FakeServer(mode))
         endpoint.bridge = servers[-1]  # type: ignore[assignment]
         endpoint.capacity = capacity
@@ -288,8 +288,10 @@ def test_a_refused_start_is_replayed_on_the_next_endpoint_unseen() -> None:
         assert [r.message["type"] for r in got] == ["video.start", "session.pong"]  # nothing of the refusal
         assert stream.endpoint is ok_ep and stream.placed and stream.attempts == 2
         assert [(raw, tag) for raw, _, _, tag in ok.streams[0].sent] == [(b"start", START_TAG), (b"ping", "m2")]
-        await asyncio.sleep(0.05)
         refused = busy.streams[0]
+        deadline = time.monotonic() + 30  # waited for, not assumed after a fixed sleep
+        while not refused.cancelled and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         assert refused.sent[-1][2] is True and refused.cancelled  # that sequence was ended there, then dropped
         assert busy_ep.streams == set() and ok_ep.streams == {stream}
         stream.send(b"later")  # once placed, nothing more is kept for replay
@@ -484,7 +486,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
 
 
 class Host:
-    """A background event loop hosting proxies (ProxyServer), like tests/e2e/test_proxy.py's."""
+    """A background event loop hosting proxies (ProxyServer), like tests/support/proxy_host.py's."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -761,7 +763,7 @@ def test_a_killed_server_ends_its_sessions_the_other_goes_on_and_it_comes_back(p
         timings["its session ended"] = time.monotonic() - t0
         await on_b.media(2)  # the other server's session goes on
         while (await asyncio.to_thread(_health, server))["endpoints"][0]["state"] != "down":
-            assert time.monotonic() - t0 < 20
+            assert time.monotonic() - t0 < 60
             await asyncio.sleep(0.1)
         timings["endpoint down"] = time.monotonic() - t0
         new = await Client.open(server.url)  # the survivor takes it
@@ -823,6 +825,9 @@ def test_a_name_that_resolves_to_both_servers_gives_two_endpoints(pair: Pair, ho
 def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_path: Path) -> None:
     from rtvideo.triton import free_port
 
+    # The drain is long enough that the short session, started before the SIGTERM, is still
+    # running when it comes on a loaded machine too, and ends within the drain.
+    drain = 6.0
     port = free_port()
     log = tmp_path / "serve.log"
     with log.open("wb") as stderr:
@@ -839,7 +844,7 @@ def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_
                 "--model",
                 MODEL,
                 "--drain-seconds",
-                "3",
+                str(drain),
                 "--probe-interval",
                 "0.5",
             ],
@@ -867,7 +872,7 @@ def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_
         timings: dict[str, float] = {}
 
         async def body() -> tuple[Client, Client]:
-            short = await Client.open(url, num_frames=45)  # 5 chunks at real time: ends within the drain
+            short = await Client.open(url, num_frames=72)  # 8 chunks, 4.5 s at real time: ends within the drain
 
             async def ended() -> tuple[dict, float]:
                 return await short.until("session.done", timeout=20), time.monotonic()
@@ -886,8 +891,8 @@ def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_
             await long.until("session.interaction.queued")
             proc.send_signal(signal.SIGTERM)
             t0 = time.monotonic()
-            while await asyncio.to_thread(status, "/readyz") != 503:
-                assert time.monotonic() - t0 < 1.0, "/readyz not 503 at once"
+            while await asyncio.to_thread(status, "/readyz") != 503:  # at once: well within the drain
+                assert time.monotonic() - t0 < drain / 2, "/readyz not 503 at once"
             timings["readyz 503"] = time.monotonic() - t0
             assert await asyncio.to_thread(status, "/livez") == 200
             with pytest.raises(InvalidStatus) as refused:
@@ -898,7 +903,7 @@ def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_
             assert done["stopped"] is False and not short.t.of_type("error")
             assert await short.closed() == 1000
             timings["short session done"] = at - t0
-            error = await long.until("error", timeout=15)
+            error = await long.until("error", timeout=drain + 30)
             timings["server_shutdown"] = time.monotonic() - t0
             assert error["code"] == "server_shutdown"
             assert await long.closed() == 1001
@@ -911,7 +916,7 @@ def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_
             proc.kill()
             proc.wait()
     print("from SIGTERM:", ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
-    assert 3.0 <= timings["server_shutdown"] < 8.0, timings
+    assert drain <= timings["server_shutdown"] < drain + 10, timings  # at the drain's end, not before
     done = long.t.messages[-1]
     assert done["type"] == "session.done" and done["chunks"] == len(long.t.pairs) and done["stopped"] is False
     named = {

@@ -19,37 +19,31 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rtvideo.core.idempotency import MAX_EVENTS_PER_SESSION
+from rtvideo.core import protocol
+from rtvideo.core.event_book import MAX_EVENTS_PER_SESSION
 from rtvideo.proxy import session as proxy_session
 from rtvideo.proxy.access import host_allowed, origin_allowed
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.limits import RecentIds, TokenBucket
 from rtvideo.proxy.ordering import OutboundOrder
-from tests.e2e.test_proxy import Ws, proxies, run, status_of, wait_idle, ws  # noqa: F401 - `proxies` is a fixture
+from rtvideo.proxy.outbox import Frame
+from tests.support.fake_bridge import START, VIDEO_START, FakeConnection, kinds
+from tests.support.fake_bridge import chunk as unit_chunk
+from tests.support.fake_bridge import ended as unit_ended
+from tests.support.fake_bridge import reply as unit_reply
+from tests.support.fake_bridge import run as run_unit
+from tests.support.fake_bridge import session as unit_session
 from tests.support.paths import REPO_ROOT
+from tests.support.proxy_client import Ws, http_status, ws
+from tests.support.proxy_host import run, wait_idle
 from tests.support.streams import (
     FAST_MODEL,
     PACED_MODEL,
     Transcript,
     check_stream_rules,
 )
-from tests.unit.proxy.test_proxy_units import START, VIDEO_START, FakeConnection, kinds
-from tests.unit.proxy.test_proxy_units import chunk as unit_chunk
-from tests.unit.proxy.test_proxy_units import ended as unit_ended
-from tests.unit.proxy.test_proxy_units import reply as unit_reply
-from tests.unit.proxy.test_proxy_units import run as run_unit
-from tests.unit.proxy.test_proxy_units import session as unit_session
 
 REPO = REPO_ROOT
-
-
-def http_status(port: int, path: str, host: str) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path, headers={"Host": host})
-        return conn.getresponse().status
-    finally:
-        conn.close()
 
 
 def test_host_allow_list_on_loopback(proxies) -> None:
@@ -186,7 +180,7 @@ def flood_beside_a_neighbour(proxies, triton, tmp_path, mode: str, seconds: floa
                 eid = f"n{len(latencies)}"
                 sent = time.perf_counter()
                 await s.interact(f"calm {len(latencies) % 2}", eid, 1)
-                await s.until(lambda m: m["type"] == "session.interaction.queued" and m["event_id"] == eid)
+                await s.until(lambda m, eid=eid: m["type"] == "session.interaction.queued" and m["event_id"] == eid)
                 latencies.append(time.perf_counter() - sent)
                 peak_proxy = max(peak_proxy, rss_mb())
                 if len(latencies) % 5 == 0:
@@ -358,9 +352,10 @@ def test_pings_are_answered_here_and_coalesced(monkeypatch) -> None:
         stream = bridge.streams[0]
         for _ in range(9):
             s.on_frame(PING, False)
-        forwarded = lambda: [
-            tag for tag, (raw, _, _) in enumerate(stream.sent) if json.loads(raw)["type"] == "session.ping"
-        ]
+
+        def forwarded() -> list[int]:
+            return [tag for tag, (raw, _, _) in enumerate(stream.sent) if json.loads(raw)["type"] == "session.ping"]
+
         assert forwarded() == [1]
         await asyncio.sleep(0.25)
         s.on_frame(PING, False)  # the first is still unanswered: nothing more goes on
@@ -382,13 +377,14 @@ def test_pings_are_answered_here_and_coalesced(monkeypatch) -> None:
 
 def test_the_rate_limit_answers_and_lets_a_stop_through() -> None:
     async def body() -> tuple[list[Any], list[Any]]:
-        s, conn, bridge = unit_session(max_messages_per_second=10.0, message_burst=3)
+        # a slow refill: a loaded machine's late wake-ups add no token where the test counts them
+        s, conn, bridge = unit_session(max_messages_per_second=1.0, message_burst=3)
         s.on_frame(START, False)  # the start is not counted
         s._on_reply(VIDEO_START)
         for _ in range(5):
             s.on_frame(PING, False)
         s.on_frame(b"\x00" * 100_000, True)  # refused before it is even looked at
-        await asyncio.sleep(0.15)  # one token back
+        await asyncio.sleep(1.2)  # one token back (a second one only 0.8 s later)
         s.on_frame(interaction(1), False)
         s.on_frame(interaction(2), False)
         s.on_frame(json.dumps({"type": "session.stop"}), False)  # over the rate, yet a stop
@@ -417,6 +413,44 @@ def test_the_rate_limit_answers_and_lets_a_stop_through() -> None:
     ]
 
 
+def test_rate_limited_names_the_interaction_it_refused(proxies, triton) -> None:
+    """Through the real proxy: an interaction over the rate is answered `rate_limited` with its
+    `event_id` (so the client knows which update to send again); a frame without a readable one
+    (not a string, not JSON, over the size limit) is answered without one."""
+    wait_idle(triton, PACED_MODEL)
+    url = proxies.url(model=PACED_MODEL, max_messages_per_second=0.05, message_burst=2)
+
+    async def body() -> Transcript:
+        async with ws(url) as conn:
+            s = Ws(conn)
+            await s.start("refused updates", seed=5)
+            for i in range(4):
+                await s.interact(f"update {i}", f"u{i}")
+            await s.send({"type": "session.interaction", "interaction": {"event_id": 7, "event": {"prompt": "p"}}})
+            await s.send('{"type": "session.interaction", "interaction": {"event_id": "u9"')
+            await s.send({"type": "session.interaction", "interaction": {"event_id": "u8"}, "pad": "x" * 200_000})
+            await s.send({"type": "session.stop"})  # over the rate, yet a stop
+            return await s.finish()
+
+    t = run(body())  # every message is checked against the published schema as it arrives
+    check_stream_rules(t)
+    answers = [
+        (m["type"], m.get("code"), m.get("event_id"))
+        for m in t.messages
+        if m["type"] == "session.interaction.queued" or m["type"] == "error"
+    ]
+    assert answers == [
+        ("session.interaction.queued", None, "u0"),
+        ("session.interaction.queued", None, "u1"),
+        ("error", "rate_limited", "u2"),
+        ("error", "rate_limited", "u3"),
+        ("error", "rate_limited", None),
+        ("error", "rate_limited", None),
+        ("error", "rate_limited", None),
+    ], answers
+    assert t.messages[-1]["stopped"] is True
+
+
 def test_token_bucket() -> None:
     bucket = TokenBucket(rate=2.0, burst=3, now=0.0)
     assert [bucket.take(0.0) for _ in range(4)] == [True, True, True, False]
@@ -429,14 +463,19 @@ def test_per_event_sets_are_bounded() -> None:
     for event_id in "abcdb":
         recent.add(event_id)
     assert len(recent) == 3 and "a" not in recent and recent.issuperset("bcd")
-    ledger = Ledger()
+    ledger = Ledger()  # its EventBook records at most the model's bound of events
     order: OutboundOrder[str] = OutboundOrder(ack_wait=1.0)
     order.stream("video.start", {"type": "video.start", "request_id": "r"}, 0.0)
     for i in range(MAX_EVENTS_PER_SESSION + 5):
-        ledger.observe({"type": "error", "code": "interaction_failed", "event_id": f"e{i}"}, False)
+        for message in (
+            protocol.queued("r", f"e{i}"),
+            protocol.error(protocol.ErrorCode.INTERACTION_FAILED, "x", event_id=f"e{i}"),
+        ):
+            ledger.taken(Frame(protocol.encode(message), message))
         order.answer(f"ack e{i}", 10, ack=f"e{i}")
-    assert len(ledger.ended) == len(order._acked) == MAX_EVENTS_PER_SESSION
-    assert "e0" not in ledger.ended and f"e{MAX_EVENTS_PER_SESSION + 4}" in ledger.ended
+    assert len(ledger.book) == len(order._acked) == MAX_EVENTS_PER_SESSION
+    assert "e0" not in order._acked and f"e{MAX_EVENTS_PER_SESSION + 4}" in order._acked
+    assert ledger.done()["unapplied_event_ids"] == []  # every one it recorded ended
 
 
 # --- ends: the model's end closes at once; a silent backend ends the session ------------------------
@@ -476,7 +515,8 @@ def test_a_session_the_model_ends_closes_at_once(proxies, triton, caplog, case: 
     with caplog.at_level(logging.WARNING, logger="rtvideo.proxy"):
         closed = run(body())
     print(f"\n{case}: closed {closed * 1000:.0f} ms after session.done")
-    assert closed < 0.5, f"the close came {closed:.2f} s after session.done"
+    # at once, not after END_GRACE_SECONDS (3 s); half that leaves room for a loaded machine
+    assert closed < 1.5, f"the close came {closed:.2f} s after session.done"
     warnings = [
         r.getMessage() for r in caplog.records if r.name.startswith("rtvideo.proxy") and r.levelno >= logging.WARNING
     ]

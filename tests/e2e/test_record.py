@@ -14,8 +14,7 @@ from typing import Any
 import av
 import pytest
 
-from tests.e2e.test_cli import RTVIDEO
-from tests.e2e.test_proxy import proxies  # noqa: F401 - a fixture
+from tests.support.processes import RTVIDEO
 from tests.support.streams import (
     PACED_MODEL,
     Transcript,

@@ -26,8 +26,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.triton import clean_stale_shm, free_port, wire
 from rtvideo.triton.server import shm_prefix_of
-from tests.e2e.test_cli import RTVIDEO, alive, descendants
-from tests.support.streams import FAST_MODEL, metric
+from tests.support.processes import RTVIDEO, alive, descendants
+from tests.support.streams import FAST_MODEL, metric, wait_for_metric
 
 
 # --- the probe, directly over gRPC -------------------------------------------------------------
@@ -72,9 +72,23 @@ def _first_request_answers(triton: Any, message: dict, *, end: bool) -> list[tup
 FLUSH_WAIT = 1.2  # the model publishes its metrics once a second
 
 
-def test_health_probe_is_answered_without_a_session(triton) -> None:
-    time.sleep(FLUSH_WAIT)  # the ends of earlier sessions are published before the baseline
+def _settled_session_ends(triton) -> float:
+    """The model's count of session ends once earlier sessions' ends are all published: no live
+    session, and the count unchanged over a flush (a fixed wait was too short on a loaded machine)."""
+    wait_for_metric(triton, "rtvideo_active_sessions", FAST_MODEL, 0, timeout=60)
     ends = metric(triton, "rtvideo_session_ends_total", FAST_MODEL)
+    deadline = time.monotonic() + 60
+    while True:
+        time.sleep(FLUSH_WAIT)
+        now = metric(triton, "rtvideo_session_ends_total", FAST_MODEL)
+        if now == ends:
+            return ends
+        assert time.monotonic() < deadline, f"session ends still counting: {ends} then {now}"
+        ends = now
+
+
+def test_health_probe_is_answered_without_a_session(triton) -> None:
+    ends = _settled_session_ends(triton)  # the ends of earlier sessions are published before the baseline
     for _ in range(3):
         assert _first_request_answers(triton, {"type": "session.ping"}, end=True) == [({"type": "session.pong"}, True)]
     time.sleep(FLUSH_WAIT)
@@ -156,7 +170,9 @@ def test_probe_reaches_a_triton_back_after_an_outage(triton) -> None:
                     await bridge.probe(1.0)
                     return time.monotonic() - back
                 except BackendUnavailable as exc:
-                    assert time.monotonic() - back < 3.0, f"Triton is back, still unreached: {exc}"
+                    # retried every second at most; unreached for about half the outage (15 s) before
+                    # the fix. 10 s: room for a loaded machine, still short of the bug.
+                    assert time.monotonic() - back < 10.0, f"Triton is back, still unreached: {exc}"
                     await asyncio.sleep(0.1)
         finally:
             await bridge.close()
@@ -336,7 +352,7 @@ def test_stub_kill_is_reported_and_recovered(served: Served) -> None:
         messages = []
         with pytest.raises(ConnectionClosed):
             while True:
-                frame = await asyncio.wait_for(conn.recv(), 10)
+                frame = await asyncio.wait_for(conn.recv(), 30)
                 if isinstance(frame, str):
                     messages.append(json.loads(frame))
                     timings.setdefault(messages[-1]["type"], time.monotonic() - t0)
@@ -365,7 +381,8 @@ def test_stub_kill_is_reported_and_recovered(served: Served) -> None:
     assert media_and_more == ["error", "session.done"], messages
     assert messages[-2]["code"] == "backend_unavailable"
     assert messages[-1]["chunks"] == sum(m["type"] == "video.chunk_metadata" for m in messages) + 1
-    assert timings["close"] < 5.0, timings
+    # noticed from the broken stream, not after backend_silence_seconds (90 s): room for a loaded machine
+    assert timings["close"] < 20.0, timings
 
     status, health = served.get("/healthz")
     assert status == 200 and health["backend"] == "up" and health["restarts"] == 1, health
@@ -402,19 +419,23 @@ def test_sigterm_during_a_restart_exits_at_once(tmp_path: Path) -> None:
         os.kill(stubs[0], signal.SIGKILL)
         t0 = time.monotonic()
         while " restarting (was down)" not in s.log.read_text():
-            assert time.monotonic() - t0 < 30, "no restart:\n" + s.tail()
+            assert time.monotonic() - t0 < 60, "no restart:\n" + s.tail()
             time.sleep(0.05)
-        time.sleep(0.5)  # the new tritonserver is starting
-        pids = descendants(s.proc.pid)
-        assert any("tritonserver" in _cmdline(p) for p in pids), s.tail()
+        while True:  # the new tritonserver is starting
+            pids = descendants(s.proc.pid)
+            if any("tritonserver" in _cmdline(p) for p in pids - {server_pid}):
+                break
+            assert time.monotonic() - t0 < 90, "no new tritonserver starting:\n" + s.tail()
+            time.sleep(0.05)
         s.proc.send_signal(signal.SIGTERM)
         t1 = time.monotonic()
         assert s.proc.wait(60) == 0
         took = time.monotonic() - t1
-        assert took < 4.0, f"rtvideo serve took {took:.1f} s to exit:\n" + s.tail()
+        # not the start-up then a graceful stop (tens of seconds); 10 s: room for a loaded machine
+        assert took < 10.0, f"rtvideo serve took {took:.1f} s to exit:\n" + s.tail()
         t2 = time.monotonic()
         while [p for p in pids if alive(p)]:
-            assert time.monotonic() - t2 < 5, f"left running: {[p for p in pids if alive(p)]}"
+            assert time.monotonic() - t2 < 30, f"left running: {[p for p in pids if alive(p)]}"
             time.sleep(0.1)
         assert not _shm_of(s.proc.pid)
     finally:
@@ -434,7 +455,7 @@ def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:
         s.proc.wait()
         t0 = time.monotonic()
         while any(alive(p) for p in everything):
-            assert time.monotonic() - t0 < 10, f"left running: {[_describe(p) for p in everything if alive(p)]}"
+            assert time.monotonic() - t0 < 30, f"left running: {[_describe(p) for p in everything if alive(p)]}"
             time.sleep(0.1)
         print(f"tritonserver and its stub gone {time.monotonic() - t0:.2f} s after the kill -9 of rtvideo serve")
         # What the dead launcher's stub left in /dev/shm goes at the next start (clean_stale_shm).

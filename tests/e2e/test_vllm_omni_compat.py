@@ -27,7 +27,8 @@ from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import SAMPLING_FIELDS, parse_start
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
 from rtvideo.triton.model_repo import derive_model, read_parameters
-from tests.e2e.test_proxy import first_message_answers, proxies, run  # noqa: F401 - `proxies` is a fixture
+from tests.support.proxy_client import first_message_answers
+from tests.support.proxy_host import run
 from tests.support.streams import (
     FAST_MODEL,
     HELIOS_ID,

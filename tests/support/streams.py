@@ -132,9 +132,21 @@ def metric(triton: Any, name: str, model: str, label: str = "") -> float:
     )
 
 
-def wait_for_metric(triton: Any, name: str, model: str, expected: float, timeout: float = 15.0) -> None:
-    """Metrics are flushed a few times a second: poll until the value is reached."""
+def wait_for_metric(triton: Any, name: str, model: str, expected: float, timeout: float = 30.0) -> None:
+    """Metrics are flushed a few times a second: poll until the value is reached (the default
+    deadline only bounds a failure: a loaded machine publishes late)."""
     deadline = time.monotonic() + timeout
     while (value := metric(triton, name, model)) != expected:
         assert time.monotonic() < deadline, f"{name}{{model={model}}} is {value}, expected {expected}"
         time.sleep(0.05)
+
+
+def ids(meta: dict[str, Any]) -> tuple:
+    """A chunk metadata's event ids: started, active, completed, superseded, interrupted."""
+    return (
+        meta["started_event_ids"],
+        meta["active_event_ids"],
+        meta["completed_event_ids"],
+        meta["superseded_event_ids"],
+        meta["interrupted_event_ids"],
+    )

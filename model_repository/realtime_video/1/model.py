@@ -2,6 +2,8 @@
 
 Decoupled: `execute()` queues each request for the session manager's dispatch thread and
 returns at once; the session's worker thread streams responses on the start request's sender.
+Invariant: every `pb_utils` call (a send, a cancellation poll, a metric update) is IPC to
+tritonserver and takes its turn on `_IPC`, one call at a time.
 """
 
 from __future__ import annotations
@@ -30,21 +32,19 @@ from rtvideo.process import watchdog
 from rtvideo.triton import wire
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# Every pb_utils call is IPC to tritonserver; concurrent calls from several session threads
-# crashed tritonserver 2.51 (SIGSEGV, boost lock_exception) under load, so they take turns.
-# A turn lasts from microseconds (an ack) to milliseconds (a video chunk): whoever answers a
-# request (an ack, a pong, an error: a client is timing it) goes ahead of waiting chunk sends.
+# pb_utils calls are not safe concurrently from several threads, so they take turns. A turn
+# lasts from microseconds (an ack) to milliseconds (a video chunk): whoever answers a request
+# (an ack, a pong, an error: a client is timing it) goes ahead of waiting chunk sends and polls.
 _IPC = PriorityLock()
 
 
 class TritonChannel:
     """A request's decoupled response sender as the runtime's `Channel`.
 
-    Once its FINAL response is sent, Triton may free the request's response factory: a later
-    `is_cancelled()` on it crashed tritonserver 2.51 (SIGSEGV in
-    TRITONBACKEND_ResponseFactoryIsCancelled) when a session ended from another thread (a
-    failed engine, the stall watchdog) while its worker was polling. So after FINAL the
-    channel answers "cancelled" itself (nothing can be delivered any more) and sends nothing.
+    Once its FINAL response is sent, Triton may free the request's response factory, and no
+    call may reach the sender any more: after FINAL the channel answers "cancelled" itself
+    (nothing can be delivered) and sends nothing. The FINAL flag and that check share `_IPC`,
+    so a poll from another thread (the session manager's watch loop) never races a FINAL.
     """
 
     def __init__(self, sender: Any, *, urgent: bool = False) -> None:
@@ -121,7 +121,7 @@ class TritonMetricsPublisher:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        # Its own exit after tritonserver's death deadlocked now and then (rtvideo/process/watchdog.py).
+        # Ends this process when tritonserver dies, whatever its own exit does (rtvideo/process/watchdog.py).
         self._watchdog = watchdog.start(worker_python())
         logsetup.configure("INFO", fmt=os.environ.get("RTVIDEO_LOG_FORMAT", "text"))
         # Session threads hold the GIL between torch/PyAV calls; a shorter switch interval
@@ -143,13 +143,12 @@ class TritonPythonModel:
         )
         # A failed engine (generator=vllm_omni) ends its sessions and makes the model refuse the
         # health probe (SessionManager.backend_failed), so the proxy takes it for down. The model
-        # does not ask Triton to unload itself as vllm_backend does: pb_utils.unload_model, which
-        # only --model-control-mode=explicit allows, crashed tritonserver 2.51 here (boost
-        # lock_exception) in the default mode.
+        # does not ask Triton to unload itself as vllm_backend does: pb_utils.unload_model needs
+        # --model-control-mode=explicit, and is not safe in the default mode.
         self._manager = build_manager(settings, args["model_name"], buffered)
         self._dispatcher = RequestDispatcher(self._manager.on_request)
-        # torch, PyAV and numpy leave ~10^5 long-lived objects: a full garbage collection
-        # over them paused every thread for 100-200 ms (measured). They live as long as the model.
+        # torch, PyAV and numpy leave ~10^5 objects that live as long as the model: frozen, no full
+        # garbage collection walks them (each walk would pause every session's thread).
         gc.freeze()
 
     def execute(self, requests: list[Any]) -> None:

@@ -28,10 +28,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import IO, Any
 
-from rtvideo.backend.runtime.sources import EventFailed, GeneratorChunkSource, SourceChunk
+from rtvideo.backend.runtime.sources import GeneratorChunkSource, RenderedChunk
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.process import launch
 
@@ -39,16 +38,6 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 RESPAWN_PAUSE_SECONDS = 2.0  # between tries to replace a worker that could not start
-
-
-@dataclass(frozen=True)
-class RenderedChunk:
-    """One chunk, encoded: the fMP4 payload, how many frames it holds, and where the time went."""
-
-    payload: bytes
-    frames: int
-    generate_seconds: float
-    encode_seconds: float
 
 
 class WorkerDied(RuntimeError):
@@ -99,12 +88,10 @@ class RenderWorker:
     ) -> None:
         self.index = index
         self._on_death = on_death  # called once, from the reader thread, when it dies unasked
-        # Killed with the model's process, even by kill -9 (its loading would not see the pipe
+        # Killed with the model's process, even by kill -9 (while loading it would not see the pipe
         # close). Video work yields to the request path: under SCHED_IDLE a waking request-path
-        # thread preempts a worker at once; under a nice value it only gets a larger share, and
-        # the scheduler may let a rendering worker run on first: ack p99 at 16 sessions went
-        # 12-13 ms (nice 5) -> 8-9 ms (idle) on 2 cores (benchmarks/bench_capacity.py). Set
-        # before the worker's exec, so every thread it starts (numpy's at import) inherits it.
+        # thread preempts a worker at once, whereas a nice value only gives it a larger share. The
+        # priority is set before the worker's exec, so every thread it starts inherits it.
         python = worker_python()
         self._proc = subprocess.Popen(
             launch.command([python, "-m", "rtvideo.backend.builtin.render_worker"], python=python, priority=priority),
@@ -293,40 +280,18 @@ class RemoteSession:
             self._pool._released(self._worker)
 
 
-class PooledChunkSource(GeneratorChunkSource):
-    """The built-in path with rendering and encoding in a worker: the tracker stays here (it
-    decides what the acks promise), the worker renders the mix and encodes the frames."""
-
-    _session: RemoteSession
-
-    def next_chunk(self, max_frames: int, interrupted: Callable[[], bool]) -> SourceChunk:
-        with self._lock:
-            plan = self._tracker.next_chunk()
-        chunk = self._session.render(plan.mix, max_frames)
-        return SourceChunk(
-            plan,
-            None,
-            chunk.generate_seconds,
-            payload=chunk.payload,
-            num_frames=chunk.frames,
-            encode_seconds=chunk.encode_seconds,
-        )
-
-    def close(self) -> bytes:
-        return self._session.close()
-
-
 class PooledSources:
     """`ChunkSourceFactory` over a `RenderPool`: each session's chunks are rendered and encoded
     in one of the pool's worker processes."""
 
-    encodes = True
-
     def __init__(self, pool: RenderPool) -> None:
         self.pool = pool
 
-    def open(self, config: SessionConfig, request_id: str, on_event_failed: EventFailed) -> PooledChunkSource:
-        return PooledChunkSource(self.pool, config)  # type: ignore[arg-type] - the pool opens sessions like a generator
+    def open(self, config: SessionConfig, request_id: str) -> GeneratorChunkSource:
+        """The built-in source, rendering in a worker (the tracker stays here: it decides what
+        the acks promise)."""
+        session = self.pool.open_session(width=config.width, height=config.height, seed=config.seed, fps=config.fps)
+        return GeneratorChunkSource(session, config)
 
     def close(self) -> None:
         self.pool.close()

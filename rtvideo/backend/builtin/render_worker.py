@@ -5,21 +5,22 @@ is written there."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-from rtvideo.backend.builtin.render_pool import RenderedChunk, read_message, write_message
+from rtvideo.backend.builtin.render_pool import read_message, write_message
+from rtvideo.backend.runtime.sources import LocalRenderer, RenderedChunk
 
 
 class Worker:
     def __init__(self) -> None:
         self._generator: Any = None
         self._limits: Any = None
-        self._sessions: dict[int, tuple[Any, Any]] = {}
+        self._sessions: dict[int, LocalRenderer] = {}
         self._ids = itertools.count(1)
 
     def init(self, options: dict[str, Any]) -> None:
@@ -28,35 +29,24 @@ class Worker:
 
         limit_cpu_threads(int(options.get("torch_threads", 1)))
         self._generator = BuiltinGenerator(device=options.get("device", "cpu"), fps=int(options.get("fps", 16)))
-        gc.freeze()  # torch and the text encoder: a full collection over them took ~200 ms (measured)
+        gc.freeze()  # torch and the text encoder stay: a full collection over them would stall a chunk
 
     def open(self, width: int, height: int, seed: int, fps: int | None) -> int:
         from rtvideo.backend.encoder import FragmentedMp4Encoder
 
         generator_session = self._generator.open_session(width=width, height=height, seed=seed, fps=fps)
-        try:
-            encoder = FragmentedMp4Encoder(width, height, fps or self._generator.fps, self._generator.limits)
-        except Exception:
-            generator_session.close()
-            raise
+        open_encoder = functools.partial(
+            FragmentedMp4Encoder, width, height, fps or self._generator.fps, self._generator.limits
+        )
         session_id = next(self._ids)
-        self._sessions[session_id] = (generator_session, encoder)
+        self._sessions[session_id] = LocalRenderer(generator_session, open_encoder)  # as in the model's process
         return session_id
 
     def render(self, session_id: int, mix: dict[str, float], num_frames: int) -> RenderedChunk:
-        generator_session, encoder = self._sessions[session_id]
-        t0 = time.perf_counter()
-        frames = generator_session.generate(mix, num_frames)
-        t1 = time.perf_counter()
-        payload = encoder.encode_chunk(frames)
-        return RenderedChunk(payload, len(frames), t1 - t0, time.perf_counter() - t1)
+        return self._sessions[session_id].render(mix, num_frames)
 
     def close(self, session_id: int) -> bytes:
-        generator_session, encoder = self._sessions.pop(session_id)
-        try:
-            return encoder.close()
-        finally:
-            generator_session.close()
+        return self._sessions.pop(session_id).close()
 
 
 def main() -> None:

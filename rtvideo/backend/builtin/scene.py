@@ -176,7 +176,7 @@ class ConceptVocabulary:
         sims = self._matrix @ embedding.detach().to(device="cpu", dtype=torch.float64).numpy()
         best = np.full(self._count, -np.inf)
         np.maximum.at(best, self._owners, sims)
-        return {concept: float(value) for concept, value in zip(self.concepts, best)}
+        return {concept: float(value) for concept, value in zip(self.concepts, best, strict=True)}
 
     def weights(self, embedding: torch.Tensor) -> SceneWeights:
         scores = self.scores(embedding)
@@ -199,12 +199,12 @@ class ConceptVocabulary:
         colour_rel = colours - colours.mean()
         exps = np.exp((colour_rel - colour_rel.max()) / COLOUR_TEMPERATURE)
         picks = exps / exps.sum()
-        accent = tuple(float(x) for x in picks @ np.array([COLOURS[n] for n in self.colour_names]))
+        red, green, blue = (float(x) for x in picks @ np.array([COLOURS[n] for n in self.colour_names]))
         return SceneWeights(
             light=light,
             ground=ground,
             elements=elements,
-            accent=accent,  # type: ignore[arg-type]
+            accent=(red, green, blue),
             accent_strength=_smoothstep(*ACCENT_RAMP, float(colour_rel.max())),
         )
 
@@ -625,17 +625,17 @@ class SceneLayout:
 
         trees = np.full_like(xs, 0.03 * sky_h)
         for _ in range(int(34 * bw) + 6):
-            cx, height = rng.uniform(-bw - 0.1, bw + 0.1), sky_h * rng.uniform(0.1, 0.32)
-            trees = np.maximum(trees, height * (1 - np.abs(xs - cx) / (0.3 * height)))
+            cx, tree_h = rng.uniform(-bw - 0.1, bw + 0.1), sky_h * rng.uniform(0.1, 0.32)
+            trees = np.maximum(trees, tree_h * (1 - np.abs(xs - cx) / (0.3 * tree_h)))
         feats["trees"] = standing(trees[None, :])
         heights = np.zeros_like(xs)
         x0, lefts, widths = -bw - 0.05, [], []
         while x0 < bw + 0.05:
-            width = rng.uniform(0.06, 0.17)
-            heights[(xs >= x0) & (xs < x0 + width)] = sky_h * rng.uniform(0.08, 0.45)
+            building_w = rng.uniform(0.06, 0.17)
+            heights[(xs >= x0) & (xs < x0 + building_w)] = sky_h * rng.uniform(0.08, 0.45)
             lefts.append(x0)
-            widths.append(width)
-            x0 += width
+            widths.append(building_w)
+            x0 += building_w
         feats["buildings"] = standing(heights[None, :])
         cell_w, cell_h = max(0.035, 2.2 * px), max(0.045, 2.2 * px)
         col = np.floor((X + bw + 0.05) / cell_w).astype(np.int64)
@@ -782,9 +782,9 @@ class SceneLayout:
         fire_amp /= np.sqrt((fire_amp**2).sum() / 2)
         fire_rows = _sine_pairs(X, Y, self._fire_k, fire_phase) * np.repeat(fire_amp, 2)[:, None]
         fu = (fire_base - Y) / fire_h
-        width = 0.24 * (fire_h / 0.6) * np.clip(1 - fu, 0, 1) ** 0.7 + 1e-3
+        fire_w = 0.24 * (fire_h / 0.6) * np.clip(1 - fu, 0, 1) ** 0.7 + 1e-3
         self._fire_envelope = (
-            np.exp(-(((X - fire_x) / width) ** 2)) * _smooth(-0.05, 0.03, fu) * np.clip(1 - fu, 0, 1) ** 0.5
+            np.exp(-(((X - fire_x) / fire_w) ** 2)) * _smooth(-0.05, 0.03, fu) * np.clip(1 - fu, 0, 1) ** 0.5
         )
 
         # Particles: snowflakes (near ones blurred) and raindrops, wrapping around the frame.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 from rtvideo.backend import catalog
 from rtvideo.backend.runtime.manager import SessionManager
@@ -12,18 +13,19 @@ from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import ChunkSourceFactory, GeneratorSources
 from rtvideo.backend.settings import BackendSettings
 
+if TYPE_CHECKING:
+    from rtvideo.backend.vllm_omni.engine import EngineHost
+
 log = logging.getLogger(__name__)
 
 
 def limit_cpu_threads(threads: int, *, blas: bool = True) -> None:
     """Cap torch's and (with `blas`) the BLAS libraries' CPU thread pools (OpenBLAS, OpenMP, MKL).
 
-    numpy's OpenBLAS starts one thread per core and, between calls, spins them on
-    `sched_yield`: measured with the built-in generator, that spinning cost more CPU (all of it
-    system time) than the rendering itself, and starved the request path on a small machine.
-    Many sessions share the cores; each renders on one thread. Only a process that renders
-    resizes the BLAS pool: a model process resized so hung in its exit now and then (a futex,
-    after its tritonserver was killed), and with render workers it does no BLAS work."""
+    Many sessions share the cores and each renders on one thread, while an uncapped BLAS
+    pool keeps one spinning thread per core between calls, taking CPU from the request path.
+    Only a process that renders resizes the BLAS pool (`blas`): the model's process does no
+    BLAS work when render workers render, and resizing it there is not safe at its exit."""
     import torch
 
     torch.set_num_threads(threads)
@@ -51,23 +53,20 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
 
     pooled = settings.generator == "builtin" and settings.render_workers > 0
     limit_cpu_threads(settings.torch_threads, blas=not pooled)  # the workers cap their own
-    manager: list[SessionManager] = []
+    encoder_factory = functools.partial(FragmentedMp4Encoder, limits=catalog.LIMITS[settings.generator])
+    host: EngineHost | None = None
     sources: ChunkSourceFactory
     if settings.generator == "vllm_omni":
         from rtvideo.backend.vllm_omni.engine import EngineHost, load_factory
         from rtvideo.backend.vllm_omni.source import EngineSources
-
-        def engine_dead(reason: str) -> None:
-            manager[0].backend_failed(reason)
 
         host = EngineHost(
             load_factory(settings.vllm_omni_engine),
             model=settings.vllm_omni_model,
             engine_args={**settings.engine_args(), "diffusion_streaming_output": True},
             health_seconds=settings.vllm_omni_health_seconds,
-            on_dead=engine_dead,
         )
-        sources = EngineSources(host, settings.extra_params(), settings.max_session_seconds)
+        sources = EngineSources(host, settings.extra_params(), settings.max_session_seconds, encoder_factory)
         log.info(
             "generator=vllm_omni engine=%s model=%s settings=%s",
             settings.vllm_omni_engine,
@@ -84,20 +83,19 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
             options = {"device": device, "fps": settings.fps, "torch_threads": settings.torch_threads}
             sources = PooledSources(RenderPool(settings.render_workers, options, settings.render_priority))
         else:
-            sources = GeneratorSources(BuiltinGenerator(device=device, fps=settings.fps))
+            sources = GeneratorSources(BuiltinGenerator(device=device, fps=settings.fps), encoder_factory)
         log.info("generator=%s device=%s settings=%s", settings.generator, device, settings)
-    manager.append(
-        SessionManager(
-            sources=sources,
-            encoder_factory=functools.partial(FragmentedMp4Encoder, limits=catalog.LIMITS[settings.generator]),
-            capabilities=settings.capabilities(model_name),
-            limits=Limits(
-                pacing_lead_chunks=settings.pacing_lead_chunks,
-                max_session_seconds=settings.max_session_seconds,
-                stall_timeout_seconds=settings.stall_timeout_seconds,
-            ),
-            max_sessions=settings.max_sessions,
-            metrics=metrics,
-        )
+    manager = SessionManager(
+        sources=sources,
+        capabilities=settings.capabilities(model_name),
+        limits=Limits(
+            pacing_lead_chunks=settings.pacing_lead_chunks,
+            max_session_seconds=settings.max_session_seconds,
+            stall_timeout_seconds=settings.stall_timeout_seconds,
+        ),
+        max_sessions=settings.max_sessions,
+        metrics=metrics,
     )
-    return manager[0]
+    if host is not None:
+        host.when_dead(manager.backend_failed)  # the manager is built from the host's sources: told after
+    return manager

@@ -1,12 +1,11 @@
 """Requests handled on one thread of ours, so Triton's `execute()` returns at once.
 
-Triton runs a model instance's `execute()` calls one after another, and each is a round trip
-between tritonserver and the stub. When several sessions send at the same moment, every
-request waited for the ones before it to be handled *and* answered inside `execute()`
-(measured: 8 simultaneous prompt updates, the last one queued in Triton for 12 ms at p99).
-Handing each request to this thread instead lets Triton deliver the next request while the
-previous one is answered (the same split as Triton's vllm_backend, whose `execute()` only
-schedules work). One thread, first in first out, keeps every sequence's requests in order.
+Triton runs a model instance's `execute()` calls one after another, each a round trip between
+tritonserver and the stub: answering inside `execute()` would make every request wait for the
+ones before it to be handled *and* answered. Handing each request to this thread lets Triton
+deliver the next request while the previous one is answered (the same split as Triton's
+vllm_backend, whose `execute()` only schedules work). One thread, first in first out, keeps
+every sequence's requests in order, so no two requests of the model are handled at once.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Routes Triton sequence requests to sessions; admission control and the stall watchdog."""
+"""Routes Triton sequence requests to sessions: admission control, and the watch loop (stalls,
+and the one periodic poll of Triton's cancellation)."""
 
 from __future__ import annotations
 
@@ -7,29 +8,18 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
-from rtvideo.backend.runtime.ports import Channel, EncoderFactory, Metrics, NullMetrics
-from rtvideo.backend.runtime.session import Limits, Session, ended_error
-from rtvideo.backend.runtime.sources import ChunkSourceFactory, GeneratorSources
+from rtvideo.backend.runtime.ports import Channel, Metrics, NullMetrics
+from rtvideo.backend.runtime.session import EndReason, Limits, Session, ended_error
+from rtvideo.backend.runtime.sources import ChunkSourceFactory
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import InteractionRequest, PingRequest, StopRequest
 from rtvideo.core.session_config import ModelCapabilities, SessionConfig, resolve_session_config
 
-if TYPE_CHECKING:
-    from rtvideo.backend.builtin.generator import VideoGenerator
-
 log = logging.getLogger(__name__)
 
 _ENDED_IDS_KEPT = 1024
-
-
-def _is_stop(payload: bytes) -> bool:
-    try:
-        return isinstance(protocol.parse_message(payload), StopRequest)
-    except ProtocolError:
-        return False
 
 
 def _is_probe(payload: bytes) -> bool:
@@ -46,19 +36,14 @@ class SessionManager:
     def __init__(
         self,
         *,
-        generator: VideoGenerator | None = None,
-        sources: ChunkSourceFactory | None = None,
-        encoder_factory: EncoderFactory,
+        sources: ChunkSourceFactory,
         capabilities: ModelCapabilities,
         limits: Limits,
         max_sessions: int,
         metrics: Metrics | None = None,
-        watchdog_interval: float = 1.0,
+        watchdog_interval: float = 0.5,
     ) -> None:
-        if (generator is None) == (sources is None):
-            raise ValueError("give a generator or a chunk-source factory, not both")
-        self._sources: ChunkSourceFactory = sources if sources is not None else GeneratorSources(generator)
-        self._encoder_factory = encoder_factory
+        self._sources = sources
         self._caps = capabilities
         self._limits = limits
         self._max_sessions = max_sessions
@@ -119,7 +104,7 @@ class SessionManager:
             session = self._sessions.get(corrid)
             ended_id = self._ended_ids.pop(corrid, None) if end else self._ended_ids.get(corrid)
         if session is None or session.ended:
-            if _is_stop(payload):
+            if protocol.is_stop(payload):
                 channel.send(None, final=True)  # a stop that raced the end completes as always
             else:
                 channel.send(ended_error(session.request_id if session else ended_id), final=True)
@@ -167,7 +152,7 @@ class SessionManager:
             sessions = list(self._sessions.values())
         log.error("backend failed: %s; ending %d session(s)", reason, len(sessions))
         for session in sessions:
-            session.fail(ErrorCode.GENERATION_FAILED, f"the video engine failed: {reason}")
+            session.fail(EndReason.GENERATION_FAILED, f"the video engine failed: {reason}")
 
     def _start(self, corrid: int, payload: bytes, channel: Channel) -> None:
         try:
@@ -206,30 +191,17 @@ class SessionManager:
 
     def _new_session(self, corrid: int, config: SessionConfig, channel: Channel) -> Session:
         """A session and its chunk source. Runs on the request path under the manager's lock, so
-        anything slow (the encoder, a render worker's open) happens later on the session's thread."""
+        anything slow (an encoder, a render worker's open) happens later on the session's thread."""
         request_id = protocol.new_request_id()
-        owner: list[Session] = []  # the source reports failed events to the session made below
-        source = self._sources.open(
-            config, request_id, lambda event_id, why, forget: owner[0].event_failed(event_id, why, forget)
-        )
-        # a source that encodes where it renders (render workers) needs no encoder here
-        open_encoder = (
-            None
-            if self._sources.encodes
-            else functools.partial(self._encoder_factory, config.width, config.height, config.fps)
-        )
-        session = Session(
+        return Session(
             request_id=request_id,
             config=config,
             channel=channel,
-            source=source,
-            open_encoder=open_encoder,
+            source=self._sources.open(config, request_id),
             limits=self._limits,
             metrics=self._metrics,
-            on_end=lambda s, reason: self._ended(corrid, s, reason),
+            on_end=functools.partial(self._ended, corrid),
         )
-        owner.append(session)
-        return session
 
     def _refuse(self, channel: Channel, code: ErrorCode, message: str) -> None:
         log.info("start refused: %s: %s", code.value, message)
@@ -246,7 +218,7 @@ class SessionManager:
         if session is not None:
             session.request_stop()
 
-    def _ended(self, corrid: int, session: Session, reason: str) -> None:
+    def _ended(self, corrid: int, session: Session, reason: EndReason) -> None:
         with self._lock:
             if self._sessions.get(corrid) is session:
                 del self._sessions[corrid]
@@ -255,9 +227,14 @@ class SessionManager:
                     self._ended_ids.popitem(last=False)
             count = len(self._sessions)
         self._metrics.set_active_sessions(count)
-        self._metrics.count_session_end(reason)
+        self._metrics.count_session_end(reason.label)
 
     def _watch(self, interval: float) -> None:
+        """Every `interval`: end stalled sessions, and ask whether each live session's stream was
+        cancelled. This is the one periodic poll of the runtime: Triton tells a model about a
+        cancelled request only when asked (`is_cancelled()`, an IPC round trip that takes its
+        turn with every session's sends), so one thread asks for all sessions at one rate, and
+        the session's waits wake on the answer instead of polling themselves."""
         while not self._closing.wait(interval):
             now = time.monotonic()
             with self._lock:
@@ -265,8 +242,13 @@ class SessionManager:
             for session in sessions:
                 if now - session.stats.last_progress > self._limits.stall_timeout_seconds:
                     session.fail(
-                        ErrorCode.STALL_TIMEOUT, f"no generation progress for {self._limits.stall_timeout_seconds:g} s"
+                        EndReason.STALL_TIMEOUT, f"no generation progress for {self._limits.stall_timeout_seconds:g} s"
                     )
+            for session in sessions:
+                try:
+                    session.poll_cancelled()
+                except Exception:  # noqa: BLE001 - the loop must go on for the other sessions
+                    log.exception("request_id=%s cancellation poll failed", session.request_id)
 
     def shutdown(self) -> None:
         """Stop every session (model unload / server exit)."""
@@ -274,5 +256,5 @@ class SessionManager:
         with self._lock:
             sessions = list(self._sessions.values())
         for session in sessions:
-            session.fail(ErrorCode.BACKEND_UNAVAILABLE, "the server is shutting down")
+            session.fail(EndReason.BACKEND_UNAVAILABLE, "the server is shutting down")
         self._sources.close()

@@ -1,8 +1,8 @@
 """Metrics buffered in process memory, so hot paths never pay an IPC call per update.
 
-Triton's custom metrics are IPC calls from the stub; the model flushes this buffer
-to them from one thread, a few times a second: concurrent IPC from many session
-threads is slow and has crashed tritonserver (see `_IPC` in the model).
+Triton's custom metrics are IPC calls from the stub, which take turns with every send
+(`_IPC` in the model); the model flushes this buffer to them from one thread, a few
+times a second.
 """
 
 from __future__ import annotations

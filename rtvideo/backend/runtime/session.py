@@ -1,38 +1,34 @@
-"""One live session: a worker thread that takes chunks from its source, encodes and streams them.
+"""One live session: a worker thread that streams its source's encoded chunks, paced, and ends it once.
 
 Where chunks and their events come from is the session's `ChunkSource`
-(`rtvideo/backend/runtime/sources.py`): our tracker plus the built-in generator, or an engine
-that resolves boundaries itself. The request path (interactions, pings, stop) admits
-events under one lock; the ack is sent while that lock is held and before the source
-sees the event, so no chunk metadata can name an event ahead of its ack.
+(`rtvideo/backend/runtime/sources.py`). Which end each event reached is the session's
+`EventBook`, fed with what is admitted, acked, failed and actually sent; it is the only
+origin of `session.done`'s lists. An interaction is acked before the source sees it, so
+no chunk metadata can name an event ahead of its ack. How a session ends, and what each
+end sends, is `EndReason`.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rtvideo.backend.runtime.ports import Channel, ChunkEncoder, Metrics
+from rtvideo.backend.runtime.ports import Channel, Metrics
+from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, SourceChunk
 from rtvideo.core import protocol
 from rtvideo.core.chunks import media_metadata, trailer_metadata
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.event_book import EventBook
 from rtvideo.core.event_types import SUPPORTED_EVENT_FIELDS
-from rtvideo.core.idempotency import IdempotencyRegistry
 from rtvideo.core.protocol import InteractionRequest
 from rtvideo.core.session_config import SessionConfig
 
-if TYPE_CHECKING:
-    from rtvideo.backend.runtime.sources import ChunkSource, SourceChunk
-
 log = logging.getLogger(__name__)
-
-# How often a pacing wait looks for cancellation. Each look is an IPC round trip to
-# tritonserver that takes its turn with every session's sends (model.py `_IPC`).
-_POLL_SECONDS = 0.5
 
 
 def ended_error(request_id: str | None) -> dict[str, Any]:
@@ -40,6 +36,31 @@ def ended_error(request_id: str | None) -> dict[str, Any]:
     if request_id is None:
         return protocol.error(ErrorCode.INVALID_MESSAGE, "this sequence has no running session")
     return protocol.error(ErrorCode.INVALID_MESSAGE, "the session has ended", request_id=request_id)
+
+
+class EndReason(enum.Enum):
+    """How a session ended, and what that end implies (docs/protocol.md §2.3, §7).
+
+    Each member is (label, stopped, sends, error): the `rtvideo_session_ends_total` reason
+    label; `session.done`'s `stopped`; whether anything is sent (else the start request
+    completes flags-only); the code of the `error` sent before `session.done`. The ends
+    the worker reaches itself (complete, limit, stopped) send the trailer first; a failure
+    sends none. Not a wire concept: the wire carries only its consequences.
+    """
+
+    COMPLETE = ("complete", False, True, None)  # the session's num_frames are out
+    LIMIT = ("limit", False, True, None)  # max_session_seconds
+    STOPPED = ("stopped", True, True, None)  # session.stop, sequence_end, or a new start on the sequence
+    CANCELLED = ("cancelled", False, False, None)  # the client cancelled the stream: nothing can reach it
+    GENERATION_FAILED = ("generation_failed", False, True, ErrorCode.GENERATION_FAILED)
+    STALL_TIMEOUT = ("stall_timeout", False, True, ErrorCode.STALL_TIMEOUT)
+    BACKEND_UNAVAILABLE = ("backend_unavailable", False, True, ErrorCode.BACKEND_UNAVAILABLE)  # shutdown
+
+    def __init__(self, label: str, stopped: bool, sends: bool, error: ErrorCode | None) -> None:
+        self.label = label
+        self.stopped = stopped
+        self.sends = sends
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -57,7 +78,21 @@ class SessionStats:
 
 
 class Session:
-    """Owns a chunk source and an encoder; ends exactly once with `session.done`."""
+    """Owns a chunk source and an event book; ends exactly once (`_finish`).
+
+    Two locks, always taken in this order, never the other way round (and never while the
+    manager's lock is held):
+
+    1. `_stream_lock`: what goes out on the start stream, in order (video.start, chunks,
+       interaction_failed, the trailer, session.done), and the cancelled flag. Held across
+       each of those sends.
+    2. `_state_lock`: the event book, the ended flag, and admission into the source. The
+       request path (acks) takes only this one, so an ack never waits for a chunk's send.
+
+    `_ended` is set holding both, so holding either is enough to read it; once it is set
+    the book no longer changes. Every wait of the worker (pacing, the source's) wakes on
+    the event that ends it: a stop, the end, or a cancellation found by `poll_cancelled`.
+    """
 
     def __init__(
         self,
@@ -66,40 +101,38 @@ class Session:
         config: SessionConfig,
         channel: Channel,
         source: ChunkSource,
-        open_encoder: Callable[[], ChunkEncoder] | None,
         limits: Limits,
         metrics: Metrics,
-        on_end: Callable[[Session, str], None],
+        on_end: Callable[[Session, EndReason], None],
     ) -> None:
         self.request_id = request_id
         self.config = config
         self.channel = channel
         self._source = source
-        self._open_source: ChunkSource | None = source  # until closed (once)
-        # Opened on the session's thread: opening a codec takes milliseconds that the request
-        # path (every session's acks) must not wait for. None: the source encodes.
-        self._open_encoder = open_encoder
-        self._encoder: ChunkEncoder | None = None
+        self._source_open = True  # until closed (once, on the worker)
         self._limits = limits
         self._metrics = metrics
         self._on_end = on_end
-        self.registry = IdempotencyRegistry()
+        self._book = EventBook()
         self.stats = SessionStats()
-        self._lock = threading.Lock()  # registry + admission to the source + "ack before mention"
-        self._send_lock = threading.Lock()  # start-stream sends + the ended flag
-        self._wake = threading.Event()
+        self._stream_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._wake = threading.Event()  # set by a stop, a cancellation or the end: pacing waits on it
         self._stop_requested = False
+        self._cancelled = False
         self._ended = False
         self._thread = threading.Thread(target=self._run, name=f"session-{request_id[-8:]}", daemon=True)
 
     # --- request path -------------------------------------------------------------------
     def start(self) -> None:
-        self._send({**protocol.video_start(self.request_id, self.config.format, self.config.to_json())})
+        with self._stream_lock:
+            self.channel.send(protocol.video_start(self.request_id, self.config.format, self.config.to_json()))
         self._thread.start()
 
     def abandon(self) -> None:
         """Free everything of a session whose worker never started (its start failed)."""
-        self._ended = True
+        with self._stream_lock, self._state_lock:
+            self._ended = True
         self._release()
 
     @property
@@ -107,6 +140,7 @@ class Session:
         return self._ended
 
     def request_stop(self) -> None:
+        """End after the chunk in hand (it is finished and sent, docs/protocol.md §2.3)."""
         self._stop_requested = True
         self._wake.set()
 
@@ -114,23 +148,23 @@ class Session:
         self.stats.last_progress = time.monotonic()
 
     def interact(self, request: InteractionRequest, reply: Channel, received: float | None = None) -> None:
-        """Validate idempotency, ack on the request's own stream, then queue for the next boundary.
+        """Admit (the idempotency rule), ack on the request's own stream, then queue for the next boundary.
 
-        Holds the send lock too (in `_finish`'s order), so an event is either admitted
-        before the session's end is computed, and so reaches an end in `session.done`,
-        or refused because the session has ended.
+        Admission and the ended check are one step under the state lock, so an event is
+        either admitted before the session's end is computed, and so reaches an end in
+        `session.done`, or refused because the session has ended.
         """
         received = time.monotonic() if received is None else received
         request = request.with_event_id()
         event_id = request.event_id
         assert event_id is not None
         unsupported = sorted(set(request.event) - SUPPORTED_EVENT_FIELDS)
-        with self._send_lock, self._lock:
+        with self._state_lock:
             if self._ended:
                 reply.send(ended_error(self.request_id), final=True)
                 return
             try:
-                new = self.registry.admit(event_id, request.fingerprint)
+                new = self._book.admit(event_id, request.fingerprint)
             except ProtocolError as exc:
                 self._metrics.count_interaction(exc.code.value)
                 reply.send(protocol.error_from(exc, self.request_id), final=True)
@@ -138,89 +172,85 @@ class Session:
                 return
             try:
                 reply.send(protocol.queued(self.request_id, event_id), final=True)
-            except Exception:  # noqa: BLE001 - recorded ids must be applied, or a retry would skip them
+                self._book.acked(event_id)
+            except Exception:  # noqa: BLE001 - admitted ids must be applied, or a retry would skip them
                 log.warning("request_id=%s event_id=%s ack not delivered", self.request_id, event_id)
             ack_seconds = time.monotonic() - received
             self._metrics.observe_ack(ack_seconds)
             if not new:
                 self._metrics.count_interaction("retry")
                 log.info("request_id=%s event_id=%s retry acked again", self.request_id, event_id)
-            elif unsupported:
-                self._metrics.count_interaction("interaction_failed")
-                log.info("request_id=%s event_id=%s unsupported fields %s", self.request_id, event_id, unsupported)
-                self.channel.send(
-                    protocol.error(
-                        ErrorCode.INTERACTION_FAILED,
-                        f"event field(s) {', '.join(unsupported)} not supported by the active model; "
-                        "nothing of this event was applied",
-                        request_id=self.request_id,
-                        event_id=event_id,
-                    )
-                )
-            else:
-                self._source.admit(event_id, request.event["prompt"], request.transition_chunks)
+                return
+            if not unsupported:
+                chunks = self.config.transition_chunks(request.transition_chunks)
+                self._source.admit(event_id, request.event["prompt"], chunks)
                 self._metrics.count_interaction("queued")
                 log.info(
                     "request_id=%s event_id=%s queued transition_chunks=%s ack_ms=%.2f",
                     self.request_id,
                     event_id,
-                    request.transition_chunks,
+                    chunks,
                     ack_seconds * 1e3,
                 )
-
-    def event_failed(self, event_id: str, why: str, forget: Callable[[], None]) -> None:
-        """The source could not apply an acked event: `interaction_failed`; the session goes on.
-
-        `forget` drops the event from the source's open events; it runs under the send lock,
-        like `_finish`, so the event gets exactly one end: this error, or (when the session
-        ended first) a place in `session.done`."""
-        with self._send_lock:
-            if self._ended:
                 return
-            forget()
-            self._metrics.count_interaction("interaction_failed")
-            log.info("request_id=%s event_id=%s failed: %s", self.request_id, event_id, why)
-            self.channel.send(
-                protocol.error(ErrorCode.INTERACTION_FAILED, why, request_id=self.request_id, event_id=event_id)
+        log.info("request_id=%s event_id=%s unsupported fields %s", self.request_id, event_id, unsupported)
+        self._event_failed(
+            FailedEvent(
+                event_id,
+                f"event field(s) {', '.join(unsupported)} not supported by the active model; "
+                "nothing of this event was applied",
             )
+        )
 
-    def fail(self, code: ErrorCode, message: str) -> None:
-        """End the session from any thread with an error, then `session.done`."""
-        self._finish(stopped=False, reason=code.value, error=(code, message))
+    def fail(self, reason: EndReason, message: str) -> None:
+        """End the session from any thread with `reason`'s error, then `session.done`."""
+        assert reason.error is not None, reason
+        self._finish(reason, message)
+
+    def poll_cancelled(self) -> None:
+        """Ask Triton whether the client cancelled the start stream, and wake the worker if
+        so. The manager's watch loop calls it for every live session (the one periodic
+        poll: see `SessionManager._watch`); it never waits for a send in progress."""
+        if not self._stream_lock.acquire(blocking=False):
+            return  # sending: asked again next round
+        try:
+            if not self._ended:
+                self._check_cancelled()
+        finally:
+            self._stream_lock.release()
 
     # --- worker -------------------------------------------------------------------------
     def _run(self) -> None:
         """Generate until an end, free everything, then report the end: a client that has
         `session.done` may count on the session's resources being free."""
         try:
-            if self._open_encoder is not None:
-                self._encoder = self._open_encoder()
             reason = self._generate(time.monotonic())
-            trailer = self._close_encoder() + self._close_source()  # the source's, when it encodes
+            trailer = self._close_source()
         except Exception as exc:  # noqa: BLE001 - any generator/encoder crash ends the session
             log.exception("request_id=%s generation failed", self.request_id)
             self._release()
-            self.fail(ErrorCode.GENERATION_FAILED, f"generation failed: {type(exc).__name__}: {exc}")
+            self._finish(EndReason.GENERATION_FAILED, f"generation failed: {type(exc).__name__}: {exc}")
             return
-        self._release()
-        self._finish(stopped=reason == "stopped", reason=reason, trailer=trailer, send=reason != "cancelled")
+        if reason is not None:
+            self._finish(reason, trailer=trailer)
 
-    def _generate(self, started: float) -> str:
+    def _generate(self, started: float) -> EndReason | None:
+        """Stream chunks until an end; None when another thread ended the session (`fail`)."""
         cfg = self.config
         chunk_seconds = cfg.frames_per_chunk / cfg.fps
         playback_zero: float | None = None
         while True:
-            if self.channel.is_cancelled():
-                return "cancelled"
             if self._ended:
-                return "ended"
+                return None
+            if self._cancelled:
+                return EndReason.CANCELLED
             if self._stop_requested:
-                return "stopped"
+                return EndReason.STOPPED
             remaining = None if cfg.num_frames is None else cfg.num_frames - self.stats.frames_sent
             if remaining is not None and remaining <= 0:
-                return "complete"
+                return EndReason.COMPLETE
             if time.monotonic() - started >= self._limits.max_session_seconds:
-                return "limit"
+                return EndReason.LIMIT
             lead = self._limits.pacing_lead_chunks if self._source.pacing else None
             if playback_zero is not None and lead is not None:
                 due = playback_zero + (self.stats.chunks_sent - lead) * chunk_seconds
@@ -231,116 +261,121 @@ class Session:
                     playback_zero += behind
                     due += behind
                 if not self._wait_until(due):
-                    continue  # woken early: re-check stop/cancel before generating
+                    continue  # woken by a stop, a cancellation or the end: the checks above say which
             frames_wanted = cfg.frames_per_chunk if remaining is None else min(cfg.frames_per_chunk, remaining)
-            chunk = self._source.next_chunk(frames_wanted, self._interrupted)
-            if chunk is None:
-                continue  # interrupted while waiting: the checks above say why
-            plan = chunk.plan
-            payload, frame_count, encode_seconds = self._encode(chunk, remaining)
-            meta = media_metadata(self.request_id, self.stats.chunks_sent, plan, frame_count, len(payload))
-            if not self._send(meta, payload):
-                return "ended"
+            item = self._source.next_chunk(frames_wanted)
+            if item is None:
+                continue  # interrupted: the checks above say why
+            if isinstance(item, FailedEvent):
+                self._event_failed(item)
+                continue
+            if not self._send_chunk(item):
+                continue  # ended or cancelled meanwhile
             if playback_zero is None:
                 playback_zero = time.monotonic()
-            self.stats.chunks_sent += 1
-            self.stats.frames_sent += frame_count
-            self.touch()
-            self._metrics.observe_chunk(chunk.generate_seconds, encode_seconds, frame_count, len(payload))
-            if plan.started or plan.completed or plan.superseded or plan.interrupted:
-                log.info(
-                    "request_id=%s chunk=%d started=%s completed=%s superseded=%s interrupted=%s",
-                    self.request_id,
-                    plan.generation_chunk_index,
-                    list(plan.started),
-                    list(plan.completed),
-                    list(plan.superseded),
-                    list(plan.interrupted),
-                )
-
-    def _encode(self, chunk: SourceChunk, remaining: int | None) -> tuple[bytes, int, float]:
-        """The chunk's payload, its frame count and the encoding time: encoded here, or already
-        by a source that encodes where it renders (a render worker)."""
-        if chunk.payload is not None:
-            return chunk.payload, chunk.num_frames, chunk.encode_seconds
-        assert chunk.frames is not None and self._encoder is not None
-        frames = chunk.frames if remaining is None else chunk.frames[:remaining]  # exactly num_frames
-        t0 = time.perf_counter()
-        payload = self._encoder.encode_chunk(frames)
-        return payload, len(frames), time.perf_counter() - t0
-
-    def _interrupted(self) -> bool:
-        """Whether a wait for the source must end early: the client left or the session ended.
-        A stop does not interrupt it: the chunk being generated is finished and sent (§2.3)."""
-        return self._ended or self.channel.is_cancelled()
 
     def _wait_until(self, due: float) -> bool:
-        """Sleep until `due`; False if woken by stop, cancel or end (the caller re-checks)."""
-        while True:
-            left = due - time.monotonic()
-            if left <= 0:
-                return True
-            if self._wake.wait(min(left, _POLL_SECONDS)):
-                self._wake.clear()
+        """Sleep until `due`; False when a stop, a cancellation or the end came first."""
+        left = due - time.monotonic()
+        if left > 0 and self._wake.wait(left):
+            return False
+        self.touch()  # pacing is deliberate waiting, not a stall
+        return True
+
+    def _send_chunk(self, chunk: SourceChunk) -> bool:
+        """Send one chunk and enter its event lists in the book; False once ended or cancelled."""
+        plan, media = chunk.plan, chunk.media
+        meta = media_metadata(self.request_id, self.stats.chunks_sent, plan, media.frames, len(media.payload))
+        with self._stream_lock:
+            if self._ended or self._cancelled:
                 return False
-            if self.channel.is_cancelled() or self._ended:
-                return False
-            self.touch()  # pacing is deliberate waiting, not a stall
+            self.channel.send(meta, media.payload)
+            with self._state_lock:
+                self._book.chunk(
+                    started=plan.started,
+                    completed=plan.completed,
+                    interrupted=plan.interrupted,
+                    superseded=plan.superseded,
+                )
+            self.stats.chunks_sent += 1
+            self.stats.frames_sent += media.frames
+        self.touch()
+        self._metrics.observe_chunk(media.generate_seconds, media.encode_seconds, media.frames, len(media.payload))
+        if plan.started or plan.completed or plan.superseded or plan.interrupted:
+            log.info(
+                "request_id=%s chunk=%d started=%s completed=%s superseded=%s interrupted=%s",
+                self.request_id,
+                plan.generation_chunk_index,
+                list(plan.started),
+                list(plan.completed),
+                list(plan.superseded),
+                list(plan.interrupted),
+            )
+        return True
+
+    def _event_failed(self, failure: FailedEvent) -> None:
+        """`interaction_failed` for an acked event that will not be applied; the session goes on.
+        The event gets exactly one end: this error, or (when the session ended first, or a
+        chunk already ended it) the one the book has."""
+        with self._stream_lock:
+            with self._state_lock:
+                state = self._book.state(failure.event_id)
+                if self._ended or self._cancelled or state is None or state.ended:
+                    return
+                self._book.failed(failure.event_id)
+            self._metrics.count_interaction("interaction_failed")
+            log.info("request_id=%s event_id=%s failed: %s", self.request_id, failure.event_id, failure.why)
+            self.channel.send(
+                protocol.error(
+                    ErrorCode.INTERACTION_FAILED, failure.why, request_id=self.request_id, event_id=failure.event_id
+                )
+            )
 
     # --- ending -------------------------------------------------------------------------
-    def _send(self, message: Mapping[str, Any], data: bytes = b"", *, final: bool = False) -> bool:
-        with self._send_lock:
-            if self._ended:
-                return False
-            self.channel.send(message, data, final=final)
-            return True
-
-    def _finish(
-        self,
-        *,
-        stopped: bool,
-        reason: str,
-        error: tuple[ErrorCode, str] | None = None,
-        trailer: bytes = b"",
-        send: bool = True,
-    ) -> None:
-        with self._send_lock:
-            if self._ended:
-                return
-            self._ended = True
+    def _check_cancelled(self) -> bool:
+        """Whether the client cancelled the start stream (call holding the stream lock, so
+        nothing is sent once Triton said so). The only call of `channel.is_cancelled()`."""
+        if not self._cancelled and self.channel.is_cancelled():
+            self._cancelled = True
             self._wake.set()
-            with self._lock:
-                outcome = self._source.finish()
+            self._source.interrupt()
+        return self._cancelled
+
+    def _finish(self, reason: EndReason, message: str = "", trailer: bytes = b"") -> None:
+        """The one way a session ends: the first call wins, later ones do nothing."""
+        with self._stream_lock:
+            with self._state_lock:
+                if self._ended:
+                    return
+                self._ended = True
+            self._wake.set()
+            self._source.interrupt()
+            quiet = not reason.sends or self._check_cancelled()
+            if quiet and reason.error is None:
+                reason = EndReason.CANCELLED  # a cancelled stream ended it; a failure keeps its reason
             # The slot is free before the client hears of the end: a new start right after
-            # `session.done` finds room. (The manager never holds its lock into the send lock.)
+            # `session.done` finds room. (The manager never holds its lock into a session's.)
             self._on_end(self, reason)
-            if not send or self.channel.is_cancelled():
+            if quiet:
                 self._complete_quietly()
             else:
                 try:
-                    if error is not None:
-                        self.channel.send(protocol.error(error[0], error[1], request_id=self.request_id))
+                    if reason.error is not None:
+                        self.channel.send(protocol.error(reason.error, message, request_id=self.request_id))
                     if trailer:
                         meta = trailer_metadata(self.request_id, self.stats.chunks_sent, len(trailer))
                         self.channel.send(meta, trailer)
                         self.stats.chunks_sent += 1
-                    self.channel.send(
-                        protocol.done(
-                            self.request_id,
-                            chunks=self.stats.chunks_sent,
-                            stopped=stopped,
-                            unapplied_event_ids=list(outcome.unapplied),
-                            unfinished_event_ids=list(outcome.unfinished),
-                        ),
-                        final=True,
-                    )
+                    done = self._book.done(self.request_id, chunks=self.stats.chunks_sent, stopped=reason.stopped)
+                    self.channel.send(done, final=True)
                 except Exception:  # noqa: BLE001 - the client may be gone; the session ends anyway
                     log.warning("request_id=%s could not send the end of the session", self.request_id)
                     self._complete_quietly()
+        outcome = self._book.outcome()
         log.info(
             "request_id=%s ended reason=%s chunks=%d frames=%d unapplied=%s unfinished=%s",
             self.request_id,
-            reason,
+            reason.label,
             self.stats.chunks_sent,
             self.stats.frames_sent,
             list(outcome.unapplied),
@@ -354,18 +389,16 @@ class Session:
         except Exception:  # noqa: BLE001 - nothing more to tell a client that left
             log.debug("request_id=%s final flag not delivered", self.request_id)
 
-    def _close_encoder(self) -> bytes:
-        encoder, self._encoder = self._encoder, None
-        return encoder.close() if encoder is not None else b""
-
     def _close_source(self) -> bytes:
-        source, self._open_source = self._open_source, None
-        return source.close() if source is not None else b""
+        """Close the source once; its trailer (b'' on later calls)."""
+        if not self._source_open:
+            return b""
+        self._source_open = False
+        return self._source.close()
 
     def _release(self) -> None:
-        """Free the source (generator state, or the engine request) and the encoder, however the worker ended."""
-        for close in (self._close_source, self._close_encoder):
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - releasing must go on
-                log.exception("request_id=%s release failed", self.request_id)
+        """Free the source (generator state and encoder, or the engine request), however the worker ended."""
+        try:
+            self._close_source()
+        except Exception:  # noqa: BLE001 - releasing must go on
+            log.exception("request_id=%s release failed", self.request_id)

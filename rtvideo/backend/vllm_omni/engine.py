@@ -8,8 +8,9 @@ Hosted the way Triton's `vllm_backend` hosts vLLM:
   the session's own worker thread translates, encodes and sends them (`EngineChunkSource`);
 - a stop, a cancelled stream or a disconnect ends the session, whose source then aborts
   the engine request (`abort`);
-- a periodic `check_health()`; a failure calls `on_dead` (on a thread of its own), which
-  ends live sessions with `generation_failed` and makes the model refuse the health probe;
+- a periodic `check_health()`; a failure calls the `when_dead` callback (on a thread of its
+  own), which ends live sessions with `generation_failed` and makes the model refuse the
+  health probe;
 - `shutdown()` (the model's `finalize`) aborts what runs, shuts the engine down, stops the
   loop and frees the GPU.
 
@@ -76,6 +77,11 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return getattr(module, attr)
 
 
+def _report_dead(callback: Callable[[str], None], reason: str) -> None:
+    """The callback ends sessions (Triton sends): on a thread of its own, never on the loop."""
+    threading.Thread(target=callback, args=(reason,), name="engine-dead", daemon=True).start()
+
+
 class EngineHost:
     """One asyncio loop thread that owns one engine; every engine call happens on that loop."""
 
@@ -86,14 +92,14 @@ class EngineHost:
         model: str,
         engine_args: Mapping[str, Any],
         health_seconds: float,
-        on_dead: Callable[[str], None],
         start_timeout: float = 3600.0,
     ) -> None:
         self._factory = factory
         self._model = model
         self._engine_args = dict(engine_args)
         self._health_seconds = health_seconds
-        self._on_dead = on_dead
+        self._dead_lock = threading.Lock()  # `dead` and `_on_dead` (the loop vs `when_dead`)
+        self._on_dead: Callable[[str], None] | None = None
         self._engine: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -141,10 +147,12 @@ class EngineHost:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # noqa: BLE001 - any failure means the engine is gone
-                self.dead = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                log.error("engine health check failed: %s", self.dead)
-                # The callback ends sessions (Triton sends): never on this loop.
-                threading.Thread(target=self._on_dead, args=(self.dead,), name="engine-dead", daemon=True).start()
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                log.error("engine health check failed: %s", reason)
+                with self._dead_lock:
+                    self.dead, callback = reason, self._on_dead
+                if callback is not None:
+                    _report_dead(callback, reason)
                 return
 
     async def _stream(
@@ -212,6 +220,15 @@ class EngineHost:
         )
 
     # --- any thread ---------------------------------------------------------------------
+    def when_dead(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(reason)` once when the engine fails its health check (at once if it
+        has already). Set after construction: its owner, the session manager, is built from
+        this host's sources."""
+        with self._dead_lock:
+            self._on_dead, dead = callback, self.dead
+        if dead is not None:
+            _report_dead(callback, dead)
+
     def _submit(self, coro: Any) -> concurrent.futures.Future[Any]:
         if self._loop is None or self._engine is None:
             coro.close()

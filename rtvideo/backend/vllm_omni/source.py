@@ -1,8 +1,15 @@
-"""A session's chunks from the hosted engine: forwarding interactions and translating its stream metadata."""
+"""A session's chunks from the hosted engine: forwarding interactions, translating its stream
+metadata into chunk plans, and encoding its frames.
+
+Everything for one session arrives on one queue, filled by the engine's loop and by
+interaction futures (outputs, refusals, the stream's end or error) and by `interrupt()`;
+the session's worker takes from it, so every wait wakes on what it waits for.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import math
 import queue
@@ -11,16 +18,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rtvideo.backend.runtime.sources import EventFailed, SourceChunk
+from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
+from rtvideo.backend.runtime.sources import FailedEvent, LazyEncoder, SourceChunk
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import EngineStreamTranslator
-from rtvideo.core.transitions import Outcome
 
 log = logging.getLogger(__name__)
-
-_POLL_SECONDS = 0.25  # how often a session waiting for the engine checks for cancellation
 
 
 class EngineChunkSource:
@@ -36,26 +41,27 @@ class EngineChunkSource:
         request_id: str,
         num_frames: int,
         preset: Mapping[str, Any],
-        on_event_failed: EventFailed,
+        open_encoder: Callable[[], ChunkEncoder],
     ) -> None:
         self._host = host
         self._config = config
         self._request_id = request_id
-        self._on_event_failed = on_event_failed
         self._translator = EngineStreamTranslator()
         self._waiting: dict[str, tuple[str, int]] = {}  # held event -> (prompt, N)
         self._first_output = False
         self._closed = False
         self._lock = threading.Lock()  # translator + forwarding (request path vs worker)
         self._queue: queue.Queue[tuple] = queue.Queue()
+        self._encoder = LazyEncoder(open_encoder)
+        # the engine renders whole chunks: its last one may run past a bounded session's frames
+        self._frames_left = config.num_frames
         self._last = time.monotonic()
         host.start_request(request_id, {"prompt": config.prompt}, config, num_frames, preset, self._queue)
 
-    def admit(self, event_id: str, prompt: str, transition_chunks: int | None) -> None:
-        n = self._config.default_transition_chunks if transition_chunks is None else transition_chunks
+    def admit(self, event_id: str, prompt: str, transition_chunks: int) -> None:
         with self._lock:
-            self._translator.admit(event_id, n)
-            self._waiting[event_id] = (prompt, n)
+            self._translator.admit(event_id, transition_chunks)
+            self._waiting[event_id] = (prompt, transition_chunks)
             if self._first_output:  # before it, the engine refuses interactions: hold them
                 self._forward(event_id)
 
@@ -77,25 +83,25 @@ class EngineChunkSource:
 
         future.add_done_callback(done)
 
-    def next_chunk(self, max_frames: int, interrupted: Callable[[], bool]) -> SourceChunk | None:
-        while True:
-            try:
-                kind, value, at = self._queue.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                if interrupted():
-                    return None
-                continue
-            if kind == "event_failed":
-                event_id, exc = value
-                self._on_event_failed(
-                    event_id, f"the engine refused the interaction: {exc}", lambda e=event_id: self._forget(e)
-                )
-            elif kind == "error":
-                raise EngineError(f"the engine failed: {type(value).__name__}: {value}") from value
-            elif kind == "end":
-                raise EngineError("the engine ended the stream before the session's last frame")
-            else:
-                return self._chunk(value, at)
+    def next_chunk(self, max_frames: int) -> SourceChunk | FailedEvent | None:
+        """The engine's next output (its own chunk size; `max_frames` is not used), a refused
+        event, or None when `interrupt()` came first."""
+        kind, value, at = self._queue.get()
+        if kind == "interrupt":
+            return None
+        if kind == "event_failed":
+            event_id, exc = value
+            with self._lock:
+                self._translator.failed(event_id)  # it never starts: no later chunk may name it
+            return FailedEvent(event_id, f"the engine refused the interaction: {exc}")
+        if kind == "error":
+            raise EngineError(f"the engine failed: {type(value).__name__}: {value}") from value
+        if kind == "end":
+            raise EngineError("the engine ended the stream before the session's last frame")
+        return self._chunk(value, at)
+
+    def interrupt(self) -> None:
+        self._queue.put(("interrupt", None, time.monotonic()))
 
     def _chunk(self, output: Any, at: float) -> SourceChunk:
         error = getattr(output, "error", None)
@@ -113,16 +119,11 @@ class EngineChunkSource:
                 self._first_output = True
                 for event_id in self._translator.held:
                     self._forward(event_id)
+        if self._frames_left is not None:
+            frames = frames[: self._frames_left]
+            self._frames_left -= len(frames)
         seconds, self._last = at - self._last, at
-        return SourceChunk(plan, frames, seconds)
-
-    def _forget(self, event_id: str) -> None:
-        with self._lock:
-            self._translator.failed(event_id)
-
-    def finish(self) -> Outcome:
-        with self._lock:
-            return self._translator.finish()
+        return SourceChunk(plan, self._encoder.encode(frames, seconds))
 
     def close(self) -> bytes:
         with self._lock:
@@ -130,25 +131,29 @@ class EngineChunkSource:
                 return b""
             self._closed = True
         self._host.end_request(self._request_id)
-        return b""
+        return self._encoder.close()
 
 
 class EngineSources:
     """`ChunkSourceFactory` of the `vllm_omni` generator: one engine request per session."""
 
-    encodes = False
-
-    def __init__(self, host: EngineHost, preset: Mapping[str, Any], max_session_seconds: float) -> None:
+    def __init__(
+        self,
+        host: EngineHost,
+        preset: Mapping[str, Any],
+        max_session_seconds: float,
+        encoder_factory: EncoderFactory,
+    ) -> None:
         self.host = host
         self._preset = dict(preset)
         self._max_session_seconds = max_session_seconds
+        self._encoder_factory = encoder_factory
 
-    def open(self, config: SessionConfig, request_id: str, on_event_failed: EventFailed) -> EngineChunkSource:
+    def open(self, config: SessionConfig, request_id: str) -> EngineChunkSource:
         if self.host.dead is not None:
             raise EngineError(f"the engine is not healthy: {self.host.dead}")
-        return EngineChunkSource(
-            self.host, config, request_id, self.engine_frames(config), self._preset, on_event_failed
-        )
+        open_encoder = functools.partial(self._encoder_factory, config.width, config.height, config.fps)
+        return EngineChunkSource(self.host, config, request_id, self.engine_frames(config), self._preset, open_encoder)
 
     def engine_frames(self, config: SessionConfig) -> int:
         """Frames the engine is asked for: the session's, or for an open-ended session whole chunks

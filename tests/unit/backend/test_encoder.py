@@ -90,7 +90,7 @@ def test_fragment_sequence_numbers_increase(encoded) -> None:
 
 def test_each_payload_alone_decodes_to_exactly_its_frames(encoded) -> None:
     encoder, chunks, payloads, _ = encoded
-    for k, (chunk, payload) in enumerate(zip(chunks, payloads)):
+    for k, (chunk, payload) in enumerate(zip(chunks, payloads, strict=True)):
         body = payload if k == 0 else encoder.init_segment + payload
         frames = decode(body)
         assert len(frames) == len(chunk)

@@ -34,9 +34,14 @@ def _queue_up(lock: PriorityLock, kinds: list[bool]) -> list[bool]:
     with lock.hold():
         for thread in threads:
             thread.start()
-        time.sleep(0.05)  # every thread is waiting now
+        # Every thread is waiting now: counted in the lock's condition (CPython's own list of its
+        # waiters), not assumed after a fixed sleep, which a loaded machine can outlast.
+        deadline = time.monotonic() + 60
+        while len(lock._turn._waiters) < len(threads):  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, f"{len(lock._turn._waiters)} of {len(threads)} threads waiting"
+            time.sleep(0.001)
     for thread in threads:
-        thread.join(5)
+        thread.join(60)
     assert not overlap, "two holders at once"
     return order
 

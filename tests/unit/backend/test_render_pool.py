@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from rtvideo.backend.builtin.render_pool import RenderPool, RenderWorker, WorkerDied
+from tests.support.processes import policies
 from tests.support.streams import decode
 
 
@@ -31,14 +32,6 @@ def test_chunks_from_a_worker_decode(pool: RenderPool) -> None:
     frames = decode(b"".join(c.payload for c in chunks) + trailer)
     assert frames.shape == (14, 48, 64, 3)
     assert session.close() == b"", "a second close is a no-op"
-
-
-def policies(pid: int) -> set[tuple[int, int]]:
-    """(scheduling policy, nice) of every thread of `pid`."""
-    return {
-        (os.sched_getscheduler(int(tid)), os.getpriority(os.PRIO_PROCESS, int(tid)))
-        for tid in os.listdir(f"/proc/{pid}/task")
-    }
 
 
 def test_workers_run_at_idle_priority_by_default_or_at_the_nice_asked(pool: RenderPool) -> None:
@@ -62,15 +55,18 @@ def test_a_dead_worker_fails_its_sessions_and_is_replaced_in_the_background(pool
     session.close()
     t0 = time.monotonic()
     orphan = pool.open_session(width=64, height=48, seed=3, fps=16)  # before the replacement is up
-    assert time.monotonic() - t0 < 0.5, "a start must not wait for a worker to load"
+    opened = time.monotonic() - t0
     if pool.worker_pids == [pid]:
         with pytest.raises(WorkerDied):  # no worker running: it fails at once, loudly
             orphan.render({"a quiet harbour": 1.0}, 3)
     orphan.close()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while pool.worker_pids == [pid] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert pool.worker_pids != [pid], "the dead worker was not replaced"
+    # Measured against the load itself, not a fixed time: a loaded machine slows both alike.
+    replaced = time.monotonic() - t0
+    assert opened < replaced / 2, f"a start waited for a worker to load: {opened:.2f} s, the load {replaced:.2f} s"
     fresh = pool.open_session(width=64, height=48, seed=4, fps=16)
     assert fresh.render({"a quiet harbour": 1.0}, 3).frames == 3
     fresh.close()

@@ -6,6 +6,7 @@ The encoder is the real one; the generator is a small stand-in that can crash or
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from collections.abc import Mapping
@@ -16,31 +17,12 @@ import pytest
 
 from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.runtime.manager import SessionManager
-from rtvideo.backend.runtime.session import Limits
+from rtvideo.backend.runtime.session import EndReason, Limits
+from rtvideo.backend.runtime.sources import FailedEvent, GeneratorSources, RenderedChunk, SourceChunk
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.core.errors import ErrorCode
 from rtvideo.core.protocol import InteractionRequest
-
-
-class Recorder:
-    """A Channel that keeps what was sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[dict | None, bytes, bool]] = []
-        self.cancelled = False
-        self.finished = threading.Event()
-
-    def send(self, message: Mapping[str, Any] | None, data: bytes = b"", *, final: bool = False) -> None:
-        assert not self.finished.is_set(), "nothing may follow a FINAL response"
-        self.sent.append((dict(message) if message is not None else None, data, final))
-        if final:
-            self.finished.set()
-
-    def is_cancelled(self) -> bool:
-        return self.cancelled
-
-    def types(self) -> list[str]:
-        return [m["type"] if m else "<final>" for m, _, _ in self.sent]
+from rtvideo.core.transitions import ChunkPlan
+from tests.support.recorder import Recorder
 
 
 class StandInGenerator:
@@ -67,8 +49,7 @@ def manager(behaviour: str = "ok", **limits: Any) -> tuple[SessionManager, Stand
     gen = StandInGenerator(behaviour)
     settings = BackendSettings(width=64, height=64, max_sessions=1)
     mgr = SessionManager(
-        generator=gen,
-        encoder_factory=FragmentedMp4Encoder,
+        sources=GeneratorSources(gen, FragmentedMp4Encoder),
         capabilities=settings.capabilities("realtime_video"),
         limits=Limits(
             **{"pacing_lead_chunks": None, "max_session_seconds": 60.0, "stall_timeout_seconds": 60.0, **limits}
@@ -162,6 +143,7 @@ def test_capacity_refusal_and_stop_with_end_flag() -> None:
         ({"pacing_lead_chunks": "-1"}, ">= 0"),
         ({"colour": "red"}, "unknown model parameter"),
         ({"device": "tpu"}, "device"),
+        ({"default_transition_chunks": "-1"}, ">= 0"),
         ({"render_priority": "20"}, "render_priority"),
         ({"render_priority": "-5"}, "render_priority"),
         ({"render_priority": "low"}, "render_priority"),
@@ -183,7 +165,7 @@ def test_interaction_after_the_end_is_refused_not_lost() -> None:
     mgr, _ = manager("stall", stall_timeout_seconds=60.0)
     ch = start(mgr)
     session = next(iter(mgr._sessions.values()))
-    session.fail(ErrorCode.GENERATION_FAILED, "boom")
+    session.fail(EndReason.GENERATION_FAILED, "boom")
     late = Recorder()
     session.interact(InteractionRequest(event={"prompt": "late"}, event_id="late"), late)
     assert late.types() == ["error"] and late.sent[0][0]["code"] == "invalid_message"
@@ -215,8 +197,7 @@ def test_session_that_cannot_build_its_encoder_fails_and_frees_everything() -> N
         raise RuntimeError("no libx264")
 
     mgr = SessionManager(
-        generator=gen,
-        encoder_factory=broken_encoder,
+        sources=GeneratorSources(gen, broken_encoder),
         capabilities=settings.capabilities("realtime_video"),
         limits=Limits(None, 60.0, 60.0),
         max_sessions=1,
@@ -247,8 +228,8 @@ def test_pacing_rebases_after_a_pause_instead_of_bursting() -> None:
 
 def test_json_log_fields_come_from_the_code_not_the_client() -> None:
     """JSON log lines lift `request_id=`/`event_id=`/`corrid=`/`peer=` into fields. Client text
-    saying the same (a prompt, a field name) became a field of its own: a refused start named
-    `peer=6.6.6.6`, a prompt named an event. Only the keys the code writes are lifted."""
+    saying the same (a prompt, a field name) must not become a field of its own (a refused
+    start naming `peer=6.6.6.6`, a prompt naming an event): only the keys the code writes are lifted."""
     import io
     import logging
 
@@ -277,9 +258,9 @@ def test_json_log_fields_come_from_the_code_not_the_client() -> None:
             root.addHandler(handler)
         root.setLevel(saved[1])
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    refusal = next(l for l in lines if "start refused" in l["message"])
+    refusal = next(line for line in lines if "start refused" in line["message"])
     assert "peer" not in refusal, refusal
-    started = next(l for l in lines if " started config=" in l["message"])
+    started = next(line for line in lines if " started config=" in line["message"])
     assert started["request_id"] == ch.sent[0][0]["request_id"] and started["corrid"] == "1"
     assert "peer" not in started and "event_id" not in started, started
 
@@ -315,8 +296,7 @@ def test_the_ack_time_counts_the_wait_before_dispatch() -> None:
     recorded = metrics.BufferedMetrics()
     settings = BackendSettings(width=64, height=64, max_sessions=1)
     mgr = SessionManager(
-        generator=StandInGenerator(),
-        encoder_factory=FragmentedMp4Encoder,
+        sources=GeneratorSources(StandInGenerator(), FragmentedMp4Encoder),
         capabilities=settings.capabilities("realtime_video"),
         limits=Limits(None, 60.0, 60.0),
         max_sessions=1,
@@ -337,3 +317,195 @@ def test_the_ack_time_counts_the_wait_before_dispatch() -> None:
     assert ch.finished.wait(5)
     counted = recorded.drain().increments
     assert counted[(metrics.ACKS, "", "")] == 1 and 0.5 <= counted[(metrics.ACK_SECONDS, "", "")] < 5
+
+
+# --- one path through a session: scripted sources -------------------------------------------
+class ScriptedSource:
+    """A `ChunkSource` whose worker side takes what the test puts in `items` (a chunk, a failed
+    event, or None as `interrupt()` does); a callable item runs first (to hold the worker)."""
+
+    pacing = False
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[Any] = queue.Queue()
+        self.admitted: list[tuple[str, str, int]] = []
+        self.interrupts = 0
+        self.closed = threading.Event()
+
+    def admit(self, event_id: str, prompt: str, transition_chunks: int) -> None:
+        self.admitted.append((event_id, prompt, transition_chunks))
+
+    def next_chunk(self, max_frames: int) -> Any:
+        item = self.items.get()
+        return item() if callable(item) else item
+
+    def interrupt(self) -> None:
+        self.interrupts += 1
+        self.items.put(None)
+
+    def close(self) -> bytes:
+        self.closed.set()
+        return b""
+
+
+class ScriptedSources:
+    def __init__(self) -> None:
+        self.source = ScriptedSource()
+
+    def open(self, config: Any, request_id: str) -> ScriptedSource:
+        return self.source
+
+    def close(self) -> None:
+        pass
+
+
+def chunk(index: int, **lists: tuple[str, ...]) -> SourceChunk:
+    return SourceChunk(ChunkPlan(index, {}, **lists), RenderedChunk(b"media", 3, 0.0, 0.0))
+
+
+def scripted(channel: Recorder | None = None, **limits: Any) -> tuple[SessionManager, ScriptedSource, Recorder]:
+    sources = ScriptedSources()
+    settings = BackendSettings(width=64, height=64, max_sessions=1, default_transition_chunks=2)
+    mgr = SessionManager(
+        sources=sources,
+        capabilities=settings.capabilities("realtime_video"),
+        limits=Limits(
+            **{"pacing_lead_chunks": None, "max_session_seconds": 60.0, "stall_timeout_seconds": 60.0, **limits}
+        ),
+        max_sessions=1,
+        watchdog_interval=0.05,
+    )
+    ch = channel or Recorder()
+    mgr.on_request(1, b'{"type": "session.start", "prompt": "p"}', start=True, end=False, channel=ch)
+    return mgr, sources.source, ch
+
+
+def interact(mgr: SessionManager, event_id: str, n: int | None = None) -> Recorder:
+    ack = Recorder()
+    interaction: dict[str, Any] = {"event_id": event_id, "event": {"prompt": event_id}}
+    if n is not None:
+        interaction["transition_chunks"] = n
+    payload = json.dumps({"type": "session.interaction", "interaction": interaction}).encode()
+    mgr.on_request(1, payload, start=False, end=False, channel=ack)
+    return ack
+
+
+def test_sources_get_the_resolved_transition_length() -> None:
+    mgr, source, ch = scripted()
+    interact(mgr, "a")
+    interact(mgr, "b", 0)
+    assert source.admitted == [("a", "a", 2), ("b", "b", 0)], "the session's default, resolved before the source"
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    source.items.put(None)
+    assert ch.finished.wait(5)
+
+
+def test_an_end_wakes_a_source_waiting_for_the_generator() -> None:
+    """No wait polls: a failure from another thread posts the source's wake-up, and the worker
+    frees the source at once (it waited on its queue, with no timeout)."""
+    mgr, source, ch = scripted()
+    time.sleep(0.1)  # the worker waits in next_chunk
+    mgr.backend_failed("gone")
+    assert source.closed.wait(1) and source.interrupts >= 1
+    assert ch.types() == ["video.start", "error", "session.done"]
+
+
+def test_a_cancelled_stream_wakes_the_wait_and_ends_quietly() -> None:
+    mgr, source, ch = scripted()
+    time.sleep(0.1)
+    ch.cancelled = True  # the watch loop's poll finds it and interrupts the source
+    assert ch.finished.wait(2) and source.closed.wait(1)
+    assert ch.sent[-1] == (None, b"", True) and mgr.active_sessions == 0
+
+
+def test_a_paced_wait_wakes_on_a_stop() -> None:
+    mgr, gen = manager(pacing_lead_chunks=0.0)
+    ch = start(mgr, fps=1)  # 9 s a chunk: the second chunk is due in 9 s
+    deadline = time.monotonic() + 5
+    while "video.chunk_metadata" not in ch.types():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    began = time.monotonic()
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    assert ch.finished.wait(2) and time.monotonic() - began < 1
+    assert ch.sent[-1][0]["stopped"] is True
+
+
+def test_an_ack_does_not_wait_for_a_chunk_send_in_progress() -> None:
+    """Lock order: a chunk's send holds the stream lock only; an ack takes the state lock only."""
+    gate = threading.Event()
+
+    class SlowStream(Recorder):
+        def send(self, message: Mapping[str, Any] | None, data: bytes = b"", *, final: bool = False) -> None:
+            if data == b"media":
+                gate.wait(5)
+            super().send(message, data, final=final)
+
+    mgr, source, ch = scripted(SlowStream())
+    source.items.put(chunk(0))
+    time.sleep(0.1)  # the worker is in the chunk's send
+    began = time.monotonic()
+    ack = interact(mgr, "a")
+    assert ack.types() == ["session.interaction.queued"] and time.monotonic() - began < 1
+    gate.set()
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    source.items.put(None)
+    assert ch.finished.wait(5)
+    assert ch.sent[-1][0]["unapplied_event_ids"] == ["a"]
+
+
+def test_session_done_lists_come_from_the_chunks_actually_sent() -> None:
+    """A chunk planned but never sent (the session ended while it rendered) starts nothing."""
+    mgr, source, ch = scripted()
+    interact(mgr, "a")
+    interact(mgr, "b")
+    source.items.put(chunk(0, started=("a",), active=("a",)))
+    rendering, release = threading.Event(), threading.Event()
+
+    def render_late() -> SourceChunk:
+        rendering.set()
+        release.wait(5)
+        return chunk(1, started=("b",), active=("b",), interrupted=("a",))
+
+    source.items.put(render_late)
+    assert rendering.wait(5)
+    mgr.backend_failed("gone")
+    release.set()
+    assert source.closed.wait(5)
+    done = ch.sent[-1][0]
+    assert done["type"] == "session.done" and done["unfinished_event_ids"] == ["a"]
+    assert done["unapplied_event_ids"] == ["b"], "b's chunk was never sent"
+    assert [m["started_event_ids"] for m, _, _ in ch.sent if m and m["type"] == "video.chunk_metadata"] == [["a"]]
+
+
+def test_an_event_gets_one_end_even_when_its_failure_comes_late() -> None:
+    mgr, source, ch = scripted()
+    interact(mgr, "a")
+    interact(mgr, "b")
+    source.items.put(chunk(0, started=("b",), active=("b",), completed=("b",), superseded=("a",)))
+    source.items.put(FailedEvent("a", "refused after it was superseded"))  # a already has its end
+    source.items.put(FailedEvent("ghost", "never admitted here"))
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    source.items.put(None)
+    assert ch.finished.wait(5)
+    assert "error" not in ch.types()
+    done = ch.sent[-1][0]
+    assert done["unapplied_event_ids"] == [] and done["unfinished_event_ids"] == []
+
+
+def test_unsupported_fields_fail_the_event_once_on_the_start_stream() -> None:
+    mgr, source, ch = scripted()
+    ack = Recorder()
+    payload = json.dumps(
+        {
+            "type": "session.interaction",
+            "interaction": {"event_id": "x", "event": {"prompt": "p", "negative_prompt": "n"}},
+        }
+    )
+    mgr.on_request(1, payload.encode(), start=False, end=False, channel=ack)
+    assert ack.types() == ["session.interaction.queued"] and source.admitted == []
+    errors = [m for m, _, _ in ch.sent if m and m["type"] == "error"]
+    assert [(e["code"], e["event_id"]) for e in errors] == [("interaction_failed", "x")]
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    source.items.put(None)
+    assert ch.finished.wait(5) and ch.sent[-1][0]["unapplied_event_ids"] == []

@@ -184,7 +184,7 @@ def test_interaction_payload_matches_omni_interaction_prompt() -> None:
 
 def test_the_stand_in_offers_the_same_calls() -> None:
     calls, reads, _ = adapter_uses()
-    for name, n_positional, keywords, _, line in calls:
+    for name, n_positional, keywords, _, _line in calls:
         member = getattr(StandInAsyncOmni, name, None)
         assert callable(member), f"the stand-in lacks {name}()"
         signature = inspect.signature(member)

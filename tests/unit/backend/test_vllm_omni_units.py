@@ -16,8 +16,8 @@ from rtvideo.core.errors import ProtocolError
 from rtvideo.core.protocol import parse_start
 from rtvideo.core.session_config import resolve_session_config
 from rtvideo.triton.model_repo import derive_model, read_parameters
-from tests.e2e.test_cli import RTVIDEO
 from tests.support.paths import REPO_ROOT
+from tests.support.processes import RTVIDEO
 
 
 def omni_settings(**params: str) -> BackendSettings:

@@ -5,9 +5,9 @@ from rtvideo.core.transitions import TransitionTracker
 
 
 def test_media_and_trailer() -> None:
-    tracker = TransitionTracker("p0", default_chunks=2)
-    tracker.admit("a", "p1")
-    tracker.admit("b", "p2")
+    tracker = TransitionTracker("p0")
+    tracker.admit("a", "p1", 2)
+    tracker.admit("b", "p2", 2)
     plan = tracker.next_chunk()
     meta = media_metadata("rid", 5, plan, 9, 1234)
     assert meta["type"] == "video.chunk_metadata" and meta["kind"] == "media"

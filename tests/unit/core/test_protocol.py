@@ -38,7 +38,7 @@ def deep(levels: int) -> str:
 
 J = ErrorCode.INVALID_JSON
 M = ErrorCode.INVALID_MESSAGE
-I = ErrorCode.INVALID_INTERACTION
+I = ErrorCode.INVALID_INTERACTION  # noqa: E741 - one letter like J and M, for the table below
 BIG = ErrorCode.MESSAGE_TOO_LARGE
 
 # (label, raw message, code, a fragment of the message a person reads)

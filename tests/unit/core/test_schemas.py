@@ -21,7 +21,12 @@ from tests.support.paths import REPO_ROOT
 from tests.support.streams import check_server_message, schema_errors, schema_validator
 
 ROOT = REPO_ROOT
-DOCS = [ROOT / "docs" / "protocol.md", ROOT / "README.md"]
+#: every page that may show a client message: the protocol, the README and the other guides
+DOCS = [
+    ROOT / "docs" / "protocol.md",
+    ROOT / "README.md",
+    *sorted(set((ROOT / "docs").glob("*.md")) - {ROOT / "docs" / "protocol.md"}),
+]
 
 
 def client_valid(message: Any) -> bool:

@@ -3,8 +3,9 @@
 The same random interaction sequences drive (a) `PromptInteractionHandler` from the pinned
 vllm-omni wheel, whose per-chunk `started/active/completed_event_ids` feed our
 `EngineStreamTranslator`, and (b) our `TransitionTracker`, the built-in path. The wire
-lists, the progress, the blended conditioning and `session.done`'s lists must be equal,
-and every acked event must reach exactly one end.
+lists, the progress, the blended conditioning and `session.done`'s lists (each side's
+`EventBook`, fed as the session feeds it) must be equal, and every acked event must reach
+exactly one end.
 
 The engine refuses interactions before its first output, so the translator holds them
 and the source forwards them after chunk 0 (as `EngineChunkSource` does); the tracker
@@ -20,6 +21,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rtvideo.core.event_book import EventBook
+from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import EngineStreamTranslator
 from rtvideo.core.transitions import ChunkPlan, TransitionTracker
 from tests.support.vllm_omni_wheel import (
@@ -29,12 +32,28 @@ from tests.support.vllm_omni_wheel import (
 )
 
 PROMPTS = ("src", "A", "B", "C", "D")
-DEFAULT_N = 3
+CONFIG = SessionConfig(
+    prompt="src",
+    format="fmp4",
+    model="m",
+    width=64,
+    height=64,
+    fps=16,
+    frames_per_chunk=9,
+    default_transition_chunks=3,
+    num_frames=None,
+    seed=0,
+)
 
 
 def embedding(prompt: str) -> torch.Tensor:
     """One axis per prompt, so a blended embedding reads back as the mix that made it."""
     return torch.nn.functional.one_hot(torch.tensor(PROMPTS.index(prompt)), len(PROMPTS)).to(torch.float64)
+
+
+def enter(book: EventBook, plan: ChunkPlan) -> None:
+    """A sent chunk's lists, as the session enters them in its book."""
+    book.chunk(started=plan.started, completed=plan.completed, interrupted=plan.interrupted, superseded=plan.superseded)
 
 
 def wire(plan: ChunkPlan) -> dict:
@@ -69,6 +88,7 @@ class EngineSide:
         )
         self.state = StepRequestState("video_stream-test", Sampling(), prompt_embeds=embedding("src"))
         self.translator = EngineStreamTranslator()
+        self.book = EventBook()  # the session's, beside the translator
         self.first_output = False
         self.prompts: dict[str, tuple[str, int]] = {}
         self.refused: set[str] = set()  # will be refused when forwarded
@@ -76,7 +96,9 @@ class EngineSide:
         self.received: list[tuple[str, str, int]] = []  # what reached the engine, in order
 
     def admit(self, event_id: str, prompt: str, n: int | None, refused: bool) -> None:
-        n = DEFAULT_N if n is None else n
+        n = CONFIG.transition_chunks(n)
+        self.book.admit(event_id, prompt.encode())
+        self.book.acked(event_id)
         self.translator.admit(event_id, n)
         self.prompts[event_id] = (prompt, n)
         if refused:
@@ -89,6 +111,7 @@ class EngineSide:
         self.translator.forwarded(event_id)
         if event_id in self.refused:
             self.translator.failed(event_id)  # submit_interaction_async raised: interaction_failed
+            self.book.failed(event_id)
             self.failed.append(event_id)
             return
         self.handler.enqueue(
@@ -103,6 +126,7 @@ class EngineSide:
         else:
             meta = {"started_event_ids": [], "active_event_ids": [], "completed_event_ids": []}
         plan = self.translator.chunk({**meta, "generation_chunk_index": self.state.chunk_index})
+        enter(self.book, plan)
         self.state.chunk_index += 1
         if not self.first_output:  # the chunk's output arrived: forward what was held
             self.first_output = True
@@ -129,7 +153,7 @@ ops = st.lists(
 @given(ops)
 def test_engine_translation_equals_the_builtin_tracker(sequence: list) -> None:
     engine = EngineSide()
-    tracker = TransitionTracker("src", DEFAULT_N)
+    tracker, tracker_book = TransitionTracker("src"), EventBook()
     seen = 0  # events of engine.received the tracker has been given
     ends: dict[str, int] = {}
     admitted: list[str] = []
@@ -141,6 +165,7 @@ def test_engine_translation_equals_the_builtin_tracker(sequence: list) -> None:
         else:
             plan = engine.boundary()
             reference = tracker.next_chunk()
+            enter(tracker_book, reference)
             assert wire(plan) == wire(reference), f"chunk {reference.generation_chunk_index}"
             # the engine's blended conditioning is the tracker's mix
             expected = sum((w * embedding(p) for p, w in reference.mix.items()), torch.zeros(len(PROMPTS)))
@@ -152,10 +177,12 @@ def test_engine_translation_equals_the_builtin_tracker(sequence: list) -> None:
                 for event_id in getattr(plan, key):
                     ends[event_id] = ends.get(event_id, 0) + 1
         for event_id, prompt, n in engine.received[seen:]:  # the tracker gets them when the engine does
+            tracker_book.admit(event_id, prompt.encode())
+            tracker_book.acked(event_id)
             tracker.admit(event_id, prompt, n)
         seen = len(engine.received)
-    outcome = engine.translator.finish()
-    reference = tracker.finish()
+    outcome = engine.book.outcome()
+    reference = tracker_book.outcome()
     assert outcome.unfinished == reference.unfinished
     # the tracker never saw events still held at the end: they are unapplied too
     held = tuple(e for e in admitted if e in engine.translator.held)
@@ -177,7 +204,7 @@ def test_golden_interrupt_through_the_engine() -> None:
     assert (p2.started, p2.active, p2.interrupted) == (("B",), ("A", "B"), ("A",))
     assert p2.progress == {"A": pytest.approx(2 / 3), "B": pytest.approx(0.5)}
     assert (p3.active, p3.completed) == (("B",), ("B",))
-    assert engine.translator.finish().unapplied == () and engine.translator.finish().unfinished == ()
+    assert engine.book.outcome().unapplied == () and engine.book.outcome().unfinished == ()
 
 
 def test_events_before_the_first_output_are_held_then_superseded_like_the_tracker() -> None:

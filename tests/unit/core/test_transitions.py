@@ -1,4 +1,8 @@
-"""Transition tracker: golden traces, properties, and equality with an independent reference."""
+"""Transition tracker: golden traces, properties, and equality with an independent reference.
+
+What is still open when the stream ends is read the way the session reads it: an
+`EventBook` fed with the admitted events and the plans' lists.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,51 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rtvideo.core.event_book import EventBook, Outcome
+from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.transitions import ChunkPlan, TransitionTracker
 
 VALUES = {"src": 0.0, "A": 1.0, "B": 10.0}
+
+
+def session_config(default_n: int) -> SessionConfig:
+    """A session whose default N is `default_n` (what resolves an interaction's N)."""
+    return SessionConfig(
+        prompt="src",
+        format="fmp4",
+        model="m",
+        width=64,
+        height=64,
+        fps=16,
+        frames_per_chunk=9,
+        default_transition_chunks=default_n,
+        num_frames=None,
+        seed=0,
+    )
+
+
+class Booked:
+    """A tracker and the event book a session keeps beside it (every plan counted as sent)."""
+
+    def __init__(self, default_n: int) -> None:
+        self.config = session_config(default_n)
+        self.tracker = TransitionTracker("src")
+        self.book = EventBook()
+
+    def admit(self, event_id: str, prompt: str, n: int | None = None) -> None:
+        self.book.admit(event_id, prompt.encode())
+        self.book.acked(event_id)
+        self.tracker.admit(event_id, prompt, self.config.transition_chunks(n))
+
+    def next_chunk(self) -> ChunkPlan:
+        plan = self.tracker.next_chunk()
+        self.book.chunk(
+            started=plan.started, completed=plan.completed, interrupted=plan.interrupted, superseded=plan.superseded
+        )
+        return plan
+
+    def finish(self) -> Outcome:
+        return self.book.outcome()
 
 
 def value(plan: ChunkPlan) -> float:
@@ -40,7 +86,7 @@ def lists(started=(), active=(), completed=(), superseded=(), interrupted=()):
 
 @pytest.mark.parametrize("n", [0, 1])
 def test_golden_hard_update(n: int) -> None:
-    tracker = TransitionTracker("src", default_chunks=3)
+    tracker = Booked(3)
     tracker.admit("A", "A", n)
     plan = tracker.next_chunk()
     assert value(plan) == 1.0
@@ -52,7 +98,7 @@ def test_golden_hard_update(n: int) -> None:
 
 
 def test_golden_default_three_chunks() -> None:
-    tracker = TransitionTracker("src", default_chunks=3)
+    tracker = Booked(3)
     tracker.admit("A", "A")  # default N
     p1, p2, p3, p4 = (tracker.next_chunk() for _ in range(4))
     assert [value(p) for p in (p1, p2, p3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
@@ -64,7 +110,7 @@ def test_golden_default_three_chunks() -> None:
 
 
 def test_golden_interrupt() -> None:
-    tracker = TransitionTracker("src", default_chunks=3)
+    tracker = Booked(3)
     tracker.admit("A", "A", 3)
     p1 = tracker.next_chunk()
     tracker.admit("B", "B", 2)
@@ -79,7 +125,7 @@ def test_golden_interrupt() -> None:
 
 
 def test_golden_overlap_completes_first() -> None:
-    tracker = TransitionTracker("src", default_chunks=3)
+    tracker = Booked(3)
     tracker.admit("A", "A", 2)
     p1 = tracker.next_chunk()
     tracker.admit("B", "B", 2)
@@ -91,7 +137,7 @@ def test_golden_overlap_completes_first() -> None:
 
 
 def test_golden_supersede_before_start() -> None:
-    tracker = TransitionTracker("src", default_chunks=3)
+    tracker = Booked(3)
     tracker.admit("A", "A")
     tracker.admit("B", "B", 0)
     p1 = tracker.next_chunk()
@@ -101,7 +147,7 @@ def test_golden_supersede_before_start() -> None:
 
 
 def test_boundary_before_chunk_zero_is_eligible_and_indices_count() -> None:
-    tracker = TransitionTracker("src", default_chunks=0)
+    tracker = Booked(0)
     tracker.admit("A", "A")
     plans = [tracker.next_chunk() for _ in range(3)]
     assert [p.generation_chunk_index for p in plans] == [0, 1, 2]
@@ -109,7 +155,7 @@ def test_boundary_before_chunk_zero_is_eligible_and_indices_count() -> None:
 
 
 def test_finish_reports_pending_and_unfinished() -> None:
-    tracker = TransitionTracker("src", default_chunks=3)
+    tracker = Booked(3)
     tracker.admit("A", "A")
     tracker.next_chunk()
     tracker.admit("B", "B")
@@ -120,8 +166,7 @@ def test_finish_reports_pending_and_unfinished() -> None:
 
 
 def test_negative_chunks_rejected() -> None:
-    with pytest.raises(ValueError):
-        TransitionTracker("src", default_chunks=-1)
+    # a negative default is refused by the model's settings (tests/unit/backend/test_session_runtime.py)
     with pytest.raises(ValueError):
         TransitionTracker("src").admit("A", "A", -2)
 
@@ -206,7 +251,7 @@ steps_strategy = st.lists(st.one_of(admit_step, st.just(("chunk",))), max_size=4
 
 
 def run_both(default_n: int, raw_steps: list):
-    tracker = TransitionTracker("src", default_chunks=default_n)
+    tracker = Booked(default_n)
     steps, plans = [], []
     counter = 0
     for step in raw_steps:
@@ -227,7 +272,7 @@ def test_matches_reference(default_n: int, raw_steps: list) -> None:
     tracker, plans, steps, _ = run_both(default_n, raw_steps)
     ref_chunks, ref_end = reference("src", default_n, steps)
     assert len(plans) == len(ref_chunks)
-    for plan, ref in zip(plans, ref_chunks):
+    for plan, ref in zip(plans, ref_chunks, strict=True):
         assert list(plan.started) == ref["started"]
         assert list(plan.active) == ref["active"]
         assert list(plan.completed) == ref["completed"]
@@ -248,7 +293,7 @@ def test_matches_reference(default_n: int, raw_steps: list) -> None:
 @given(default_n=st.integers(0, 6), raw_steps=steps_strategy)
 def test_invariants(default_n: int, raw_steps: list) -> None:
     tracker, plans, steps, admitted = run_both(default_n, raw_steps)
-    n_of = {s[1]: (default_n if s[3] is None else s[3]) for s in steps if s[0] == "admit"}
+    n_of = {s[1]: session_config(default_n).transition_chunks(s[3]) for s in steps if s[0] == "admit"}
     ends: dict[str, list[str]] = {}
     start_at: dict[str, int] = {}
     for plan in plans:

@@ -4,6 +4,7 @@ it could not run)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,8 +16,8 @@ import time
 import pytest
 
 from rtvideo.process import watchdog
-from tests.e2e.test_cli import alive
 from tests.support.paths import REPO_ROOT
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc and pidfds")
 
@@ -35,6 +36,11 @@ STUB = textwrap.dedent("""
 SERVER = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {STUB!r}]); time.sleep(600)"
 
 
+#: how long an end may take to be noticed: the checks return as soon as it is, so this only
+#: bounds a failure, and a loaded 2-core machine may take seconds to schedule the watchers
+GONE_SECONDS = 30.0
+
+
 def _gone(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while alive(pid):
@@ -42,6 +48,20 @@ def _gone(pid: int, seconds: float) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def _waiting(guard: int, seconds: float = 60.0) -> None:
+    """Until the watchdog holds its pidfd of the server: past its start-up, waiting on it (a
+    fixed sleep was not enough on a loaded machine, and then tested the start-up instead)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(OSError):
+            if any(
+                os.readlink(f"/proc/{guard}/fd/{fd}") == "anon_inode:[pidfd]" for fd in os.listdir(f"/proc/{guard}/fd")
+            ):
+                return
+        assert time.monotonic() < deadline, f"the watchdog {guard} holds no pidfd after {seconds:g} s"
+        time.sleep(0.02)
 
 
 def _server() -> tuple[subprocess.Popen, int, int]:
@@ -66,12 +86,12 @@ def _end(*pids: int) -> None:
 def test_the_stub_dies_with_its_server_while_it_holds_the_gil() -> None:
     server, stub, guard = _server()
     try:
-        time.sleep(0.3)  # the watchdog is past its start-up, waiting on the server
+        _waiting(guard)  # the watchdog is past its start-up, waiting on the server
         assert alive(stub) and alive(guard)
         server.kill()
         server.wait()
-        assert _gone(stub, 5), "the stub outlived its server"
-        assert _gone(guard, 5), "the watchdog outlived its stub"
+        assert _gone(stub, GONE_SECONDS), "the stub outlived its server"
+        assert _gone(guard, GONE_SECONDS), "the watchdog outlived its stub"
     finally:
         _end(stub, guard)
 
@@ -80,7 +100,7 @@ def test_the_watchdog_dies_with_its_stub_and_leaves_the_server_alone() -> None:
     server, stub, guard = _server()
     try:
         os.kill(stub, signal.SIGKILL)
-        assert _gone(guard, 5), "the watchdog outlived its stub"
+        assert _gone(guard, GONE_SECONDS), "the watchdog outlived its stub"
         assert server.poll() is None
     finally:
         server.kill()
@@ -115,7 +135,7 @@ def test_waiting_ends_when_the_parent_does(pidfds: bool, monkeypatch: pytest.Mon
         assert waiter.is_alive(), "returned while the parent lives"
         parent.kill()
         parent.wait()
-        waiter.join(5)
+        waiter.join(GONE_SECONDS)
         assert not waiter.is_alive(), "still waiting after the parent ended"
         # A pid that is not (or no longer) the child's parent: nothing to wait for.
         watchdog._wait_for_end(os.getpid(), child)

@@ -1,5 +1,6 @@
 """The proxy's own acks (rtvideo.proxy.acks): the same decisions as the model, in lockstep with
-it, and every acked event with exactly one end when an interaction races the session's end."""
+it, taken on the session's one EventBook, and every acked event with exactly one end when an
+interaction races the session's end."""
 
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ from websockets.exceptions import ConnectionClosed
 
 from rtvideo.core import protocol
 from rtvideo.proxy.acks import Answer, ProxyAcks
+from rtvideo.proxy.ledger import Ledger
+from rtvideo.proxy.outbox import Frame
 from rtvideo.triton.wire import START_TAG
-from tests.e2e.test_proxy import Ws, proxies, run, ws  # noqa: F401 - `proxies` is a fixture
+from tests.support.fake_bridge import START, VIDEO_START, ended, reply, settle
+from tests.support.fake_bridge import run as run_unit
+from tests.support.fake_bridge import session as unit_session
+from tests.support.proxy_client import Ws, ws
+from tests.support.proxy_host import run
+from tests.support.recorder import Recorder
 from tests.support.streams import check_stream_rules
-from tests.unit.backend.test_session_runtime import Recorder
-from tests.unit.proxy.test_proxy_units import START, VIDEO_START, ended, reply
-from tests.unit.proxy.test_proxy_units import run as run_unit
-from tests.unit.proxy.test_proxy_units import session as unit_session
 
 
 def interaction(event_id: str | None = "e1", prompt: str = "a lighthouse", **extra: Any) -> dict[str, Any]:
@@ -50,13 +54,16 @@ def test_what_only_the_model_may_answer_is_not_acked_nor_recorded() -> None:
     acks = ProxyAcks()
     assert decide(acks, interaction("e1", prompt="  ")) is None  # invalid_interaction
     assert decide(acks, interaction("e1", bogus=1)) is None
-    assert len(acks.registry) == 0
+    assert len(acks.book) == 0
     assert decide(acks, interaction("e1")) is not None
     assert decide(acks, interaction("e1", prompt="another")) is None  # event_id_conflict
     retry = decide(acks, interaction("e1"))
     assert retry is not None and not retry.new  # the original is untouched
-    acks.registry.max_events = 1
+    acks.book.max_events = 1
     assert decide(acks, interaction("e2")) is None  # the session's limit
+    acks = ProxyAcks()
+    acks.book.observe(protocol.queued("r", "seen"))  # the model's ack for one the proxy left to it
+    assert decide(acks, interaction("seen")) is None  # its payload is unknown here: the model judges a retry
 
 
 def test_a_missing_event_id_is_generated_here_and_sent_on_to_the_model() -> None:
@@ -78,26 +85,58 @@ def test_an_id_that_would_take_a_message_over_the_size_limit_is_left_to_the_mode
     message["padding"] = "x" * (protocol.MAX_MESSAGE_BYTES - len(protocol.encode(message)) - 10)
     raw = protocol.encode(message).encode()
     assert len(raw) <= protocol.MAX_MESSAGE_BYTES  # within the limit as sent, not with a UUID added
-    assert acks.decide(message, raw) is None and len(acks.registry) == 0
+    assert acks.decide(message, raw) is None and len(acks.book) == 0
     message["interaction"]["event_id"] = "mine"
     assert acks.decide(message, protocol.encode(message).encode()) is not None  # as sent: acked here
 
 
-def test_an_event_the_model_never_admitted_is_added_to_its_done() -> None:
-    acks = ProxyAcks()
+def frame(message: dict[str, Any], data: bytes | None = None) -> Frame:
+    return Frame(protocol.encode(message), message, data)
+
+
+def test_an_event_the_model_never_admitted_is_in_its_done() -> None:
+    """The model's done lists what its session admitted; the done the client gets has the
+    proxy's book's lists, so an event acked here that the model refused is unapplied there."""
+    ledger = Ledger()
+    acks = ProxyAcks(ledger.book)
     for tag, event_id in (("m1", "shown"), ("m2", "listed"), ("m3", "late"), ("m4", "admitted")):
         ack = decide(acks, interaction(event_id))
         acks.forwarded(tag, ack)
+        ledger.taken(frame(protocol.queued("r", event_id)))  # its ack, handed to the socket
     assert acks.answered("m9", {"type": "session.pong"}) is Answer.NOT_ACKED_HERE
     assert acks.answered("m4", protocol.queued("r", "admitted")) is Answer.ADMITTED
-    acks.shown({"type": "video.chunk_metadata", "started_event_ids": ["shown"], "completed_event_ids": []})
-    done = protocol.done("r", chunks=3, stopped=True, unapplied_event_ids=["listed"], unfinished_event_ids=[])
-    completed = acks.complete_done(done)
-    assert completed is not None and completed["unapplied_event_ids"] == ["listed", "late"]
-    assert completed["unfinished_event_ids"] == [] and done["unapplied_event_ids"] == ["listed"]
+    meta = {
+        "type": "video.chunk_metadata",
+        "started_event_ids": ["shown", "admitted"],
+        "completed_event_ids": ["shown"],
+    }
+    ledger.taken(frame(meta, b"x"))
+    done = protocol.done("r", chunks=1, stopped=True, unapplied_event_ids=["listed"], unfinished_event_ids=["admitted"])
+    completed = ledger.taken(frame(done)).message
+    assert completed["unapplied_event_ids"] == ["listed", "late"]
+    assert completed["unfinished_event_ids"] == ["admitted"] and done["unapplied_event_ids"] == ["listed"]
     refused = protocol.error(protocol.ErrorCode.INVALID_MESSAGE, "the session has ended", request_id="r")
     assert acks.answered("m3", refused) is Answer.REFUSED
-    assert acks.complete_done({**done, "unapplied_event_ids": ["listed", "late"]}) is None
+    agreeing = {**done, "unapplied_event_ids": ["listed", "late"]}
+    assert ledger.taken(same := frame(agreeing)) is same  # a done that lists every one already goes as sent
+
+
+def test_a_done_names_no_event_whose_ack_never_reached_the_client() -> None:
+    """Admitted here, its ack never handed out (the session ended first): the client never heard
+    of it, so no done names it; the same holds for the done the proxy writes itself."""
+    ledger = Ledger()
+    acks = ProxyAcks(ledger.book)
+    for event_id in ("told", "untold"):
+        acks.forwarded(event_id, decide(acks, interaction(event_id)))
+    ledger.taken(frame({"type": "video.start", "request_id": "r"}))
+    ledger.taken(frame(protocol.queued("r", "told")))
+    model_done = protocol.done(
+        "r", chunks=0, stopped=False, unapplied_event_ids=["told", "untold"], unfinished_event_ids=[]
+    )
+    assert ledger.taken(frame(model_done)).message["unapplied_event_ids"] == ["told"]
+    assert ledger.done() == protocol.done(
+        "r", chunks=0, stopped=False, unapplied_event_ids=["told"], unfinished_event_ids=[]
+    )
 
 
 # --- lockstep with the model ----------------------------------------------------------------------
@@ -162,7 +201,7 @@ def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() ->
         s._on_reply(VIDEO_START)
         s.on_frame(json.dumps(interaction("e1")), False)
         s.on_frame(json.dumps(interaction("e1", prompt="another")), False)  # a conflict: the model answers
-        await asyncio.sleep(0.01)  # the writer hands them to the socket
+        await settle()  # the writer hands them to the socket
         assert [m["type"] for m in conn.texts()] == [
             "video.start",
             "session.interaction.queued",
@@ -173,10 +212,13 @@ def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() ->
         s._on_reply(
             reply("m4", protocol.error(protocol.ErrorCode.EVENT_ID_CONFLICT, "used", request_id="r", event_id="e1"))
         )
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s._on_reply(reply(START_TAG, model_done))  # the model's end, listing both as the real one does
         await ended(s, conn)
         return conn.texts()
 
+    model_done = protocol.done(
+        "r", chunks=0, stopped=False, unapplied_event_ids=["early", "e1"], unfinished_event_ids=[]
+    )
     texts = run_unit(body())
     assert [(m["type"], m.get("event_id")) for m in texts] == [
         ("video.start", None),
@@ -186,7 +228,7 @@ def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() ->
         ("session.done", None),
     ]
     assert texts[1]["request_id"] == texts[2]["request_id"] == "r"
-    assert "unapplied_event_ids" not in texts[-1]  # the model admitted both: its done is passed on untouched
+    assert texts[-1] == model_done  # the model admitted both: its done is passed on untouched
 
 
 def test_an_interaction_that_raced_the_end_is_unapplied_in_the_done() -> None:
@@ -264,7 +306,11 @@ def test_interactions_racing_the_end_through_triton_each_get_one_end(proxies) ->
                     await asyncio.sleep(0.001)
             t = await reader
         check_stream_rules(t)
-        assert not t.of_type("error")
+        # The proxy's bound on requests in flight to Triton is not what this test checks: a loaded
+        # machine answers slower and reaches it. A refused interaction is answered `rate_limited`
+        # and never acked, so it is in neither list below; any other error is a failure.
+        errors = t.of_type("error")
+        assert all(m["code"] == "rate_limited" and "in flight" in m["message"] for m in errors), errors
         acked = [m["event_id"] for m in t.of_type("session.interaction.queued")]
         done = t.messages[-1]
         ends = (

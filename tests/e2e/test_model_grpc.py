@@ -13,6 +13,7 @@ import pytest
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from tests.support.paths import REPO_ROOT
+from tests.support.processes import descendants, policies, stub_pid
 from tests.support.streams import (
     FAST_MODEL,
     PACED_MODEL,
@@ -20,6 +21,7 @@ from tests.support.streams import (
     check_stream_rules,
     decode,
     distance,
+    ids,
     metric,
     split_chunks,
     wait_for_metric,
@@ -94,16 +96,6 @@ def run_trace(triton, steps: list[list[dict[str, Any]]], chunks_after: int) -> l
             t.add(reply.message, reply.data)
     check_stream_rules(t)
     return metas
-
-
-def ids(meta: dict[str, Any]) -> tuple:
-    return (
-        meta["started_event_ids"],
-        meta["active_event_ids"],
-        meta["completed_event_ids"],
-        meta["superseded_event_ids"],
-        meta["interrupted_event_ids"],
-    )
 
 
 def test_golden_hard_update(triton) -> None:
@@ -243,15 +235,15 @@ def test_close_without_stop_ends_the_sequence_and_frees_the_slot(triton) -> None
             assert s.next().message["type"] == "video.start"
         wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 2)
         began = time.monotonic()
-        held[0].close()  # the caller never sent session.stop
-        assert time.monotonic() - began < 5, "close() waits for session.done, boundedly"
-        wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 1, timeout=3)
+        held[0].close(timeout=30)  # the caller never sent session.stop (30 s: room for a loaded machine)
+        assert time.monotonic() - began < 30, "close() waits for session.done, boundedly"
+        wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 1, timeout=30)
         late.start("the freed slot", seed=2)
         assert late.next(10).message["type"] == "video.start", "the closed session's slot was not free"
         for s in (held[1], late):
             s.close()
-        wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0, timeout=5)
-        deadline = time.monotonic() + 3  # ended by the stop, not by the stream's cancellation
+        wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0, timeout=30)
+        deadline = time.monotonic() + 30  # ended by the stop, not by the stream's cancellation
         while metric(triton, "rtvideo_session_ends_total", PACED_MODEL, 'reason="stopped"') < stopped + 3:
             assert time.monotonic() < deadline, "the closed sessions did not end as stopped"
             time.sleep(0.05)
@@ -329,17 +321,24 @@ def test_transition_moves_frames_toward_target(triton) -> None:
     assert distance(a_frames[2], b_frames[2]) > 15, "two prompts must give clearly different frames"
     assert metas[2]["started_event_ids"] == ["to-b"]
     dists = [distance(morph[k], b_frames[k]) for k in range(2, 6)]
-    assert all(x > y for x, y in zip(dists, dists[1:])), dists
+    assert all(x > y for x, y in zip(dists, dists[1:], strict=False)), dists
     assert dists[-1] < 0.25 * dists[0]
 
 
 def test_readme_tritonclient_example(triton, tmp_path: Path) -> None:
-    """The README's direct `tritonclient.grpc` script runs as written (pointed at this Triton)."""
-    readme = (REPO_ROOT / "README.md").read_text()
-    match = re.search(r"<!-- tritonclient-example -->\n```python\n(.*?)```", readme, re.S)
-    assert match, "the README lost its tritonclient example"
+    """The direct `tritonclient.grpc` script of docs/triton-model.md runs as written (pointed at
+    this Triton), and the README's excerpt of it is made of its lines, in its order."""
+    guide = (REPO_ROOT / "docs" / "triton-model.md").read_text()
+    match = re.search(r"<!-- tritonclient-example -->\n```python\n(.*?)```", guide, re.S)
+    assert match, "docs/triton-model.md lost its tritonclient example"
     script = match.group(1)
     assert len(script.splitlines()) <= 45
+    readme = (REPO_ROOT / "README.md").read_text()
+    excerpt = re.search(r"<!-- tritonclient-excerpt -->\n```python\n(.*?)```", readme, re.S)
+    assert excerpt, "the README lost its tritonclient excerpt"
+    lines = [line for line in excerpt.group(1).splitlines() if not line.strip().startswith("...")]  # "...": elided
+    rest = iter(script.splitlines())
+    assert len(lines) >= 8 and all(line in rest for line in lines), "the README's excerpt is not the script in order"
     here = 'URL, MODEL = "127.0.0.1:8001", "realtime_video"'
     assert here in script
     script = script.replace(here, f'URL, MODEL = "{triton.grpc_url}", "{FAST_MODEL}"')
@@ -357,10 +356,6 @@ def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocki
     wait seconds for a worker to load); once replaced, sessions play again."""
     import os
     import signal
-
-    from tests.e2e.test_backend_memory import stub_pid
-    from tests.e2e.test_cli import descendants
-    from tests.unit.backend.test_render_pool import policies
 
     def workers() -> set[int]:
         """Workers past their launcher (which has the worker's command in its own, and sets the
@@ -384,6 +379,7 @@ def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocki
         next_media(victim, Transcript())
         for pid in before:
             os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
         t = collect(victim, timeout=15)
         assert any(m.get("code") == "generation_failed" for m in t.messages), t.messages
         assert t.messages[-1]["type"] == "session.done"
@@ -391,13 +387,16 @@ def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocki
         began = time.monotonic()
         meanwhile.start("started while the workers reload", seed=4)
         assert meanwhile.next(10).message["type"] == "video.start"
-        assert time.monotonic() - began < 1.0, "a start waited for a render worker to load"
+        started = time.monotonic() - began
         meanwhile.stop()
         collect(meanwhile, timeout=30)  # ends either way: with a chunk, or generation_failed
     deadline = time.monotonic() + 90
     while not (len(now := workers()) == 2 and not now & before):
         assert time.monotonic() < deadline, f"the render workers were not replaced: {now}"
         time.sleep(0.2)
+    # Against the reload itself, not a fixed time: a loaded machine slows both alike.
+    reloaded = time.monotonic() - killed
+    assert started < reloaded / 2, f"a start waited for a render worker to load: {started:.2f} s, {reloaded:.2f} s"
     assert all(policies(p) == {(os.SCHED_IDLE, 0)} for p in now), "replacements run under SCHED_IDLE too"
     with TritonStreamSession(triton.grpc_url, PACED_MODEL) as after:
         after.start("a calm sea after the storm", seed=5)

@@ -3,29 +3,13 @@ session of prompt updates does not grow the backend stub (real tritonserver, dir
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.core.protocol import MAX_PROMPT_CHARS
+from tests.support.processes import stub_pid
 from tests.support.streams import PACED_MODEL, wait_for_metric
-
-
-def stub_pid(triton, model: str) -> int:
-    """The Python-backend stub process that serves `model` (a child of tritonserver)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        parent = int(stat[stat.rfind(")") + 2 :].split()[1])
-        if parent == triton.pid and "triton_python_backend_stub" in cmdline and f"/{model}/" in cmdline:
-            return int(entry)
-    raise AssertionError(f"no stub of {model} under tritonserver {triton.pid}")
 
 
 def rss_mb(pid: int) -> float:
@@ -57,7 +41,7 @@ def test_3000_large_prompt_interactions_grow_the_stub_by_less_than_20_mb(triton)
             burst(s, first, min(400, count - first))
         after = rss_mb(pid)
         s.stop()
-        for reply in s.until("session.done", 60):
+        for _reply in s.until("session.done", 60):
             pass
     print(f"stub RSS {before:.1f} -> {after:.1f} MB")
     # The issue's bound is 20 MB; holding each fingerprint whole (the prompt in it) grew it by ~13 MB here.
