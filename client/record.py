@@ -46,6 +46,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import SESSION_ENDING_CODES
+from rtvideo.proxy.tasks import TaskSet  # asyncio only: no proxy dependency
 
 DEFAULT_URL = "ws://127.0.0.1:8080/v1/realtime/video"
 ENDPOINT = "/v1/realtime/video"
@@ -259,7 +260,7 @@ async def record_session(args: argparse.Namespace, say: Callable[[str], None]) -
             start[name] = getattr(args, name)
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else None
     loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task[Any]] = set()
+    tasks = TaskSet()
     ws: ClientConnection | None = None
     send_lock = asyncio.Lock()
 
@@ -270,9 +271,7 @@ async def record_session(args: argparse.Namespace, say: Callable[[str], None]) -
             rec.sent(message)
 
     def spawn(coro: Any) -> None:
-        task = loop.create_task(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        tasks.spawn(coro)
 
     async def stop_then_give_up() -> None:
         if ws is None:  # not connected yet: the stop follows the start
@@ -337,7 +336,7 @@ async def record_session(args: argparse.Namespace, say: Callable[[str], None]) -
         loop.remove_signal_handler(signal.SIGINT)
         for task in list(tasks):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*list(tasks), return_exceptions=True)
     return rec
 
 

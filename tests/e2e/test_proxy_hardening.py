@@ -142,6 +142,20 @@ def transcript_of(result: dict[str, Any]) -> Transcript:
 BURST_SECONDS = 0.5  # the flood's allowed burst is over by then
 
 
+#: the neighbour's acks timed before the flood starts: the baseline its acks under the flood are held to
+BASELINE_ACKS = 20
+
+
+async def timed_ack(s: Ws, event_id: str) -> float:
+    """One interaction of the neighbour, timed from its send to its ack; then the rest of 100 ms."""
+    sent = time.perf_counter()
+    await s.interact(f"calm {int(event_id[1:]) % 2}", event_id, 1)  # two prompts: their embeddings are cached
+    await s.until(lambda m: m["type"] == "session.interaction.queued" and m["event_id"] == event_id)
+    latency = time.perf_counter() - sent
+    await asyncio.sleep(max(0.0, 0.1 - latency))
+    return latency
+
+
 def flood_beside_a_neighbour(proxies, triton, tmp_path, mode: str, seconds: float = 5.0) -> dict[str, Any]:
     """A flooding client (its own process) and, on the same proxy, a neighbour session sending an
     interaction every 100 ms; both on the paced model. Returns the figures and both transcripts."""
@@ -154,6 +168,7 @@ def flood_beside_a_neighbour(proxies, triton, tmp_path, mode: str, seconds: floa
         async with ws(url) as conn:
             s = Ws(conn)
             await s.start("a calm neighbour", seed=12)
+            baseline = [await timed_ack(s, f"b{i}") for i in range(BASELINE_ACKS)]
             flooder = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -170,26 +185,27 @@ def flood_beside_a_neighbour(proxies, triton, tmp_path, mode: str, seconds: floa
             # Both sessions are running (their generators and encoders exist): the flood starts now.
             before.update(proxy=rss_mb(), triton=triton_rss_mb(triton))
             # Its first message_burst (40) messages pass at once, as allowed, and reach the model
-            # together: an ack sent beside them waits behind up to 40 (55 ms once in CI). The
-            # neighbour is timed under the sustained flood that follows, to its end.
+            # together, so an ack sent beside them waits behind up to 40. The neighbour is timed
+            # under the sustained flood that follows, to its end.
             await asyncio.sleep(BURST_SECONDS)
             latencies: list[float] = []
             peak_proxy, peak_triton = before["proxy"], before["triton"]
             began = time.monotonic()
             while time.monotonic() - began < seconds - BURST_SECONDS:
-                eid = f"n{len(latencies)}"
-                sent = time.perf_counter()
-                await s.interact(f"calm {len(latencies) % 2}", eid, 1)
-                await s.until(lambda m, eid=eid: m["type"] == "session.interaction.queued" and m["event_id"] == eid)
-                latencies.append(time.perf_counter() - sent)
+                latencies.append(await timed_ack(s, f"n{len(latencies)}"))
                 peak_proxy = max(peak_proxy, rss_mb())
                 if len(latencies) % 5 == 0:
                     peak_triton = max(peak_triton, triton_rss_mb(triton))
-                await asyncio.sleep(max(0.0, 0.1 - latencies[-1]))
             assert await asyncio.wait_for(flooder.wait(), 90) == 0
             await s.send({"type": "session.stop"})
             neighbour = await s.finish()
-        return {"latencies": latencies, "peak_proxy": peak_proxy, "peak_triton": peak_triton, "neighbour": neighbour}
+        return {
+            "latencies": latencies,
+            "baseline": baseline,
+            "peak_proxy": peak_proxy,
+            "peak_triton": peak_triton,
+            "neighbour": neighbour,
+        }
 
     figures = run(body(), 180)
     with open(out, "rb") as f:
@@ -218,12 +234,16 @@ def check_flood_bounds(figures: dict[str, Any]) -> None:
     assert figures["proxy_after"] - figures["proxy_before"] < 100
     assert figures["peak_triton"] - figures["triton_before"] < 100, "Triton's memory grew with the flood"
     assert figures["triton_after"] - figures["triton_before"] < 100
-    assert p99(figures["latencies"]) < 0.05, "a neighbour's acks slowed down under the flood"
+    # Relative to the same session's acks before the flood, on the same machine at the same
+    # time: a flood that queued the neighbour's acks behind its own messages would add its whole
+    # backlog (seconds), while a busy machine only scales both figures alike.
+    bound = max(0.05, 4 * p99(figures["baseline"]) + 0.02)
+    assert p99(figures["latencies"]) < bound, ("a neighbour's acks slowed down under the flood", figures["baseline"])
     neighbour = figures["neighbour"]
     check_stream_rules(neighbour)
     assert not neighbour.of_type("error") and len(neighbour.of_type("session.interaction.queued")) == len(
         figures["latencies"]
-    )
+    ) + len(figures["baseline"])
 
 
 def answers_of(t: Transcript) -> dict[str, int]:
