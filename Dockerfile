@@ -4,11 +4,18 @@
 #   docker build -t rtvideo-omni .                 # default target `vllm-omni`: GPU, vLLM-Omni (Helios)
 #   docker build --target cpu -t rtvideo .         # the built-in generator (CPU, or CUDA when visible)
 #
-#   docker run --gpus all --shm-size=1g -p 8080:8080 -p 8001:8001 -p 8002:8002 \
+#   docker run --gpus all --shm-size=1g -p 8080:8080 \
 #     -v "$HOME/.cache/huggingface:/home/rtvideo/.cache/huggingface" rtvideo-omni
 #
 # 8080: WebSocket proxy, demo page, /healthz /readyz /livez /metrics
-# 8001: Triton gRPC, for direct tritonclient streaming users; 8002: Triton metrics (Prometheus)
+# 8081: /healthz /readyz /livez /metrics alone, on a listener with its own connection bound
+#       (RTVIDEO_HEALTH_PORT): probes and scrapes are answered while 8080's connections are all taken
+# Only 8080 is published. Triton listens on the container's loopback with a key generated at
+# start (docs/security.md). To let direct tritonclient users in (opt-in; they send the key as a
+# header), give Triton a key and every address, and publish its gRPC (8001) and metrics (8002):
+#   docker run ... -e RTVIDEO_TRITON_HOST=0.0.0.0 -e RTVIDEO_TRITON_KEY="$(openssl rand -hex 32)" \
+#     -p 8080:8080 -p 8001:8001 -p 8002:8002 rtvideo-omni
+# (`rtvideo serve` refuses a published Triton without a key, and warns for a release before 25.07.)
 # Triton's Python backend passes tensors through /dev/shm: give the container at least 1 GiB.
 # The vllm-omni image downloads nothing at run time (HF_HUB_OFFLINE=1): mount the model's weights
 # (the Hugging Face cache above, or a directory and `--vllm-omni-model /models/Helios-Distilled`).
@@ -20,7 +27,9 @@
 # 26.09 is the tag expected to carry vLLM 0.30.x: NOT verified from here (no registry access).
 # If the check fails, pass the right tag: --build-arg VLLM_TRITON_IMAGE=nvcr.io/nvidia/tritonserver:<yy.mm>-vllm-python-py3
 ARG VLLM_TRITON_IMAGE=nvcr.io/nvidia/tritonserver:26.09-vllm-python-py3
-ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.08-py3
+# Both bases must be NGC 25.07 or later: earlier Triton releases carry the Python backend's
+# shared-memory CVEs (CVE-2025-23319/23320/23334, NVIDIA's bulletin of August 2025).
+ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.07-py3
 
 # --- the project's files, copied once for both images --------------------------------------------
 FROM scratch AS source
@@ -36,7 +45,8 @@ FROM ${TRITON_IMAGE} AS cpu
 ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
-    TRANSFORMERS_OFFLINE=1
+    TRANSFORMERS_OFFLINE=1 \
+    RTVIDEO_HEALTH_PORT=8081
 WORKDIR /opt/rtvideo
 COPY --from=source /src ./
 # The container's Python runs the backend stub, so the package goes into it (a CUDA build of
@@ -47,15 +57,18 @@ RUN python3 -m pip install --no-cache-dir ".[proxy,backend]" \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rtvideo
 
 USER 10001
-EXPOSE 8080 8001 8002
+# Only the proxy's port: Triton's are published only on the deployer's say (above).
+EXPOSE 8080
 # /healthz, not /readyz: a server with every connection in use is full, not unhealthy (an
-# orchestrator that replaces unhealthy containers would end every live session).
+# orchestrator that replaces unhealthy containers would end every live session). On the health
+# listener (8081), which idle connections to 8080 cannot starve; without the token it answers
+# the status alone.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=180s --retries=3 \
-    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4).status != 200)"]
+    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=4).status != 200)"]
 ENTRYPOINT ["rtvideo", "serve"]
-# Triton on every address so its gRPC and metrics ports can be published; its log (with the
-# model's per-session lines) on standard error, for `docker logs` / `kubectl logs`.
-CMD ["--host", "0.0.0.0", "--port", "8080", "--triton-host", "0.0.0.0", "--triton-log", "-"]
+# The proxy on every address, Triton on loopback (RTVIDEO_TRITON_HOST publishes it, with a key);
+# Triton's log (with the model's per-session lines) on standard error, for `docker logs`.
+CMD ["--host", "0.0.0.0", "--port", "8080", "--triton-log", "-"]
 
 # --- vllm-omni: the production GPU image (default target) -----------------------------------------
 FROM ${VLLM_TRITON_IMAGE} AS vllm-omni
@@ -66,7 +79,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
-    TRANSFORMERS_OFFLINE=1
+    TRANSFORMERS_OFFLINE=1 \
+    RTVIDEO_HEALTH_PORT=8081
 WORKDIR /opt/rtvideo
 COPY --from=source /src ./
 COPY scripts/check_vllm_image.py ./scripts/
@@ -90,11 +104,11 @@ RUN python3 -m pip list --format=freeze \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rtvideo
 
 USER 10001
-EXPOSE 8080 8001 8002
+# Only the proxy's port: Triton's are published only on the deployer's say (above).
+EXPOSE 8080
 # Loading the engine takes minutes (weights, compilation): a long start period. /healthz, as in
 # the cpu image: a full server (max_sessions=1 here) is not unhealthy.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=1200s --retries=3 \
-    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4).status != 200)"]
+    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=4).status != 200)"]
 ENTRYPOINT ["rtvideo", "serve"]
-CMD ["--host", "0.0.0.0", "--port", "8080", "--triton-host", "0.0.0.0", "--triton-log", "-", \
-     "--model-repository", "/opt/rtvideo/models"]
+CMD ["--host", "0.0.0.0", "--port", "8080", "--triton-log", "-", "--model-repository", "/opt/rtvideo/models"]

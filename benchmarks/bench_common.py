@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from rtvideo.triton import TritonConfig, TritonServer, free_port
+from rtvideo.triton.access import KEY_ENV, generate_key
 from rtvideo.triton.model_repo import derive_model
 
 #: the two load shapes every benchmark compares: shipped pacing, and as fast as the CPU goes
@@ -22,13 +23,29 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @contextlib.contextmanager
+def triton_key() -> Iterator[str]:
+    """A new Triton access key, in `$RTVIDEO_TRITON_KEY` while the block runs: the benchmarks'
+    direct clients (TritonStreamSession) and their `rtvideo serve --triton-url` proxies read it."""
+    key, previous = generate_key(), os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = key
+    try:
+        yield key
+    finally:
+        if previous is None:
+            os.environ.pop(KEY_ENV, None)
+        else:
+            os.environ[KEY_ENV] = previous
+
+
+@contextlib.contextmanager
 def bench_triton(models: Mapping[str, Mapping[str, str]]) -> Iterator[TritonServer]:
-    """A tritonserver on free loopback ports serving `name -> parameter overrides` models."""
-    with tempfile.TemporaryDirectory() as tmp:
+    """A tritonserver on free loopback ports serving `name -> parameter overrides` models, keyed as
+    `rtvideo serve` keys its own (the key in the environment, see `triton_key`)."""
+    with tempfile.TemporaryDirectory() as tmp, triton_key() as key:
         repo = Path(tmp)
         for name, params in models.items():
             derive_model(repo, name, params)
-        config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port())
+        config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), key=key)
         with TritonServer(config, stdout=repo / "triton.log") as server:
             yield server
 

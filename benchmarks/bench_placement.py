@@ -30,7 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench_common import percentile
+from bench_common import percentile, triton_key
 from websockets.asyncio.client import connect
 
 from rtvideo.client.triton_stream import TritonStreamSession
@@ -137,13 +137,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=30, help="sessions per figure")
     ns = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, triton_key() as key:
         repo = Path(tmp) / "repo"
         derive_model(repo, MODEL, {"max_sessions": "2"})
         port = _free_on_both()
         servers = [
             TritonServer(
-                TritonConfig(repo, grpc_port=port, http_port=free_port(), metrics_port=free_port(), host=host),
+                TritonConfig(repo, grpc_port=port, http_port=free_port(), metrics_port=free_port(), host=host, key=key),
                 stdout=Path(tmp) / f"triton-{host}.log",
             )
             for host in ("127.0.0.1", "127.0.0.2")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.triton import TritonConfig, TritonServer, free_port
+from rtvideo.triton.access import generate_key
 from rtvideo.triton.model_repo import derive_model
 
 #: vLLM-Omni's Helios-Distilled defaults (docs: 33 frames per chunk, 640x384, 16 fps)
@@ -59,11 +60,12 @@ def main() -> None:
                 else f"{Path(args.engine.rpartition(':')[0]).resolve()}:{args.engine.rpartition(':')[2]}",
             },
         )
-        config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port())
+        key = generate_key()  # keyed as `rtvideo serve` keys its own Triton
+        config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), key=key)
         t_load = time.perf_counter()
         with TritonServer(config, stdout=args.log or repo / "triton.log") as server:
             print(f"model loaded (engine start included) in {time.perf_counter() - t_load:.1f} s")
-            with TritonStreamSession(server.grpc_url) as s:
+            with TritonStreamSession(server.grpc_url, key=key) as s:
                 t0 = time.perf_counter()
                 s.start(
                     "A quiet harbour at dawn, boats rocking gently", num_frames=args.chunks * frames_per_chunk, seed=7

@@ -18,20 +18,33 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 
 from rtvideo.core import protocol
-from rtvideo.triton import wire
+from rtvideo.triton import access, wire
 from rtvideo.triton.wire import Reply
 
 MODEL = "realtime_video"
 
 
 class TritonStreamSession:
-    def __init__(self, url: str, model: str = MODEL, sequence_id: int | None = None) -> None:
+    """One session on its own stream. `key`: Triton's access key (rtvideo.triton.access), sent
+    as the `triton-grpc-protocol-rtvideo-key` header; default `$RTVIDEO_TRITON_KEY`, none when unset."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str = MODEL,
+        sequence_id: int | None = None,
+        key: str | None = None,
+        secret: str | None = None,
+    ) -> None:
         self.url = url
         self.model = model
         self.sequence_id = sequence_id or random.randint(1, 2**62)
+        #: the session's secret, sent as request parameter `rtvideo_session_secret` on every request
+        #: (docs/protocol.md §8); drawn here unless given. None sends none (a test of the refusal).
+        self.secret: str | None = secret or access.new_session_secret()
         self.replies: queue.Queue[Reply | RuntimeError] = queue.Queue()
         self._client = grpcclient.InferenceServerClient(url)
-        self._client.start_stream(callback=self._on_response)
+        self._client.start_stream(callback=self._on_response, headers=access.key_headers(key or access.key_from_env()))
         self._counter = 0
         self._lock = threading.Lock()
         self.sent_at: dict[str, float] = {}
@@ -71,6 +84,7 @@ class TritonStreamSession:
             sequence_id=self.sequence_id,
             sequence_start=start,
             sequence_end=end,
+            parameters=wire.secret_parameters(self.secret),
         )
         return tag
 

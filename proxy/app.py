@@ -20,7 +20,7 @@ from rtvideo.proxy.connections import BoundedHTTPServer, fd_room
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool, Resolver
-from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +47,23 @@ class _JsonHandler(tornado.web.RequestHandler):
 
 class HealthHandler(_JsonHandler):
     """200 when some Triton endpoint and its model say they are ready and the model answers the
-    health probe there; 503 (same JSON) otherwise. Lists every endpoint and its state."""
+    health probe there, or is busy (every sequence slot held, its heartbeat moving), and no
+    session's start or stream has failed there since its last answered probe; 503 otherwise.
+    With the token (when one is set), the JSON lists every endpoint and its state; without it,
+    only the status: no Triton address, no gRPC error reaches a stranger."""
 
     async def get(self) -> None:
         ctx = self.context
         triton = await ctx.pool.readiness()
-        ready = triton["server_ready"] and triton["model_ready"] and ctx.pool.ready
+        # A busy model (every sequence slot held, its heartbeat moving) is full, not unhealthy.
+        ready = triton["server_ready"] and triton["model_ready"] and ctx.pool.alive
+        if not token_ok(self.request, ctx.settings.token):
+            self.reply(ready, {"status": "ok" if ready else "unavailable"})
+            return
         self.reply(
             ready,
             {
+                "status": "ok" if ready else "unavailable",
                 "proxy": "ok",
                 "ready": ready,
                 "draining": ctx.draining,
@@ -68,13 +76,24 @@ class HealthHandler(_JsonHandler):
 
 
 class ReadyHandler(_JsonHandler):
-    """200 when a new session can be taken: not draining, an endpoint answers the probe, room."""
+    """200 when a new session can be taken: not draining, an endpoint answers the probe and has a
+    free session slot (`EndpointPool.has_free_slot`), and the proxy has room for a connection."""
 
     def get(self) -> None:
         ctx = self.context
         room = len(ctx.sessions) < ctx.settings.max_connections
-        ready = ctx.pool.ready and room and not ctx.draining
-        self.reply(ready, {"ready": ready, "backend": ctx.pool.state.value, "room": room, "draining": ctx.draining})
+        slot = ctx.pool.has_free_slot
+        ready = ctx.pool.ready and slot and room and not ctx.draining
+        self.reply(
+            ready,
+            {
+                "ready": ready,
+                "backend": ctx.pool.state.value,
+                "room": room,
+                "free_slot": slot,
+                "draining": ctx.draining,
+            },
+        )
 
 
 class LiveHandler(_JsonHandler):
@@ -119,6 +138,22 @@ class ProxyApplication(tornado.web.Application):
         return super().find_handler(request, **kwargs)
 
 
+def health_routes(context: ProxyContext) -> list[tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]]:
+    """The probe and scrape routes: on the main port, and alone on the health listener."""
+    return [
+        (r"/healthz", HealthHandler, {"context": context}),
+        (r"/readyz", ReadyHandler, {"context": context}),
+        (r"/livez", LiveHandler, {"context": context}),
+        (r"/metrics", MetricsHandler, {"context": context}),
+    ]
+
+
+def make_health_app(context: ProxyContext) -> tornado.web.Application:
+    """The health listener's application (`--health-port`): the same handlers and state as the
+    main application's, the `Host` check too, and nothing else (no WebSocket, no page)."""
+    return ProxyApplication(health_routes(context), context=context, log_function=accesslog.log_request)
+
+
 def make_app(
     settings: ProxySettings, restart: Callable[[], Awaitable[None]] | None = None, resolver: Resolver | None = None
 ) -> tornado.web.Application:
@@ -136,14 +171,13 @@ def make_app(
         resolve_interval=settings.resolve_interval,
         resolver=resolver,
         restart=restart,
+        key=settings.triton_key,
+        metrics_port=settings.triton_metrics_port,
     )
     context = ProxyContext(settings=settings, metrics=metrics, pool=pool)
     handlers = [
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
-        (r"/healthz", HealthHandler, {"context": context}),
-        (r"/readyz", ReadyHandler, {"context": context}),
-        (r"/livez", LiveHandler, {"context": context}),
-        (r"/metrics", MetricsHandler, {"context": context}),
+        *health_routes(context),
         (
             r"/(|rtvideo\.js)",
             tornado.web.StaticFileHandler,
@@ -175,9 +209,12 @@ class ProxyServer:
         self.settings = settings
         self.app = make_app(settings, restart, resolver)
         self.context: ProxyContext = self.app.settings["context"]
+        self.health_app = make_health_app(self.context)
         self.pool = self.context.pool
         self._server: BoundedHTTPServer | None = None
+        self._health_server: BoundedHTTPServer | None = None
         self.port = settings.port
+        self.health_port: int | None = settings.health_port  # the bound one once started (None: off)
 
     @property
     def url(self) -> str:
@@ -185,21 +222,56 @@ class ProxyServer:
         host = f"[{host}]" if ":" in host else host
         return f"ws://{host}:{self.port}{WEBSOCKET_PATH}"
 
+    @property
+    def health_url(self) -> str | None:
+        """`http://HOST:PORT` of the health listener (None when it is off)."""
+        if self.health_port is None:
+            return None
+        host = self.settings.host if self.settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.health_port}"
+
     async def start(self) -> None:
         await self.pool.start()
-        sockets = bind_sockets(self.settings.port, self.settings.host)
+        s = self.settings
+        health_open = s.health_max_open_connections if s.health_port is not None else 0
+        room = max(1, fd_room(s.max_open_connections + health_open) - health_open)  # both fit the file limit
+        sockets = bind_sockets(s.port, s.host)
         self.port = sockets[0].getsockname()[1]
         self._server = BoundedHTTPServer(
             self.app,
             xheaders=False,
             max_body_size=MAX_REQUEST_BODY_BYTES,
-            idle_connection_timeout=self.settings.http_idle_seconds,
-            body_timeout=self.settings.http_idle_seconds,
-            max_open=fd_room(self.settings.max_open_connections),
-            max_per_client=self.settings.max_open_connections_per_client,
+            idle_connection_timeout=s.http_idle_seconds,
+            body_timeout=s.http_idle_seconds,
+            max_open=room,
+            max_per_client=s.max_open_connections_per_client,
             on_refused=self.context.metrics.connection_rejected,
         )
         self._server.add_sockets(sockets)
+        if s.health_port is not None:
+            try:
+                health_sockets = bind_sockets(s.health_port, s.host)
+            except OSError:
+                self._server.stop()
+                self._server = None
+                await self.pool.stop()
+                raise
+            self.health_port = health_sockets[0].getsockname()[1]
+            # Its own bound, short idle time and no session: the main port's connections, all
+            # taken, leave probes and scrapes their own way in (docs/operations.md "Health").
+            self._health_server = BoundedHTTPServer(
+                self.health_app,
+                xheaders=False,
+                max_body_size=MAX_REQUEST_BODY_BYTES,
+                idle_connection_timeout=HEALTH_IDLE_SECONDS,
+                body_timeout=HEALTH_IDLE_SECONDS,
+                max_open=health_open,
+                max_per_client=max(1, health_open // 4),
+                on_refused=lambda reason: self.context.metrics.connection_rejected(f"health_{reason}"),
+            )
+            self._health_server.add_sockets(health_sockets)
+            log.info("health and metrics listening on %s", self.health_url)
         log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
 
     async def drain(self, seconds: float | None = None, cut: asyncio.Event | None = None) -> int:
@@ -227,9 +299,14 @@ class ProxyServer:
             return
         self.context.draining = True
         self._server.stop()
+        health, self._health_server = self._health_server, None
+        if health is not None:
+            health.stop()
         sessions = list(self.context.sessions)
         await asyncio.gather(*(s.shutdown(SHUTDOWN_SECONDS) for s in sessions), return_exceptions=True)
         await self._server.close_all_connections()
+        if health is not None:
+            await health.close_all_connections()
         await self.pool.stop()
         self._server = None
         log.info("proxy on %s stopped (%d session(s) ended at the stop)", self.url, len(sessions))

@@ -23,6 +23,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 from rtvideo.core import protocol
 from rtvideo.proxy.tasks import TaskSet
 from rtvideo.triton import wire
+from rtvideo.triton.access import key_headers, new_session_secret, short_hash
 from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 #: `session.stop` (sent with `sequence_end` to end a sequence)
 PING = protocol.encode({"type": protocol.PING}).encode()
 STOP = protocol.encode({"type": protocol.STOP}).encode()
+#: the proxy's keep-alive on a live session's sequence (docs/protocol.md §8): a `session.ping`
+#: that keeps Triton's idle timeout off but is no progress for the model's stall clock
+KEEPALIVE = protocol.encode({"type": protocol.PING, "keepalive": True}).encode()
 #: how long Triton may take to end a call once its sequence was ended and its requests
 #: half-closed (it ends it when every request has completed: about a millisecond, or a chunk
 #: when generation was still running), before the stream is cancelled
@@ -63,6 +67,12 @@ class BackendUnavailable(Exception):
     """Triton is unreachable, refused a request, or the stream broke."""
 
 
+class ProbeTimeout(BackendUnavailable):
+    """The health probe got no answer in time: a wedged or dead model, or one whose sequence
+    slots are all held (the probe waits in Triton's backlog); the supervisor asks the model's
+    heartbeat which (rtvideo.proxy.heartbeat)."""
+
+
 def new_sequence_id() -> int:
     """A random non-zero 64-bit correlation id (docs/protocol.md §8)."""
     return secrets.randbelow(2**63 - 1) + 1
@@ -75,9 +85,17 @@ def _request_tensor(raw: bytes) -> InferInput:
 
 
 def _request(
-    model: str, raw: bytes, tag: str, sequence_id: int, *, start: bool = False, end: bool = False
+    model: str,
+    raw: bytes,
+    tag: str,
+    sequence_id: int,
+    *,
+    start: bool = False,
+    end: bool = False,
+    secret: str | None = None,
 ) -> dict[str, Any]:
-    """One client message as `stream_infer`'s request (docs/protocol.md §8)."""
+    """One client message as `stream_infer`'s request (docs/protocol.md §8). `secret`: the
+    session's, carried by every request of its sequence (none for the health probe)."""
     return {
         "model_name": model,
         "inputs": [_request_tensor(raw)],
@@ -85,17 +103,23 @@ def _request(
         "sequence_id": sequence_id,
         "sequence_start": start,
         "sequence_end": end,
+        "parameters": wire.secret_parameters(secret),
     }
 
 
 class TritonStream:
     """One session's sequence on its own bidirectional gRPC stream."""
 
-    def __init__(self, client: InferenceServerClient, model: str, endings: TaskSet) -> None:
+    def __init__(
+        self, client: InferenceServerClient, model: str, endings: TaskSet, headers: dict[str, str] | None = None
+    ) -> None:
         self._client = client
         self._model = model
+        self._headers = headers or {}  # Triton's access key (rtvideo.triton.access), on every call
         self._endings = endings  # the bridge's: its close waits for them
         self.sequence_id = new_sequence_id()
+        # the session's secret: only requests that carry it reach the session (docs/protocol.md §8)
+        self._secret = new_session_secret()
         self._requests: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._count = 0
         self._call: Any = None
@@ -108,7 +132,9 @@ class TritonStream:
         self._count += 1
         self._open = (self._open or start) and not end
         tag = START_TAG if start else f"m{self._count}"
-        self._requests.put_nowait(_request(self._model, raw, tag, self.sequence_id, start=start, end=end))
+        self._requests.put_nowait(
+            _request(self._model, raw, tag, self.sequence_id, start=start, end=end, secret=self._secret)
+        )
         return tag
 
     async def _request_iterator(self) -> AsyncIterator[dict[str, Any]]:
@@ -120,7 +146,7 @@ class TritonStream:
         if self._cancelled:  # cancelled before it was read: nothing may reach Triton
             return
         try:
-            self._call = self._client.stream_infer(self._request_iterator())
+            self._call = self._client.stream_infer(self._request_iterator(), headers=self._headers)
             async for result, error in self._call:
                 if error is not None:
                     raise BackendUnavailable(f"Triton refused a request: {error}")
@@ -152,7 +178,10 @@ class TritonStream:
                 self.ending = self._endings.spawn(self._end_sequence())
 
     async def _end_sequence(self) -> None:
-        call = self._client.stream_infer(_one(_request(self._model, STOP, "end", self.sequence_id, end=True)))
+        call = self._client.stream_infer(
+            _one(_request(self._model, STOP, "end", self.sequence_id, end=True, secret=self._secret)),
+            headers=self._headers,
+        )
         ended = False
         try:
             # a stop completes flags-only: the call just ends (an aio client sees no response)
@@ -160,7 +189,10 @@ class TritonStream:
         finally:
             if not ended:
                 call.cancel()
-                log.info("sequence %d: Triton did not take its end (down, or it ended otherwise)", self.sequence_id)
+                log.info(
+                    "sequence=%s Triton did not take its end (down, or it ended otherwise)",
+                    short_hash(self.sequence_id),
+                )
 
 
 async def _one(request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -189,11 +221,14 @@ def _reply(result: Any) -> Reply:
 
 
 class TritonBridge:
-    """The proxy's connection to Triton (created on the proxy's event loop at first use)."""
+    """The proxy's connection to Triton (created on the proxy's event loop at first use). `key`:
+    Triton's access key; every call carries it (`headers`), health calls included."""
 
-    def __init__(self, url: str, model: str) -> None:
+    def __init__(self, url: str, model: str, key: str | None = None) -> None:
         self.url = url
         self.model = model
+        #: the gRPC metadata of every call to this Triton (rtvideo.triton.access.key_headers)
+        self.headers = key_headers(key)
         self._client: InferenceServerClient | None = None
         self._endings = TaskSet()  # calls ending cancelled streams' sequences
 
@@ -204,14 +239,18 @@ class TritonBridge:
         return self._client
 
     def open_stream(self) -> TritonStream:
-        return TritonStream(self.client, self.model, self._endings)
+        return TritonStream(self.client, self.model, self._endings, self.headers)
 
     async def readiness(self, timeout: float = 2.0) -> dict[str, bool]:
         """Server and model readiness as Triton reports them (False when unreachable)."""
         status = {"server_ready": False, "model_ready": False}
         try:
-            status["server_ready"] = bool(await self.client.is_server_ready(client_timeout=timeout))
-            status["model_ready"] = bool(await self.client.is_model_ready(self.model, client_timeout=timeout))
+            status["server_ready"] = bool(
+                await self.client.is_server_ready(headers=self.headers, client_timeout=timeout)
+            )
+            status["model_ready"] = bool(
+                await self.client.is_model_ready(self.model, headers=self.headers, client_timeout=timeout)
+            )
         except Exception:  # noqa: BLE001 - any failure means "not ready"
             pass
         return status
@@ -226,7 +265,7 @@ class TritonBridge:
         call: Any = None
         ended = False
         try:
-            call = self.client.stream_infer(_one(request))
+            call = self.client.stream_infer(_one(request), headers=self.headers)
             result, error = await asyncio.wait_for(call.__anext__(), timeout)
             latency = time.perf_counter() - t0
             # The call ends by itself after the final answer (its one request is complete and the
@@ -234,7 +273,7 @@ class TritonBridge:
             # calls pile up in Triton and keep it from unloading the model.
             ended = await _ends(call, max(0.1, timeout - latency))
         except asyncio.TimeoutError:
-            raise BackendUnavailable(f"no answer to the health probe within {timeout:g} s") from None
+            raise ProbeTimeout(f"no answer to the health probe within {timeout:g} s") from None
         except StopAsyncIteration:
             raise BackendUnavailable("the health probe's stream ended without an answer") from None
         except Exception as exc:  # noqa: BLE001 - grpc.aio raises several types here

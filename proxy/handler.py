@@ -13,7 +13,8 @@ from rtvideo.proxy.access import origin_allowed, token_ok
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool
 from rtvideo.proxy.session import ProxySession
-from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS, ProxySettings
+from rtvideo.proxy.supervisor import BackendState
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,31 @@ class RealtimeVideoHandler(WebSocketHandler):
             self.set_header("Retry-After", "5")
             self.send_error(429, reason="Too many sessions from this client")
         elif not ctx.pool.admitting:
-            ctx.metrics.connection_rejected("backend_down")
+            busy = ctx.pool.state is BackendState.BUSY  # alive, every sequence slot held
+            ctx.metrics.connection_rejected("backend_busy" if busy else "backend_down")
             self.set_header("Retry-After", "5")
-            self.send_error(503, reason="Video backend unavailable")
+            self.send_error(503, reason="Video backend busy" if busy else "Video backend unavailable")
+        elif not self._room_to_wait():
+            ctx.metrics.connection_rejected("awaiting_start")
+            self.set_header("Retry-After", "1")
+            self.send_error(503, reason="Too many connections waiting to start")
+
+    def _room_to_wait(self) -> bool:
+        """Whether this connection may join those waiting for their session.start: they are at
+        most `awaiting_start_bound` (a share of --max-connections), so connections that never
+        start cannot take every slot. When the share is full, the one that waited longest takes
+        its leave if it waited over AWAITING_START_GRACE_SECONDS (a real client starts at once):
+        holding the share then costs a client a new upgrade for each place every grace period."""
+        ctx = self.context
+        waiting = [s for s in ctx.sessions if s.awaiting_start]
+        if len(waiting) < ctx.settings.awaiting_start_bound:
+            return True
+        oldest = max(waiting, key=lambda s: s.waited)
+        if oldest.waited < AWAITING_START_GRACE_SECONDS:
+            return False
+        log.info("peer=%s displaced after %.1f s without session.start", oldest.peer, oldest.waited)
+        oldest.displace()
+        return True
 
     def check_origin(self, origin: str) -> bool:
         allowed = origin_allowed(origin, self.context.settings.allowed_origins, self.request.host)

@@ -39,9 +39,13 @@ REJECT_REASONS = (
     "capacity",
     "per_client",
     "backend_down",
+    "backend_busy",  # the model is alive but every sequence slot of its batcher is held
     "draining",
     "open_connections",
     "client_connections",
+    "awaiting_start",  # the share of connections waiting for their session.start is full
+    "health_open_connections",  # the health listener's own bounds (--health-port)
+    "health_client_connections",
 )
 
 
@@ -98,6 +102,11 @@ class ProxyMetrics:
         )
         self._probe_failures = Counter(
             "rtvideo_proxy_probe_failures", "Health probes that failed or timed out", registry=r
+        )
+        self._probe_busy = Counter(
+            "rtvideo_proxy_probe_busy",
+            "Health probes not answered while the model's heartbeat moved (every sequence slot held: busy, not down)",
+            registry=r,
         )
         self._backend_restarts = Counter(
             "rtvideo_proxy_backend_restarts", "Restarts of the Triton started by rtvideo serve", registry=r
@@ -203,6 +212,9 @@ class ProxyMetrics:
     def probe_failed(self) -> None:
         self._probe_failures.inc()
 
+    def probe_busy(self) -> None:
+        self._probe_busy.inc()
+
     def backend_restarted(self) -> None:
         self._backend_restarts.inc()
 
@@ -301,6 +313,10 @@ class ProxyMetrics:
     @property
     def probe_failures(self) -> int:
         return int(_value(self._probe_failures))
+
+    @property
+    def probe_busy_count(self) -> int:
+        return int(_value(self._probe_busy))
 
     @property
     def backend_restarts(self) -> int:

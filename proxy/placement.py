@@ -34,6 +34,7 @@ from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.addresses import is_ip_address, join_address, parse_urls, split_address
 from rtvideo.proxy.bridge import END_GRACE_SECONDS, STOP, BackendUnavailable, TritonBridge, TritonStream
+from rtvideo.proxy.heartbeat import Heartbeat, metrics_url
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.supervisor import BackendState, Supervisor
 from rtvideo.proxy.tasks import TaskSet, cancel_and_wait
@@ -46,7 +47,16 @@ Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
 #: an endpoint that answered `server_busy` is tried after the others for this long
 REFUSED_HOLD_SECONDS = 2.0
-_STATE_ORDER = (BackendState.UP, BackendState.STARTING, BackendState.RESTARTING, BackendState.DOWN)
+#: and counts as full (`/readyz`) this long, unless a session starts there or one of this proxy's
+#: ends there first: other clients (proxies, direct gRPC) fill it too, and only its answers tell
+FULL_HOLD_SECONDS = 10.0
+_STATE_ORDER = (
+    BackendState.UP,
+    BackendState.BUSY,
+    BackendState.STARTING,
+    BackendState.RESTARTING,
+    BackendState.DOWN,
+)
 
 
 # --- names and capacity ----------------------------------------------------------------------------
@@ -105,6 +115,15 @@ class Endpoint:
     def admitting(self) -> bool:
         return not self.leaving and self.supervisor.admitting
 
+    @property
+    def has_free_slot(self) -> bool:
+        """Whether a new session may find a slot here: it takes sessions, answers its probe, this
+        proxy's sessions leave a slot of its capacity (unknown: assumed), and it did not answer
+        server_busy in the last FULL_HOLD_SECONDS (unless a slot was seen to free since)."""
+        if not (self.admitting and self.supervisor.ready) or (self.free is not None and self.free <= 0):
+            return False
+        return time.monotonic() - self.refused_at >= FULL_HOLD_SECONDS
+
     def status(self) -> dict[str, Any]:
         return {
             "endpoint": self.address,
@@ -133,6 +152,9 @@ class _EndpointMetrics:
         self._metrics.probe_failed()
         self._metrics.endpoint_probe_failed(self._endpoint)
 
+    def probe_busy(self) -> None:
+        self._metrics.probe_busy()
+
     def backend_restarted(self) -> None:
         self._metrics.backend_restarted()
 
@@ -146,7 +168,9 @@ class EndpointPool:
     """The Triton endpoints of one proxy; everything runs on the proxy's event loop.
 
     `restart` (only with a single URL: the Triton `rtvideo serve` started) restarts that server
-    after its supervisor found it down."""
+    after its supervisor found it down. `key`: the Tritons' access key (every call carries it).
+    `metrics_port`: the Tritons' metrics port, where each supervisor reads its model's heartbeat
+    (rtvideo.proxy.heartbeat); 0: not read, a probe without an answer is a failure."""
 
     def __init__(
         self,
@@ -160,8 +184,12 @@ class EndpointPool:
         resolve_interval: float = 10.0,
         resolver: Resolver | None = None,
         restart: Callable[[], Awaitable[None]] | None = None,
+        key: str | None = None,
+        metrics_port: int = 0,
     ) -> None:
         self.urls = parse_urls(urls)
+        self._metrics_port = metrics_port
+        self._key = key  # Triton's access key, for every endpoint's bridge
         if restart is not None and len(self.urls) != 1:
             raise ValueError("a restart is for the single Triton rtvideo serve started")
         self.model = model
@@ -241,7 +269,7 @@ class EndpointPool:
                 self._retire_if_idle(endpoint)
 
     def _add(self, address: str, source: str) -> None:
-        endpoint = Endpoint(address, source, TritonBridge(address, self.model))
+        endpoint = Endpoint(address, source, TritonBridge(address, self.model, self._key))
         endpoint.supervisor = Supervisor(
             endpoint.bridge,
             _EndpointMetrics(self._metrics, address, self._health_changed),
@@ -252,6 +280,7 @@ class EndpointPool:
             restart=self._restart,
             on_up=lambda: self.spawn(self._read_capacity(endpoint)),
             name=f"triton {address}",
+            heartbeat=Heartbeat(metrics_url(address, self._metrics_port), self.model) if self._metrics_port else None,
         )
         self.endpoints[address] = endpoint
         self._metrics.endpoint_added(address)
@@ -289,7 +318,9 @@ class EndpointPool:
 
     async def _read_capacity(self, endpoint: Endpoint) -> None:
         try:
-            response = await endpoint.bridge.client.get_model_config(self.model, client_timeout=self._probe["timeout"])
+            response = await endpoint.bridge.client.get_model_config(
+                self.model, headers=endpoint.bridge.headers, client_timeout=self._probe["timeout"]
+            )
         except Exception as exc:  # noqa: BLE001 - read again when it is next up
             log.warning(
                 "triton endpoint %s: model config not read (%s); its capacity is unknown", endpoint.address, exc
@@ -341,6 +372,8 @@ class EndpointPool:
 
     def detach(self, endpoint: Endpoint, stream: PlacedStream) -> None:
         """`stream` left `endpoint` (its attempt was refused or failed, or the session is over)."""
+        if stream.admitted and stream in endpoint.streams:
+            endpoint.refused_at = -math.inf  # a session that had a slot there ended: one is free
         endpoint.streams.discard(stream)
         if self.endpoints.get(endpoint.address) is endpoint:
             self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
@@ -351,6 +384,7 @@ class EndpointPool:
         if busy:
             self.start_refused(endpoint, final=True)
         else:
+            endpoint.refused_at = -math.inf  # it took a session: it had room after all
             self._metrics.endpoint_placed(endpoint.address)
 
     def start_refused(self, endpoint: Endpoint, final: bool = False) -> None:
@@ -364,9 +398,15 @@ class EndpointPool:
         )
 
     def start_failed(self, endpoint: Endpoint, reason: str) -> None:
-        """A session start at `endpoint` failed (the stream broke, or the endpoint went down)."""
+        """A session start at `endpoint` failed (the stream broke, or the endpoint went down):
+        it is not healthy until its next probe is answered (`Supervisor.suspect`)."""
         self._metrics.endpoint_start_failed(endpoint.address)
+        endpoint.supervisor.suspect(f"a session start failed: {reason}")
         log.warning("triton endpoint %s: a session start failed (%s); trying the next", endpoint.address, reason)
+
+    def stream_failed(self, endpoint: Endpoint, reason: str) -> None:
+        """A placed session's stream at `endpoint` broke (the session ends with backend_unavailable)."""
+        endpoint.supervisor.suspect(f"a session's stream failed: {reason}")
 
     # --- what the proxy asks -------------------------------------------------------------------
     @property
@@ -378,6 +418,17 @@ class EndpointPool:
     def ready(self) -> bool:
         """Whether some endpoint that takes new sessions answered its last probe."""
         return any(e.admitting and e.supervisor.ready for e in self.endpoints.values())
+
+    @property
+    def alive(self) -> bool:
+        """Whether some endpoint's model works: it answered its last probe, or it is busy (every
+        sequence slot held, its heartbeat moving): a full server is not an unhealthy one."""
+        return any(not e.leaving and e.supervisor.alive for e in self.endpoints.values())
+
+    @property
+    def has_free_slot(self) -> bool:
+        """Whether some endpoint may have a session slot free (`Endpoint.has_free_slot`)."""
+        return any(e.has_free_slot for e in self.endpoints.values())
 
     @property
     def state(self) -> BackendState:
@@ -427,6 +478,7 @@ class PlacedStream:
         self._sent: list[tuple[bytes, bool, bool]] = []  # replayed on the next attempt until placed
         self._count = 0
         self.state = Placement.PLACING
+        self.admitted = False  # its model answered its session.start with video.start: it has a slot
         self.attempts = 0
         self.endpoint: Endpoint | None = None
         self._stream: TritonStream | None = None
@@ -484,14 +536,18 @@ class PlacedStream:
                     else:  # video.start, or an answer that is the session's (the last busy one too)
                         self.state = Placement.PLACED
                         self._sent.clear()
+                        declined = bool(reply.message and reply.message.get("type") == protocol.ERROR)
+                        self.admitted = not declined
                         self._pool.start_answered(endpoint, _is_busy(reply))
-                        if reply.message and reply.message.get("type") == protocol.ERROR:
+                        if declined:
                             self._leave()  # refused for good: it takes no slot there (its sequence still ends)
                         for early in held:
                             yield early
                         held.clear()
                         yield reply
             except BackendUnavailable as exc:
+                if self.state is Placement.PLACED and self._lost is None:
+                    self._pool.stream_failed(endpoint, str(exc))
                 if self.state is not Placement.PLACING:
                     raise
                 failure = str(exc)

@@ -5,7 +5,9 @@ binary frames) and forwards every other message verbatim; the model validates th
 rest. A valid interaction it acks at once, as the model would (rtvideo.proxy.acks). It
 bounds what one client can make it and Triton hold (§7): a token bucket for the message
 rate, a bound on requests in flight to Triton, and `session.ping` answered here (at most
-one a second goes on, to keep the model's stall clock running). The session's events are
+one a second goes on, to keep the model's stall clock running). A live session's sequence
+that had nothing forwarded for `KEEPALIVE_SECONDS` gets a keep-alive of the proxy's own, so
+Triton's idle timeout never ends it (§8); its pong is dropped. The session's events are
 in one `EventBook`, kept by its `Ledger` (rtvideo.proxy.ledger): every `session.done` the
 client gets has that book's lists.
 
@@ -33,7 +35,7 @@ from typing import Any, Protocol
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.acks import Answer, ProxyAcks
-from rtvideo.proxy.bridge import END_GRACE_SECONDS, PING, STOP, BackendUnavailable
+from rtvideo.proxy.bridge import END_GRACE_SECONDS, KEEPALIVE, PING, STOP, BackendUnavailable
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.limits import TokenBucket, event_id_in, over_rate_stop, refused_event_id
 from rtvideo.proxy.metrics import ProxyMetrics
@@ -42,6 +44,7 @@ from rtvideo.proxy.outbox import Frame, Outbox, Sink
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.streams import SessionStream, StreamSource
 from rtvideo.proxy.tasks import TaskSet, cancel_and_wait
+from rtvideo.triton.access import short_hash
 from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,9 @@ log = logging.getLogger(__name__)
 ACK_WAIT_SECONDS = 1.0
 #: at most one client session.ping a second goes on to Triton (it resets the model's stall clock)
 PING_FORWARD_SECONDS = 1.0
+#: a live session's sequence that had no request forwarded for this long gets a keep-alive
+#: (`KEEPALIVE`), so Triton's idle timeout (120 s, docs/protocol.md §8) never ends it
+KEEPALIVE_SECONDS = 30.0
 #: after a frame over the rate, the client's next frame is read this much later: a flooding client
 #: costs the proxy at most about 1,000 answered frames a second and meets TCP backpressure
 #: beyond, while what it has already pushed into its socket is still drained and answered
@@ -125,6 +131,9 @@ class ProxySession:
         self._in_flight: set[str] = set()  # tags of requests sent to Triton whose one answer is due
         self._ping_tag: str | None = None  # the forwarded session.ping in flight (its pong is dropped)
         self._ping_forwarded = float("-inf")  # when the last one went
+        self._forwarded = time.monotonic()  # when a request last went to Triton on the sequence
+        self._keepalive_tags: set[str] = set()  # keep-alives sent (their pongs are dropped)
+        self._keepalive_timer: asyncio.TimerHandle | None = None
         self._bucket = TokenBucket(settings.max_messages_per_second, settings.message_burst, time.monotonic())
         self._heard = time.monotonic()  # when Triton last sent anything on this session's stream
         self._silence_timer: asyncio.TimerHandle | None = None
@@ -138,8 +147,9 @@ class ProxySession:
     def _open_sequence(self, stream: SessionStream) -> None:
         """AWAITING_START → STREAMING: session.start went to Triton on its own stream."""
         self._stream, self._phase = stream, Phase.STREAMING
-        self._heard = time.monotonic()
+        self._heard = self._forwarded = time.monotonic()
         self._watch_silence()
+        self._keep_alive()
 
     def _stop_sent(self, tag: str) -> None:
         """STREAMING → STOP_SENT: the client's session.stop carried sequence_end."""
@@ -152,6 +162,26 @@ class ProxySession:
             return False
         self._phase = Phase.REFUSED if self._phase is Phase.AWAITING_START else Phase.ENDING
         return True
+
+    @property
+    def awaiting_start(self) -> bool:
+        """Connected, and no session.start accepted yet: what the waiting share counts."""
+        return self._phase is Phase.AWAITING_START
+
+    @property
+    def waited(self) -> float:
+        """Seconds since the connection was opened."""
+        return time.monotonic() - self._opened
+
+    def displace(self) -> None:
+        """Still waiting for its session.start while the waiting share is full and another client
+        connects: it ends as if its start timeout were over (`start_timeout`, done, close)."""
+        if self._phase is Phase.AWAITING_START:
+            self._start_timer.cancel()
+            self._fail(
+                ErrorCode.START_TIMEOUT,
+                f"no session.start after {self.waited:.1f} s while other clients wait to connect",
+            )
 
     def _mark_closed(self) -> Phase:
         """Any phase → CLOSED; returns the phase it left."""
@@ -223,7 +253,23 @@ class ProxySession:
         assert self._stream is not None  # STREAMING
         tag = self._stream.send(raw)
         self._in_flight.add(tag)
+        self._forwarded = time.monotonic()
         return tag
+
+    def _keep_alive(self) -> None:
+        """One timer while the sequence is open: when nothing went to Triton on it for
+        `KEEPALIVE_SECONDS`, a keep-alive does (docs/protocol.md §8). It is no client message: no
+        rate or in-flight bound counts it, its pong is dropped, and the model does not take it
+        for progress (the stall clock, §7)."""
+        self._keepalive_timer = None
+        stream = self._stream
+        if stream is None or self._phase is not Phase.STREAMING:
+            return
+        quiet = time.monotonic() - self._forwarded
+        if quiet >= KEEPALIVE_SECONDS:
+            self._keepalive_tags.add(stream.send(KEEPALIVE))
+            self._forwarded, quiet = time.monotonic(), 0.0
+        self._keepalive_timer = asyncio.get_running_loop().call_later(KEEPALIVE_SECONDS - quiet, self._keep_alive)
 
     def _send_stop(self) -> None:
         """STREAMING: the client's (or the shutdown's) session.stop goes with sequence_end. It
@@ -306,6 +352,9 @@ class ProxySession:
         if reply.tag == self._ping_tag:
             self._ping_tag = None
             return  # the client had its pong from the proxy
+        if reply.tag in self._keepalive_tags:
+            self._keepalive_tags.discard(reply.tag)
+            return  # the proxy's own keep-alive: nothing for the client
         answer = self._acks.answered(reply.tag, message)
         if answer is Answer.REFUSED:
             self._metrics.ack_refused()
@@ -471,9 +520,9 @@ class ProxySession:
             await asyncio.wait_for(self._stream_over.wait(), END_GRACE_SECONDS)
         except asyncio.TimeoutError:
             log.warning(
-                "request_id=%s Triton did not end the call of sequence %d within %g s; cancelling",
+                "request_id=%s sequence=%s Triton did not end the call within %g s; cancelling",
                 self.request_id,
-                stream.sequence_id,
+                short_hash(stream.sequence_id),
                 END_GRACE_SECONDS,
             )
         stream.cancel()
@@ -484,7 +533,7 @@ class ProxySession:
         if left is Phase.CLOSED:
             return
         self._start_timer.cancel()
-        for timer in (self._ack_timer, self._silence_timer):
+        for timer in (self._ack_timer, self._silence_timer, self._keepalive_timer):
             if timer is not None:
                 timer.cancel()
         self._outbox.close()

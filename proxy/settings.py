@@ -11,6 +11,12 @@ from rtvideo.proxy.addresses import parse_urls
 from rtvideo.settings_text import setting
 
 MiB = 1024 * 1024
+#: a connection waiting for its session.start this long may lose its place to a new upgrade when
+#: the waiting share (`awaiting_start_bound`) is full: a client sends its start right after the
+#: upgrade, so one that waited this long is idle (or held open on purpose)
+AWAITING_START_GRACE_SECONDS = 2.0
+#: connections to the health listener idle this long are closed (a probe sends one request)
+HEALTH_IDLE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,18 @@ class ProxySettings:
         "one endpoint per address it resolves to",
     )
     model: str = setting("realtime_video", "Triton model name")
+    triton_metrics_port: int = setting(
+        8002,
+        "Triton's metrics port (HTTP /metrics) on each Triton host: when a health probe gets no answer, "
+        "the model's heartbeat there tells a busy model (every sequence slot held) from a dead one "
+        "(0: not read; no answer is a failure)",
+    )
+    triton_key: str | None = setting(
+        None,
+        "Triton's access key (its --grpc-restricted-protocol key rtvideo-key), sent as a header on every "
+        "gRPC call; `rtvideo serve` generates one for a Triton it starts on loopback",
+        secret=True,
+    )
     resolve_interval: float = setting(10.0, "seconds between resolutions of the Triton host names (0: only at start)")
     drain_seconds: float = setting(30.0, "on SIGTERM, seconds live sessions may run on before server_shutdown")
     allowed_origins: tuple[str, ...] = setting(
@@ -56,6 +74,21 @@ class ProxySettings:
         30.0,
         "close a connection that sends no complete request head (an idle keep-alive included), or "
         "no announced body, within this many seconds",
+    )
+    health_port: int | None = setting(
+        None,
+        "port of a listener of its own for /livez /healthz /readyz /metrics (probes, scrapes), with "
+        "its own connection bound, so that they answer while the main port's connections are all "
+        "taken (0: any free port; off: none, the main port's routes only)",
+    )
+    health_max_open_connections: int = setting(
+        32, "open TCP connections to the health listener (a quarter of them from one client address)"
+    )
+    max_awaiting_start: int = setting(
+        0,
+        "upgraded connections that have not sent session.start yet, at most (0: a quarter of "
+        "--max-connections, at least 4); beyond, a new upgrade takes the place of one that waited "
+        f"over {AWAITING_START_GRACE_SECONDS:g} s, or is refused (503)",
     )
     outbound_buffer_bytes: int = setting(16 * MiB, "per-session outbound buffer before slow_consumer")
     start_timeout: float = setting(10.0, "seconds to wait for session.start")
@@ -102,6 +135,14 @@ class ProxySettings:
                 "max_open_connections must be at least max_connections, max_open_connections_per_client "
                 "at least max_sessions_per_client; http_idle_seconds positive"
             )
+        if self.health_port is not None and not 0 <= self.health_port <= 65535:
+            raise ValueError(f"health_port {self.health_port}: use 1 to 65535 (0: any free port; off: none)")
+        if self.health_port is not None and self.health_port == self.port != 0:
+            raise ValueError("health_port must differ from port")
+        if self.health_max_open_connections < 1 or self.max_awaiting_start < 0:
+            raise ValueError("health_max_open_connections must be positive, max_awaiting_start >= 0")
+        if not 0 <= self.triton_metrics_port <= 65535:
+            raise ValueError(f"triton_metrics_port {self.triton_metrics_port}: use 1 to 65535 (0: not read)")
         if self.ping_interval < 0 or self.ping_timeout <= 0:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:
@@ -111,6 +152,13 @@ class ProxySettings:
         parse_urls(self.triton_url)  # HOST:PORT, each one
         if self.ping_interval and self.ping_timeout > self.ping_interval:
             raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")
+
+    @property
+    def awaiting_start_bound(self) -> int:
+        """How many upgraded connections may wait for their session.start at once: a share of
+        `max_connections`, so that connections that never start cannot take every slot."""
+        share = self.max_awaiting_start or max(4, self.max_connections // 4)
+        return min(share, self.max_connections)
 
 
 def add_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:

@@ -5,7 +5,10 @@ Prints one line on stdout when ready. SIGINT/SIGTERM drain the proxy (`/readyz` 
 sessions refused, live ones get up to `--drain-seconds`, then `server_shutdown`; a second
 signal cuts the wait short) and then stop Triton, leaving no process behind. While serving, the proxy's
 supervisor probes the model; when it stops answering, the Triton started here is
-restarted (`_restart`). Triton dies with this process, even on `kill -9`.
+restarted (`_restart`). Triton dies with this process, even on `kill -9`. The Triton started
+here always has an access key (`--triton-key` / `RTVIDEO_TRITON_KEY`, else one generated at start
+and known only to this process and its proxy; docs/security.md); bound elsewhere than loopback
+it must be given one.
 
 `rtvideo record`: a WebSocket client that records one session (`rtvideo.client.record`).
 It needs only `websockets` and PyAV: the serving modules (Tornado, tritonclient, torch)
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import logging
 import os
 import signal
@@ -49,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rtvideo", description="Realtime text-to-video on Triton")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = commands.add_parser("serve", help="start Triton and the WebSocket proxy")
-    proxy_settings.add_arguments(serve, skip=("triton_url",))
+    # --triton-metrics-port is serve's own flag below: the Triton started here, or those of --triton-url
+    proxy_settings.add_arguments(serve, skip=("triton_url", "triton_metrics_port"))
     serve.add_argument(
         "--triton-url",
         action="append",
@@ -69,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("RTVIDEO_TRITON_HOST", "127.0.0.1"),
         metavar="HOST",
         help="address the Triton started here binds its gRPC, HTTP and metrics ports to "
-        "(default: 127.0.0.1; 0.0.0.0 to publish them; the proxy still uses loopback then)",
+        "(default: 127.0.0.1; 0.0.0.0 to publish them, which needs --triton-key; the proxy still uses loopback then)",
     )
     serve.add_argument(
         "--triton-log",
@@ -84,7 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
             type=int,
             default=port,
             metavar="PORT",
-            help=f"{name} port of the Triton started here (default: {port})",
+            help=f"{name} port of the Triton started here (default: {port})"
+            + (
+                "; with --triton-url, the metrics port of those Tritons, where the supervisor reads the "
+                "model's heartbeat to tell a busy model from a dead one (0: not read)"
+                if name == "metrics"
+                else ""
+            ),
         )
     serve.add_argument(
         "--triton-http",
@@ -134,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return record.main(args)
     urls = args.triton_url or [os.environ.get("RTVIDEO_TRITON_URL") or ""]
     args.triton_url = ",".join(u.strip() for u in urls if u.strip()) or None  # the setting: comma-separated
+    args.triton_key = args.triton_key or None  # RTVIDEO_TRITON_KEY="" is no key
     try:  # every value is checked before anything starts: a bad one is one line, exit 2
         check_settings(args)
     except ValueError as exc:
@@ -170,6 +182,18 @@ def check_settings(args: argparse.Namespace) -> None:
         raise ValueError("model parameters need a Triton started here; drop --triton-url")
     if args.triton_url is None and (not args.triton_host or any(c.isspace() or c in "/[]" for c in args.triton_host)):
         raise ValueError(f"--triton-host {args.triton_host!r}: give an address (127.0.0.1, 0.0.0.0, ::) or a host name")
+    if args.triton_key is not None:
+        from rtvideo.triton.access import restricted_protocol_flag
+
+        try:
+            restricted_protocol_flag(args.triton_key)
+        except ValueError:
+            raise ValueError("--triton-key (or RTVIDEO_TRITON_KEY): give a key without whitespace or '='") from None
+    if args.triton_url is None and args.triton_key is None and not is_loopback(args.triton_host):
+        raise ValueError(
+            f"--triton-host {args.triton_host} would publish Triton's gRPC port with no access key: give one "
+            "(--triton-key or RTVIDEO_TRITON_KEY; clients send it, docs/security.md), or keep Triton on 127.0.0.1"
+        )
     source = Path(args.model_repository) / args.model
     if args.triton_url is None:
         if not (source / "config.pbtxt").is_file():
@@ -178,9 +202,21 @@ def check_settings(args: argparse.Namespace) -> None:
         settings.check_sequence_slots(read_candidate_sequences(source))
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) binds to this machine's loopback only: 127.0.0.0/8,
+    ::1, localhost. Any other name counts as reachable from elsewhere."""
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def serve(args: argparse.Namespace) -> int:
     """Triton (unless --triton-url), then the proxy until SIGINT/SIGTERM; Triton is always stopped."""
     from rtvideo.triton import TritonConfig, TritonServer
+    from rtvideo.triton.access import generate_key
 
     overrides = model_overrides(args)
     signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C until the proxy's loop takes over
@@ -188,7 +224,11 @@ def serve(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="rtvideo-repo-") as scratch:
         try:
             triton_url = args.triton_url
+            key = args.triton_key
             if triton_url is None:
+                # A Triton started here always gets a key: the one given, else a new one that only
+                # this process (and its proxy) knows; its restarts keep it (the same TritonConfig).
+                key = key or generate_key()
                 repo = args.model_repository
                 if overrides:
                     repo = Path(scratch)
@@ -201,6 +241,7 @@ def serve(args: argparse.Namespace) -> int:
                         metrics_port=args.triton_metrics_port,
                         http=args.triton_http,
                         host=args.triton_host,
+                        key=key,
                     ),
                     stdout=args.triton_log,
                 )
@@ -211,8 +252,11 @@ def serve(args: argparse.Namespace) -> int:
                     args.triton_host,
                     triton.log.describe(),
                 )
+                if not is_loopback(args.triton_host):
+                    warn_if_affected(triton)
                 triton_url = triton.grpc_url
-            return asyncio.run(_run_proxy(proxy_settings.from_namespace(args, triton_url=triton_url), triton))
+            settings = proxy_settings.from_namespace(args, triton_url=triton_url, triton_key=key)
+            return asyncio.run(_run_proxy(settings, triton))
         except KeyboardInterrupt:
             return 0
         finally:
@@ -221,6 +265,22 @@ def serve(args: argparse.Namespace) -> int:
             if triton is not None:
                 triton.stop()
                 log.info("tritonserver stopped")
+
+
+def warn_if_affected(triton: TritonServer) -> None:
+    """A WARNING when the Triton just started on a published address is a release that carries
+    the Python backend's shared-memory CVEs (docs/security.md); its version from its metadata."""
+    from rtvideo.triton.server import FIXED_RELEASE, is_affected
+
+    version = triton.server_version()
+    if version is None or is_affected(version):
+        log.warning(
+            "tritonserver %s on %s: Triton releases before %s (NGC 25.07) carry CVE-2025-23319/23320/23334; "
+            "its gRPC port needs the key and must not be reachable by untrusted clients (docs/security.md)",
+            version or "(version unknown)",
+            triton.config.host,
+            ".".join(map(str, FIXED_RELEASE)),
+        )
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -1,6 +1,7 @@
 """One logging set-up for every process of the service (the proxy, `rtvideo serve`, the model).
 
-Log lines carry client text (event ids, prompts, messages quoted in errors). A client must
+Log lines carry client text (event ids, messages quoted in errors; prompts at DEBUG only,
+INFO gets `prompt_summary`; correlation ids never, `sequence=` is their hash). A client must
 not be able to forge log lines or flood the log, so every message is escaped (control
 characters, line breaks, unpaired surrogates) and cut to a bounded length; tracebacks,
 which come from our own code, keep their lines.
@@ -15,9 +16,17 @@ import sys
 import time
 from typing import TextIO
 
-#: longest message kept whole (prompts are at most 4096 characters; config lines quote one)
+from rtvideo.triton.access import short_hash
+
+#: longest message kept whole (prompts are at most 4096 characters; DEBUG lines quote one)
 MAX_MESSAGE_CHARS = 6000
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def prompt_summary(prompt: str) -> str:
+    """What an INFO line says of a prompt: its length and `short_hash`. The text itself is
+    logged at DEBUG only (docs/security.md): prompts are the users' words, and logs travel."""
+    return f"<{len(prompt)} chars, {short_hash(prompt)}>"
 
 
 def escape(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -39,14 +48,15 @@ class SafeFormatter(logging.Formatter):
 
 
 #: `key=value` fields that log lines carry by convention and JSON lines lift into fields
-_FIELDS = re.compile(r"\b(request_id|event_id|corrid|peer)=(\S+)")
-_KEYS = re.compile(r"\b(request_id|event_id|corrid|peer)=")
+_FIELDS = re.compile(r"\b(request_id|event_id|sequence|peer)=(\S+)")
+_KEYS = re.compile(r"\b(request_id|event_id|sequence|peer)=")
 FORMATS = ("text", "json")
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, and the `request_id`, `event_id`,
-    `corrid` and `peer` the message names (`key=value`) as fields of their own."""
+    `sequence` (a correlation id's `short_hash`, never the id) and `peer` the message names
+    (`key=value`) as fields of their own."""
 
     def format(self, record: logging.LogRecord) -> str:
         message = escape(record.getMessage())

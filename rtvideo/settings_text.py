@@ -27,11 +27,12 @@ ENV_PREFIX = "RTVIDEO_"
 
 
 def setting(default: Any, help: str, *, flag: str | None = None, secret: bool = False) -> Any:
-    """A dataclass field with its documentation; `flag` overrides the derived `--flag-name`."""
+    """A dataclass field with its documentation; `flag` overrides the derived `--flag-name`; a
+    `secret` one is left out of the dataclass's repr and of the flag's shown default."""
     metadata = {"help": help, "flag": flag, "secret": secret}
     if isinstance(default, (list, dict, set)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata, repr=not secret)
+    return dataclasses.field(default=default, metadata=metadata, repr=not secret)
 
 
 def flag_name(f: dataclasses.Field) -> str:

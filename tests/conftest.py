@@ -18,6 +18,7 @@ from tests.support.streams import FAST_MODEL, FAST_MODEL_NAMES, PACED_MODEL
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from rtvideo.triton import TritonConfig, TritonServer, free_port
+    from rtvideo.triton.access import KEY_ENV, generate_key
 
     repo = tmp_path_factory.mktemp("model_repository")
     # The fast model renders in the model's own process (render_workers 0); the paced one as
@@ -34,15 +35,26 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     )
     derive_model(repo, PACED_MODEL, {"max_sessions": "2"})
     log = Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log")))
+    # Keyed as `rtvideo serve` keys its own Triton; the key in the environment for the whole test
+    # session, where TritonStreamSession, the proxies here and `rtvideo serve` subprocesses read it.
+    key = generate_key()
     server = TritonServer(
-        TritonConfig(model_repository=repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()),
+        TritonConfig(
+            model_repository=repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), key=key
+        ),
         stdout=log,
     )
     server.start(timeout=300)
+    previous = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = key
     try:
         yield server
     finally:
         server.stop()
+        if previous is None:
+            os.environ.pop(KEY_ENV, None)
+        else:
+            os.environ[KEY_ENV] = previous
 
 
 @pytest.fixture(scope="module")

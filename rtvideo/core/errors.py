@@ -20,6 +20,7 @@ class ErrorCode(str, Enum):
     EVENT_ID_CONFLICT = "event_id_conflict"
     INTERACTION_FAILED = "interaction_failed"
     STALL_TIMEOUT = "stall_timeout"
+    IDLE_TIMEOUT = "idle_timeout"  # no request on the sequence for Triton's idle limit: Triton dropped it
     SERVER_BUSY = "server_busy"
     GENERATION_FAILED = "generation_failed"
     BACKEND_UNAVAILABLE = "backend_unavailable"
@@ -36,6 +37,7 @@ SESSION_ENDING_CODES = frozenset(
         ErrorCode.UNSUPPORTED_FORMAT,
         ErrorCode.MODEL_MISMATCH,
         ErrorCode.STALL_TIMEOUT,
+        ErrorCode.IDLE_TIMEOUT,
         ErrorCode.SERVER_BUSY,
         ErrorCode.GENERATION_FAILED,
         ErrorCode.BACKEND_UNAVAILABLE,

@@ -149,7 +149,11 @@ class StopRequest:
 
 @dataclass(frozen=True)
 class PingRequest:
-    pass
+    """`keepalive`: `"keepalive": true` in the ping, a keep-alive (the proxy's, docs/protocol.md
+    §8): it keeps the sequence from Triton's idle timeout, but is not progress for the stall
+    clock (§7) as a client's ping is."""
+
+    keepalive: bool = False
 
 
 SessionMessage = InteractionRequest | StopRequest | PingRequest
@@ -397,7 +401,7 @@ def parse_message(raw: bytes | str) -> SessionMessage:
     if kind == STOP:
         return StopRequest()
     if kind == PING:
-        return PingRequest()
+        return PingRequest(keepalive=obj.get("keepalive") is True)
     return validate_interaction(obj)
 
 

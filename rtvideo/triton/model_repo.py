@@ -63,9 +63,22 @@ def read_candidate_sequences(source: Path = MODEL_DIR) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def derive_model(target: Path, name: str, params: Mapping[str, str], source: Path = MODEL_DIR) -> Path:
+#: the sequence batcher's numeric fields `derive_model` may change
+SEQUENCE_BATCHING_FIELDS = ("max_candidate_sequences", "max_sequence_idle_microseconds")
+
+
+def derive_model(
+    target: Path,
+    name: str,
+    params: Mapping[str, str],
+    source: Path = MODEL_DIR,
+    *,
+    sequence_batching: Mapping[str, int] | None = None,
+) -> Path:
     """Copy the model directory `source` into `target/name` as model `name`, replacing the
-    given `parameters` values; an unknown parameter raises KeyError (a typo never passes)."""
+    given `parameters` values and `sequence_batching` fields (`SEQUENCE_BATCHING_FIELDS`, e.g. a
+    short `max_sequence_idle_microseconds` for a test); an unknown parameter or field raises
+    KeyError (a typo never passes)."""
     dst = Path(target) / name
     shutil.copytree(Path(source) / "1", dst / "1", ignore=shutil.ignore_patterns("__pycache__"))
     config = (Path(source) / "config.pbtxt").read_text()
@@ -77,6 +90,12 @@ def derive_model(target: Path, name: str, params: Mapping[str, str], source: Pat
         config, count = re.subn(pattern, partial(_with_body, pbtxt_escape(str(value))), config)
         if count != 1:
             raise KeyError(f"parameter {key} not found in {source}/config.pbtxt")
+    for key, number in (sequence_batching or {}).items():
+        if key not in SEQUENCE_BATCHING_FIELDS:
+            raise KeyError(f"sequence_batching field {key}: derive_model changes only {SEQUENCE_BATCHING_FIELDS}")
+        config, count = re.subn(rf"^(\s*{key}:\s*)\d+", rf"\g<1>{int(number)}", config, count=1, flags=re.M)
+        if count != 1:
+            raise KeyError(f"sequence_batching field {key} not found in {source}/config.pbtxt")
     (dst / "config.pbtxt").write_text(config)
     return dst
 

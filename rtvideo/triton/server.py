@@ -15,6 +15,11 @@ Their shared-memory files (``/dev/shm/rtvideo_<launcher pid>_<hex>_*``) are remo
 
 Triton's HTTP endpoint is off unless ``TritonConfig.http`` asks for it: it accepts
 unauthenticated ``text/plain`` POSTs, which any web page can send to a loopback port.
+
+With ``TritonConfig.key`` set, every protocol group but health (inference, shared memory,
+model config and repository, statistics, trace, logging, metadata) answers only calls that
+carry the key (:mod:`rtvideo.triton.access`; :meth:`TritonServer.client_headers`); the
+readiness wait here uses health, which stays open.
 """
 
 from __future__ import annotations
@@ -26,17 +31,19 @@ import secrets
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtvideo.process import launch
+from rtvideo.process import launch, shm
+from rtvideo.triton import access
 from rtvideo.triton.install import TritonInstall, find_tritonserver
 from rtvideo.triton.logs import LogTarget, ServerLog
 
-__all__ = ["TritonConfig", "TritonServer", "clean_stale_shm", "free_port", "is_ready"]
+__all__ = ["FIXED_RELEASE", "TritonConfig", "TritonServer", "clean_stale_shm", "free_port", "is_affected", "is_ready"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +84,16 @@ class TritonConfig:
     extra_args: list[str] = field(default_factory=list)
     # Shutdown grace for in-flight requests; open decoupled streams count as in flight.
     exit_timeout_secs: int = 5
+    #: the access key (rtvideo.triton.access): None leaves every protocol open, as Triton does
+    key: str | None = field(default=None, repr=False)
+    #: ``--grpc-infer-allocation-pool-size``: request/response objects Triton keeps for reuse
+    #: (its default, 8, keeps the memory of the largest requests seen; docs/security.md)
+    grpc_infer_allocation_pool_size: int = 0
+    #: glibc's ``MALLOC_MMAP_THRESHOLD_`` for tritonserver alone (not its stubs), unless the
+    #: environment sets it or ``BASH_ENV``: the slices gRPC reads a large request into are then
+    #: mapped and unmapped, not kept in malloc's heaps once the request was refused (a 300 MiB
+    #: request left hundreds of MB behind each time). None: glibc's default
+    malloc_mmap_threshold: int | None = 64 * 1024
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -88,7 +105,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def is_ready(grpc_url: str, timeout: float = 1.0) -> bool:
     """Whether the Triton at ``grpc_url`` (``host:port``) says it is ready, over gRPC (within ``timeout``)."""
-    import tritonclient.grpc as grpcclient  # the launcher's only tritonclient use; imported when needed
+    import tritonclient.grpc as grpcclient  # imported when needed: health is open, no key needed
 
     try:
         client = grpcclient.InferenceServerClient(grpc_url)
@@ -100,6 +117,22 @@ def is_ready(grpc_url: str, timeout: float = 1.0) -> bool:
         return False
     finally:
         client.close()
+
+
+#: the first Triton release without the Python backend's shared-memory CVEs (CVE-2025-23319,
+#: CVE-2025-23320, CVE-2025-23334): NGC 25.07 per NVIDIA's bulletin, whose server reports 2.59.1
+#: (NGC 25.06 is 2.59.0). nvidia-pytriton 0.7.0 brings 2.51.0 (NGC 24.10).
+FIXED_RELEASE = (2, 59, 1)
+
+
+def is_affected(version: str) -> bool:
+    """Whether a Triton server version ("2.51.0", as its metadata says) predates FIXED_RELEASE;
+    a version that cannot be read counts as affected."""
+    parts = re.findall(r"\d+", version)[:3]
+    if not parts:
+        return True
+    numbers = tuple(int(p) for p in parts)
+    return numbers + (0,) * (3 - len(numbers)) < FIXED_RELEASE
 
 
 def _pid_alive(pid: int) -> bool:
@@ -163,6 +196,7 @@ class TritonServer:
         #: prefix of the Python backend's shared-memory names for the current run
         self.shm_prefix: str | None = None
         self._spawned_at = 0.0
+        self._stub_env: Path | None = None  # the BASH_ENV file of the stubs (_server_environment)
 
     # -- endpoints ---------------------------------------------------------------------------
     @property
@@ -187,6 +221,26 @@ class TritonServer:
     @property
     def metrics_url(self) -> str:
         return f"http://{self._url_host}:{self.config.metrics_port}/metrics"
+
+    def client_headers(self) -> dict[str, str]:
+        """The gRPC metadata every call to this server needs (its key's header; {} without one)."""
+        return access.key_headers(self.config.key)
+
+    def server_version(self, timeout: float = 5.0) -> str | None:
+        """The running server's version from its metadata ("2.51.0"), None when it does not answer."""
+        import tritonclient.grpc as grpcclient
+
+        try:
+            client = grpcclient.InferenceServerClient(self.grpc_url)
+        except Exception:  # noqa: BLE001 - a bad address: no version
+            return None
+        try:
+            metadata = client.get_server_metadata(headers=self.client_headers(), client_timeout=timeout)
+            return str(metadata.version) or None
+        except Exception:  # noqa: BLE001 - unreachable, refused, timed out
+            return None
+        finally:
+            client.close()
 
     # -- process -----------------------------------------------------------------------------
     @property
@@ -242,13 +296,24 @@ class TritonServer:
             f"--metrics-port={c.metrics_port}",
             f"--log-verbose={c.log_verbose}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            f"--grpc-infer-allocation-pool-size={c.grpc_infer_allocation_pool_size}",
         ]
+        if c.key is not None:
+            cmd.append(access.restricted_protocol_flag(c.key))
+            if c.http:
+                cmd.append(access.restricted_http_flag(c.key))
         if install.backend_directory is not None:
             cmd.append(f"--backend-directory={install.backend_directory}")
         if install.cache_directory is not None:
             cmd.append(f"--cache-directory={install.cache_directory}")
         cmd.extend(c.extra_args)
         return cmd
+
+    @property
+    def shown_command(self) -> list[str]:
+        """``command`` as it may be shown (in an error, a log): the key replaced by ``<key>``."""
+        key = self.config.key
+        return [arg.replace(key, "<key>") for arg in self.command] if key else list(self.command)
 
     def start(self, timeout: float = 120.0) -> None:
         """Spawn tritonserver and wait until it is ready (:meth:`spawn`, then :meth:`wait_ready`).
@@ -278,19 +343,39 @@ class TritonServer:
             log.debug(
                 "tritonserver spawned from thread %s: it dies when that thread ends", threading.current_thread().name
             )
+        env = self._server_environment(install)
         try:
             self._proc = subprocess.Popen(
                 launch.command(self.command),  # dies with its launcher, even on kill -9
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                env=install.environment(),
+                env=env,
                 start_new_session=True,  # own process group: stop() can reach the stubs too
+                umask=0o077,  # what it and its stubs create is their user's alone (shm: see wait_ready)
             )
         except BaseException:
             self.log.close()
+            self._remove_stub_env()
             raise
         self.log.spawned()
+
+    def _server_environment(self, install: TritonInstall) -> dict[str, str]:
+        """The server's environment: `install`'s, with `config.malloc_mmap_threshold`. The stubs
+        must not inherit that (a fresh mapping for every frame-sized array is 10x slower): the
+        Python backend starts each with `bash -c "exec <stub> ..."`, and bash first runs the
+        file in ``BASH_ENV``, which gives them glibc's own behaviour back."""
+        env = install.environment()
+        threshold = self.config.malloc_mmap_threshold
+        if threshold is None or "MALLOC_MMAP_THRESHOLD_" in env or "BASH_ENV" in env:
+            return env
+        fd, path = tempfile.mkstemp(prefix="rtvideo-stub-env-", suffix=".sh")
+        with os.fdopen(fd, "w") as f:
+            f.write("unset MALLOC_MMAP_THRESHOLD_ BASH_ENV\n")
+        self._stub_env = Path(path)
+        env["MALLOC_MMAP_THRESHOLD_"] = str(threshold)
+        env["BASH_ENV"] = path
+        return env
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Poll gRPC readiness every 0.1 s until ``timeout`` s after the spawn; an exit ends the
@@ -303,14 +388,16 @@ class TritonServer:
             while True:
                 if proc.poll() is not None:
                     raise self.log.failure(
-                        f"tritonserver exited with code {proc.returncode} while starting", self.command
+                        f"tritonserver exited with code {proc.returncode} while starting", self.shown_command
                     )
+                self.restrict_shm()  # as soon as a stub's region appears
                 if is_ready(self.grpc_url, timeout=1.0):
                     self.startup_seconds = time.monotonic() - self._spawned_at
+                    self.restrict_shm()
                     return
                 if time.monotonic() > deadline:
                     raise self.log.failure(
-                        f"tritonserver not ready after {timeout:.0f} s (gRPC {self.grpc_url})", self.command
+                        f"tritonserver not ready after {timeout:.0f} s (gRPC {self.grpc_url})", self.shown_command
                     )
                 time.sleep(0.1)
         except BaseException:
@@ -323,6 +410,7 @@ class TritonServer:
         and its shared-memory files are removed."""
         proc = self._proc
         if proc is None:
+            self._remove_stub_env()
             return
         pgid = proc.pid
         try:
@@ -341,6 +429,17 @@ class TritonServer:
         finally:
             self.log.close()
             self.remove_shm()
+            self._remove_stub_env()
+
+    def _remove_stub_env(self) -> None:
+        if self._stub_env is not None:
+            self._stub_env.unlink(missing_ok=True)
+            self._stub_env = None
+
+    def restrict_shm(self) -> list[str]:
+        """Make this run's shared-memory files readable by their owner only (the stubs create them
+        0644 whatever the umask: rtvideo.process.shm); returns the names changed."""
+        return shm.restrict_prefix(self.shm_prefix) if self.shm_prefix else []
 
     def remove_shm(self) -> list[str]:
         """Remove this run's shared-memory files (a stub killed hard leaves them); returns their names."""

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from rtvideo.core import protocol
+from rtvideo.triton.access import SESSION_SECRET_PARAMETER
 
 #: input: one client message, UTF-8 JSON, BYTES [1]
 REQUEST = "REQUEST"
@@ -40,6 +41,26 @@ class Reply:
     message: dict[str, Any] | None
     data: bytes
     received: float = 0.0
+
+
+def secret_parameters(secret: str | None) -> dict[str, str] | None:
+    """A request's parameters carrying the session's secret (docs/protocol.md §8): the
+    `parameters=` of tritonclient's calls (None: no parameters, as for the health probe)."""
+    return {SESSION_SECRET_PARAMETER: secret} if secret is not None else None
+
+
+def session_secret(parameters: str | None) -> str | None:
+    """The session secret a request carries: the string parameter `rtvideo_session_secret` of
+    the request's parameters as the Python backend gives them (`request.parameters()`, a JSON
+    object as text); None when absent, not a string, or the text is not a JSON object."""
+    if not parameters:
+        return None
+    try:
+        values = json.loads(parameters)
+    except ValueError:
+        return None
+    value = values.get(SESSION_SECRET_PARAMETER) if isinstance(values, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def message_bytes(message: Mapping[str, Any] | str | bytes) -> bytes:

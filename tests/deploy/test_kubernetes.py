@@ -94,17 +94,20 @@ def test_proxy_deployment_drains_within_its_grace_and_reaches_triton_by_the_head
     grace = proxy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace > float(args.drain_seconds) + SHUTDOWN_SECONDS
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/livez"
+    # The probes and the scrapes go to the health listener, which idle client connections cannot starve.
+    assert c["readinessProbe"]["httpGet"]["port"] == "health" and c["livenessProbe"]["httpGet"]["port"] == "health"
     (url,) = args.triton_url
     host, port = url.rsplit(":", 1)
     service = r[("Service", host)]
     assert service["spec"]["clusterIP"] == "None"  # headless: one address per Triton pod
     assert [p["port"] for p in service["spec"]["ports"]] == [int(port)]
     assert service["spec"]["selector"] == r[("Deployment", "rtvideo-triton")]["spec"]["selector"]["matchLabels"]
-    (http,) = c["ports"]
-    assert int(flags(c["args"])["port"]) == http["containerPort"]
-    assert proxy["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(http["containerPort"])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert sorted(ports) == ["health", "http"]
+    assert int(flags(c["args"])["port"]) == ports["http"] and int(args.health_port) == ports["health"]
+    assert proxy["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(ports["health"])
     front = r[("Service", "rtvideo-proxy")]
-    assert front["spec"]["ports"][0]["targetPort"] == http["name"]
+    assert [p["targetPort"] for p in front["spec"]["ports"]] == ["http"]  # the health listener is not published
 
 
 def test_triton_deployment_ports_probes_and_model_config() -> None:
@@ -131,6 +134,26 @@ def test_triton_deployment_ports_probes_and_model_config() -> None:
     volume = next(v for v in triton["spec"]["template"]["spec"]["volumes"] if v["name"] == "model-config")
     config_map = r[("ConfigMap", volume["configMap"]["name"])]
     assert list(config_map["data"]) == [f"{f['model-config-name']}.pbtxt"]
+
+
+def test_triton_and_proxy_pods_share_the_triton_key_from_a_secret() -> None:
+    """Triton's pods are reached by the proxies over the network: every protocol but health is
+    behind the key (as `rtvideo serve` starts its own Triton), which both take from one Secret
+    (not optional: a Triton pod without it does not start open)."""
+    from rtvideo.triton.access import KEY_ENV, restricted_http_flag, restricted_protocol_flag
+
+    r = resources()
+    refs = {}
+    for name in ("rtvideo-triton", "rtvideo-proxy"):
+        env = {e["name"]: e for e in container(r[("Deployment", name)]).get("env", [])}
+        ref = env[KEY_ENV]["valueFrom"]["secretKeyRef"]
+        assert not ref.get("optional", False), name
+        refs[name] = (ref["name"], ref["key"])
+    assert refs["rtvideo-triton"] == refs["rtvideo-proxy"]
+    args = container(r[("Deployment", "rtvideo-triton")])["args"]
+    key = f"$({KEY_ENV})"  # expanded by the kubelet from the container's environment
+    assert restricted_protocol_flag(key) in args and restricted_http_flag(key) in args
+    assert "--grpc-infer-allocation-pool-size=0" in args
 
 
 def test_the_cluster_model_config_is_the_shipped_one_on_gpus() -> None:

@@ -127,18 +127,21 @@ def test_dockerfile_lints_and_copies_what_exists() -> None:
 def test_container_health_check_is_not_readiness(proxies) -> None:
     """The image's HEALTHCHECK polled /readyz, which is 503 whenever every connection is in use:
     a full server turned 'unhealthy' after 30 s, and an orchestrator replacing unhealthy
-    containers would end every live session. It polls /healthz, which a full server passes."""
-    match = re.search(r"^HEALTHCHECK .*?CMD (.+?)$", (ROOT / "Dockerfile").read_text(), re.M | re.S)
-    assert match and "http://127.0.0.1:8080/" in match.group(1), "no HEALTHCHECK with a URL"
-    path = re.search(r"http://127\.0\.0\.1:8080(/\w*)", match.group(1)).group(1)
-    server = proxies.server(max_connections=1)
+    containers would end every live session. It polls /healthz, which a full server passes, on
+    the health listener (RTVIDEO_HEALTH_PORT), which idle connections to the main port cannot starve."""
+    text = (ROOT / "Dockerfile").read_text()
+    match = re.search(r"^HEALTHCHECK .*?CMD (.+?)$", text, re.M | re.S)
+    url = re.search(r"http://127\.0\.0\.1:(\d+)(/\w*)", match.group(1)) if match else None
+    assert url, "no HEALTHCHECK with a URL"
+    health_port, path = url.groups()
+    assert f"RTVIDEO_HEALTH_PORT={health_port}" in text, "the HEALTHCHECK polls another port than the health listener's"
+    server = proxies.server(max_connections=1, health_port=0)
 
     async def full() -> tuple[int, int]:
         async with connect(server.url):
             await asyncio.sleep(0.2)
-            return await asyncio.to_thread(http_status, server.port, path, "127.0.0.1"), await asyncio.to_thread(
-                http_status, server.port, "/readyz", "127.0.0.1"
-            )
+            checked = await asyncio.to_thread(http_status, server.health_port, path, "127.0.0.1")
+            return checked, await asyncio.to_thread(http_status, server.health_port, "/readyz", "127.0.0.1")
 
     checked, ready = run(full())
     assert ready == 503 and checked == 200, (path, checked)
@@ -153,6 +156,9 @@ def test_container_health_check_is_not_readiness(proxies) -> None:
         ([], {"RTVIDEO_MAX_SESSIONS": "many"}, "RTVIDEO_MAX_SESSIONS"),
         ([], {"RTVIDEO_PORT": "http"}, "RTVIDEO_PORT"),
         (["--triton-host", "0.0.0.0 8001"], {}, "--triton-host"),
+        (["--triton-host", "0.0.0.0"], {"RTVIDEO_TRITON_KEY": ""}, "with no access key"),  # Triton published, open
+        (["--triton-host", "10.1.2.3"], {"RTVIDEO_TRITON_KEY": ""}, "--triton-key or RTVIDEO_TRITON_KEY"),
+        (["--triton-key", "two words"], {}, "--triton-key"),
         (["--log-level", "loud"], {}, "--log-level"),
         ([], {"RTVIDEO_LOG_LEVEL": "verbose"}, "RTVIDEO_LOG_LEVEL"),
         ([], {"RTVIDEO_LOG_FORMAT": "xml"}, "RTVIDEO_LOG_FORMAT"),
@@ -186,13 +192,21 @@ def test_dockerfile_targets_and_the_pinned_vllm_omni() -> None:
     stages = stages[1:]  # "source" only holds the project's files, copied into both images
     for stage in stages:
         assert "useradd --create-home --uid 10001" in stage and "USER 10001" in stage
-        assert "EXPOSE 8080 8001 8002" in stage and "8080/healthz'" in stage  # full is not unhealthy
-        assert '"--triton-host", "0.0.0.0", "--triton-log", "-"' in stage
+        assert "8081/healthz'" in stage  # full is not unhealthy
+        # Triton's ports are not published and Triton stays on loopback (its own key, docs/security.md).
+        (expose,) = re.findall(r"^EXPOSE (.*)$", stage, re.M)
+        assert "8080" in expose.split() and not {"8001", "8002"} & set(expose.split())
+        (cmd,) = re.findall(r"^CMD (\[.*?\])$", stage, re.M | re.S)
+        assert '"--triton-log", "-"' in cmd and "--triton-host" not in cmd
+        assert "RTVIDEO_HEALTH_PORT=8081" in stage  # on the health listener
         assert 'ENTRYPOINT ["rtvideo", "serve"]' in stage
     gpu = stages[1]
     assert f"ARG VLLM_OMNI_VERSION={PINNED_VLLM_OMNI}" in gpu and "generator=vllm_omni" in gpu
     assert "-c /opt/rtvideo/image-pins.txt" in gpu and "--no-deps ." in gpu  # torch stays the image's
     assert re.search(r"^ARG VLLM_TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-vllm-python-py3$", text, re.M)
+    # Both bases carry a Triton without the shared-memory CVEs (CVE-2025-23319/23320/23334): 25.07 on.
+    tags = re.findall(r"^ARG \w*TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-", text, re.M)
+    assert len(tags) == 2 and all((int(y), int(m)) >= (25, 7) for y, m in tags), tags
     assert f"VLLM_OMNI_VERSION={PINNED_VLLM_OMNI}" in (ROOT / "scripts" / "setup.sh").read_text()
     assert f"__version__ = version = '{PINNED_VLLM_OMNI}'" in wheel_source("vllm_omni/_version.py")
     assert "omni_ver != vllm_ver" in wheel_source("vllm_omni/version.py")  # major.minor must match vLLM's

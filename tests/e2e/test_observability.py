@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import select
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from rtvideo.client.session import RealtimeVideoClient
 from rtvideo.proxy.accesslog import redact, redact_text
 from rtvideo.proxy.metrics import ProxyMetrics, StreamTiming
 from rtvideo.triton import STDERR, ServerLog, free_port, is_ready
+from rtvideo.triton.access import KEY_ENV, generate_key
 from tests.support.processes import RTVIDEO, descendants, end_all
 from tests.support.proxy_client import Ws, ws
 from tests.support.proxy_host import run
@@ -184,9 +186,12 @@ def test_a_temp_log_is_one_file_across_restarts() -> None:
 
 def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None:
     """One `rtvideo serve --triton-host 0.0.0.0 --triton-log -`: Triton's gRPC answers on loopback,
-    and the model's per-session line reaches the serve process's standard error."""
+    and the model's per-session line reaches the serve process's standard error. Published, Triton
+    needs a key (given here in the environment) and the serve warns that this Triton release
+    (2.51, nvidia-pytriton's) carries the shared-memory CVEs; the key is in no line."""
     ports = [free_port() for _ in range(3)]
     stderr_path = tmp_path / "serve.stderr"
+    key = generate_key()
     with stderr_path.open("wb") as stderr:
         proc = subprocess.Popen(
             [
@@ -210,6 +215,7 @@ def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
+            env={**os.environ, KEY_ENV: key},
         )
     children: set[int] = set()
     try:
@@ -217,6 +223,8 @@ def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None
         assert select.select([proc.stdout], [], [], 300)[0], "no ready line:\n" + stderr_path.read_text()[-3000:]
         line = proc.stdout.readline()
         assert line.endswith(f"(triton grpc 127.0.0.1:{ports[1]})\n"), line + stderr_path.read_text()[-3000:]
+        warning = [entry for entry in stderr_path.read_text().splitlines() if "CVE-2025-23319" in entry]
+        assert warning and "WARNING" in warning[0] and "2.51.0" in warning[0], stderr_path.read_text()[-3000:]
         assert is_ready(f"127.0.0.1:{ports[1]}")
         children = descendants(proc.pid)
         commands = [Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in children]
@@ -239,5 +247,6 @@ def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+        assert key not in stderr_path.read_text() + line + proc.stdout.read()
     finally:
         end_all(proc, children)

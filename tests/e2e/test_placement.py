@@ -126,7 +126,9 @@ def test_model_py_gives_each_gpu_instance_its_device(monkeypatch: pytest.MonkeyP
 
         def shutdown(self) -> None: ...
 
-    monkeypatch.setattr(module, "build_manager", lambda settings, name, metrics: built.append(settings) or _Manager())
+    monkeypatch.setattr(
+        module, "build_manager", lambda settings, name, metrics, **kw: built.append(settings) or _Manager()
+    )
 
     def load(kind: str, device_id: str, device: str = "auto") -> str:
         config = {

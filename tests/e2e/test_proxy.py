@@ -457,7 +457,7 @@ def test_a_stream_cancelled_before_it_is_read_never_reaches_triton(triton) -> No
     wait_idle(triton)
 
     async def body() -> list[Reply]:
-        bridge = TritonBridge(triton.grpc_url, FAST_MODEL)
+        bridge = TritonBridge(triton.grpc_url, FAST_MODEL, triton.config.key)
         try:
             stream = bridge.open_stream()
             stream.send(json.dumps({"type": "session.start", "prompt": "nobody is listening"}).encode(), start=True)
@@ -490,7 +490,7 @@ def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
         async def one() -> Any:
             yield bridge_module._request(FAST_MODEL, bridge_module.STOP, "check", sequence_id, end=True)
 
-        call = client.stream_infer(one())
+        call = client.stream_infer(one(), headers=triton.client_headers())
         try:
             return await asyncio.wait_for(call.__anext__(), 10)
         except StopAsyncIteration:
@@ -499,7 +499,8 @@ def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
             call.cancel()
 
     async def body() -> tuple[str, Any, Any]:
-        bridge, checker = TritonBridge(triton.grpc_url, FAST_MODEL), TritonBridge(triton.grpc_url, FAST_MODEL)
+        key = triton.config.key
+        bridge, checker = TritonBridge(triton.grpc_url, FAST_MODEL, key), TritonBridge(triton.grpc_url, FAST_MODEL, key)
         try:
             stream = bridge.open_stream()
             stream.send(json.dumps({"type": "session.start", "prompt": "given up on"}).encode(), start=True)

@@ -8,14 +8,11 @@ import asyncio
 import json
 import os
 import queue
-import select
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.triton import clean_stale_shm, free_port, wire
 from rtvideo.triton.server import shm_prefix_of
-from tests.support.processes import RTVIDEO, alive, descendants
+from tests.support.processes import alive, descendants, stop_serve
+from tests.support.serve_session import Served, cmdline, serve, triton_pids
 from tests.support.streams import FAST_MODEL, metric, wait_for_metric
 
 
@@ -59,7 +57,9 @@ def _first_request_answers(triton: Any, message: dict, *, end: bool) -> list[tup
         return got
 
     try:
-        client.start_stream(callback=lambda result, error: replies.put((result, error)))
+        client.start_stream(
+            callback=lambda result, error: replies.put((result, error)), headers=triton.client_headers()
+        )
         got = send(message, start=True, end=end)
         if not end:  # end the sequence, or it holds a batcher slot
             assert send({"type": "session.stop"}, start=False, end=True) == [(None, True)]
@@ -153,7 +153,7 @@ def test_probe_reaches_a_triton_back_after_an_outage(triton) -> None:
 
     async def body() -> float:
         relay = _Relay(free_port(), int(triton.grpc_url.rsplit(":", 1)[1]))
-        bridge = TritonBridge(f"127.0.0.1:{relay.port}", FAST_MODEL)
+        bridge = TritonBridge(f"127.0.0.1:{relay.port}", FAST_MODEL, triton.config.key)
         try:
             await relay.up()
             await bridge.probe(5.0)
@@ -219,87 +219,6 @@ def test_probes_leave_the_model_free_to_unload(tmp_path: Path) -> None:
 
 
 # --- rtvideo serve as a subprocess ---------------------------------------------------------------
-@dataclass
-class Served:
-    proc: subprocess.Popen
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/realtime/video"
-
-    def get(self, path: str) -> tuple[int, dict]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
-
-    def tail(self) -> str:
-        return self.log.read_text()[-4000:]
-
-
-def _serve(tmp: Path, *extra: str) -> Served:
-    ports = [free_port() for _ in range(3)]
-    log = tmp / "serve.log"
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [
-                str(RTVIDEO),
-                "serve",
-                "--port",
-                str(ports[0]),
-                "--triton-grpc-port",
-                str(ports[1]),
-                "--triton-metrics-port",
-                str(ports[2]),
-                "--triton-log",
-                str(tmp / "triton.log"),
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
-    served = Served(proc, ports[0], log)
-    assert proc.stdout is not None
-    ready = select.select([proc.stdout], [], [], 300)[0]
-    line = proc.stdout.readline() if ready else ""
-    if not line.startswith("rtvideo ready:"):
-        _end(proc)
-        pytest.fail("rtvideo serve did not get ready:\n" + served.tail())
-    return served
-
-
-def _end(proc: subprocess.Popen) -> None:
-    pids = descendants(proc.pid)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _triton_pids(served_pid: int) -> tuple[int, list[int]]:
-    """tritonserver (a child of `rtvideo serve`) and its Python-backend stubs (its children)."""
-    pids = descendants(served_pid)
-    server = next(p for p in pids if "tritonserver" in _cmdline(p) and "stub" not in _cmdline(p))
-    return server, [p for p in descendants(server) if "triton_python_backend_stub" in _cmdline(p)]
-
-
 def _describe(pid: int) -> str:
     """A process for a failure message: pid, state, what it waits in, its threads, its command."""
     try:
@@ -308,7 +227,7 @@ def _describe(pid: int) -> str:
         threads = len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return f"{pid} (gone)"
-    return f"{pid} state={stat[stat.rfind(')') + 2]} wchan={wchan} threads={threads} {_cmdline(pid)[:80]}"
+    return f"{pid} state={stat[stat.rfind(')') + 2]} wchan={wchan} threads={threads} {cmdline(pid)[:80]}"
 
 
 def _shm_of(launcher_pid: int) -> set[str]:
@@ -317,11 +236,11 @@ def _shm_of(launcher_pid: int) -> set[str]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    s = _serve(tmp_path_factory.mktemp("served"), "--probe-interval", "1")
+    s = serve(tmp_path_factory.mktemp("served"), "--probe-interval", "1")
     try:
         yield s
     finally:
-        _end(s.proc)
+        stop_serve(s.proc)
 
 
 async def _stream_one_chunk(url: str, timeout: float = 30.0) -> Any:
@@ -340,7 +259,7 @@ async def _stream_one_chunk(url: str, timeout: float = 30.0) -> Any:
 
 
 def test_stub_kill_is_reported_and_recovered(served: Served) -> None:
-    server_pid, stubs = _triton_pids(served.proc.pid)
+    server_pid, stubs = triton_pids(served.proc.pid)
     assert stubs, "no Python-backend stub under tritonserver"
     shm_before = _shm_of(served.proc.pid)
     timings: dict[str, float] = {}
@@ -388,7 +307,7 @@ def test_stub_kill_is_reported_and_recovered(served: Served) -> None:
     assert status == 200 and health["backend"] == "up" and health["restarts"] == 1, health
     assert not alive(server_pid) and not any(alive(p) for p in stubs)
     assert shm_before and not (shm_before & _shm_of(served.proc.pid)), "the old run's shared memory is left"
-    assert _triton_pids(served.proc.pid)[1], "the restarted Triton has no stub"
+    assert triton_pids(served.proc.pid)[1], "the restarted Triton has no stub"
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{served.port}/metrics", timeout=10).read().decode()
     values = {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
@@ -413,9 +332,9 @@ def test_sigterm_leaves_no_process_or_shared_memory(served: Served) -> None:
 def test_sigterm_during_a_restart_exits_at_once(tmp_path: Path) -> None:
     """SIGTERM while the supervisor restarts Triton: the Triton being started is not waited for
     (it was: the whole start-up, up to wait_ready's 600 s, then a graceful stop)."""
-    s = _serve(tmp_path, "--probe-interval", "1")
+    s = serve(tmp_path, "--probe-interval", "1")
     try:
-        server_pid, stubs = _triton_pids(s.proc.pid)
+        server_pid, stubs = triton_pids(s.proc.pid)
         os.kill(stubs[0], signal.SIGKILL)
         t0 = time.monotonic()
         while " restarting (was down)" not in s.log.read_text():
@@ -423,7 +342,7 @@ def test_sigterm_during_a_restart_exits_at_once(tmp_path: Path) -> None:
             time.sleep(0.05)
         while True:  # the new tritonserver is starting
             pids = descendants(s.proc.pid)
-            if any("tritonserver" in _cmdline(p) for p in pids - {server_pid}):
+            if any("tritonserver" in cmdline(p) for p in pids - {server_pid}):
                 break
             assert time.monotonic() - t0 < 90, "no new tritonserver starting:\n" + s.tail()
             time.sleep(0.05)
@@ -439,18 +358,18 @@ def test_sigterm_during_a_restart_exits_at_once(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert not _shm_of(s.proc.pid)
     finally:
-        _end(s.proc)
+        stop_serve(s.proc)
 
 
 def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:
-    s = _serve(tmp_path, "--probe-interval", "5")
-    server_pid, stubs = _triton_pids(s.proc.pid)
+    s = serve(tmp_path, "--probe-interval", "5")
+    server_pid, stubs = triton_pids(s.proc.pid)
     everything = descendants(s.proc.pid)  # tritonserver, its stub, the stub's watchdog
     try:
         assert stubs
         launcher = s.proc.pid
         assert _shm_of(launcher)
-        assert any("rtvideo.process.watchdog" in _cmdline(p) for p in everything), [_cmdline(p) for p in everything]
+        assert any("rtvideo.process.watchdog" in cmdline(p) for p in everything), [cmdline(p) for p in everything]
         s.proc.kill()
         s.proc.wait()
         t0 = time.monotonic()
@@ -462,7 +381,7 @@ def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:
         clean_stale_shm()
         assert not _shm_of(launcher)
     finally:
-        _end(s.proc)
+        stop_serve(s.proc)
         for pid in everything:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -650,7 +569,7 @@ def test_a_probe_answered_with_garbage_is_a_failed_probe_and_probing_goes_on() -
             "Client",
             (),
             {
-                "stream_infer": lambda self, requests: calls.append(1) or _GarbledCall(),
+                "stream_infer": lambda self, requests, headers=None: calls.append(1) or _GarbledCall(),
                 "close": lambda self: asyncio.sleep(0),
             },
         )()

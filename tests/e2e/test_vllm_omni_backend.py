@@ -281,7 +281,14 @@ def test_finalize_aborts_shuts_the_engine_down_and_stops_the_loop(tmp_path) -> N
     )
     manager = build_manager(settings, "realtime_video")
     channel = Recorder()
-    manager.on_request(1, b'{"type": "session.start", "prompt": "p"}', start=True, end=False, channel=channel)
+    manager.on_request(
+        1,
+        b'{"type": "session.start", "prompt": "p"}',
+        start=True,
+        end=False,
+        channel=channel,
+        secret="vllm-omni-test-session-secret",
+    )
     deadline = time.monotonic() + 15
     while "video.chunk_metadata" not in channel.types():
         assert time.monotonic() < deadline

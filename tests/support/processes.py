@@ -51,6 +51,21 @@ def end_all(proc: subprocess.Popen, children: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def stop_serve(proc: subprocess.Popen) -> None:
+    """End `rtvideo serve` as an operator would (SIGTERM, 60 s), then anything of it left."""
+    pids = descendants(proc.pid)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def stub_pid(triton: Any, model: str) -> int:
     """The Python-backend stub process that serves `model` (a child of tritonserver)."""
     for entry in os.listdir("/proc"):

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.settings import ProxySettings
+from rtvideo.triton.access import key_from_env
 from tests.support.streams import FAST_MODEL, wait_for_metric
 
 T = TypeVar("T")
@@ -29,7 +30,13 @@ class ProxyHost:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
 
     def server(self, **overrides: Any) -> ProxyServer:
-        values = {"port": 0, "triton_url": self.triton_url, "model": FAST_MODEL, **overrides}
+        values = {
+            "port": 0,
+            "triton_url": self.triton_url,
+            "model": FAST_MODEL,
+            "triton_key": key_from_env(),
+            **overrides,
+        }
         key = tuple(sorted(values.items()))
         if key not in self._servers:
 

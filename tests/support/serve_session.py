@@ -1,18 +1,24 @@
-"""One session through `rtvideo serve` run as a subprocess: the ready line, a session decoded,
-SIGTERM, nothing left (run from the checkout and from an installed wheel)."""
+"""`rtvideo serve` run as a subprocess by the tests: `serve` (ready, with its URL and health), its
+processes (`triton_pids`), and `serve_one_session` (one session decoded, SIGTERM, nothing left)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import select
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from rtvideo.client.session import RealtimeVideoClient
 from rtvideo.triton import free_port
-from tests.support.processes import alive, descendants, end_all
+from tests.support.processes import RTVIDEO, alive, descendants, end_all, stop_serve
 from tests.support.streams import decode
 
 
@@ -74,3 +80,72 @@ def serve_one_session(rtvideo: Path, tmp_path: Path, cwd: Path | None = None) ->
         assert proc.stdout.read() == ""  # exactly one line on stdout
     finally:
         end_all(proc, children)
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/realtime/video"
+
+    def get(self, path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def tail(self) -> str:
+        return self.log.read_text()[-4000:]
+
+
+def serve(tmp: Path, *extra: str) -> Served:
+    """`rtvideo serve` as a subprocess, once it printed its ready line (fails the test otherwise)."""
+    ports = [free_port() for _ in range(3)]
+    log = tmp / "serve.log"
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [
+                str(RTVIDEO),
+                "serve",
+                "--port",
+                str(ports[0]),
+                "--triton-grpc-port",
+                str(ports[1]),
+                "--triton-metrics-port",
+                str(ports[2]),
+                "--triton-log",
+                str(tmp / "triton.log"),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    served = Served(proc, ports[0], log)
+    assert proc.stdout is not None
+    ready = select.select([proc.stdout], [], [], 300)[0]
+    line = proc.stdout.readline() if ready else ""
+    if not line.startswith("rtvideo ready:"):
+        stop_serve(proc)
+        pytest.fail("rtvideo serve did not get ready:\n" + served.tail())
+    return served
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line, space-separated ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def triton_pids(served_pid: int) -> tuple[int, list[int]]:
+    """tritonserver (a child of `rtvideo serve`) and its Python-backend stubs (its children)."""
+    pids = descendants(served_pid)
+    server = next(p for p in pids if "tritonserver" in cmdline(p) and "stub" not in cmdline(p))
+    return server, [p for p in descendants(server) if "triton_python_backend_stub" in cmdline(p)]

@@ -14,7 +14,8 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
@@ -28,7 +29,7 @@ from rtvideo.backend.runtime.dispatch import RequestDispatcher
 from rtvideo.backend.runtime.metrics import BufferedMetrics
 from rtvideo.backend.runtime.priority_lock import PriorityLock
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.process import watchdog
+from rtvideo.process import shm, watchdog
 from rtvideo.triton import wire
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -75,12 +76,17 @@ class TritonChannel:
 
 
 class TritonMetricsPublisher:
-    """Flushes the runtime's buffered metrics to Triton custom metrics (Triton's /metrics)."""
+    """Flushes the runtime's buffered metrics to Triton custom metrics (Triton's /metrics), and
+    with each flush the heartbeat (`rtvideo_model_heartbeat_seconds`, unix time) while `alive()`
+    says the model's request path moves: the proxy's supervisor reads it to tell a model whose
+    sequence slots are all held (busy) from a dead or wedged one (docs/protocol.md §8)."""
 
     def __init__(self, model: str, source: BufferedMetrics, interval: float = 1.0, instance: str = "") -> None:
         # Each model instance (one per GPU of a KIND_GPU group) publishes its own series.
         self._labels = {"model": model, "instance": instance} if instance else {"model": model}
         self._source = source
+        #: whether the model's request path moves (the model sets it once its dispatcher exists)
+        self.alive: Callable[[], bool] = lambda: True
         # Families must outlive their metrics, so keep them all.
         self._families = {
             name: pb_utils.MetricFamily(name, doc, getattr(pb_utils.MetricFamily, kind))
@@ -100,6 +106,8 @@ class TritonMetricsPublisher:
         return metric
 
     def flush(self) -> None:
+        if self.alive():
+            self._source.heartbeat(time.time())
         snapshot = self._source.drain()
         if not snapshot.increments and not snapshot.gauges:
             return
@@ -121,6 +129,7 @@ class TritonMetricsPublisher:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        shm.restrict_own_region()  # this stub's /dev/shm region: its user's alone (it is created 0644)
         # Ends this process when tritonserver dies, whatever its own exit does (rtvideo/process/watchdog.py).
         self._watchdog = watchdog.start(worker_python())
         logsetup.configure("INFO", fmt=os.environ.get("RTVIDEO_LOG_FORMAT", "text"))
@@ -145,8 +154,11 @@ class TritonPythonModel:
         # health probe (SessionManager.backend_failed), so the proxy takes it for down. The model
         # does not ask Triton to unload itself as vllm_backend does: pb_utils.unload_model needs
         # --model-control-mode=explicit, and is not safe in the default mode.
-        self._manager = build_manager(settings, args["model_name"], buffered)
+        self._manager = build_manager(
+            settings, args["model_name"], buffered, idle_timeout_seconds=sequence_idle_seconds(config)
+        )
         self._dispatcher = RequestDispatcher(self._manager.on_request)
+        self._publisher.alive = self._dispatcher.moving
         # torch, PyAV and numpy leave ~10^5 objects that live as long as the model: frozen, no full
         # garbage collection walks them (each walk would pause every session's thread).
         gc.freeze()
@@ -160,6 +172,7 @@ class TritonPythonModel:
                 start=start,
                 end=bool(_control(request, wire.END)),
                 channel=TritonChannel(request.get_response_sender(), urgent=not start),
+                secret=wire.session_secret(request.parameters()),
             )
         return None
 
@@ -167,6 +180,17 @@ class TritonPythonModel:
         self._dispatcher.close()
         self._manager.shutdown()
         self._publisher.close()
+
+
+def sequence_idle_seconds(config: Mapping[str, Any]) -> float | None:
+    """The sequence batcher's `max_sequence_idle_microseconds` in the model config Triton hands
+    to `initialize` (a uint64, so a JSON string), in seconds; None when it is not there."""
+    value = config.get("sequence_batching", {}).get("max_sequence_idle_microseconds")
+    try:
+        micros = int(value)
+    except (TypeError, ValueError):
+        return None
+    return micros / 1e6 if micros > 0 else None
 
 
 def _input(request: Any, name: str) -> Any:

@@ -44,8 +44,15 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics | None = None) -> SessionManager:
+def build_manager(
+    settings: BackendSettings,
+    model_name: str,
+    metrics: Metrics | None = None,
+    *,
+    idle_timeout_seconds: float | None = None,
+) -> SessionManager:
     """Load the generator (the slow part of model load) and return the session manager.
+    `idle_timeout_seconds`: the sequence batcher's idle limit (`SessionManager`).
 
     With `generator=vllm_omni` this starts the engine; when it fails its health check, the
     manager ends live sessions and refuses starts and the health probe (`backend_failed`)."""
@@ -95,6 +102,7 @@ def build_manager(settings: BackendSettings, model_name: str, metrics: Metrics |
         ),
         max_sessions=settings.max_sessions,
         metrics=metrics,
+        idle_timeout_seconds=idle_timeout_seconds,
     )
     if host is not None:
         host.when_dead(manager.backend_failed)  # the manager is built from the host's sources: told after

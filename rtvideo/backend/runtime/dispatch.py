@@ -17,11 +17,15 @@ import time
 from collections.abc import Callable
 
 from rtvideo.backend.runtime.ports import Channel
+from rtvideo.triton.access import short_hash
 
 log = logging.getLogger(__name__)
 
-#: the manager's `on_request(corrid, payload, *, start, end, channel, received)`
+#: the manager's `on_request(corrid, payload, *, start, end, channel, received, secret)`
 Handler = Callable[..., None]
+#: handling one request this long means the request path is stuck: the model's heartbeat stops
+#: (`moving`), so the proxy's supervisor takes the model for dead, not busy
+STUCK_SECONDS = 5.0
 
 
 class RequestDispatcher:
@@ -30,19 +34,31 @@ class RequestDispatcher:
     def __init__(self, handle: Handler) -> None:
         self._handle = handle
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._handling_since: float | None = None  # when the request in hand was taken (monotonic)
         self._thread = threading.Thread(target=self._run, name="request-dispatch", daemon=True)
         self._thread.start()
 
-    def submit(self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel) -> None:
-        self._queue.put((corrid, payload, start, end, channel, time.monotonic()))
+    def moving(self) -> bool:
+        """Whether requests get through: the thread lives and no request has been in hand for
+        `STUCK_SECONDS` (the model's heartbeat beats only while this holds)."""
+        since = self._handling_since
+        return self._thread.is_alive() and (since is None or time.monotonic() - since < STUCK_SECONDS)
+
+    def submit(
+        self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel, secret: str | None = None
+    ) -> None:
+        self._queue.put((corrid, payload, start, end, channel, time.monotonic(), secret))
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            corrid, payload, start, end, channel, received = item
+            corrid, payload, start, end, channel, received, secret = item
+            self._handling_since = time.monotonic()
             try:
-                self._handle(corrid, payload, start=start, end=end, channel=channel, received=received)
+                self._handle(corrid, payload, start=start, end=end, channel=channel, received=received, secret=secret)
             except Exception:  # noqa: BLE001 - the handler answers its own failures; the thread must live
-                log.exception("corrid=%s request handling failed", corrid)
+                log.exception("sequence=%s request handling failed", short_hash(corrid))
+            finally:
+                self._handling_since = None
 
     def close(self, timeout: float = 10.0) -> None:
         """Handle what is queued, then stop."""

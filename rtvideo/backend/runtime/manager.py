@@ -4,6 +4,7 @@ and the one periodic poll of Triton's cancellation)."""
 from __future__ import annotations
 
 import functools
+import hmac
 import logging
 import threading
 import time
@@ -16,10 +17,16 @@ from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import InteractionRequest, PingRequest, StopRequest
 from rtvideo.core.session_config import ModelCapabilities, SessionConfig, resolve_session_config
+from rtvideo.logsetup import prompt_summary
+from rtvideo.triton.access import SESSION_SECRET_PARAMETER, short_hash
 
 log = logging.getLogger(__name__)
 
 _ENDED_IDS_KEPT = 1024
+#: the shortest session secret a `session.start` may carry (docs/protocol.md §8)
+MIN_SECRET_CHARS = 16
+#: the answer to a request whose secret is not its session's: nothing of the session in it
+NOT_YOURS = "this request does not belong to the session"
 
 
 def _is_probe(payload: bytes) -> bool:
@@ -28,6 +35,13 @@ def _is_probe(payload: bytes) -> bool:
         return isinstance(protocol.parse_message(payload), PingRequest)
     except ProtocolError:
         return False
+
+
+def _same_secret(expected: str, given: str | None) -> bool:
+    """Whether `given` is the session's secret (constant time: no timing tells how much matched)."""
+    if given is None:
+        return False
+    return hmac.compare_digest(expected.encode("utf-8", "surrogatepass"), given.encode("utf-8", "surrogatepass"))
 
 
 class SessionManager:
@@ -42,16 +56,25 @@ class SessionManager:
         max_sessions: int,
         metrics: Metrics | None = None,
         watchdog_interval: float = 0.5,
+        idle_timeout_seconds: float | None = None,
     ) -> None:
+        """`idle_timeout_seconds`: Triton's `max_sequence_idle_microseconds` for this model (None:
+        unknown). Triton drops a sequence that long without a request and tells the model nothing;
+        the watch loop then ends its session with `idle_timeout`."""
         self._sources = sources
         self._caps = capabilities
         self._limits = limits
         self._max_sessions = max_sessions
         self._metrics = metrics or NullMetrics()
         self._sessions: dict[int, Session] = {}
-        # request ids of ended sessions whose sequence is still open, so late requests
-        # are answered with their request_id; bounded, dropped at sequence end
-        self._ended_ids: OrderedDict[int, str] = OrderedDict()
+        self._idle_timeout = idle_timeout_seconds
+        # when each live session's sequence last had a request (time.monotonic()): Triton's idle clock
+        self._last_request: dict[int, float] = {}
+        # each live session's secret (docs/protocol.md §8): only requests that carry it reach it
+        self._secrets: dict[int, str] = {}
+        # request id and secret of ended sessions whose sequence is still open, so their
+        # owner's late requests are answered with their request_id; bounded, dropped at sequence end
+        self._ended_ids: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._broken: str | None = None  # why the backend cannot generate any more (engine died)
@@ -66,10 +89,20 @@ class SessionManager:
             return len(self._sessions)
 
     def on_request(
-        self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel, received: float | None = None
+        self,
+        corrid: int,
+        payload: bytes,
+        *,
+        start: bool,
+        end: bool,
+        channel: Channel,
+        received: float | None = None,
+        secret: str | None = None,
     ) -> None:
         """Handle one request of a sequence; returns quickly (generation runs on the session's thread).
-        `received`: when the request arrived (`time.monotonic()`), if it waited in a queue since."""
+        `received`: when the request arrived (`time.monotonic()`), if it waited in a queue since.
+        `secret`: the request's `rtvideo_session_secret` parameter (None when absent): a start
+        sets its session's, every later request must repeat it (docs/protocol.md §8)."""
         try:
             self._dispatch(
                 corrid,
@@ -78,9 +111,10 @@ class SessionManager:
                 end=end,
                 channel=channel,
                 received=time.monotonic() if received is None else received,
+                secret=secret,
             )
         except Exception as exc:  # noqa: BLE001 - a bug must answer the request, not hang it
-            log.exception("corrid=%s request failed", corrid)
+            log.exception("sequence=%s request failed", short_hash(corrid))
             try:
                 if start:  # the start stream must still end with session.done
                     self._refuse(channel, ErrorCode.GENERATION_FAILED, f"the session could not start: {exc}")
@@ -90,19 +124,40 @@ class SessionManager:
                 pass
 
     def _dispatch(
-        self, corrid: int, payload: bytes, *, start: bool, end: bool, channel: Channel, received: float
+        self,
+        corrid: int,
+        payload: bytes,
+        *,
+        start: bool,
+        end: bool,
+        channel: Channel,
+        received: float,
+        secret: str | None,
     ) -> None:
-        if start and end and _is_probe(payload):
-            self._probe(corrid, channel)
-            return
         if start:
-            self._start(corrid, payload, channel)
-            if end:  # a one-request sequence: start and stop at once
-                self._stop(corrid)
+            self._dispatch_start(corrid, payload, end=end, channel=channel, secret=secret)
             return
+        # A request is the session's only when it carries the session's secret; any other is
+        # answered and changes nothing of the session: no interaction, no stop, no stall clock
+        # refreshed (only the mirror of Triton's idle clock, which any request restarts).
         with self._lock:
             session = self._sessions.get(corrid)
-            ended_id = self._ended_ids.pop(corrid, None) if end else self._ended_ids.get(corrid)
+            if session is not None:
+                self._last_request[corrid] = received  # any request restarts Triton's idle clock
+                expected: str | None = self._secrets.get(corrid)
+                ended_id = None
+            else:
+                ended_id, expected = self._ended_ids.get(corrid, (None, None))
+            if expected is not None and not _same_secret(expected, secret):
+                foreign = True
+            else:
+                foreign = False
+                if end:
+                    self._ended_ids.pop(corrid, None)
+        if foreign:
+            log.info("sequence=%s a request without its session's secret was refused", short_hash(corrid))
+            channel.send(protocol.error(ErrorCode.INVALID_MESSAGE, NOT_YOURS), final=True)
+            return
         if session is None or session.ended:
             if protocol.is_stop(payload):
                 channel.send(None, final=True)  # a stop that raced the end completes as always
@@ -119,7 +174,8 @@ class SessionManager:
         if isinstance(message, InteractionRequest):
             session.interact(message, channel, received)
         elif isinstance(message, PingRequest):
-            session.touch()
+            if not message.keepalive:  # a keep-alive only keeps the sequence (§8); it is no progress
+                session.touch()
             channel.send(protocol.pong(), final=True)
         elif isinstance(message, StopRequest):
             session.request_stop()
@@ -128,14 +184,44 @@ class SessionManager:
         if end:
             session.request_stop()
 
+    def _dispatch_start(self, corrid: int, payload: bytes, *, end: bool, channel: Channel, secret: str | None) -> None:
+        """A request with `sequence_start`: the health probe, or a session's start. A new start
+        on a correlation id whose session still runs replaces it only with that session's secret."""
+        with self._lock:
+            live = self._sessions.get(corrid)
+            expected = self._secrets.get(corrid) if live is not None and not live.ended else None
+        if expected is not None and not _same_secret(expected, secret):
+            log.info("sequence=%s a start without the running session's secret was refused", short_hash(corrid))
+            self._refuse(
+                channel,
+                ErrorCode.INVALID_START,
+                "this sequence_id has a running session that this request does not belong to; use a fresh sequence_id",
+            )
+            return
+        with self._lock:  # Triton begins a new sequence: whatever ended on this id is gone
+            self._ended_ids.pop(corrid, None)
+        if end and _is_probe(payload):
+            self._probe(corrid, channel)
+            return
+        if secret is None or len(secret) < MIN_SECRET_CHARS:
+            self._refuse(
+                channel,
+                ErrorCode.INVALID_START,
+                f"session.start must carry the request parameter {SESSION_SECRET_PARAMETER!r}: "
+                f"a secret of at least {MIN_SECRET_CHARS} characters that every later request repeats",
+            )
+            return
+        self._start(corrid, payload, channel, secret)
+        if end:  # a one-request sequence: start and stop at once
+            self._stop(corrid)
+
     def _probe(self, corrid: int, channel: Channel) -> None:
         """The health probe: one pong with FINAL at once; no session, no slot, no session-end metric.
-        Like any new sequence on a live correlation id, it ends a session still running there.
+        Like any new sequence on a live correlation id, it ends a session still running there
+        (only with that session's secret: `_dispatch_start`).
         A broken backend answers with `backend_unavailable` instead, so the proxy's supervisor
         takes the model for down."""
         self._stop(corrid)
-        with self._lock:
-            self._ended_ids.pop(corrid, None)
         if self._broken is not None:
             channel.send(protocol.error(ErrorCode.BACKEND_UNAVAILABLE, self._broken), final=True)
             return
@@ -154,7 +240,7 @@ class SessionManager:
         for session in sessions:
             session.fail(EndReason.GENERATION_FAILED, f"the video engine failed: {reason}")
 
-    def _start(self, corrid: int, payload: bytes, channel: Channel) -> None:
+    def _start(self, corrid: int, payload: bytes, channel: Channel, secret: str) -> None:
         try:
             start = protocol.parse_start(payload)
             config = resolve_session_config(start, self._caps)
@@ -166,12 +252,16 @@ class SessionManager:
             return
         with self._lock:
             previous = self._sessions.pop(corrid, None)  # a new START on a live sequence replaces it
+            self._secrets.pop(corrid, None)
+            self._last_request.pop(corrid, None)
             if previous is not None:
                 previous.request_stop()
             if len(self._sessions) >= self._max_sessions:
                 session = None
             else:
                 session = self._sessions[corrid] = self._new_session(corrid, config, channel)
+                self._last_request[corrid] = time.monotonic()
+                self._secrets[corrid] = secret
             count = len(self._sessions)
         if session is None:
             self._refuse(
@@ -179,13 +269,18 @@ class SessionManager:
             )
             return
         self._metrics.set_active_sessions(count)
-        log.info("request_id=%s corrid=%s started config=%s", session.request_id, corrid, config.to_json())
+        # INFO names the sequence by its hash and the prompt by its length and hash; DEBUG has the text
+        logged = {**config.to_json(), "prompt": prompt_summary(config.prompt)}
+        log.info("request_id=%s sequence=%s started config=%s", session.request_id, short_hash(corrid), logged)
+        log.debug("request_id=%s prompt=%r", session.request_id, config.prompt)
         try:
             session.start()
         except Exception:
             with self._lock:
                 if self._sessions.get(corrid) is session:
                     del self._sessions[corrid]
+                    self._secrets.pop(corrid, None)
+                    self._last_request.pop(corrid, None)
             session.abandon()
             raise
 
@@ -222,7 +317,8 @@ class SessionManager:
         with self._lock:
             if self._sessions.get(corrid) is session:
                 del self._sessions[corrid]
-                self._ended_ids[corrid] = session.request_id
+                self._last_request.pop(corrid, None)
+                self._ended_ids[corrid] = (session.request_id, self._secrets.pop(corrid, ""))
                 while len(self._ended_ids) > _ENDED_IDS_KEPT:
                     self._ended_ids.popitem(last=False)
             count = len(self._sessions)
@@ -230,19 +326,28 @@ class SessionManager:
         self._metrics.count_session_end(reason.label)
 
     def _watch(self, interval: float) -> None:
-        """Every `interval`: end stalled sessions, and ask whether each live session's stream was
-        cancelled. This is the one periodic poll of the runtime: Triton tells a model about a
-        cancelled request only when asked (`is_cancelled()`, an IPC round trip that takes its
-        turn with every session's sends), so one thread asks for all sessions at one rate, and
-        the session's waits wake on the answer instead of polling themselves."""
+        """Every `interval`: end stalled sessions and sessions whose sequence Triton dropped as idle,
+        and ask whether each live session's stream was cancelled. This is the one periodic poll of
+        the runtime: Triton tells a model about a cancelled request only when asked
+        (`is_cancelled()`, an IPC round trip that takes its turn with every session's sends), and
+        nothing at all about a sequence it dropped, so one thread asks for all sessions at one
+        rate, and the session's waits wake on the answer instead of polling themselves."""
+        idle = self._idle_timeout
         while not self._closing.wait(interval):
             now = time.monotonic()
             with self._lock:
-                sessions = list(self._sessions.values())
-            for session in sessions:
+                watched = [(s, self._last_request.get(c)) for c, s in self._sessions.items()]
+            sessions = [session for session, _ in watched]
+            for session, last_request in watched:
                 if now - session.stats.last_progress > self._limits.stall_timeout_seconds:
                     session.fail(
                         EndReason.STALL_TIMEOUT, f"no generation progress for {self._limits.stall_timeout_seconds:g} s"
+                    )
+                elif idle is not None and last_request is not None and now - last_request > idle:
+                    session.fail(
+                        EndReason.IDLE_TIMEOUT,
+                        f"no request on the session's sequence for {idle:g} s: Triton ended the sequence "
+                        f"(send a request, e.g. session.ping, at least every {idle / 2:g} s)",
                     )
             for session in sessions:
                 try:

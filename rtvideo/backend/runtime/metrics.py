@@ -23,6 +23,9 @@ ACKS = "rtvideo_acks_total"
 ACK_SECONDS = "rtvideo_ack_seconds_total"
 INTERACTIONS = "rtvideo_interactions_total"
 SESSION_ENDS = "rtvideo_session_ends_total"
+#: unix time of the model's last flush: it moves once a second while the model's request path
+#: works, also when no sequence slot is free, so a supervisor tells a full model from a dead one
+HEARTBEAT = "rtvideo_model_heartbeat_seconds"
 
 #: every family the model exports on Triton's /metrics: name → (help, kind)
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -36,6 +39,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     ACK_SECONDS: ("Time from request to ack, in the model", "COUNTER"),
     INTERACTIONS: ("Interactions by outcome", "COUNTER"),
     SESSION_ENDS: ("Session ends by reason", "COUNTER"),
+    HEARTBEAT: ("Unix time of the model's last heartbeat (once a second while its request path works)", "GAUGE"),
 }
 
 
@@ -81,6 +85,11 @@ class BufferedMetrics:
 
     def count_session_end(self, reason: str) -> None:
         self._add((SESSION_ENDS, 1), label=("reason", reason))
+
+    def heartbeat(self, unix_time: float) -> None:
+        """The model is alive at `unix_time` (the flush calls it once a second)."""
+        with self._lock:
+            self._pending.gauges[(HEARTBEAT, "", "")] = unix_time
 
     def drain(self) -> Snapshot:
         with self._lock:

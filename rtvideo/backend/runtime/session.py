@@ -54,6 +54,8 @@ class EndReason(enum.Enum):
     CANCELLED = ("cancelled", False, False, None)  # the client cancelled the stream: nothing can reach it
     GENERATION_FAILED = ("generation_failed", False, True, ErrorCode.GENERATION_FAILED)
     STALL_TIMEOUT = ("stall_timeout", False, True, ErrorCode.STALL_TIMEOUT)
+    # no request on the sequence for Triton's idle limit: Triton dropped the sequence (SessionManager._watch)
+    IDLE_TIMEOUT = ("idle_timeout", False, True, ErrorCode.IDLE_TIMEOUT)
     BACKEND_UNAVAILABLE = ("backend_unavailable", False, True, ErrorCode.BACKEND_UNAVAILABLE)  # shutdown
 
     def __init__(self, label: str, stopped: bool, sends: bool, error: ErrorCode | None) -> None:

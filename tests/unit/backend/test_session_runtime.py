@@ -12,7 +12,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pytest
 
 from rtvideo.backend.encoder import FragmentedMp4Encoder
@@ -22,27 +21,9 @@ from rtvideo.backend.runtime.sources import FailedEvent, GeneratorSources, Rende
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.protocol import InteractionRequest
 from rtvideo.core.transitions import ChunkPlan
+from rtvideo.triton.access import short_hash
 from tests.support.recorder import Recorder
-
-
-class StandInGenerator:
-    def __init__(self, behaviour: str = "ok") -> None:
-        self.behaviour = behaviour
-        self.closed = 0
-
-    def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> StandInGenerator:
-        self.shape = (height, width, 3)
-        return self
-
-    def generate(self, mix: Mapping[str, float], num_frames: int) -> np.ndarray:
-        if self.behaviour == "crash":
-            raise RuntimeError("GPU fell off the bus")
-        if self.behaviour == "stall":
-            time.sleep(1.5)
-        return np.full((num_frames, *self.shape), 90, np.uint8)
-
-    def close(self) -> None:
-        self.closed += 1
+from tests.support.runtime_standins import SECRET, StandInGenerator
 
 
 def manager(behaviour: str = "ok", **limits: Any) -> tuple[SessionManager, StandInGenerator]:
@@ -68,6 +49,7 @@ def start(mgr: SessionManager, corrid: int = 1, **fields: Any) -> Recorder:
         start=True,
         end=False,
         channel=ch,
+        secret=SECRET,
     )
     return ch
 
@@ -114,7 +96,7 @@ def test_cancel_completes_quietly_and_frees() -> None:
 def test_requests_after_end_and_unknown_sequences_get_one_answer() -> None:
     mgr, _ = manager()
     ch = Recorder()
-    mgr.on_request(42, b'{"type":"session.ping"}', start=False, end=False, channel=ch)
+    mgr.on_request(42, b'{"type":"session.ping"}', start=False, end=False, channel=ch, secret=SECRET)
     assert ch.types() == ["error"] and ch.sent[0][2] is True
 
 
@@ -127,7 +109,7 @@ def test_capacity_refusal_and_stop_with_end_flag() -> None:
     while "video.chunk_metadata" not in first.types() and time.monotonic() < deadline:
         time.sleep(0.01)  # a chunk is out, so the stop ends with its trailer
     stop = Recorder()
-    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=stop)
+    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=stop, secret=SECRET)
     assert stop.sent == [(None, b"", True)]
     assert first.finished.wait(5)
     assert first.sent[-1][0]["stopped"] is True
@@ -180,10 +162,10 @@ def test_requests_after_the_end_carry_the_request_id_and_stop_completes() -> Non
     assert ch.finished.wait(5)
     rid = ch.sent[0][0]["request_id"]
     ping = Recorder()
-    mgr.on_request(1, b'{"type":"session.ping"}', start=False, end=False, channel=ping)
+    mgr.on_request(1, b'{"type":"session.ping"}', start=False, end=False, channel=ping, secret=SECRET)
     assert ping.sent[0][0]["request_id"] == rid and ping.sent[0][2] is True
     stop = Recorder()
-    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=stop)
+    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=stop, secret=SECRET)
     assert stop.sent == [(None, b"", True)]
 
 
@@ -220,14 +202,14 @@ def test_pacing_rebases_after_a_pause_instead_of_bursting() -> None:
     mark = len(ch.sent)
     time.sleep(1.2)
     after = [m for m, _, _ in ch.sent[mark:] if m and m["type"] == "video.chunk_metadata"]
-    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=Recorder())
+    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET)
     assert ch.finished.wait(5)
     # paced: about 1.2 / 0.5625 ≈ 2 chunks (+1 for the lead), never the ~3 missed during the freeze at once
     assert len(after) <= 4, f"{len(after)} chunks in 1.2 s after a freeze: a burst"
 
 
 def test_json_log_fields_come_from_the_code_not_the_client() -> None:
-    """JSON log lines lift `request_id=`/`event_id=`/`corrid=`/`peer=` into fields. Client text
+    """JSON log lines lift `request_id=`/`event_id=`/`sequence=`/`peer=` into fields. Client text
     saying the same (a prompt, a field name) must not become a field of its own (a refused
     start naming `peer=6.6.6.6`, a prompt naming an event): only the keys the code writes are lifted."""
     import io
@@ -248,8 +230,9 @@ def test_json_log_fields_come_from_the_code_not_the_client() -> None:
             start=True,
             end=False,
             channel=refused,
+            secret=SECRET,
         )
-        ch = start(mgr, prompt="event_id=forged peer=6.6.6.6 corrid=7", num_frames=1)
+        ch = start(mgr, prompt="event_id=forged peer=6.6.6.6 sequence=7", num_frames=1)
         assert refused.finished.wait(5) and ch.finished.wait(5)
     finally:
         for handler in list(root.handlers):
@@ -261,7 +244,7 @@ def test_json_log_fields_come_from_the_code_not_the_client() -> None:
     refusal = next(line for line in lines if "start refused" in line["message"])
     assert "peer" not in refusal, refusal
     started = next(line for line in lines if " started config=" in line["message"])
-    assert started["request_id"] == ch.sent[0][0]["request_id"] and started["corrid"] == "1"
+    assert started["request_id"] == ch.sent[0][0]["request_id"] and started["sequence"] == short_hash(1)
     assert "peer" not in started and "event_id" not in started, started
 
 
@@ -273,7 +256,7 @@ def test_dispatcher_keeps_order_survives_a_failing_handler_and_drains_on_close()
     seen: list[tuple[int, bytes, float]] = []
     gate = threading.Event()
 
-    def handle(corrid: int, payload: bytes, *, start: bool, end: bool, channel: Any, received: float) -> None:
+    def handle(corrid: int, payload: bytes, *, start: bool, end: bool, channel: Any, received: float, **_: Any) -> None:
         gate.wait(5)  # the first request holds the thread: the rest must queue, not run beside it
         if payload == b"boom":
             raise RuntimeError("a bug in a handler")
@@ -311,9 +294,10 @@ def test_the_ack_time_counts_the_wait_before_dispatch() -> None:
         end=False,
         channel=ack,
         received=time.monotonic() - 0.5,
+        secret=SECRET,
     )
     assert ack.types() == ["session.interaction.queued"]
-    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=Recorder())
+    mgr.on_request(1, b'{"type":"session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET)
     assert ch.finished.wait(5)
     counted = recorded.drain().increments
     assert counted[(metrics.ACKS, "", "")] == 1 and 0.5 <= counted[(metrics.ACK_SECONDS, "", "")] < 5
@@ -376,7 +360,7 @@ def scripted(channel: Recorder | None = None, **limits: Any) -> tuple[SessionMan
         watchdog_interval=0.05,
     )
     ch = channel or Recorder()
-    mgr.on_request(1, b'{"type": "session.start", "prompt": "p"}', start=True, end=False, channel=ch)
+    mgr.on_request(1, b'{"type": "session.start", "prompt": "p"}', start=True, end=False, channel=ch, secret=SECRET)
     return mgr, sources.source, ch
 
 
@@ -386,7 +370,7 @@ def interact(mgr: SessionManager, event_id: str, n: int | None = None) -> Record
     if n is not None:
         interaction["transition_chunks"] = n
     payload = json.dumps({"type": "session.interaction", "interaction": interaction}).encode()
-    mgr.on_request(1, payload, start=False, end=False, channel=ack)
+    mgr.on_request(1, payload, start=False, end=False, channel=ack, secret=SECRET)
     return ack
 
 
@@ -395,7 +379,7 @@ def test_sources_get_the_resolved_transition_length() -> None:
     interact(mgr, "a")
     interact(mgr, "b", 0)
     assert source.admitted == [("a", "a", 2), ("b", "b", 0)], "the session's default, resolved before the source"
-    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET)
     source.items.put(None)
     assert ch.finished.wait(5)
 
@@ -426,7 +410,7 @@ def test_a_paced_wait_wakes_on_a_stop() -> None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     began = time.monotonic()
-    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET)
     assert ch.finished.wait(2) and time.monotonic() - began < 1
     assert ch.sent[-1][0]["stopped"] is True
 
@@ -448,7 +432,7 @@ def test_an_ack_does_not_wait_for_a_chunk_send_in_progress() -> None:
     ack = interact(mgr, "a")
     assert ack.types() == ["session.interaction.queued"] and time.monotonic() - began < 1
     gate.set()
-    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET)
     source.items.put(None)
     assert ch.finished.wait(5)
     assert ch.sent[-1][0]["unapplied_event_ids"] == ["a"]
@@ -485,7 +469,7 @@ def test_an_event_gets_one_end_even_when_its_failure_comes_late() -> None:
     source.items.put(chunk(0, started=("b",), active=("b",), completed=("b",), superseded=("a",)))
     source.items.put(FailedEvent("a", "refused after it was superseded"))  # a already has its end
     source.items.put(FailedEvent("ghost", "never admitted here"))
-    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET)
     source.items.put(None)
     assert ch.finished.wait(5)
     assert "error" not in ch.types()
@@ -502,10 +486,10 @@ def test_unsupported_fields_fail_the_event_once_on_the_start_stream() -> None:
             "interaction": {"event_id": "x", "event": {"prompt": "p", "negative_prompt": "n"}},
         }
     )
-    mgr.on_request(1, payload.encode(), start=False, end=False, channel=ack)
+    mgr.on_request(1, payload.encode(), start=False, end=False, channel=ack, secret=SECRET)
     assert ack.types() == ["session.interaction.queued"] and source.admitted == []
     errors = [m for m, _, _ in ch.sent if m and m["type"] == "error"]
     assert [(e["code"], e["event_id"]) for e in errors] == [("interaction_failed", "x")]
-    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET)
     source.items.put(None)
     assert ch.finished.wait(5) and ch.sent[-1][0]["unapplied_event_ids"] == []

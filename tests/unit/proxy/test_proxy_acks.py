@@ -28,6 +28,9 @@ from tests.support.proxy_host import run
 from tests.support.recorder import Recorder
 from tests.support.streams import check_stream_rules
 
+#: the session secret every request of these tests' sessions carries (docs/protocol.md §8)
+SECRET = "unit-test-session-secret"
+
 
 def interaction(event_id: str | None = "e1", prompt: str = "a lighthouse", **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"event": {"prompt": prompt}, **extra}
@@ -171,7 +174,7 @@ def test_the_proxy_acks_exactly_what_the_model_acks(manager: Any, messages: list
     with that very ack, and every one the proxy left to it with an error."""
     corrid = next(_sequences)
     start = Recorder()
-    manager.on_request(corrid, START.encode(), start=True, end=False, channel=start)
+    manager.on_request(corrid, START.encode(), start=True, end=False, channel=start, secret=SECRET)
     request_id = start.sent[0][0]["request_id"]
     acks = ProxyAcks()
     try:
@@ -179,7 +182,12 @@ def test_the_proxy_acks_exactly_what_the_model_acks(manager: Any, messages: list
             ack = decide(acks, message)
             answer = Recorder()
             manager.on_request(
-                corrid, ack.raw if ack else json.dumps(message).encode(), start=False, end=False, channel=answer
+                corrid,
+                ack.raw if ack else json.dumps(message).encode(),
+                start=False,
+                end=False,
+                channel=answer,
+                secret=SECRET,
             )
             got = answer.sent[0][0]
             if ack is not None:
@@ -187,7 +195,9 @@ def test_the_proxy_acks_exactly_what_the_model_acks(manager: Any, messages: list
             else:
                 assert got["type"] == "error" and got["code"] in ("invalid_interaction", "event_id_conflict")
     finally:
-        manager.on_request(corrid, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder())
+        manager.on_request(
+            corrid, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET
+        )
     assert start.finished.wait(10)
 
 
