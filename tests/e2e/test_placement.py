@@ -38,6 +38,7 @@ from rtvideo.proxy.placement import EndpointPool, PlacedStream, capacity_of
 from rtvideo.proxy.supervisor import BackendState
 from rtvideo.triton.wire import START_TAG, Reply
 from tests.support.processes import RTVIDEO, alive, descendants
+from tests.support.proxy_client import NO_KEEPALIVE
 from tests.support.streams import Transcript
 
 T = TypeVar("T")
@@ -585,7 +586,7 @@ class Client:
 
     @classmethod
     async def open(cls, url: str, **start: Any) -> Client:
-        client = cls(await connect(url, max_size=None))
+        client = cls(await connect(url, max_size=None, **NO_KEEPALIVE))
         await client.conn.send(json.dumps({"type": "session.start", "prompt": "a harbour at dawn", **start}))
         first = await client.next()
         if first["type"] == "video.start":

@@ -24,6 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from rtvideo.triton import clean_stale_shm, free_port, wire
 from rtvideo.triton.server import shm_prefix_of
 from tests.support.processes import alive, descendants, stop_serve
+from tests.support.proxy_client import NO_KEEPALIVE
 from tests.support.serve_session import Served, cmdline, serve, triton_pids
 from tests.support.streams import FAST_MODEL, metric, wait_for_metric
 
@@ -245,7 +246,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 async def _stream_one_chunk(url: str, timeout: float = 30.0) -> Any:
     """Open a session and read up to its first media chunk; returns the open connection."""
-    conn = await connect(url, max_size=None)
+    conn = await connect(url, max_size=None, **NO_KEEPALIVE)
     await conn.send(json.dumps({"type": "session.start", "prompt": "a lighthouse in fog", "seed": 5}))
     deadline = time.monotonic() + timeout
     types: list[str] = []

@@ -72,8 +72,14 @@ class Ws:
         return self.t
 
 
+#: The tests' clients read only when a test awaits a message, so their receive queue may fill and
+#: pause the socket's reads, pongs included: websockets' own keep-alive would then close a healthy
+#: connection (1011) on a slow machine. Nothing here tests the client's keep-alive.
+NO_KEEPALIVE: dict[str, Any] = {"ping_interval": None}
+
+
 def ws(url: str, **kwargs: Any) -> Any:
-    return connect(url, max_size=None, proxy=None, open_timeout=10, **kwargs)
+    return connect(url, max_size=None, proxy=None, open_timeout=10, **{**NO_KEEPALIVE, **kwargs})
 
 
 async def first_message_answers(url: str, first: Any, timeout: float = 10.0) -> list[dict[str, Any]]:
