@@ -20,15 +20,10 @@
 # The vllm-omni image downloads nothing at run time (HF_HUB_OFFLINE=1): mount the model's weights
 # (the Hugging Face cache above, or a directory and `--vllm-omni-model /models/Helios-Distilled`).
 
-# The base of the vllm-omni image: an NGC Triton tag whose vLLM has the major.minor of the pinned
-# vllm-omni (0.30.0 wants vLLM 0.30.x; scripts/check_vllm_image.py fails the build otherwise).
-# Triton's compatibility matrix lists 26.08-vllm-python-py3 with vLLM 0.27.1; NVIDIA's vLLM 26.10
-# container ships vLLM 0.31.0, and Triton's vllm image is built on that month's vLLM container.
-# 26.09 is the tag expected to carry vLLM 0.30.x: NOT verified from here (no registry access).
-# If the check fails, pass the right tag: --build-arg VLLM_TRITON_IMAGE=nvcr.io/nvidia/tritonserver:<yy.mm>-vllm-python-py3
-ARG VLLM_TRITON_IMAGE=nvcr.io/nvidia/tritonserver:26.09-vllm-python-py3
-# Both bases must be NGC 25.07 or later: earlier Triton releases carry the Python backend's
-# shared-memory CVEs (CVE-2025-23319/23320/23334, NVIDIA's bulletin of August 2025).
+# The base of both images. NGC 25.07 or later: earlier Triton releases carry the Python backend's
+# shared-memory CVEs (CVE-2025-23319/23320/23334, NVIDIA's bulletin of August 2025). Its Python
+# (CPython 3.12, Ubuntu 24.04, x86_64) is what deploy/gpu/requirements.lock was resolved for: a
+# base with another Python needs the lock regenerated (scripts/lock_vllm_image.sh).
 ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.07-py3
 
 # --- the project's files, copied once for both images --------------------------------------------
@@ -71,33 +66,44 @@ ENTRYPOINT ["rtvideo", "serve"]
 CMD ["--host", "0.0.0.0", "--port", "8080", "--triton-log", "-"]
 
 # --- vllm-omni: the production GPU image (default target) -----------------------------------------
-FROM ${VLLM_TRITON_IMAGE} AS vllm-omni
-# Keep equal to PINNED_VLLM_OMNI in rtvideo/backend/vllm_omni/ and scripts/setup.sh.
+FROM ${TRITON_IMAGE} AS vllm-omni
+# Keep equal to PINNED_VLLM_OMNI in rtvideo/backend/vllm_omni/, scripts/setup.sh and
+# deploy/gpu/requirements.in.
 ARG VLLM_OMNI_VERSION=0.30.0
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_NO_CACHE_DIR=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
     PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     RTVIDEO_HEALTH_PORT=8081
 WORKDIR /opt/rtvideo
 COPY --from=source /src ./
+COPY deploy/gpu/requirements.lock ./deploy/gpu/
 COPY scripts/check_vllm_image.py ./scripts/
-# torch, vLLM and numpy come from the image and stay: they are written down first and every pip
-# install runs with them as constraints (a dependency that wants another version fails the build
-# instead of replacing them). rtvideo itself goes in without dependencies (its torch range is for
-# the CPU machines); what it needs beyond the image is listed here. The build then checks that
-# vLLM and vllm-omni agree on major.minor and that nothing of the image was replaced.
-# DL3013: "." is this checkout; the other ranges are rtvideo's own (pyproject.toml).
+# No Triton image carries vLLM 0.30 (Triton's compatibility matrix ends at 26.08-vllm-python-py3 =
+# vLLM 0.27.1), so vLLM comes from the lock too: every package vllm + vllm-omni + rtvideo's
+# runtime need, at the versions pip's resolver chose for this Python and platform
+# (scripts/lock_vllm_image.sh), hash-checked, installed without resolving (--no-deps: nothing
+# moves under vLLM). torch is the lock's, not any torch the base's Python may have: the PyPI
+# wheel vLLM 0.30 pins (2.13.0, a CUDA 13.0 build whose CUDA libraries are the lock's nvidia-*
+# wheels; the host's driver must be r580 or later). --ignore-installed: what the image already
+# has (Ubuntu's packages, which pip cannot uninstall) stays in place, and the lock's version, in
+# /usr/local/lib/python3.12/dist-packages, comes first on the path (the check reads the version
+# that Python sees); the image's packages that the lock does not name are kept as they are
+# (their list before the install: /opt/rtvideo/image-packages.txt). rtvideo goes in without
+# dependencies. The check then fails the build unless every package is at the lock's version,
+# every requirement of vllm-omni and vLLM (and of theirs, with markers for this Python) is met,
+# and vLLM and vllm-omni agree on major.minor.
+# DL3013: "." is this checkout; everything else is pinned with hashes by the lock.
 # hadolint ignore=DL3013
-RUN python3 -m pip list --format=freeze \
-      | grep -iE '^(torch|torchvision|torchaudio|vllm|numpy|triton)==' > /opt/rtvideo/image-pins.txt \
-    && python3 -m pip install --no-cache-dir -c /opt/rtvideo/image-pins.txt \
-      "vllm-omni==${VLLM_OMNI_VERSION}" "av>=14" "tornado>=6.4" "tritonclient[grpc]>=2.50" \
-      "prometheus-client>=0.17" "websockets>=13" \
+RUN python3 -m pip list --format=freeze > /opt/rtvideo/image-packages.txt \
+    && grep -q "^vllm-omni==${VLLM_OMNI_VERSION} " deploy/gpu/requirements.lock \
+    && python3 -m pip install --no-cache-dir --no-deps --ignore-installed --require-hashes \
+      -r deploy/gpu/requirements.lock \
     && python3 -m pip install --no-cache-dir --no-deps . \
-    && python3 scripts/check_vllm_image.py /opt/rtvideo/image-pins.txt \
+    && python3 scripts/check_vllm_image.py deploy/gpu/requirements.lock \
     && python3 -m rtvideo.triton.model_repo /opt/rtvideo/models generator=vllm_omni \
       width=640 height=384 fps=16 frames_per_chunk=33 max_sessions=1 \
       vllm_omni_model=BestWishYsh/Helios-Distilled \

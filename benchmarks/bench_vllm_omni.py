@@ -1,22 +1,39 @@
-"""One short generator=vllm_omni session through Triton, on a GPU: time to first chunk, generated fps.
+"""Sessions of generator=vllm_omni through Triton, on a GPU: time to first chunk, generated fps,
+and (with --assert, as scripts/gpu_check.sh runs it) the engine path proved or failed.
 
-Needs `tritonserver` (the NGC vLLM image has it on PATH), vLLM + vllm-omni, and the model's
-weights already on disk (nothing is downloaded: HF_HUB_OFFLINE=1). Starts its own Triton
-with the model derived for vllm_omni, runs one direct-gRPC session of `--chunks` chunks with
-one prompt update after the first chunk, and prints the figures. Asserts nothing but the
-protocol's stream rules.
+Needs `tritonserver`, vLLM + vllm-omni, and the model's weights already on disk (nothing is
+downloaded: HF_HUB_OFFLINE=1). Starts its own Triton with the model derived for vllm_omni and
+runs direct-gRPC sessions. With --assert it exits 1, listing each failure, unless:
 
-    python3 benchmarks/bench_vllm_omni.py [--model BestWishYsh/Helios-Distilled --chunks 6]
+1. vLLM and vllm-omni agree on major.minor and importing vllm_omni warns of no mismatch;
+2. a bounded session (`--chunks` x 33 frames at 640x384) gives exactly that many frames, each
+   payload at the asked size, and the concatenated payloads decode to that many frames;
+3. an update sent after the first chunk is started at a later boundary and completed within its
+   `transition_chunks`, with no error;
+4. an update sent at once after `video.start` (before the first chunk) is held without error
+   and started later;
+5. GPU memory (nvidia-smi, the device's used memory) after a second such session is no more
+   than `--memory-tolerance-mib` above the first's;
+6. `session.stop`, and a disconnect (the stream cancelled), of an open-ended session end the
+   engine request: the GPU goes idle within `--idle-timeout` s (an engine still generating the
+   request keeps it busy).
+
+    python3 benchmarks/bench_vllm_omni.py [--model BestWishYsh/Helios-Distilled --chunks 5 --assert]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.triton import TritonConfig, TritonServer, free_port
@@ -25,15 +42,138 @@ from rtvideo.triton.model_repo import derive_model
 
 #: vLLM-Omni's Helios-Distilled defaults (docs: 33 frames per chunk, 640x384, 16 fps)
 HELIOS = {"width": "640", "height": "384", "fps": "16", "frames_per_chunk": "33"}
+PROMPT = "A quiet harbour at dawn, boats rocking gently"
+UPDATE = "A snowy street illuminated by warm lanterns"
+
+
+@dataclass
+class Session:
+    """What one session's stream carried."""
+
+    t0: float
+    chunks: list[tuple[float, dict[str, Any], bytes]] = field(default_factory=list)  # media and trailer
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    done: dict[str, Any] | None = None
+
+    @property
+    def media(self) -> list[tuple[float, dict[str, Any], bytes]]:
+        return [c for c in self.chunks if c[1]["kind"] == "media"]
+
+    def frames(self) -> int:
+        return sum(m["num_frames"] for _, m, _ in self.media)
+
+    def chunk_of(self, field_name: str, event_id: str) -> int | None:
+        """The generation chunk whose metadata first lists `event_id` under `field_name`."""
+        for _, m, _ in self.media:
+            if event_id in m.get(field_name, []):
+                return int(m["generation_chunk_index"])
+        return None
+
+
+def run_session(
+    s: TritonStreamSession,
+    *,
+    num_frames: int | None,
+    update_after_first: bool = False,
+    update_at_once: bool = False,
+    end_after_first: str | None = None,  # "stop" or "disconnect"
+    timeout: float = 900,
+) -> Session:
+    fields: dict[str, Any] = {"seed": 7, "width": int(HELIOS["width"]), "height": int(HELIOS["height"])}
+    if num_frames is not None:
+        fields["num_frames"] = num_frames
+    out = Session(time.perf_counter())
+    s.start(PROMPT, **fields)
+    if update_at_once:
+        s.interact(UPDATE, event_id="early", transition_chunks=1)
+    for reply in s.until("session.done", timeout=timeout):
+        message = reply.message or {}
+        kind = message.get("type")
+        if kind == "video.chunk_metadata":
+            out.chunks.append((reply.received, message, reply.data))
+            if message["kind"] == "media" and len(out.media) == 1:
+                if update_after_first:
+                    s.interact(UPDATE, event_id="update", transition_chunks=2)
+                if end_after_first == "stop":
+                    s.stop()
+                elif end_after_first == "disconnect":
+                    s.cancel()
+                    return out
+        elif kind == "error":
+            out.errors.append(message)
+            print("error:", message)
+        elif kind == "session.done":
+            out.done = message
+    return out
+
+
+def decode_frames(payloads: list[bytes]) -> list[tuple[int, int]]:
+    """(height, width) of each frame the concatenated payloads decode to (PyAV)."""
+    import av
+
+    with av.open(io.BytesIO(b"".join(payloads)), mode="r", format="mp4") as container:
+        return [(f.height, f.width) for f in container.decode(video=0)]
+
+
+def nvidia_smi(query: str) -> int:
+    """One figure of the first visible GPU (memory.used in MiB, utilization.gpu in %)."""
+    index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", f"--id={index}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return int(float(out.stdout.strip().splitlines()[0]))
+
+
+def gpu_goes_idle(timeout: float) -> float | None:
+    """Seconds until the GPU's utilization stays under 10 % for three samples; None if it does not."""
+    t0 = time.perf_counter()
+    quiet = 0
+    while time.perf_counter() - t0 < timeout:
+        quiet = quiet + 1 if nvidia_smi("utilization.gpu") < 10 else 0
+        if quiet >= 3:
+            return time.perf_counter() - t0
+        time.sleep(0.5)
+    return None
+
+
+def version_failures() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        vllm, omni = version("vllm"), version("vllm-omni")
+    except PackageNotFoundError as e:
+        return [f"{e.name} is not installed"]
+    print(f"vLLM {vllm}, vllm-omni {omni}")
+    failures = []
+    if vllm.split(".")[:2] != omni.split(".")[:2]:
+        failures.append(f"vLLM {vllm} and vllm-omni {omni} differ in major.minor")
+    probe = subprocess.run(
+        [sys.executable, "-W", "always", "-c", "import vllm_omni.version"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if probe.returncode != 0:
+        failures.append(f"import vllm_omni failed: {probe.stderr.strip()[-500:]}")
+    if "mismatched major/minor" in probe.stderr:
+        failures.append("vllm-omni warns of a vLLM version mismatch at import")
+    return failures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=os.environ.get("HELIOS_MODEL", "BestWishYsh/Helios-Distilled"))
-    parser.add_argument("--chunks", type=int, default=6, help="chunks in the session")
+    parser.add_argument("--chunks", type=int, default=5, help="chunks in each bounded session")
     parser.add_argument("--engine-args", default="{}", help="AsyncOmni engine arguments, JSON")
-    parser.add_argument("--extra-params", default="{}", help="the model's preset extra_params, JSON")
+    parser.add_argument("--extra-params", default="{}", help="the model's preset extra_params, JSON ({}: the preset)")
     parser.add_argument("--log", type=Path, default=None, help="Triton's log (default: a temp file)")
+    parser.add_argument("--assert", dest="check", action="store_true", help="assert the engine path (above)")
+    parser.add_argument("--memory-tolerance-mib", type=int, default=512)
+    parser.add_argument("--idle-timeout", type=float, default=30.0)
     parser.add_argument(
         "--engine",
         default="vllm_omni:AsyncOmni",
@@ -41,8 +181,16 @@ def main() -> None:
     )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    failures: list[str] = version_failures() if args.check else []
+
+    def expect(ok: bool, what: str) -> None:
+        print(("ok: " if ok else "ASSERTION FAILED: ") + what)
+        if not ok:
+            failures.append(what)
 
     frames_per_chunk = int(HELIOS["frames_per_chunk"])
+    n = args.chunks * frames_per_chunk
+    size = (int(HELIOS["height"]), int(HELIOS["width"]))
     with tempfile.TemporaryDirectory(prefix="rtvideo-omni-") as tmp:
         repo = Path(tmp)
         derive_model(
@@ -66,43 +214,91 @@ def main() -> None:
         with TritonServer(config, stdout=args.log or repo / "triton.log") as server:
             print(f"model loaded (engine start included) in {time.perf_counter() - t_load:.1f} s")
             with TritonStreamSession(server.grpc_url, key=key) as s:
-                t0 = time.perf_counter()
-                s.start(
-                    "A quiet harbour at dawn, boats rocking gently", num_frames=args.chunks * frames_per_chunk, seed=7
-                )
-                chunks: list[tuple[float, dict]] = []
-                update_sent = None
-                for reply in s.until("session.done", timeout=900):
-                    message = reply.message or {}
-                    if message.get("type") == "video.chunk_metadata" and message["kind"] == "media":
-                        chunks.append((reply.received, message))
-                        if update_sent is None:
-                            s.interact(
-                                "A snowy street illuminated by warm lanterns", event_id="update", transition_chunks=2
-                            )
-                            update_sent = time.perf_counter()
-                    elif message.get("type") == "error":
-                        print("error:", message)
-        if not chunks:
-            raise SystemExit("no chunk arrived")
-        first = chunks[0][0] - t0
-        frames = sum(m["num_frames"] for _, m in chunks)
-        span = chunks[-1][0] - chunks[0][0]
-        later = sum(m["num_frames"] for _, m in chunks[1:])
-        print(f"time to first chunk: {first:.2f} s ({chunks[0][1]['num_frames']} frames)")
-        if span > 0:
-            print(
-                f"generated after the first chunk: {later / span:.1f} fps ({later} frames in {span:.2f} s; "
-                f"real time = {HELIOS['fps']} fps)"
+                first = run_session(s, num_frames=n, update_after_first=True)
+            report(first)
+            if not args.check:
+                if not first.media:
+                    raise SystemExit("no chunk arrived")
+                return
+            mem_first = nvidia_smi("memory.used")
+            # 2. bounded: exactly N frames at the asked size, and they decode
+            expect(not first.errors, f"no error in the bounded session ({first.errors})")
+            expect(first.done is not None, "the bounded session ends with session.done")
+            expect(first.frames() == n, f"the bounded session gives exactly {n} frames (got {first.frames()})")
+            decoded = decode_frames([data for _, _, data in first.chunks])
+            expect(len(decoded) == n, f"its payloads decode to {n} frames (got {len(decoded)})")
+            expect(set(decoded) <= {size}, f"every decoded frame is {size[1]}x{size[0]} (got {sorted(set(decoded))})")
+            # 3. an update after the first chunk: started later, completed within its transition
+            expect(not (first.done or {}).get("unapplied_event_ids"), f"every update applied ({first.done})")
+            started, completed = (
+                first.chunk_of("started_event_ids", "update"),
+                first.chunk_of("completed_event_ids", "update"),
             )
-        print(f"whole session: {frames} frames in {chunks[-1][0] - t0:.2f} s")
-        for _, m in chunks:
-            if m["started_event_ids"] or m["active_event_ids"]:
-                print(
-                    f"  chunk {m['generation_chunk_index']}: started {m['started_event_ids']} "
-                    f"active {m['active_event_ids']} completed {m['completed_event_ids']} "
-                    f"progress {m['transition_progress']}"
-                )
+            expect(
+                started is not None and started >= 1, f"the update is started at a boundary after chunk 0 ({started})"
+            )
+            expect(
+                started is not None and completed is not None and completed <= started + 2,
+                f"the update completes within its 2 transition chunks (started {started}, completed {completed})",
+            )
+            # 4. an early update is held without error and started later
+            with TritonStreamSession(server.grpc_url, key=key) as s:
+                early = run_session(s, num_frames=n, update_at_once=True)
+            expect(not early.errors, f"an update sent before the first chunk brings no error ({early.errors})")
+            expect(
+                early.chunk_of("started_event_ids", "early") is not None,
+                f"the early update is started (session.done: {early.done})",
+            )
+            expect(early.frames() == n, f"the second bounded session gives exactly {n} frames too")
+            # 5. GPU memory flat across the two sessions
+            mem_second = nvidia_smi("memory.used")
+            print(f"GPU memory used: {mem_first} MiB after session 1, {mem_second} MiB after session 2")
+            expect(
+                mem_second - mem_first <= args.memory_tolerance_mib,
+                f"GPU memory does not grow across two sessions (+{mem_second - mem_first} MiB, "
+                f"tolerance {args.memory_tolerance_mib} MiB)",
+            )
+            # 6. stop and disconnect end the engine request: the GPU goes idle
+            for how in ("stop", "disconnect"):
+                s = TritonStreamSession(server.grpc_url, key=key)
+                try:
+                    ended = run_session(s, num_frames=None, end_after_first=how, timeout=300)
+                finally:
+                    s.close()
+                expect(bool(ended.media), f"the open-ended session before the {how} streams")
+                if how == "stop":
+                    expect(ended.done is not None, "session.stop ends the session with session.done")
+                idle = gpu_goes_idle(args.idle_timeout)
+                expect(idle is not None, f"after the {how} the GPU goes idle within {args.idle_timeout} s ({idle})")
+    if failures:
+        print(f"bench_vllm_omni: {len(failures)} assertion(s) failed:", file=sys.stderr)
+        for f in failures:
+            print(f"  - {f}", file=sys.stderr)
+        raise SystemExit(1)
+    print("bench_vllm_omni: every assertion passed")
+
+
+def report(session: Session) -> None:
+    if not session.media:
+        print("no media chunk arrived")
+        return
+    first = session.media[0][0] - session.t0
+    later = sum(m["num_frames"] for _, m, _ in session.media[1:])
+    span = session.media[-1][0] - session.media[0][0]
+    print(f"time to first chunk: {first:.2f} s ({session.media[0][1]['num_frames']} frames)")
+    if span > 0:
+        print(
+            f"generated after the first chunk: {later / span:.1f} fps ({later} frames in {span:.2f} s; "
+            f"real time = {HELIOS['fps']} fps)"
+        )
+    print(f"whole session: {session.frames()} frames in {session.media[-1][0] - session.t0:.2f} s")
+    for _, m, _ in session.media:
+        if m["started_event_ids"] or m["active_event_ids"]:
+            print(
+                f"  chunk {m['generation_chunk_index']}: started {m['started_event_ids']} "
+                f"active {m['active_event_ids']} completed {m['completed_event_ids']} "
+                f"progress {m['transition_progress']}"
+            )
 
 
 if __name__ == "__main__":

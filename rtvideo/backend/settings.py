@@ -67,7 +67,14 @@ class BackendSettings:
         "{}", "vllm_omni: AsyncOmni engine arguments, a JSON object (diffusion_streaming_output is always on)"
     )
     vllm_omni_extra_params: str = setting(
-        "{}", "vllm_omni: the model's preset extra_params (its extra_args), a JSON object"
+        "auto",
+        "vllm_omni: the model's preset extra_params (its extra_args), a JSON object; "
+        "auto: the real-time preset of vllm_omni_model (catalog.VLLM_OMNI_PRESETS)",
+    )
+    vllm_omni_max_request_frames: int = setting(
+        catalog.DEFAULT_MAX_REQUEST_FRAMES,
+        "vllm_omni: the longest session in frames (one engine request; its decoded frames stay on "
+        "the GPU: docs/vllm-omni.md, GPU memory)",
     )
     vllm_omni_health_seconds: float = setting(5.0, "vllm_omni: seconds between engine health checks")
     #: what builds the engine, `module:callable` or `path/to/file.py:callable`; only tests change it
@@ -115,6 +122,8 @@ class BackendSettings:
 
         self.engine_args()
         self.extra_params()
+        if self.vllm_omni_max_request_frames <= 0:
+            raise ValueError("model parameter vllm_omni_max_request_frames must be positive")
         if self.vllm_omni_health_seconds <= 0:
             raise ValueError("vllm_omni_health_seconds must be positive")
         if ":" not in self.vllm_omni_engine:
@@ -125,8 +134,15 @@ class BackendSettings:
         return _json_object("vllm_omni_engine_args", self.vllm_omni_engine_args)
 
     def extra_params(self) -> dict[str, Any]:
-        """`vllm_omni_extra_params` as a dict."""
+        """`vllm_omni_extra_params` as a dict; `auto`: the preset's of `vllm_omni_model` ({} without one)."""
+        if self.vllm_omni_extra_params.strip() == "auto":
+            return catalog.vllm_omni_preset(self.vllm_omni_model)["extra_params"]
         return _json_object("vllm_omni_extra_params", self.vllm_omni_extra_params)
+
+    def sampling_preset(self) -> dict[str, Any]:
+        """What a `vllm_omni` session samples with unless its start says otherwise: the preset of
+        `vllm_omni_model` (its sampling fields), with `extra_params` from `vllm_omni_extra_params`."""
+        return {**catalog.vllm_omni_preset(self.vllm_omni_model), "extra_params": self.extra_params()}
 
     def served_names(self, model_name: str) -> tuple[str, ...]:
         """The names a start may ask for, the reported one first: the served model names (default:
@@ -153,6 +169,7 @@ class BackendSettings:
 
     def capabilities(self, model_name: str) -> ModelCapabilities:
         entry = catalog.GENERATORS[self.generator]
+        engine = self.generator == "vllm_omni"
         return ModelCapabilities(
             model_names=self.served_names(model_name),
             width=self.width,
@@ -163,6 +180,9 @@ class BackendSettings:
             limits=entry.limits,
             sampling_fields=entry.sampling_fields,
             extra_params=entry.extra_params,
+            all_extra_params=entry.all_extra_params,
+            sampling_defaults=self.sampling_preset() if engine else None,
+            max_num_frames=self.vllm_omni_max_request_frames if engine else None,
         )
 
 

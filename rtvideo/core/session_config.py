@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import numbers
 import random
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import MAX_SEED, StartRequest
+from rtvideo.core.protocol import MAX_SEED, SAMPLING_FIELDS, StartRequest
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,10 @@ class GeneratorLimits:
 
 @dataclass(frozen=True)
 class ModelCapabilities:
-    """What the served model produces and accepts. Size, rate and length outside it are
-    rejected, never changed; sampling knobs the generator does not use are accepted and
-    reported as ignored (docs/protocol.md §2.1)."""
+    """What the served model produces and accepts. Size and rate outside it are rejected, never
+    changed; a length over the generator's cap (`max_num_frames`) is cut to it and reported in
+    `config.num_frames`; sampling knobs the generator does not use are accepted and reported as
+    ignored, the ones it uses are merged over its preset (docs/protocol.md §2.1)."""
 
     #: the names a start's `model` may ask for; the first is reported in `video.start`
     model_names: tuple[str, ...]
@@ -55,11 +58,40 @@ class ModelCapabilities:
     sampling_fields: frozenset[str] = frozenset()
     #: `extra_params` keys the generator uses; the others are ignored when given
     extra_params: frozenset[str] = frozenset()
+    #: every `extra_params` key is used (passed on to an engine whose model reads what it knows)
+    all_extra_params: bool = False
+    #: the model's preset, for a generator that takes sampling (None: it takes none): sampling
+    #: fields and `extra_params`, over which a start's own values are merged (`SessionConfig.sampling`)
+    sampling_defaults: Mapping[str, Any] | None = None
+    #: the longest session in frames (None: no cap); a start without a length gets it, a longer
+    #: one is cut to it, and `config.num_frames` says so (docs/protocol.md §2.1)
+    max_num_frames: int | None = None
 
     def ignored_fields(self, start: StartRequest) -> list[str]:
         """What `start` sets that this generator does not use, sorted (`extra_params.KEY` for extras)."""
         used = self.sampling_fields | {f"extra_params.{key}" for key in self.extra_params}
-        return sorted(name for name in start.sampling_given() if name not in used)
+        return sorted(
+            name
+            for name in start.sampling_given()
+            if name not in used and not (self.all_extra_params and name.startswith("extra_params."))
+        )
+
+    def sampling(self, start: StartRequest) -> dict[str, Any]:
+        """The sampling the generator runs `start` with: the preset, with each sampling field the
+        start sets and the generator uses over it, and `extra_params` merged key by key. Empty
+        for a generator that takes none."""
+        if self.sampling_defaults is None:
+            return {}
+        merged = copy.deepcopy(dict(self.sampling_defaults))
+        extra = dict(merged.pop("extra_params", None) or {})
+        for name in SAMPLING_FIELDS:
+            value = getattr(start, name)
+            if value is not None and name in self.sampling_fields:
+                merged[name] = value
+        for key, value in start.extra_params.items():
+            if self.all_extra_params or key in self.extra_params:
+                extra[key] = copy.deepcopy(value)
+        return {**merged, "extra_params": extra}
 
 
 @dataclass(frozen=True)
@@ -78,6 +110,9 @@ class SessionConfig:
     seed: int
     #: well-formed sampling fields the generator does not use (§2.1), sorted; always sent
     ignored_fields: tuple[str, ...] = ()
+    #: what the generator samples with (`ModelCapabilities.sampling`): sent as `config.sampling`
+    #: by a generator that takes sampling (vllm_omni), absent for the built-in one
+    sampling: Mapping[str, Any] = field(default_factory=dict)
 
     def transition_chunks(self, requested: int | None) -> int:
         """An interaction's N (docs/protocol.md §5): its own `transition_chunks`, else this
@@ -87,6 +122,9 @@ class SessionConfig:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["ignored_fields"] = list(self.ignored_fields)
+        out.pop("sampling")
+        if self.sampling:
+            out["sampling"] = copy.deepcopy(dict(self.sampling))
         return out
 
 
@@ -108,6 +146,8 @@ def resolve_session_config(
     num_frames = start.num_frames
     if num_frames is None and start.seconds is not None:
         num_frames = max(1, round(start.seconds * fps))
+    if caps.max_num_frames is not None:  # the generator's length cap (a bounded engine request)
+        num_frames = caps.max_num_frames if num_frames is None else min(num_frames, caps.max_num_frames)
     seed = start.seed if start.seed is not None else (rng or random.Random()).randint(0, MAX_SEED)
     return SessionConfig(
         prompt=start.prompt,
@@ -121,4 +161,5 @@ def resolve_session_config(
         num_frames=num_frames,
         seed=seed,
         ignored_fields=tuple(caps.ignored_fields(start)),
+        sampling=caps.sampling(start),
     )

@@ -202,11 +202,12 @@ def test_dockerfile_targets_and_the_pinned_vllm_omni() -> None:
         assert 'ENTRYPOINT ["rtvideo", "serve"]' in stage
     gpu = stages[1]
     assert f"ARG VLLM_OMNI_VERSION={PINNED_VLLM_OMNI}" in gpu and "generator=vllm_omni" in gpu
-    assert "-c /opt/rtvideo/image-pins.txt" in gpu and "--no-deps ." in gpu  # torch stays the image's
-    assert re.search(r"^ARG VLLM_TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-vllm-python-py3$", text, re.M)
-    # Both bases carry a Triton without the shared-memory CVEs (CVE-2025-23319/23320/23334): 25.07 on.
+    # Everything but rtvideo from the hash-checked lock (tests/deploy/test_vllm_lock.py checks it).
+    assert "-r deploy/gpu/requirements.lock" in gpu and "--no-deps ." in gpu
+    # One base for both images, a Triton without the shared-memory CVEs (CVE-2025-23319/23320/23334): 25.07 on.
     tags = re.findall(r"^ARG \w*TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-", text, re.M)
-    assert len(tags) == 2 and all((int(y), int(m)) >= (25, 7) for y, m in tags), tags
+    assert len(tags) == 1 and all((int(y), int(m)) >= (25, 7) for y, m in tags), tags
+    assert [s.split()[0] for s in stages] == ["${TRITON_IMAGE}", "${TRITON_IMAGE}"]
     assert f"VLLM_OMNI_VERSION={PINNED_VLLM_OMNI}" in (ROOT / "scripts" / "setup.sh").read_text()
     assert f"__version__ = version = '{PINNED_VLLM_OMNI}'" in wheel_source("vllm_omni/_version.py")
     assert "omni_ver != vllm_ver" in wheel_source("vllm_omni/version.py")  # major.minor must match vLLM's

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from rtvideo.backend.catalog import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.triton.model_repo import derive_model
 from tests.support.omni_standin import colour
 from tests.support.paths import SUPPORT
@@ -30,6 +31,9 @@ from tests.support.streams import Transcript, check_stream_rules, decode
 
 STANDIN = SUPPORT / "omni_standin.py"
 MODEL, DYING = "omni_video", "omni_video_dies"
+#: a model whose pipeline class has no prompt handler in vLLM-Omni's registry (a Wan-like one)
+NO_PROMPT = "omni_video_no_prompt"
+PIPELINES = {MODEL: "HeliosPyramidPipeline", DYING: "HeliosPyramidPipeline", NO_PROMPT: "WanPipeline"}
 W, H, FPC = 128, 128, 4
 PRESET = {"is_enable_stage2": True, "pyramid_num_inference_steps_list": [2, 2, 2]}
 
@@ -60,7 +64,7 @@ def omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[s
 
     repo = tmp_path_factory.mktemp("omni_repository")
     engines = {}
-    for name in (MODEL, DYING):
+    for name in (MODEL, DYING, NO_PROMPT):
         record = repo / f"{name}.calls.jsonl"
         engines[name] = Engine(record)
         engine_args = {
@@ -68,6 +72,7 @@ def omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[s
             "frames_per_chunk": FPC,
             "chunk_seconds": 0.05,
             "first_chunk_seconds": 0.8,
+            "model_class_name": PIPELINES[name],
         }
         derive_model(
             repo,
@@ -135,7 +140,10 @@ def test_updates_before_and_after_the_first_output_then_stop(omni) -> None:
     # what reached the engine: the session's values, the preset, and no interaction before the first output
     generate = engine.wait_for("generate", request_id=request_id)
     assert (generate["width"], generate["height"], generate["fps"], generate["seed"]) == (W, H, 16, 11)
-    assert generate["extra_args"] == PRESET and generate["num_frames"] % FPC == 0  # open-ended: whole chunks
+    assert generate["extra_args"] == PRESET and generate["guidance_scale"] == 1.0  # Helios-Distilled's preset
+    config = t.messages[0]["config"]  # no length: the length cap, never an hour of frames
+    assert generate["num_frames"] == config["num_frames"] == DEFAULT_MAX_REQUEST_FRAMES
+    assert config["ignored_fields"] == [] and config["sampling"] == {"guidance_scale": 1.0, "extra_params": PRESET}
     submits = engine.calls("submit", request_id=request_id)
     assert [(c["event_id"], c["transition_chunks"], c["before_first_output"]) for c in submits] == [
         ("early", 0, False),
@@ -148,7 +156,7 @@ def test_updates_before_and_after_the_first_output_then_stop(omni) -> None:
     # the engine rendered the blend it said it did
     last = len(t.media) - 1
     assert np.abs(frames_colour(t, last) - colour("late snow").numpy() * 255).max() < 6
-    # the stop ended the open-ended engine request
+    # the stop ended the engine request before its last frame
     engine.wait_for("abort", request_id=request_id)
 
 
@@ -182,22 +190,26 @@ def test_client_disconnect_aborts_the_engine_request(omni) -> None:
 
 
 def test_engine_error_on_one_event_is_interaction_failed_and_the_session_goes_on(omni) -> None:
+    """An interaction the engine would refuse (here: a prompt update for a pipeline that has no
+    prompt handler in vLLM-Omni's registry) is refused before it is forwarded: the engine would
+    raise it inside `generate()` and abort the request. So it is `interaction_failed` and the
+    session goes on."""
     proxies, engines = omni
 
-    async def body() -> Transcript:
-        async with ws(proxies.url(model=MODEL)) as conn:
+    async def body() -> tuple[Transcript, str]:
+        async with ws(proxies.url(model=NO_PROMPT)) as conn:
             s = Ws(conn)
-            await s.start("a bridge")
+            start = await s.start("a bridge")
             await s.next_media()
-            await s.interact("stand-in: refuse this", "bad")
+            await s.interact("a new prompt", "bad")
             error = await s.until(is_error("interaction_failed"))
-            assert error["event_id"] == "bad" and "refuse" in error["message"]
-            await s.interact("a good one", "good", 0)
-            await s.until(lambda m: m["type"] == "video.chunk_metadata" and "good" in m["completed_event_ids"])
+            assert error["event_id"] == "bad" and "not supported by pipeline 'WanPipeline'" in error["message"]
+            await s.next_media()
+            await s.next_media()  # the session goes on
             await s.send({"type": "session.stop"})
-            return await s.finish()
+            return await s.finish(), start["request_id"]
 
-    t = run(body())
+    t, request_id = run(body())
     check_stream_rules(t)
     named = {
         e
@@ -212,7 +224,36 @@ def test_engine_error_on_one_event_is_interaction_failed_and_the_session_goes_on
         for e in m[key]
     }
     done = t.messages[-1]
+    assert done["stopped"] is True and t.pairs[-1][0]["kind"] == "trailer"
     assert "bad" not in named and "bad" not in done["unapplied_event_ids"] + done["unfinished_event_ids"]
+    engine = engines[NO_PROMPT]
+    assert engine.calls("submit", request_id=request_id) == []  # it never reached the engine
+    assert engine.calls("engine_abort", request_id=request_id) == []
+
+
+def test_a_refusal_only_the_engine_detects_ends_the_session_naming_the_event(omni) -> None:
+    """The engine's worker refuses an event it has queued (here the pipeline cannot encode the
+    prompt): as in vLLM-Omni, the error is raised inside `generate()`, which aborts the request.
+    The session ends with `generation_failed` naming the event, and `session.done` accounts for it."""
+    proxies, engines = omni
+
+    async def body() -> tuple[Transcript, str]:
+        async with ws(proxies.url(model=MODEL)) as conn:
+            s = Ws(conn)
+            start = await s.start("a bridge")
+            await s.next_media()
+            await s.interact("stand-in: refuse this", "bad")
+            error = await s.until(is_error("generation_failed"))
+            assert "'bad'" in error["message"] and "Failed interaction" in error["message"]
+            return await s.finish(), start["request_id"]
+
+    t, request_id = run(body())
+    check_stream_rules(t)
+    done = t.messages[-1]
+    assert done["type"] == "session.done" and done["unapplied_event_ids"] == ["bad"]
+    engine = engines[MODEL]
+    assert engine.wait_for("refused", request_id=request_id)["event_id"] == "bad"
+    engine.wait_for("engine_abort", request_id=request_id)
 
 
 def readyz(url: str) -> int:

@@ -1,5 +1,7 @@
 """Clients written for vLLM-Omni's `/v1/realtime/video` work unchanged: served model names
-(`--served-model-name`) and sampling fields the generator does not use (`config.ignored_fields`).
+(`--served-model-name`), sampling fields the built-in generator does not use
+(`config.ignored_fields`), and the same fields honoured by the `vllm_omni` generator
+(merged over the model's preset, `config.sampling`, none ignored).
 
 The end-to-end test plays vLLM-Omni's example client
 (examples/online_serving/streaming_video_generation/streaming_video_client.py): the same
@@ -115,7 +117,8 @@ async def vllm_omni_example_client(
 
 
 def test_vllm_omni_example_client_session(proxies) -> None:
-    """Its default start is accepted as sent, the unused knobs are reported, every chunk decodes."""
+    """Its default start is accepted as sent, the knobs the built-in generator does not use are
+    reported (the vllm_omni generator uses them all: the test below), every chunk decodes."""
     updates = [{"at": 0.0, "prompt": "A sea turtle glides past the reef"}]
     t = run(vllm_omni_example_client(proxies.url(), VLLM_OMNI_START, updates), 180)
     check_stream_rules(t)  # every message also matched rtvideo/schemas/server_messages.json
@@ -222,6 +225,26 @@ def test_ignored_fields_follow_the_generators_capabilities() -> None:
         "flow_shift",
         "true_cfg_scale",
     }
+
+
+def test_the_vllm_omni_generator_honours_the_example_clients_sampling() -> None:
+    """vllm_omni passes every sampling field and extra_params key on, as vLLM-Omni does: nothing
+    of the example client's start is ignored, and config.sampling says what the engine runs with."""
+    settings = BackendSettings.from_parameters({"generator": "vllm_omni", "width": "640", "height": "384"})
+    start = parse_start(json.dumps({**VLLM_OMNI_START, "negative_prompt": "blur", "num_inference_steps": 2}))
+    config = resolve_session_config(start, settings.capabilities("realtime_video"))
+    assert config.ignored_fields == () and config.to_json()["ignored_fields"] == []
+    assert config.to_json()["sampling"] == {
+        "guidance_scale": 1.0,
+        "negative_prompt": "blur",
+        "num_inference_steps": 2,
+        "extra_params": HELIOS_DISTILLED_EXTRA_PARAMS,
+    }
+    assert config.num_frames == 429  # below the length cap: as asked
+    # the same start without its preset: the model's preset fills it in
+    bare = {k: v for k, v in VLLM_OMNI_START.items() if k not in ("extra_params", "guidance_scale")}
+    preset = resolve_session_config(parse_start(json.dumps(bare)), settings.capabilities("realtime_video"))
+    assert preset.to_json()["sampling"] == {"guidance_scale": 1.0, "extra_params": HELIOS_DISTILLED_EXTRA_PARAMS}
 
 
 def test_seconds_as_vllm_omni_sends_it() -> None:

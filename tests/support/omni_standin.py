@@ -1,24 +1,34 @@
 """A STAND-IN for vLLM-Omni's `AsyncOmni`, for tests on machines without a GPU or vLLM.
 
 It implements only what `rtvideo/backend/vllm_omni/` calls (`tests/unit/backend/test_vllm_omni_api.py`
-checks that list against the real class) and behaves like the real engine where the
-adapter depends on it:
+checks that list against the real class). Only the diffusion pipeline itself is imitated;
+the interaction path is vLLM-Omni's own code, loaded from the pinned wheel
+(`tests/support/vllm_omni_wheel.py`):
 
-- `generate` streams one output per chunk: `multimodal_output["video"]` (float RGB in
-  [0, 1]) and `multimodal_output["metadata"]["stream"]` with the chunk's event ids;
-- prompt interactions are applied at chunk boundaries by vLLM-Omni's *real*
-  `PromptInteractionHandler`, loaded from the pinned wheel (`tests/support/vllm_omni_wheel.py`);
-  each chunk's colour is the blended conditioning, so a transition is visible in the video;
-- `submit_interaction_async` is refused before the request's first output (as vLLM-Omni
-  does), for an unknown request, and for a prompt containing "stand-in: refuse" (an
-  engine error about one event);
-- a prompt containing "stand-in: die" kills the engine: outputs stop and `check_health`
-  raises from then on.
+- `submit_interaction_async` refuses synchronously exactly what `AsyncOmni.submit_interaction_async`
+  does (empty prompt, negative `transition_chunks`, no active request); everything else is
+  queued and handed, as the worker does (`DiffusionModelRunner.submit_interaction`), to the
+  wheel's `InteractionCoordinator.enqueue_parts`, built with `InteractionCoordinator.build`
+  from the wheel's registry for the configured pipeline class (`model_class_name`, default
+  `HeliosPyramidPipeline`); the wheel's `PromptInteractionHandler` validates and blends. A
+  refusal there travels the real path: an error raised inside `generate()` (the orchestrator's
+  non-fatal `ErrorMessage`), after which the request is aborted;
+- interactions are applied where the runner applies them: the initial session before chunk 0,
+  then `InteractionMixin.apply_interaction_at_chunk_boundary` (the wheel's mixin) after each
+  chunk but the last, its metadata reported on the next chunk's output;
+- each output is what the output formatter makes of a Helios chunk: `images=[float32 array
+  (1, T, H, W, 3) in [0, 1]]` (T = `frames_per_chunk`, 33 by default) and
+  `multimodal_output["metadata"]["stream"]` laid out by the wheel's
+  `_stream_metadata_from_diffusion_output`; each chunk's colour is the blended conditioning,
+  so a transition is visible in the video;
+- the imitated pipeline's `encode_prompt` fails for a prompt containing "stand-in: refuse" (a
+  refusal only the engine detects); a prompt containing "stand-in: die" kills the engine:
+  outputs stop and `check_health` raises from then on.
 
 The Triton model loads it through the `vllm_omni_engine` parameter
 (`/path/to/tests/support/omni_standin.py:StandInAsyncOmni`); its engine arguments configure it:
 `record` (a JSON-lines file of every call, for the test to read), `chunk_seconds`,
-`first_chunk_seconds`, `frames_per_chunk`.
+`first_chunk_seconds`, `frames_per_chunk`, `model_class_name`.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -41,7 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests` as a pac
 from tests.support.vllm_omni_wheel import (  # noqa: E402
     Sampling,
     StepRequestState,
-    load_prompt_handler,
+    load_interaction,
+    stream_metadata_function,
 )
 
 
@@ -55,6 +67,11 @@ class StandInSamplingParams:
     fps: float | None = None
     frame_rate: float | None = None
     seed: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    guidance_scale_2: float | None = None
+    true_cfg_scale: float | None = None
+    boundary_ratio: float | None = None
     extra_args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -75,6 +92,32 @@ def colour(prompt: str) -> torch.Tensor:
     return torch.tensor([digest[0], digest[1], digest[2]], dtype=torch.float32) / 255.0
 
 
+def _pipeline_class(mixin: type, types_module: Any, fps: float) -> type:
+    """The imitated diffusion pipeline: the wheel's `InteractionMixin` with the hooks a pipeline adds."""
+
+    class StandInPipeline(mixin):
+        device = "cpu"
+        transformer = SimpleNamespace(dtype=torch.float32)
+
+        def __init__(self, frames_per_chunk: int) -> None:
+            self.frames_per_chunk = frames_per_chunk
+
+        def encode_prompt(self, prompt: str, **_: Any) -> tuple[torch.Tensor, None]:
+            if "stand-in: refuse" in prompt:
+                raise ValueError("stand-in pipeline cannot encode this prompt")
+            return colour(prompt), None
+
+        def peek_chunk_media(self, state: Any) -> Any:
+            return types_module.ChunkMediaSpec(
+                num_media_frames=self.frames_per_chunk, fps=fps, num_latent_frames=self.frames_per_chunk
+            )
+
+        def prepare_next_chunk(self, state: Any) -> None:
+            pass
+
+    return StandInPipeline
+
+
 class StandInAsyncOmni:
     """STAND-IN engine (see the module docstring); never used outside tests."""
 
@@ -85,10 +128,14 @@ class StandInAsyncOmni:
         self._chunk_seconds = float(kwargs.get("chunk_seconds", 0.05))
         self._first_chunk_seconds = float(kwargs.get("first_chunk_seconds", self._chunk_seconds))
         self._frames_per_chunk = int(kwargs.get("frames_per_chunk", 33))
-        self._handler = load_prompt_handler().PromptInteractionHandler(
-            encode_prompt=lambda prompt, **_: (colour(prompt), None), device="cpu", dtype=torch.float32
-        )
+        wheel = load_interaction()
+        self._stream_metadata = stream_metadata_function()
+        self._pipeline = _pipeline_class(wheel["mixin"].InteractionMixin, wheel["types"], 16.0)(self._frames_per_chunk)
+        od_config = SimpleNamespace(model_class_name=kwargs.get("model_class_name", "HeliosPyramidPipeline"))
+        self._coordinator = wheel["coordinator"].InteractionCoordinator.build(self._pipeline, od_config)
+        self._pipeline._interaction_coordinator = self._coordinator
         self._states: dict[str, StepRequestState] = {}
+        self._queues: dict[str, asyncio.Queue[Any]] = {}  # request id -> its outputs and errors
         self._produced: set[str] = set()  # requests that have yielded an output
         self._dead = False
         self.default_sampling_params_list = [StandInSamplingParams()]
@@ -118,60 +165,126 @@ class StandInAsyncOmni:
             num_frames=params.num_frames,
             fps=params.fps,
             seed=params.seed,
+            num_inference_steps=params.num_inference_steps,
+            guidance_scale=params.guidance_scale,
             extra_args=params.extra_args,
         )
-        state = StepRequestState(request_id, Sampling(), prompt_embeds=colour(prompt["prompt"]))
+        state = StepRequestState(request_id, Sampling())
         self._states[request_id] = state
+        messages: asyncio.Queue[Any] = asyncio.Queue()
+        self._queues[request_id] = messages
+        worker = asyncio.ensure_future(self._run(state, prompt["prompt"], params, messages))
         try:
+            while True:
+                message = await messages.get()
+                if isinstance(message, BaseException):
+                    raise message  # as `_process_orchestrator_results` raises an ErrorMessage
+                self._produced.add(request_id)
+                yield message
+                if message.finished:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception:
+            self._log("engine_abort", request_id=request_id)  # `generate` aborts its request on an error
+            raise
+        finally:
+            worker.cancel()
+            self._states.pop(request_id, None)
+            self._queues.pop(request_id, None)
+            self._produced.discard(request_id)
+
+    async def _run(self, state: StepRequestState, text: str, params: Any, messages: asyncio.Queue[Any]) -> None:
+        """The imitated pipeline, stepped as the runner steps it, one chunk per output."""
+        try:
+            state.prompt_embeds = colour(text)  # prepare_encode
+            state.chunk_index = 0
+            meta = self._coordinator.maybe_prepare_initial_session(state, self._pipeline)
             chunks = math.ceil(params.num_frames / self._frames_per_chunk)
             for index in range(chunks):
+                state.interaction_chunk_metadata = meta
                 await asyncio.sleep(self._first_chunk_seconds if index == 0 else self._chunk_seconds)
                 while self._dead:  # a dead engine produces nothing more
                     await asyncio.sleep(3600)
-                meta = {"started_event_ids": [], "active_event_ids": [], "completed_event_ids": []}
-                if "prompt" in state.interaction_sessions:  # InteractionCoordinator's lazy rule
-                    meta = self._handler.apply_at_chunk_boundary(state, boundary_at=time.monotonic()).as_dict()
-                state.chunk_index = index
-                rgb = state.prompt_embeds.clamp(0, 1).numpy()
-                video = np.broadcast_to(rgb, (self._frames_per_chunk, params.height, params.width, 3)).copy()
-                self._produced.add(request_id)
-                yield StandInOutput(
-                    request_id,
-                    {"video": video, "metadata": {"stream": {"generation_chunk_index": index, **meta}}},
-                    finished=index == chunks - 1,
+                rgb = state.prompt_embeds.clamp(0, 1).numpy().astype(np.float32)
+                video = np.broadcast_to(rgb, (1, self._frames_per_chunk, params.height, params.width, 3)).copy()
+                chunk_meta = state.interaction_chunk_metadata  # `_attach_stepwise_metadata`
+                state.interaction_chunk_metadata = None
+                finished = index == chunks - 1
+                diffusion_output = SimpleNamespace(
+                    chunk_index=index,
+                    total_chunks=chunks,
+                    finished=finished,
+                    started_event_ids=list(chunk_meta.started_event_ids) if chunk_meta else [],
+                    active_event_ids=list(chunk_meta.active_event_ids) if chunk_meta else [],
+                    completed_event_ids=list(chunk_meta.completed_event_ids) if chunk_meta else [],
                 )
-        finally:
-            self._states.pop(request_id, None)
-            self._produced.discard(request_id)
+                stream = self._stream_metadata(diffusion_output)
+                state.chunk_index = index + 1  # post_decode
+                if not finished:  # the runner applies pending interactions for the next chunk
+                    self._pipeline.apply_interaction_at_chunk_boundary(state)
+                    meta = state.interaction_chunk_metadata
+                    self._pipeline.prepare_next_chunk(state)
+                await messages.put(
+                    StandInOutput(
+                        state.request_id,
+                        {"metadata": {"stream": stream}} if stream else {},
+                        images=[video],
+                        finished=finished,
+                    )
+                )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a request-scoped failure, as the runner reports it
+            await messages.put(RuntimeError(f"stand-in pipeline failed: {exc}"))
 
     async def submit_interaction_async(self, request_id: str, *, interaction: dict[str, Any]) -> None:
-        prompt = interaction["event"]["prompt"]
+        event = interaction.get("event")
+        prompt = event.get("prompt") if isinstance(event, dict) else None
         early = request_id not in self._produced
         self._log(
             "submit",
             request_id=request_id,
-            event_id=interaction["event_id"],
+            event_id=interaction.get("event_id"),
             prompt=prompt,
             transition_chunks=interaction.get("transition_chunks"),
             before_first_output=early,
         )
-        state = self._states.get(request_id)
-        if state is None:
+        # `AsyncOmni.submit_interaction_async`'s own checks (this stand-in is one diffusion stage)
+        if isinstance(event, dict) and "prompt" in event and (not isinstance(prompt, str) or not prompt):
+            raise ValueError("prompt must be non-empty")
+        transition_chunks = interaction.get("transition_chunks")
+        if transition_chunks is not None and transition_chunks < 0:
+            raise ValueError("transition_chunks must be >= 0")
+        if request_id not in self._states:
             raise ValueError(f"No active request for interaction: {request_id!r}")
-        if early:
-            raise ValueError("prompt_update is not allowed before initial generation has started")
-        if "stand-in: refuse" in prompt:
-            raise ValueError("stand-in engine refuses this event")
-        if "stand-in: die" in prompt:
+        if isinstance(prompt, str) and "stand-in: die" in prompt:
             self._dead = True
             return
-        self._handler.enqueue(
-            state,
-            event_id=interaction["event_id"],
-            received_at=time.monotonic(),
-            payload={"prompt": prompt},
-            transition_chunks=interaction.get("transition_chunks"),
-        )
+        # queued: the orchestrator hands it to the worker, whose refusal comes back through `generate()`
+        asyncio.get_running_loop().call_soon(self._worker_interaction, request_id, interaction)
+
+    def _worker_interaction(self, request_id: str, interaction: dict[str, Any]) -> None:
+        """`Orchestrator._handle_interaction` → `DiffusionModelRunner.submit_interaction`."""
+        state, messages = self._states.get(request_id), self._queues.get(request_id)
+        if state is None or messages is None:
+            return  # the real orchestrator sends an error to a request that is gone: nobody reads it
+        try:
+            event = interaction["event"]
+            parts: list[tuple[str, Any]] = []
+            if event.get("prompt") is not None:
+                parts.append(("prompt", {"prompt": event["prompt"]}))
+            parts.extend((str(m), payload) for m, payload in (event.get("multi_modal_data") or {}).items())
+            self._coordinator.enqueue_parts(
+                state,
+                parts=parts,
+                event_id=interaction["event_id"],
+                received_at=time.monotonic(),
+                transition_chunks=interaction.get("transition_chunks"),
+            )
+        except Exception as exc:  # noqa: BLE001 - the orchestrator's non-fatal ErrorMessage
+            self._log("refused", request_id=request_id, event_id=interaction.get("event_id"), error=str(exc))
+            messages.put_nowait(RuntimeError(f"Failed interaction for request {request_id}: {exc}"))
 
     async def abort(self, request_id: str, *, timeout: float | None = None) -> None:
         self._log("abort", request_id=request_id)

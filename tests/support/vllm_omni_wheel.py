@@ -1,21 +1,27 @@
 """vLLM-Omni's own code, read from its wheel at test time (never copied into this repository).
 
 `scripts/setup.sh` downloads the pinned wheel (no dependencies) into `.venv/wheels/`.
-`load_prompt_handler()` executes three of its modules, `diffusion/interaction/types.py`,
-`modality_handlers/base.py` and `modality_handlers/prompt.py`, with minimal stand-ins
-for the few vLLM-Omni modules they import that would pull in vLLM or a GPU (only
-`StepRequestState` is needed: a plain dataclass with the fields the handler touches).
-torch is the real one (the handler blends embeddings with it).
+`load_interaction()` executes its whole interaction package, `diffusion/interaction/`
+(`types.py`, `modality_handlers/{base,prompt,camera}.py`, `registry.py`, `coordinator.py`,
+`mixin.py`), with minimal stand-ins for the few vLLM-Omni modules they import that would pull
+in vLLM or a GPU: `StepRequestState` (a plain dataclass with the fields the handlers touch) and
+`diffusion/models/interface.py`'s `SupportsInteractionApply` protocol (the three methods it
+names). `stream_metadata_function()` is the output formatter's
+`_stream_metadata_from_diffusion_output`, compiled alone from `diffusion/output_formatter.py`
+(the layout of `multimodal_output["metadata"]["stream"]`). torch is the real one (the handlers
+blend embeddings with it).
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 import types
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast, runtime_checkable
 
 from rtvideo.backend.vllm_omni.engine import PINNED_VLLM_OMNI
 from tests.support.paths import REPO_ROOT
@@ -23,7 +29,15 @@ from tests.support.paths import REPO_ROOT
 ROOT = REPO_ROOT
 WHEEL = ROOT / ".venv" / "wheels" / f"vllm_omni-{PINNED_VLLM_OMNI}-py3-none-any.whl"
 _PACKAGE = "vllm_omni/diffusion/interaction/"
-_MODULES = ("types", "modality_handlers.base", "modality_handlers.prompt")
+_MODULES = (
+    "types",
+    "modality_handlers.base",
+    "modality_handlers.prompt",
+    "modality_handlers.camera",
+    "registry",
+    "coordinator",
+    "mixin",
+)
 
 
 def wheel_path() -> Path:
@@ -58,11 +72,32 @@ class Sampling:
     max_sequence_length: int = 512
 
 
-_LOADED: dict[str, types.ModuleType] = {}
+@runtime_checkable
+class SupportsInteractionApply(Protocol):
+    """Stand-in for `vllm_omni.diffusion.models.interface.SupportsInteractionApply` (same methods)."""
+
+    def peek_chunk_media(self, state: Any) -> Any: ...
+
+    def apply_interaction_at_chunk_boundary(self, state: Any) -> None: ...
+
+    def prepare_next_chunk(self, state: Any) -> None: ...
+
+
+def supports_interaction_apply(pipeline: object) -> bool:
+    return isinstance(pipeline, SupportsInteractionApply)
+
+
+_LOADED: dict[str, dict[str, types.ModuleType]] = {}
 
 
 def load_prompt_handler(wheel: Path | None = None) -> types.ModuleType:
     """vLLM-Omni's `modality_handlers/prompt.py` module (`PromptInteractionHandler`, ...), run from the wheel."""
+    return load_interaction(wheel)["modality_handlers.prompt"]
+
+
+def load_interaction(wheel: Path | None = None) -> dict[str, types.ModuleType]:
+    """vLLM-Omni's `diffusion/interaction/` modules run from the wheel, by name relative to the
+    package (`"coordinator"`, `"registry"`, `"types"`, `"modality_handlers.prompt"`, ...)."""
     key = str(wheel or wheel_path())
     if key in _LOADED:
         return _LOADED[key]
@@ -72,6 +107,12 @@ def load_prompt_handler(wheel: Path | None = None) -> types.ModuleType:
         "vllm_omni.diffusion.interaction": _package("vllm_omni.diffusion.interaction"),
         "vllm_omni.diffusion.interaction.modality_handlers": _package(
             "vllm_omni.diffusion.interaction.modality_handlers"
+        ),
+        "vllm_omni.diffusion.models": _package("vllm_omni.diffusion.models"),
+        "vllm_omni.diffusion.models.interface": _module(
+            "vllm_omni.diffusion.models.interface",
+            SupportsInteractionApply=SupportsInteractionApply,
+            supports_interaction_apply=supports_interaction_apply,
         ),
         "vllm_omni.diffusion.worker": _package("vllm_omni.diffusion.worker"),
         "vllm_omni.diffusion.worker.utils": _module(
@@ -98,9 +139,23 @@ def load_prompt_handler(wheel: Path | None = None) -> types.ModuleType:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = previous
-    prompt = loaded["vllm_omni.diffusion.interaction.modality_handlers.prompt"]
-    _LOADED[key] = prompt
-    return prompt
+    modules = {name: loaded[f"vllm_omni.diffusion.interaction.{name}"] for name in _MODULES}
+    _LOADED[key] = modules
+    return modules
+
+
+def stream_metadata_function(wheel: Path | None = None) -> Callable[[Any], dict[str, Any] | None]:
+    """`diffusion/output_formatter.py`'s `_stream_metadata_from_diffusion_output`, compiled alone
+    from the wheel (the module itself imports the whole engine): given an object with the
+    `DiffusionOutput` fields it reads, the `multimodal_output["metadata"]["stream"]` it formats."""
+    member = "vllm_omni/diffusion/output_formatter.py"
+    tree = ast.parse(wheel_source(member, wheel))
+    (node,) = [
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_stream_metadata_from_diffusion_output"
+    ]
+    namespace: dict[str, Any] = {"cast": cast, "DiffusionMetadata": dict, "DiffusionOutput": Any}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), f"{wheel or wheel_path()}!{member}", "exec"), namespace)  # noqa: S102
+    return cast(Callable[[Any], "dict[str, Any] | None"], namespace[node.name])
 
 
 def _package(name: str) -> types.ModuleType:

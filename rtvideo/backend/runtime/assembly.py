@@ -65,6 +65,7 @@ def build_manager(
     sources: ChunkSourceFactory
     if settings.generator == "vllm_omni":
         from rtvideo.backend.vllm_omni.engine import EngineHost, load_factory
+        from rtvideo.backend.vllm_omni.interaction_rules import pipeline_class
         from rtvideo.backend.vllm_omni.source import EngineSources
 
         host = EngineHost(
@@ -73,7 +74,14 @@ def build_manager(
             engine_args={**settings.engine_args(), "diffusion_streaming_output": True},
             health_seconds=settings.vllm_omni_health_seconds,
         )
-        sources = EngineSources(host, settings.extra_params(), settings.max_session_seconds, encoder_factory)
+        sources = EngineSources(
+            host,
+            settings.extra_params(),
+            settings.max_session_seconds,
+            encoder_factory,
+            pipeline=pipeline_class(settings.vllm_omni_model, settings.engine_args()),
+            max_request_frames=settings.vllm_omni_max_request_frames,
+        )
         log.info(
             "generator=vllm_omni engine=%s model=%s settings=%s",
             settings.vllm_omni_engine,

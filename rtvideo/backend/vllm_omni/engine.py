@@ -77,6 +77,16 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return getattr(module, attr)
 
 
+def engine_prompt(prompt: Mapping[str, Any], config: SessionConfig) -> dict[str, Any]:
+    """The request's `OmniTextPrompt`: a start's `negative_prompt` belongs to the prompt, not the
+    sampling params (as in vLLM-Omni's streaming endpoint)."""
+    out = dict(prompt)
+    negative = config.sampling.get("negative_prompt")
+    if negative is not None:
+        out["negative_prompt"] = negative
+    return out
+
+
 def _report_dead(callback: Callable[[str], None], reason: str) -> None:
     """The callback ends sessions (Triton sends): on a thread of its own, never on the loop."""
     threading.Thread(target=callback, args=(reason,), name="engine-dead", daemon=True).start()
@@ -166,6 +176,7 @@ class EngineHost:
     ) -> None:
         try:
             params = self._sampling_params(config, num_frames, preset)
+            prompt = engine_prompt(prompt, config)
             outputs = self._engine.generate(prompt=dict(prompt), request_id=request_id, sampling_params_list=[params])
             async for output in outputs:
                 sink.put(("output", output, time.monotonic()))  # unbounded: never blocks the loop
@@ -176,8 +187,10 @@ class EngineHost:
             sink.put(("error", exc, time.monotonic()))
 
     def _sampling_params(self, config: SessionConfig, num_frames: int, preset: Mapping[str, Any]) -> Any:
-        """The engine's own default diffusion params, with this session's values set (as vLLM-Omni's
-        streaming endpoint builds them)."""
+        """The engine's own default diffusion params, with this session's values set as vLLM-Omni's
+        streaming endpoint sets a request's (`serving_video_output_stream.py`,
+        `_build_prompt_and_sampling_params`): `config.sampling` is the model's preset with the
+        start's sampling fields and `extra_params` merged over it."""
         defaults = [p for p in self._engine.default_sampling_params_list if hasattr(p, "num_frames")]
         if not defaults:
             raise EngineError("the engine has no diffusion stage (no default params with num_frames)")
@@ -186,7 +199,22 @@ class EngineHost:
         params.fps, params.frame_rate = config.fps, float(config.fps)
         params.num_frames = num_frames
         params.seed = config.seed
-        params.extra_args = {**(getattr(params, "extra_args", None) or {}), **preset}
+        sampling = config.sampling
+        if sampling.get("num_inference_steps") is not None:
+            params.num_inference_steps = sampling["num_inference_steps"]
+        if sampling.get("guidance_scale") is not None:  # the engine marks it provided (request.py)
+            params.guidance_scale = sampling["guidance_scale"]
+        if sampling.get("guidance_scale_2") is not None:
+            params.guidance_scale_2 = sampling["guidance_scale_2"]
+        if sampling.get("true_cfg_scale") is not None:
+            params.true_cfg_scale = sampling["true_cfg_scale"]
+        if sampling.get("boundary_ratio") is not None:
+            params.boundary_ratio = sampling["boundary_ratio"]
+        extra = {**(getattr(params, "extra_args", None) or {}), **preset}
+        if sampling.get("flow_shift") is not None:  # vLLM-Omni passes it in extra_args
+            extra["flow_shift"] = sampling["flow_shift"]
+        extra.update(copy.deepcopy(dict(sampling.get("extra_params") or {})))
+        params.extra_args = extra
         return params
 
     async def _interact(self, request_id: str, interaction: Mapping[str, Any]) -> None:

@@ -18,10 +18,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rtvideo.backend.catalog import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
 from rtvideo.backend.runtime.sources import FailedEvent, LazyEncoder, SourceChunk
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
+from rtvideo.backend.vllm_omni.interaction_rules import refusal
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import EngineStreamTranslator
 
@@ -42,8 +44,11 @@ class EngineChunkSource:
         num_frames: int,
         preset: Mapping[str, Any],
         open_encoder: Callable[[], ChunkEncoder],
+        pipeline: str | None = None,
     ) -> None:
         self._host = host
+        self._pipeline = pipeline  # the engine's pipeline class (its interaction modalities), if known
+        self._unstarted: list[str] = []  # forwarded, not yet started, superseded or refused
         self._config = config
         self._request_id = request_id
         self._translator = EngineStreamTranslator()
@@ -70,6 +75,13 @@ class EngineChunkSource:
         prompt, n = self._waiting.pop(event_id)
         self._translator.forwarded(event_id)
         interaction = {"event_id": event_id, "event": {"prompt": prompt}, "transition_chunks": n}
+        # what the engine would refuse is refused here: the engine reports such refusals through
+        # `generate()`, which aborts the request (`interaction_rules`)
+        reason = refusal({"prompt": prompt}, n, self._pipeline)
+        if reason is not None:
+            self._queue.put(("event_failed", (event_id, ValueError(reason)), time.monotonic()))
+            return
+        self._unstarted.append(event_id)
         try:
             future = self._host.interact(self._request_id, interaction)
         except Exception as exc:  # noqa: BLE001 - reported like a refusal
@@ -93,9 +105,16 @@ class EngineChunkSource:
             event_id, exc = value
             with self._lock:
                 self._translator.failed(event_id)  # it never starts: no later chunk may name it
+                if event_id in self._unstarted:
+                    self._unstarted.remove(event_id)
             return FailedEvent(event_id, f"the engine refused the interaction: {exc}")
         if kind == "error":
-            raise EngineError(f"the engine failed: {type(value).__name__}: {value}") from value
+            # an interaction the engine refuses after queueing it comes back this way too (the
+            # request is aborted): name the events it may be about
+            with self._lock:
+                pending = list(self._unstarted)
+            about = f" (with event(s) {', '.join(map(repr, pending))} not yet started)" if pending else ""
+            raise EngineError(f"the engine failed{about}: {type(value).__name__}: {value}") from value
         if kind == "end":
             raise EngineError("the engine ended the stream before the session's last frame")
         return self._chunk(value, at)
@@ -115,6 +134,9 @@ class EngineChunkSource:
             )
         with self._lock:
             plan = self._translator.chunk(stream_metadata(output))
+            for event_id in (*plan.started, *plan.superseded):
+                if event_id in self._unstarted:
+                    self._unstarted.remove(event_id)
             if not self._first_output:
                 self._first_output = True
                 for event_id in self._translator.held:
@@ -143,8 +165,13 @@ class EngineSources:
         preset: Mapping[str, Any],
         max_session_seconds: float,
         encoder_factory: EncoderFactory,
+        pipeline: str | None = None,
+        max_request_frames: int = DEFAULT_MAX_REQUEST_FRAMES,
     ) -> None:
         self.host = host
+        self.pipeline = pipeline
+        #: the longest engine request (`vllm_omni_max_request_frames`): its decoded frames stay on the GPU
+        self.max_request_frames = max_request_frames
         self._preset = dict(preset)
         self._max_session_seconds = max_session_seconds
         self._encoder_factory = encoder_factory
@@ -153,15 +180,19 @@ class EngineSources:
         if self.host.dead is not None:
             raise EngineError(f"the engine is not healthy: {self.host.dead}")
         open_encoder = functools.partial(self._encoder_factory, config.width, config.height, config.fps)
-        return EngineChunkSource(self.host, config, request_id, self.engine_frames(config), self._preset, open_encoder)
+        return EngineChunkSource(
+            self.host, config, request_id, self.engine_frames(config), self._preset, open_encoder, self.pipeline
+        )
 
     def engine_frames(self, config: SessionConfig) -> int:
-        """Frames the engine is asked for: the session's, or for an open-ended session whole chunks
-        covering the longest session (it is aborted when the session ends)."""
-        if config.num_frames is not None:
-            return config.num_frames
-        chunks = math.ceil(self._max_session_seconds * config.fps / config.frames_per_chunk)
-        return chunks * config.frames_per_chunk
+        """Frames the engine is asked for: the session's (`config.num_frames`, which the start's
+        resolution already capped at `vllm_omni_max_request_frames` and set to it for a start
+        without a length), never more than that cap nor than whole chunks covering the longest
+        session. Never open-ended: Helios keeps a request's decoded frames on the GPU until it
+        ends (docs/vllm-omni.md, "GPU memory")."""
+        longest = math.ceil(self._max_session_seconds * config.fps / config.frames_per_chunk) * config.frames_per_chunk
+        wanted = self.max_request_frames if config.num_frames is None else config.num_frames
+        return max(1, min(wanted, self.max_request_frames, longest))
 
     def close(self) -> None:
         self.host.shutdown()

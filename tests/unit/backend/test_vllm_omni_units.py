@@ -16,7 +16,6 @@ from rtvideo.core.errors import ProtocolError
 from rtvideo.core.protocol import parse_start
 from rtvideo.core.session_config import resolve_session_config
 from rtvideo.triton.model_repo import derive_model, read_parameters
-from tests.support.paths import REPO_ROOT
 from tests.support.processes import RTVIDEO
 
 
@@ -102,27 +101,4 @@ def test_rgb_frames_refuses_a_batch_and_missing_metadata_is_empty() -> None:
     assert stream_metadata(object()) == {}
 
 
-def test_the_image_check_catches_a_wrong_base_tag_and_a_replaced_torch() -> None:
-    import importlib.util
-    from importlib.metadata import PackageNotFoundError
-
-    path = REPO_ROOT / "scripts" / "check_vllm_image.py"
-    spec = importlib.util.spec_from_file_location("check_vllm_image", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-    def image(**versions: str):
-        def installed(name: str) -> str:
-            if name not in versions:
-                raise PackageNotFoundError(name)
-            return versions[name]
-
-        return installed
-
-    pins = ["torch==2.15.0a0+875d815502", "vllm==0.30.1"]
-    good = image(torch="2.15.0a0+875d815502", vllm="0.30.1", **{"vllm-omni": "0.30.0"})
-    assert module.problems(pins, good) == []
-    wrong_tag = image(torch="2.15.0a0+875d815502", vllm="0.31.0", **{"vllm-omni": "0.30.0"})
-    assert any("whose vLLM is 0.30.x" in p for p in module.problems(["torch==2.15.0a0+875d815502"], wrong_tag))
-    replaced = image(torch="2.13.0", vllm="0.30.1", **{"vllm-omni": "0.30.0"})
-    assert module.problems(pins, replaced) == ["torch 2.15.0a0+875d815502 of the base image was replaced by 2.13.0"]
+# scripts/check_vllm_image.py (the image check): tests/deploy/test_vllm_lock.py

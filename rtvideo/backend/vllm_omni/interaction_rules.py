@@ -1,0 +1,84 @@
+"""What vLLM-Omni 0.30 refuses of an interaction, checked before it is forwarded.
+
+`AsyncOmni.submit_interaction_async` refuses synchronously (raises) only an empty prompt, a
+negative `transition_chunks`, a pipeline that is not single-stage diffusion, and no (or more
+than one) active request of that id; everything else only queues. The worker refuses later
+(`DiffusionModelRunner.submit_interaction` → `InteractionCoordinator.enqueue_parts` →
+`PromptInteractionHandler.validate_payload`): a modality the pipeline class has no handler
+for in `STRUCTURED_HANDLER_REGISTRY` (`diffusion/interaction/registry.py`), a request whose
+prompt is not yet encoded ("not allowed before initial generation has started"), an empty
+prompt or event id, a negative `transition_chunks`, or the pipeline's `encode_prompt` failing.
+Those come back as a non-fatal `ErrorMessage` that `generate()` raises, and the request is
+aborted (`orchestrator.py` `_handle_interaction`, `async_omni_base.py`, `async_omni.py`).
+
+So the adapter checks every one of those rules it can know beforehand (`refusal`), and holds
+events until the request's first output (the prompt is encoded before it); what only the
+engine can detect ends the session.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: `vllm_omni.diffusion.interaction.registry.STRUCTURED_HANDLER_REGISTRY` of the pinned wheel:
+#: pipeline class -> the interaction modalities it has a handler for (a unit test compares it)
+INTERACTION_MODALITIES: dict[str, frozenset[str]] = {
+    "HeliosPipeline": frozenset({"prompt"}),
+    "HeliosPyramidPipeline": frozenset({"prompt"}),
+    "LingBotWorldCausalDMDPipeline": frozenset({"camera"}),
+}
+
+
+def pipeline_class(model: str, engine_args: Mapping[str, Any]) -> str | None:
+    """The pipeline class vLLM-Omni resolves for `model` (`OmniDiffusionConfig.model_class_name`):
+    the `model_class_name` engine argument, else `_class_name` of the model's `model_index.json`
+    (a local directory, or the Hugging Face cache); None when it cannot be known here."""
+    given = engine_args.get("model_class_name")
+    if isinstance(given, str) and given:
+        return given
+    index: Path | None = Path(model) / "model_index.json" if model else None
+    if index is None or not index.is_file():
+        index = None
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "model_index.json")
+            if isinstance(cached, str):
+                index = Path(cached)
+        except Exception:  # noqa: BLE001 - no hub client or not a repo id: unknown
+            index = None
+    if index is None:
+        return None
+    try:
+        name = json.loads(index.read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and name else None
+
+
+def modalities(pipeline: str | None) -> frozenset[str] | None:
+    """The modalities the engine accepts for `pipeline` (None: unknown, nothing is checked)."""
+    if pipeline is None:
+        return None
+    return INTERACTION_MODALITIES.get(pipeline, frozenset())
+
+
+def refusal(event: Mapping[str, Any], transition_chunks: int | None, pipeline: str | None) -> str | None:
+    """Why the engine would refuse this interaction (its own message), or None."""
+    prompt = event.get("prompt")
+    if "prompt" in event and (not isinstance(prompt, str) or not prompt):
+        return "prompt must be non-empty"
+    if transition_chunks is not None and transition_chunks < 0:
+        return "transition_chunks must be >= 0"
+    accepted = modalities(pipeline)
+    if accepted is not None:
+        parts = (["prompt"] if prompt is not None else []) + list(event.get("multi_modal_data") or {})
+        if not parts:
+            return "interaction event requires prompt and/or multi_modal_data"
+        for modality in parts:
+            if modality not in accepted:
+                return f"interaction modality {modality!r} is not supported by pipeline {pipeline!r}"
+    return None
