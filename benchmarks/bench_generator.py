@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -25,6 +26,7 @@ import torch
 from rtvideo.backend.builtin import generator as generator_module
 from rtvideo.backend.builtin.generator import BuiltinGenerator
 from rtvideo.backend.builtin.text_encoder import EMBEDDING_DIM
+from rtvideo.core.pose import Pose
 
 #: why the encoder rows are skipped (no PyAV here), or None where the encoder imports
 ENCODER_MISSING: str | None = None
@@ -83,6 +85,24 @@ def text_encoder_available() -> bool:
     return True
 
 
+def moving_poses() -> Iterator[list[Pose]]:
+    """A camera turning and flying forward (every layer resampled, the ground's dissolve on): a
+    chunk's poses, per frame, continuing from chunk to chunk."""
+    for step in range(10**9):
+        poses = []
+        for k in range(CHUNK_FRAMES):
+            frame = step * CHUNK_FRAMES + k
+            yaw, pitch = 0.02 * frame, 0.1 * math.sin(0.05 * frame)
+            rotation = (
+                math.sin(pitch / 2) * math.cos(yaw / 2),
+                math.sin(yaw / 2) * math.cos(pitch / 2),
+                0.0,
+                math.cos(yaw / 2) * math.cos(pitch / 2),
+            )
+            poses.append(Pose(translation=(0.01 * frame, 0.0, 0.05 * frame), rotation=rotation))
+        yield poses
+
+
 def measure(generator: BuiltinGenerator, width: int, height: int, seconds: float) -> dict[str, float]:
     mixes = transition_mixes()
     session = generator.open_session(width=width, height=height, seed=1)
@@ -96,9 +116,24 @@ def measure(generator: BuiltinGenerator, width: int, height: int, seconds: float
     def generate_busy() -> None:
         busy_session.generate(next(busy_mixes), CHUNK_FRAMES)
 
+    camera_mixes, camera_poses = transition_mixes(), moving_poses()
+    camera_session = generator.open_session(width=width, height=height, seed=1)
+    busy_camera_mixes, busy_camera_session = (
+        transition_mixes(BUSY),
+        generator.open_session(width=width, height=height, seed=1),
+    )
+
+    def generate_moving() -> None:
+        camera_session.generate(next(camera_mixes), CHUNK_FRAMES, next(camera_poses))
+
+    def generate_moving_busy() -> None:
+        busy_camera_session.generate(next(busy_camera_mixes), CHUNK_FRAMES, next(camera_poses))
+
     figures = {
         "generator": frames_per_second(generate_only, seconds),
         "generator, busy": frames_per_second(generate_busy, seconds),
+        "camera moving": frames_per_second(generate_moving, seconds),
+        "camera, busy": frames_per_second(generate_moving_busy, seconds),
     }
     if ENCODER_MISSING is None:
         encoder = FragmentedMp4Encoder(width, height, FPS)

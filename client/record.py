@@ -44,14 +44,17 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from rtvideo.client.session import VirtualPlayhead, image_data_url
 from rtvideo.core import protocol
-from rtvideo.core.errors import SESSION_ENDING_CODES
+from rtvideo.core.errors import SESSION_ENDING_CODES, ProtocolError
 from rtvideo.proxy.tasks import TaskSet  # asyncio only: no proxy dependency
 
 DEFAULT_URL = "ws://127.0.0.1:8080/v1/realtime/video"
 ENDPOINT = "/v1/realtime/video"
 #: after Ctrl-C (session.stop), how long to wait for session.done before giving up
 STOP_WAIT_SECONDS = 15.0
+#: the first wait before a resume attempt; each further attempt waits twice as long
+RESUME_BACKOFF_SECONDS = 0.25
 _ENDING = {code.value for code in SESSION_ENDING_CODES}
 AV_MISSING = "rtvideo record: PyAV is needed to write the recording: pip install av (or pip install 'rtvideo[backend]')"
 
@@ -89,6 +92,56 @@ def parse_update(text: str) -> Update:
     return Update(at, prompt, chunks)
 
 
+@dataclass(frozen=True)
+class CameraUpdate:
+    """One scheduled camera event: `at` seconds after `video.start`, `camera` its payload."""
+
+    at: float
+    camera: dict[str, Any]
+
+
+def parse_camera(text: str) -> CameraUpdate:
+    """`AT:JSON`: AT seconds after video.start, JSON the camera payload (docs/protocol.md), e.g.
+    '1:{"mode":"velocity","data":{"translation":[0,0,0.05],"rotation":[0,0,0,1]}}'. Its shape is
+    checked here with the server's own rules, so a typo fails before the session starts."""
+    at_text, sep, rest = text.partition(":")
+    example = '1:{"mode":"velocity","data":{"translation":[0,0,0.05],"rotation":[0,0,0,1]}}'
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r}: use AT:JSON, e.g. '{example}'")
+    try:
+        at = float(at_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text[:60]!r}: AT must be seconds after video.start, not {at_text!r}"
+        ) from None
+    if not math.isfinite(at) or at < 0:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r}: AT must be 0 or more seconds")
+    try:
+        camera = json.loads(rest)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r}: the camera is not JSON ({exc}); e.g. '{example}'") from None
+    try:
+        protocol.parse_message(
+            json.dumps(
+                {
+                    "type": protocol.INTERACTION,
+                    "interaction": {"event_id": "check", "event": {"multi_modal_data": {"camera": camera}}},
+                }
+            )
+        )
+    except ProtocolError as exc:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r}: {exc.message}") from None
+    return CameraUpdate(at, camera)
+
+
+def parse_image(text: str) -> str:
+    """`--image-reference FILE`: the file as a data: URL (read when the arguments are parsed)."""
+    try:
+        return image_data_url(text)
+    except (OSError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the initial prompt")
     parser.add_argument(
@@ -117,9 +170,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="send PROMPT AT seconds after video.start, blended over N chunks (default: the model's); repeatable",
     )
     parser.add_argument(
+        "--camera",
+        type=parse_camera,
+        action="append",
+        default=[],
+        metavar="AT:JSON",
+        help="send a camera event AT seconds after video.start; JSON is its payload, e.g. "
+        '\'{"mode":"velocity","data":{"translation":[0,0,0.05],"rotation":[0,0,0,1]}}\' (repeatable)',
+    )
+    parser.add_argument(
+        "--image-reference",
+        type=parse_image,
+        metavar="FILE",
+        help="a PNG, JPEG or WebP image for the first frame (sent as a data: URL image_reference)",
+    )
+    parser.add_argument(
         "-o", "--output", type=Path, default=Path("out.mp4"), help="the progressive MP4 to write (default: out.mp4)"
     )
+    parser.add_argument(
+        "--report-playback",
+        type=float,
+        metavar="SECONDS",
+        help="send a session.playback report this often, from the media time a player started on "
+        "the first chunk would show, so the server paces the stream to it (default: no reports)",
+    )
     parser.add_argument("--raw", type=Path, metavar="FILE", help="also write the fragmented MP4 stream as received")
+    parser.add_argument(
+        "--resume-attempts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="resume a dropped connection up to N times, with backoff (docs/protocol.md section 10.1); "
+        "0: off, the session ends with its connection",
+    )
     parser.add_argument(
         "--timeline",
         type=Path,
@@ -159,6 +242,19 @@ class Recording:
     _new_acks: list[str] = field(default_factory=list)
     _frames: int = 0
     _first_media_at: float | None = None
+    playhead: VirtualPlayhead = field(default_factory=VirtualPlayhead)
+    last_index: int = -1  # transport index of the last payload kept (a resume names it)
+
+    def _fresh(self, meta: dict[str, Any]) -> bool:
+        """Whether a payload goes into the recording: not an init pair (docs/protocol.md §10.1),
+        not one kept already, so that a resumed recording has no gap and no duplicate."""
+        index = meta.get("transport_chunk_index", self.last_index + 1)
+        if meta and not isinstance(index, int):
+            return False
+        if isinstance(index, int) and index <= self.last_index:
+            return False
+        self.last_index = index if isinstance(index, int) else self.last_index + 1
+        return True
 
     def now(self) -> float:
         return time.monotonic() - self.origin
@@ -202,8 +298,11 @@ class Recording:
         t = self.now()
         meta, self._pending_meta = self._pending_meta or {}, None
         self.timeline.append({"t": round(t, 6), "direction": "received", "binary_bytes": len(data)})
+        if not self._fresh(meta):
+            return  # an init pair or a replayed payload after a resume: the recording has it already
         self.payloads.append(data)
         self.metadata.append(meta)
+        self.playhead.received(VirtualPlayhead.chunk_seconds(meta, self.video_start), time.monotonic())
         say(self._progress_line(meta, len(data), t))
 
     def _progress_line(self, meta: dict[str, Any], size: int, t: float) -> str:
@@ -258,6 +357,8 @@ async def record_session(args: argparse.Namespace, say: Callable[[str], None]) -
     for name in ("seconds", "num_frames", "width", "height", "fps", "seed"):
         if getattr(args, name) is not None:
             start[name] = getattr(args, name)
+    if getattr(args, "image_reference", None) is not None:
+        start["image_reference"] = {"image_url": args.image_reference}
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else None
     loop = asyncio.get_running_loop()
     tasks = TaskSet()
@@ -294,50 +395,115 @@ async def record_session(args: argparse.Namespace, say: Callable[[str], None]) -
             say("quitting without session.done")
             spawn(ws.close())
 
-    async def run_updates(updates: list[Update], video_started: float) -> None:
-        for number, update in enumerate(updates, 1):
-            delay = video_started + update.at - time.monotonic()
+    async def run_updates(updates: list[tuple[float, dict[str, Any]]], video_started: float) -> None:
+        for at, interaction in updates:
+            delay = video_started + at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             if rec.interrupted or rec.done is not None:
                 return
-            interaction: dict[str, Any] = {"event_id": f"update-{number}", "event": {"prompt": update.prompt}}
-            if update.transition_chunks is not None:
-                interaction["transition_chunks"] = update.transition_chunks
             await send({"type": protocol.INTERACTION, "interaction": interaction})
-            rec.unsent.remove(f"update-{number}")
+            rec.unsent.remove(interaction["event_id"])
 
-    updates = sorted(args.update, key=lambda u: u.at)
-    rec.unsent = [f"update-{n}" for n in range(1, len(updates) + 1)]
+    async def report_playback(every: float) -> None:
+        try:
+            while rec.done is None and not rec.interrupted:
+                await send(rec.playhead.report(time.monotonic()))
+                await asyncio.sleep(every)
+        except ConnectionClosed:
+            pass  # the session is over: what arrived is saved
+
+    updates: list[tuple[float, dict[str, Any]]] = []
+    for number, update in enumerate(sorted(args.update, key=lambda u: u.at), 1):
+        interaction: dict[str, Any] = {"event_id": f"update-{number}", "event": {"prompt": update.prompt}}
+        if update.transition_chunks is not None:
+            interaction["transition_chunks"] = update.transition_chunks
+        updates.append((update.at, interaction))
+    for number, move in enumerate(sorted(getattr(args, "camera", []), key=lambda c: c.at), 1):
+        updates.append(
+            (move.at, {"event_id": f"camera-{number}", "event": {"multi_modal_data": {"camera": move.camera}}})
+        )
+    updates.sort(key=lambda item: item[0])  # stable: prompt updates first at equal times
+    rec.unsent = [interaction["event_id"] for _, interaction in updates]
     loop.add_signal_handler(signal.SIGINT, on_sigint)
+    attempts = getattr(args, "resume_attempts", 0) or 0
+    if attempts > 0:
+        start["resumable"] = True  # a dropped connection is resumed (docs/protocol.md §10.1)
     try:
-        async with connect(url, additional_headers=headers, max_size=None, open_timeout=10) as ws:
-            rec.origin, rec.started_wall = time.monotonic(), time.time()
-            await send(start)
-            if rec.interrupted:
-                spawn(stop_then_give_up())
-            async for frame in ws:
-                if isinstance(frame, bytes):
-                    rec.received_binary(frame, say)
-                    continue
-                try:
-                    message = json.loads(frame)
-                except ValueError:
-                    say(f"not JSON from the server: {frame[:80]!r}")
-                    continue
-                rec.received_text(message, say)
-                if message.get("type") == protocol.VIDEO_START and updates:
-                    spawn(run_updates(updates, time.monotonic()))
-                if rec.done is not None:
-                    break
-    except ConnectionClosed:
-        pass  # what arrived is saved; `complete` says whether it is everything
+        ws = await connect(url, additional_headers=headers, max_size=None, open_timeout=10)
+        rec.origin, rec.started_wall = time.monotonic(), time.time()
+        await send(start)
+        if rec.interrupted:
+            spawn(stop_then_give_up())
+        while True:  # one turn per connection: the first, then each resumed one
+            try:
+                async for frame in ws:
+                    if isinstance(frame, bytes):
+                        rec.received_binary(frame, say)
+                        continue
+                    try:
+                        message = json.loads(frame)
+                    except ValueError:
+                        say(f"not JSON from the server: {frame[:80]!r}")
+                        continue
+                    rec.received_text(message, say)
+                    if message.get("type") == protocol.VIDEO_START and updates:
+                        spawn(run_updates(updates, time.monotonic()))
+                    if message.get("type") == protocol.VIDEO_START and getattr(args, "report_playback", None):
+                        spawn(report_playback(args.report_playback))
+                    if rec.done is not None:
+                        break
+            except ConnectionClosed:
+                pass
+            if rec.done is not None or rec.interrupted or attempts <= 0:
+                break
+            resumed = await resume_recording(url, headers, rec, attempts, say)
+            if resumed is None:
+                break
+            ws = resumed
+    except (ConnectionClosed, OSError, InvalidHandshake):
+        if ws is None:
+            raise
+        # what arrived is saved; `complete` says whether it is everything
     finally:
+        if ws is not None:
+            await ws.close()
         loop.remove_signal_handler(signal.SIGINT)
         for task in list(tasks):
             task.cancel()
         await asyncio.gather(*list(tasks), return_exceptions=True)
     return rec
+
+
+async def resume_recording(
+    url: str, headers: dict[str, str] | None, rec: Recording, attempts: int, say: Callable[[str], None]
+) -> ClientConnection | None:
+    """The connection dropped before session.done: resume it (docs/protocol.md §10.1) up to
+    `attempts` times, waiting 0.25 s, 0.5 s, 1 s… between; None when it cannot be resumed."""
+    token = (rec.video_start or {}).get("resume_token")
+    if not token:
+        return None
+    for attempt in range(attempts):
+        await asyncio.sleep(RESUME_BACKOFF_SECONDS * 2**attempt)
+        say(f"connection lost after chunk {rec.last_index}: resuming ({attempt + 1}/{attempts})")
+        try:
+            ws = await connect(url, additional_headers=headers, max_size=None, open_timeout=10)
+            resume = {"type": protocol.RESUME, "resume_token": token, "last_transport_chunk_index": rec.last_index}
+            await ws.send(json.dumps(resume))
+            first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        except (OSError, ConnectionClosed, InvalidHandshake, asyncio.TimeoutError, ValueError):
+            continue
+        if first.get("type") == protocol.VIDEO_START and first.get("resumed"):
+            rec.received_text(first, say)
+            return ws
+        await ws.close()
+        if first.get("type") == protocol.ERROR and "attached" in str(first.get("message")):
+            continue  # the server has not seen the old connection go yet
+        rec.received_text(first, say)
+        rec.failure = first
+        return None
+    say(f"could not resume after {attempts} attempts")
+    return None
 
 
 # --- saving --------------------------------------------------------------------------------------

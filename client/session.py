@@ -10,21 +10,43 @@ async with RealtimeVideoClient("ws://127.0.0.1:8080/v1/realtime/video") as c:
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import SESSION_ENDING_CODES, ErrorCode
 
 _ENDING = {code.value for code in SESSION_ENDING_CODES}
 _INTERACTION_REJECTED = {ErrorCode.INVALID_INTERACTION.value, ErrorCode.EVENT_ID_CONFLICT.value}
+
+
+#: the leading bytes of the image formats an `image_reference` may hold, and their media types
+_IMAGE_TYPES = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"RIFF": "image/webp"}
+
+
+def image_data_url(path: str | Path) -> str:
+    """A PNG, JPEG or WebP file as the `data:` URL a start's `image_reference` takes
+    (`{"image_url": image_data_url(path)}`); ValueError for another kind of file."""
+    data = Path(path).read_bytes()
+    kind = next((media for magic, media in _IMAGE_TYPES.items() if data.startswith(magic)), None)
+    if kind is None or (kind == "image/webp" and data[8:12] != b"WEBP"):
+        raise ValueError(f"{path}: not a PNG, JPEG or WebP image")
+    return f"data:{kind};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def camera_payload(
+    mode: str, translation: tuple[float, float, float], rotation: tuple[float, float, float, float] = (0, 0, 0, 1)
+) -> dict[str, Any]:
+    """A camera event's payload (Unity axes: +X right, +Y up, +Z forward; rotation x, y, z, w)."""
+    return {"mode": mode, "data": {"translation": list(translation), "rotation": list(rotation)}}
 
 
 @dataclass(frozen=True)
@@ -50,6 +72,54 @@ class RealtimeVideoError(Exception):
 _END = object()  # end-of-stream marker in the chunk queue
 
 
+class VirtualPlayhead:
+    """The media time a player of the received stream would show now, for `session.playback`
+    reports (docs/protocol.md §2.6) from a client that does not play: playback begins when the
+    first media chunk arrives, runs at real time, and waits at the end of what arrived (a
+    stall), as a browser's would. Pure: times are passed in."""
+
+    def __init__(self) -> None:
+        self._received = 0.0  # media seconds arrived
+        self._position = 0.0
+        self._at: float | None = None  # when `_position` was last advanced (None: not playing yet)
+
+    def received(self, seconds: float, now: float) -> None:
+        self._advance(now)
+        self._received += seconds
+        if self._at is None:
+            self._at = now
+
+    def position(self, now: float) -> float:
+        self._advance(now)
+        return self._position
+
+    def buffered(self, now: float) -> float:
+        return self._received - self.position(now)
+
+    def report(self, now: float) -> dict[str, Any]:
+        """The `session.playback` message for `now`."""
+        position = self.position(now)
+        return {
+            "type": protocol.PLAYBACK,
+            "position_seconds": round(position, 4),
+            "buffered_seconds": round(self._received - position, 4),
+        }
+
+    def _advance(self, now: float) -> None:
+        if self._at is not None:
+            self._position = min(self._received, self._position + max(0.0, now - self._at))
+            self._at = now
+
+    @staticmethod
+    def chunk_seconds(metadata: dict[str, Any], video_start: dict[str, Any] | None) -> float:
+        """Media seconds of one chunk (0 for the trailer or without a known fps)."""
+        fps = ((video_start or {}).get("config") or {}).get("fps")
+        frames = metadata.get("num_frames")
+        if metadata.get("kind") != "media" or not isinstance(fps, (int, float)) or fps <= 0:
+            return 0.0
+        return frames / fps if isinstance(frames, int) else 0.0
+
+
 @dataclass
 class _AckWait:
     """The future every `interact()` for one event id waits on, and how many do."""
@@ -69,8 +139,17 @@ class RealtimeVideoClient:
         *,
         on_error: Callable[[RealtimeVideoError], None] | None = None,
         open_timeout: float = 10.0,
+        report_playback: float | None = None,
+        resume_attempts: int = 5,
+        resume_backoff: float = 0.25,
     ) -> None:
+        """`report_playback`: send a `session.playback` report this often (seconds) from the
+        media time a player started on the first chunk would show (`VirtualPlayhead`), so the
+        server paces the stream to it; None (the default): no reports, the fixed lead."""
         self.url = url
+        self.playhead = VirtualPlayhead()
+        self._report_every = report_playback
+        self._reporter: asyncio.Task | None = None
         self._token = token
         self._open_timeout = open_timeout
         self.errors: asyncio.Queue[RealtimeVideoError] = asyncio.Queue()
@@ -83,6 +162,7 @@ class RealtimeVideoClient:
         self.video_start: dict[str, Any] | None = None
         self.done: dict[str, Any] | None = None
         self.failure: RealtimeVideoError | None = None
+        self._init_resume(resume_attempts, resume_backoff)
 
     async def __aenter__(self) -> RealtimeVideoClient:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
@@ -92,6 +172,10 @@ class RealtimeVideoClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        self._closing = True  # our own close: nothing to resume
+        if self._reporter is not None:
+            self._reporter.cancel()
+            await asyncio.gather(self._reporter, return_exceptions=True)
         if self._ws is not None:
             await self._ws.close()
         if self._reader is not None:
@@ -106,16 +190,21 @@ class RealtimeVideoClient:
 
     async def interact(
         self,
-        prompt: str,
+        prompt: str | None,
         transition_chunks: int | None = None,
         event_id: str | None = None,
         *,
+        camera: Mapping[str, Any] | None = None,
         timeout: float = 5.0,
         attempts: int = 3,
     ) -> dict[str, Any]:
         """Send a prompt update and return its `session.interaction.queued`. Without an ack in
-        `timeout`, the same event id and payload are sent again (a retry is never applied twice)."""
-        interaction: dict[str, Any] = {"event_id": event_id or str(uuid.uuid4()), "event": {"prompt": prompt}}
+        `timeout`, the same event id and payload are sent again (a retry is never applied twice).
+        `camera` (with or without a prompt): `event.multi_modal_data.camera`, e.g. `camera_payload()`."""
+        event: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
+        if camera is not None:
+            event["multi_modal_data"] = {"camera": dict(camera)}
+        interaction: dict[str, Any] = {"event_id": event_id or str(uuid.uuid4()), "event": event}
         if transition_chunks is not None:
             interaction["transition_chunks"] = transition_chunks
         eid = interaction["event_id"]
@@ -140,6 +229,13 @@ class RealtimeVideoClient:
             if not wait.waiters and self._acks.get(eid) is wait:
                 del self._acks[eid]
 
+    async def camera(
+        self, camera: Mapping[str, Any], transition_chunks: int | None = None, event_id: str | None = None
+    ) -> dict[str, Any]:
+        """A camera event (docs/protocol.md): `{"mode": "velocity"|"target", "data": {"translation":
+        [x, y, z], "rotation": [x, y, z, w]}}`; returns its ack, like `interact`."""
+        return await self.interact(None, transition_chunks, event_id, camera=camera)
+
     async def stop(self) -> None:
         """Ask for the end: the stream then ends with the trailer and `session.done`."""
         await self._send({"type": protocol.STOP})
@@ -159,38 +255,144 @@ class RealtimeVideoClient:
                 f.write(chunk.data)
         return self.done
 
+    async def playback(self, position_seconds: float, buffered_seconds: float | None = None) -> None:
+        """Send one playhead report (`session.playback`): never answered while within the rate."""
+        message: dict[str, Any] = {"type": protocol.PLAYBACK, "position_seconds": position_seconds}
+        if buffered_seconds is not None:
+            message["buffered_seconds"] = buffered_seconds
+        await self._send(message)
+
+    async def _report_playback(self, every: float) -> None:
+        """Reports from the virtual playhead until the session is over or the socket closes."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self.done is None and self.failure is None:
+                await self._send(self.playhead.report(loop.time()))
+                await asyncio.sleep(every)
+        except ConnectionClosed:
+            pass
+
     async def _send(self, message: dict[str, Any]) -> None:
         assert self._ws is not None, "use `async with`"
-        await self._ws.send(json.dumps(message))
+        while True:
+            ws = self._ws
+            try:
+                await ws.send(json.dumps(message))
+                return
+            except ConnectionClosed:
+                if not await self._wait_reattached(ws):
+                    raise
 
     # --- receiving -----------------------------------------------------------------------
     async def _read(self) -> None:
         assert self._ws is not None
         metadata: dict[str, Any] | None = None
         try:
-            async for frame in self._ws:
-                if isinstance(frame, bytes):
-                    if metadata is not None:
-                        self._chunks.put_nowait(Chunk(metadata, frame))
-                    metadata = None
-                    continue
-                message = json.loads(frame)
-                if message.get("type") == protocol.CHUNK_METADATA:
-                    metadata = message
-                else:
-                    self._dispatch(message)
-        except ConnectionClosed:
-            pass
+            while True:  # one more turn per resumed connection
+                try:
+                    async for frame in self._ws:
+                        if isinstance(frame, bytes):
+                            if metadata is not None and self._fresh(metadata):
+                                seconds = VirtualPlayhead.chunk_seconds(metadata, self.video_start)
+                                self.playhead.received(seconds, asyncio.get_running_loop().time())
+                                self._chunks.put_nowait(Chunk(metadata, frame))
+                            metadata = None
+                            continue
+                        message = json.loads(frame)
+                        if message.get("type") == protocol.CHUNK_METADATA:
+                            metadata = message
+                        else:
+                            self._dispatch(message)
+                except ConnectionClosed:
+                    pass
+                metadata = None
+                if self.done is not None or self.failure is not None or not await self._resume():
+                    break
         finally:
             if self.done is None and self.failure is None:
                 self.failure = RealtimeVideoError("connection_closed", "the connection closed before session.done")
             self._settle()
+
+    # --- resume after a dropped connection (docs/protocol.md §10.1) ------------------------
+    def _init_resume(self, attempts: int, backoff: float) -> None:
+        """Resume is used when the start asked for it (`resumable=True`): a dropped connection is
+        resumed up to `attempts` times, waiting `backoff`, 2×, 4×… seconds; then the session
+        fails with `resume_failed` (or the server's `invalid_resume`)."""
+        self._resume_attempts, self._resume_backoff = attempts, backoff
+        self._closing = False
+        self._last_index = -1  # transport index of the last payload received whole
+        self._reattached = asyncio.Event()
+        self.reconnecting = False  # True while a dropped connection is being resumed
+        self.resumes = 0  # connections resumed so far
+
+    def _fresh(self, metadata: dict[str, Any]) -> bool:
+        """A payload to hand out: not an init pair (a fresh decoder's start, not video) and not
+        one received already; records its index for the next resume."""
+        index = metadata.get("transport_chunk_index")
+        if not isinstance(index, int) or index <= self._last_index:
+            return False
+        self._last_index = index
+        return True
+
+    async def _resume(self) -> bool:
+        """The connection dropped before session.done: resume it (True) or give up (False)."""
+        token = (self.video_start or {}).get("resume_token")
+        if not token or self._closing or self._resume_attempts <= 0:
+            return False
+        self.reconnecting = True
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        try:
+            for attempt in range(self._resume_attempts):
+                await asyncio.sleep(self._resume_backoff * 2**attempt)
+                try:
+                    ws = await connect(
+                        self.url, additional_headers=headers, max_size=2**26, open_timeout=self._open_timeout
+                    )
+                    resume = {
+                        "type": protocol.RESUME,
+                        "resume_token": token,
+                        "last_transport_chunk_index": self._last_index,
+                    }
+                    await ws.send(json.dumps(resume))
+                    first = json.loads(await asyncio.wait_for(ws.recv(), self._open_timeout))
+                except (OSError, ConnectionClosed, asyncio.TimeoutError, InvalidHandshake):
+                    continue  # the network is still away, or the old connection is not seen gone yet
+                if first.get("type") == protocol.VIDEO_START and first.get("resumed"):
+                    assert self.video_start is not None
+                    self.video_start = {**self.video_start, "resume_token": first.get("resume_token")}
+                    self._ws, self.resumes = ws, self.resumes + 1
+                    self._reattached.set()
+                    self._reattached = asyncio.Event()
+                    return True
+                await ws.close()
+                if first.get("type") == protocol.ERROR and "attached" in str(first.get("message")):
+                    continue  # the server has not seen the old connection drop yet
+                self.failure = RealtimeVideoError.from_message(first)
+                return False
+            self.failure = RealtimeVideoError(
+                "resume_failed", f"the connection dropped and {self._resume_attempts} resume attempts failed"
+            )
+            return False
+        finally:
+            self.reconnecting = False
+
+    async def _wait_reattached(self, dropped: ClientConnection) -> bool:
+        """A send met a dropped connection: wait for the resume; True when there is a new one."""
+        if not (self.video_start or {}).get("resume_token") or self._closing:
+            return False
+        while self._ws is dropped and self.done is None and self.failure is None:
+            waiter = asyncio.ensure_future(self._reattached.wait())
+            await asyncio.wait([waiter], timeout=0.5)
+            waiter.cancel()
+        return self._ws is not dropped
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
         if kind == protocol.VIDEO_START:
             self.video_start = message
             self._resolve(self._started, message)
+            if self._report_every and self._reporter is None:
+                self._reporter = asyncio.get_running_loop().create_task(self._report_playback(self._report_every))
         elif kind == protocol.QUEUED:
             wait = self._acks.get(message["event_id"])
             self._resolve(wait.future if wait is not None else None, message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool, Resolver
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
+from rtvideo.proxy.supervisor import BackendState
+from rtvideo.proxy.watchers import WATCH_PATH, WatchHandler
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +71,69 @@ class HealthHandler(_JsonHandler):
                 "ready": ready,
                 "draining": ctx.draining,
                 "model": ctx.settings.model,
+                "served_model_names": await served_model_names(ctx) if triton["model_ready"] else [],
                 "triton": triton,
                 "sessions": len(ctx.sessions),
                 **ctx.pool.status(),
             },
         )
+
+
+async def served_model_names(context: ProxyContext) -> list[str]:
+    """The model names a start may ask for (`--served-model-name`, else the Triton model's name
+    and its generator's model ids), read from the model configs of the Triton endpoints as the
+    model reads them (`BackendSettings.served_names`); in order, each once. Empty when no
+    endpoint's config could be read."""
+    from rtvideo.backend.settings import BackendSettings  # torch-free, like the proxy
+
+    model = context.settings.model
+
+    async def read(endpoint: Any) -> tuple[str, ...]:
+        try:
+            response = await endpoint.bridge.client.get_model_config(
+                model, headers=endpoint.bridge.headers, client_timeout=context.settings.probe_timeout
+            )
+            params = {key: value.string_value for key, value in response.config.parameters.items()}
+            return BackendSettings.from_parameters(params).served_names(model)
+        except Exception as exc:  # noqa: BLE001 - that endpoint is down or its config unusable: the others say
+            log.info("triton endpoint %s: served model names not read (%s)", endpoint.address, exc)
+            return ()
+
+    # every endpoint not known to be down, at once (a hung one holds the answer up by one timeout at most)
+    up = [
+        e
+        for e in context.pool.endpoints.values()
+        if e.supervisor.state not in (BackendState.DOWN, BackendState.RESTARTING)
+    ]
+    names: dict[str, None] = {}
+    for served in await asyncio.gather(*(read(e) for e in up)):
+        for name in served:
+            names.setdefault(name, None)
+    return list(names)
+
+
+#: `created` of every model in `GET /v1/models`: when this proxy process started (vLLM's is the request's time)
+STARTED_AT = int(time.time())
+
+
+class ModelsHandler(_JsonHandler):
+    """`GET /v1/models` in the OpenAI list format (as vLLM's server answers it): the served model
+    names, the first the one `video.start` reports. Behind the token when one is set; 503 when
+    no Triton endpoint's model config could be read."""
+
+    async def get(self) -> None:
+        ctx = self.context
+        if not token_ok(self.request, ctx.settings.token):
+            self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
+            self.send_error(401)
+            return
+        names = await served_model_names(ctx)
+        root = names[0] if names else None
+        data = [
+            {"id": name, "object": "model", "created": STARTED_AT, "owned_by": "rtvideo", "root": root, "parent": None}
+            for name in names
+        ]
+        self.reply(bool(names), {"object": "list", "data": data})
 
 
 class ReadyHandler(_JsonHandler):
@@ -177,7 +238,9 @@ def make_app(
     context = ProxyContext(settings=settings, metrics=metrics, pool=pool)
     handlers = [
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
+        (WATCH_PATH, WatchHandler, {"context": context}),
         *health_routes(context),
+        (r"/v1/models", ModelsHandler, {"context": context}),
         (
             r"/(|rtvideo\.js)",
             tornado.web.StaticFileHandler,

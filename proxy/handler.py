@@ -9,9 +9,11 @@ from typing import Any
 
 from tornado.websocket import WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
+from rtvideo.core import protocol
 from rtvideo.proxy.access import origin_allowed, token_ok
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool
+from rtvideo.proxy.resume import Features, take_over
 from rtvideo.proxy.session import ProxySession
 from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS, ProxySettings
 from rtvideo.proxy.supervisor import BackendState
@@ -28,6 +30,10 @@ class ProxyContext:
     pool: EndpointPool  # the Triton endpoints, their health, and where a new session goes
     sessions: set[ProxySession] = field(default_factory=set)
     draining: bool = False  # shutting down: no new session (ProxyServer.drain)
+    features: Features = field(init=False)  # resume tokens and watchers (rtvideo.proxy.resume)
+
+    def __post_init__(self) -> None:
+        self.features = Features(self.settings)
 
 
 class RealtimeVideoHandler(WebSocketHandler):
@@ -47,11 +53,11 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.metrics.connection_rejected("draining")
             self.set_header("Retry-After", "1")
             self.send_error(503, reason="Server shutting down")
-        elif len(ctx.sessions) >= ctx.settings.max_connections:
+        elif len(attached := _attached(ctx.sessions)) >= ctx.settings.max_connections:
             ctx.metrics.connection_rejected("capacity")
             self.set_header("Retry-After", "5")
             self.send_error(503, reason="Too many connections")
-        elif sum(s.peer == self.request.remote_ip for s in ctx.sessions) >= ctx.settings.max_sessions_per_client:
+        elif sum(s.peer == self.request.remote_ip for s in attached) >= ctx.settings.max_sessions_per_client:
             ctx.metrics.connection_rejected("per_client")
             self.set_header("Retry-After", "5")
             self.send_error(429, reason="Too many sessions from this client")
@@ -93,7 +99,7 @@ class RealtimeVideoHandler(WebSocketHandler):
         ctx = self.context
         self.set_nodelay(True)  # small messages (acks) must not wait for Nagle
         self.session = ProxySession(
-            self, ctx.pool, ctx.settings, ctx.metrics, str(self.request.remote_ip), ctx.sessions.discard
+            self, ctx.pool, ctx.settings, ctx.metrics, str(self.request.remote_ip), ctx.sessions.discard, ctx.features
         )
         ctx.sessions.add(self.session)
 
@@ -113,11 +119,21 @@ class RealtimeVideoHandler(WebSocketHandler):
     def on_message(self, message: str | bytes) -> Awaitable[None] | None:
         """Tornado reads the next frame only once an awaitable returned here is done."""
         assert self.session is not None
-        return self.session.on_frame(message, isinstance(message, bytes))
+        binary = isinstance(message, bytes)
+        if self.session.awaiting_start and protocol.is_resume(message, binary=binary):
+            self.session = take_over(self.context.features, self.session, self, message)
+            return None
+        return self.session.on_frame(message, binary)
 
     def on_close(self) -> None:
-        if self.session is not None:
-            self.session.on_disconnect()
+        if self.session is not None:  # without a close frame, or not 1000: a resumable session detaches
+            self.session.on_disconnect(dropped=self.close_code != 1000)
+
+
+def _attached(sessions: set[ProxySession]) -> list[ProxySession]:
+    """The sessions that hold a connection: a detached one (waiting for its resume, bounded by the
+    grace and the model's slots) counts in neither connection bound, so that its own resume fits."""
+    return [s for s in sessions if not s.detached]
 
 
 class _StrictTextProtocol(WebSocketProtocol13):

@@ -24,7 +24,15 @@ from prometheus_client.process_collector import ProcessCollector
 
 from rtvideo.core import protocol
 
-__all__ = ["ACK_BUCKETS", "FIRST_CHUNK_BUCKETS", "LEAD_BUCKETS", "ProxyMetrics", "StreamTiming"]
+__all__ = [
+    "ACK_BUCKETS",
+    "FIRST_CHUNK_BUCKETS",
+    "LEAD_BUCKETS",
+    "VISIBLE_BUCKETS",
+    "PlayheadTiming",
+    "ProxyMetrics",
+    "StreamTiming",
+]
 
 #: ack latency histogram bounds in seconds (what a person looks at: 1, 2, 5 ms, …)
 ACK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -32,6 +40,10 @@ ACK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 FIRST_CHUNK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 #: how far a stream runs ahead of real-time playback, in seconds (negative: behind)
 LEAD_BUCKETS = (-10.0, -5.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: a prompt update's send → shown on the player (from its playhead reports), in seconds
+VISIBLE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+#: the buffer a player reports (session.playback), in seconds
+REPORTED_LEAD_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 #: reasons a connection is refused before the upgrade (exported at 0 from the start)
 REJECT_REASONS = (
     "unauthorized",
@@ -59,6 +71,7 @@ class ProxyMetrics:
         GCCollector(registry=r)
         self._sessions_active = Gauge("rtvideo_proxy_sessions_active", "WebSocket sessions open now", registry=r)
         self._sessions = Counter("rtvideo_proxy_sessions", "WebSocket sessions opened", registry=r)
+        self._init_resume_metrics(r)
         self._bytes_out = Counter(
             "rtvideo_proxy_bytes_out", "Bytes written to clients (text and binary frames)", registry=r
         )
@@ -86,6 +99,20 @@ class ProxyMetrics:
             "Per media chunk handed out: its end time in the stream minus the wall time since the first "
             "media chunk (how far ahead of real-time playback; negative = behind)",
             buckets=LEAD_BUCKETS,
+            registry=r,
+        )
+        self._visible = Histogram(
+            "rtvideo_proxy_interaction_visible_seconds",
+            "From a client's session.interaction to the player showing the first chunk that lists it in "
+            "started_event_ids (from the client's session.playback reports; sessions without reports add none)",
+            buckets=VISIBLE_BUCKETS,
+            registry=r,
+        )
+        self._reported_lead = Histogram(
+            "rtvideo_proxy_reported_lead_seconds",
+            "Per session.playback report: media the player holds beyond its playhead (buffered_seconds, "
+            "else the media handed out minus position_seconds)",
+            buckets=REPORTED_LEAD_BUCKETS,
             registry=r,
         )
         self._errors = Counter("rtvideo_proxy_errors", "Error messages sent to clients, by code", ["code"], registry=r)
@@ -171,6 +198,33 @@ class ProxyMetrics:
             self._ep_probe_failures,
         )
 
+    # --- resume and watchers (issue 21, docs/operations.md) -------------------------------
+    def _init_resume_metrics(self, r: CollectorRegistry) -> None:
+        self._detached = Gauge(
+            "rtvideo_proxy_sessions_detached",
+            "Sessions whose connection dropped, held for a resume (their generator paused)",
+            registry=r,
+        )
+        self._resumes = Counter(
+            "rtvideo_proxy_resumes", "session.resume answers, by outcome (resumed, refused)", ["outcome"], registry=r
+        )
+        self._watchers = Gauge("rtvideo_proxy_watchers", "Read-only watchers connected now", registry=r)
+        self._watchers_dropped = Counter(
+            "rtvideo_proxy_watchers_dropped", "Watchers dropped with slow_consumer", registry=r
+        )
+
+    def session_detached(self, delta: int) -> None:
+        self._detached.inc(delta)
+
+    def resume_answered(self, outcome: str) -> None:
+        self._resumes.labels(outcome=outcome).inc()
+
+    def watcher_joined(self, delta: int) -> None:
+        self._watchers.inc(delta)
+
+    def watcher_dropped(self) -> None:
+        self._watchers_dropped.inc()
+
     # --- what the proxy reports ------------------------------------------------------------
     def session_opened(self) -> None:
         self._sessions_active.inc()
@@ -195,6 +249,24 @@ class ProxyMetrics:
 
     def chunk_lead(self, seconds: float) -> None:
         self._lead.observe(seconds)
+
+    def interaction_visible(self, seconds: float) -> None:
+        self._visible.observe(seconds)
+
+    def reported_lead(self, seconds: float) -> None:
+        self._reported_lead.observe(seconds)
+
+    def playhead_timing(self) -> PlayheadTiming:
+        """One session's on-screen clock (see `PlayheadTiming`)."""
+        return PlayheadTiming(self)
+
+    @property
+    def visible_count(self) -> int:
+        return int(_value(self._visible, "_count"))
+
+    @property
+    def reported_lead_count(self) -> int:
+        return int(_value(self._reported_lead, "_count"))
 
     def stream_timing(self) -> StreamTiming:
         """A clock for one session's stream histograms (see `StreamTiming`)."""
@@ -385,3 +457,60 @@ class StreamTiming:
             self._frames += frames if isinstance(frames, int) else 0
             if self._fps:
                 self._metrics.chunk_lead(self._frames / self._fps - (now - self._first))
+
+
+#: event ids a session's `PlayheadTiming` keeps while waiting to see them on screen
+MAX_TRACKED_EVENTS = 256
+
+
+class PlayheadTiming:
+    """One session's on-screen clock, fed from its playhead reports (`session.playback`).
+
+    An update's media start is that of the first media chunk handed out whose
+    `started_event_ids` lists it (frames before it / the fps of `video.start`). A report whose
+    position has passed that start shows it; it was shown `position - start` seconds before the
+    report (the player runs at real time), so `rtvideo_proxy_interaction_visible_seconds` is
+    `report time - (position - start) - send time`, once per event, never negative. A session
+    that sends no reports observes nothing. Bounded: at most `MAX_TRACKED_EVENTS` are kept.
+    """
+
+    def __init__(self, metrics: ProxyMetrics, clock: Any = time.perf_counter) -> None:
+        self._metrics = metrics
+        self._clock = clock
+        self._fps: float | None = None
+        self._seconds = 0.0  # media handed out so far
+        self._sent_at: dict[str, float] = {}  # event id → when the client's update arrived
+        self._starts: dict[str, float] = {}  # event id → media start of its first chunk
+
+    def sent(self, event_id: str, at: float) -> None:
+        if event_id in self._sent_at:
+            return  # a retry: the first send counts
+        if len(self._sent_at) >= MAX_TRACKED_EVENTS:  # forget the oldest (one that was never shown)
+            oldest = next(iter(self._sent_at))
+            del self._sent_at[oldest]
+            self._starts.pop(oldest, None)
+        self._sent_at[event_id] = at
+
+    def taken(self, message: Mapping[str, Any] | None) -> None:
+        if message is None:
+            return
+        kind = message.get("type")
+        if kind == protocol.VIDEO_START:
+            fps = (message.get("config") or {}).get("fps")
+            self._fps = float(fps) if isinstance(fps, (int, float)) and fps > 0 else None
+        elif kind == protocol.CHUNK_METADATA and message.get("kind") == "media" and self._fps:
+            for event_id in message.get("started_event_ids") or ():
+                if event_id in self._sent_at and event_id not in self._starts:
+                    self._starts[event_id] = self._seconds
+            frames = message.get("num_frames")
+            self._seconds += frames / self._fps if isinstance(frames, int) else 0.0
+
+    def report(self, position: float, buffered: float | None) -> None:
+        now = self._clock()
+        lead = buffered if buffered is not None else self._seconds - position
+        self._metrics.reported_lead(max(0.0, min(lead, self._seconds)))
+        for event_id, start in list(self._starts.items()):
+            if position >= start:
+                shown = now - (position - start)
+                self._metrics.interaction_visible(max(0.0, shown - self._sent_at.pop(event_id)))
+                del self._starts[event_id]

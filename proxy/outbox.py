@@ -37,6 +37,9 @@ class Frame:
     message: Mapping[str, Any] = field(compare=False)
     data: bytes | None = None
     size: int = field(init=False)  # bytes on the wire (payloads), for the buffer bound and metrics
+    #: a frame sent again on a resumed connection (or a watcher's own): the session's ledger and
+    #: timing saw it the first time (or never concern it), so `on_taken` passes it through
+    replay: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         size = len(self.text.encode("utf-8")) + (len(self.data) if self.data is not None else 0)
@@ -84,6 +87,14 @@ class Outbox:
         for queue in (self._urgent, self._queue):
             self._pending -= sum(f.size for f in queue)
             queue.clear()
+
+    def take_unsent(self) -> list[Frame]:
+        """Remove and return what is queued and not handed to the socket yet, in the order it
+        would have been written (urgent first): a detached session keeps it for its next
+        connection (rtvideo.proxy.resume)."""
+        frames = [*self._urgent, *self._queue]
+        self.discard()
+        return frames
 
     def write_now(self, frame: Frame) -> None:
         """Hand `frame` to the socket at once, behind what was handed already; call `discard` first,

@@ -18,6 +18,11 @@ or the client going away. In every case the Triton sequence is ended before the
 stream is dropped, so its slot is freed: `session.stop` with `sequence_end`, then the
 request stream is half-closed, and Triton ends the call once every request completed.
 
+A resumable session (`"resumable": true`) whose connection drops is detached instead: its
+sequence stays open, the model pauses it, and a `session.resume` on a new connection takes it
+over with nothing lost (rtvideo.proxy.resume, rtvideo.proxy.replay); a watchable one fans its
+pairs out to read-only watchers (rtvideo.proxy.watchers).
+
 Where a session is lives in one `Phase`; what may be written when is decided by its
 `OutboundOrder` (rtvideo.proxy.ordering), which the session feeds and obeys.
 """
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rtvideo.core import protocol
+from rtvideo.core.chunks import init_metadata
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.acks import Answer, ProxyAcks
 from rtvideo.proxy.bridge import END_GRACE_SECONDS, KEEPALIVE, PING, STOP, BackendUnavailable
@@ -41,9 +47,12 @@ from rtvideo.proxy.limits import TokenBucket, event_id_in, over_rate_stop, refus
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.ordering import OutboundOrder, Send
 from rtvideo.proxy.outbox import Frame, Outbox, Sink
+from rtvideo.proxy.replay import ReplayBuffer, ReplayGap, init_segment
+from rtvideo.proxy.resume import PAUSE, UNPAUSE, Features, Parked, ResumeRefused, take_options
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.streams import SessionStream, StreamSource
 from rtvideo.proxy.tasks import TaskSet, cancel_and_wait
+from rtvideo.proxy.watchers import WatchHub
 from rtvideo.triton.access import short_hash
 from rtvideo.triton.wire import START_TAG, Reply
 
@@ -72,18 +81,22 @@ class Connection(Sink, Protocol):
 
 class Phase(enum.Enum):
     """Where a session is. Moves forward only: AWAITING_START → STREAMING → STOP_SENT, then
-    one end (REFUSED before a session.start was forwarded, ENDING after), then CLOSED."""
+    one end (REFUSED before a session.start was forwarded, ENDING after), then CLOSED. The one
+    way back: a resumable session's STREAMING → DETACHED → STREAMING (a resume, rtvideo.proxy.resume)."""
 
     AWAITING_START = enum.auto()  # connected; the first message decides
     STREAMING = enum.auto()  # the sequence is open: client messages go to Triton
     STOP_SENT = enum.auto()  # sequence_end went to Triton: pings are answered, model replies still go out
     REFUSED = enum.auto()  # the first message was refused or never came: error, done, close; no sequence
     ENDING = enum.auto()  # the end is claimed: nothing more forwarded or accepted; end sequence, flush, close
+    # the connection dropped; the session waits for a session.resume (rtvideo.proxy.resume), its
+    # generator paused; back to STREAMING on a resume, ENDING/CLOSED when the grace is over
+    DETACHED = enum.auto()
     CLOSED = enum.auto()  # the WebSocket is closed
 
 
 #: phases in which replies (Triton's and the proxy's own) still go to the client
-_LIVE = frozenset({Phase.AWAITING_START, Phase.STREAMING, Phase.STOP_SENT})
+_LIVE = frozenset({Phase.AWAITING_START, Phase.STREAMING, Phase.STOP_SENT, Phase.DETACHED})
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,7 @@ class ProxySession:
         metrics: ProxyMetrics,
         peer: str,
         on_closed: Callable[[ProxySession], None],
+        features: Features | None = None,
     ) -> None:
         self._conn = conn
         self._bridge = bridge
@@ -120,7 +134,7 @@ class ProxySession:
         self._acks = ProxyAcks(self.ledger.book)
         self.request_id: str | None = None  # from video.start, once forwarded
         self._phase = Phase.AWAITING_START
-        self._outbox = Outbox(conn, settings.outbound_buffer_bytes, metrics, self._taken)
+        self._outbox: Outbox | Parked = Outbox(conn, settings.outbound_buffer_bytes, metrics, self._taken)
         self._order: OutboundOrder[_Item] = OutboundOrder(ack_wait=ACK_WAIT_SECONDS)
         self._ack_timer: asyncio.TimerHandle | None = None
         self._stream: SessionStream | None = None  # the Triton sequence, while there is one to end
@@ -140,8 +154,10 @@ class ProxySession:
         self._tasks = TaskSet()
         self._opened = time.monotonic()
         self._timing = metrics.stream_timing()  # time to first chunk, chunk lead
+        self._playhead = metrics.playhead_timing()  # on-screen latency and lead, from playhead reports
         self._start_timer = asyncio.get_running_loop().call_later(settings.start_timeout, self._start_timed_out)
         metrics.session_opened()
+        self._init_resume(features)
 
     # --- phase transitions -----------------------------------------------------------------
     def _open_sequence(self, stream: SessionStream) -> None:
@@ -222,6 +238,8 @@ class ProxySession:
         elif kind == protocol.PING:
             self._answer(protocol.pong)
             self._forward_ping()
+        elif kind == protocol.PLAYBACK:
+            self._playback(message, _raw_bytes(raw))
         elif self._phase is Phase.STOP_SENT:  # the sequence is closed
             self._reject(ErrorCode.INVALID_MESSAGE, "session.stop was sent; the session is ending")
         elif len(self._in_flight) >= self._settings.max_requests_in_flight:
@@ -256,6 +274,21 @@ class ProxySession:
         self._forwarded = time.monotonic()
         return tag
 
+    def _playback(self, message: Mapping[str, Any], raw: bytes) -> None:
+        """A playhead report (docs/protocol.md §2.6): checked here, fed to the on-screen timing,
+        and forwarded while the sequence is open. The model completes it flags-only and answers
+        nothing, so it is not counted in flight (the rate bounds it); a malformed one is the
+        only report answered, with `invalid_message`."""
+        try:
+            report = protocol.validate_playback(message)
+        except ProtocolError as exc:
+            self._reject(exc.code, exc.message)
+            return
+        self._playhead.report(report.position_seconds, report.buffered_seconds)
+        if self._phase is Phase.STREAMING and self._stream is not None:
+            self._stream.send(raw)
+            self._forwarded = time.monotonic()
+
     def _keep_alive(self) -> None:
         """One timer while the sequence is open: when nothing went to Triton on it for
         `KEEPALIVE_SECONDS`, a keep-alive does (docs/protocol.md §8). It is no client message: no
@@ -263,7 +296,7 @@ class ProxySession:
         for progress (the stall clock, §7)."""
         self._keepalive_timer = None
         stream = self._stream
-        if stream is None or self._phase is not Phase.STREAMING:
+        if stream is None or self._phase not in (Phase.STREAMING, Phase.DETACHED):
             return
         quiet = time.monotonic() - self._forwarded
         if quiet >= KEEPALIVE_SECONDS:
@@ -293,7 +326,8 @@ class ProxySession:
     def _on_first(self, raw: str | bytes, binary: bool) -> None:
         self._start_timer.cancel()
         try:
-            protocol.check_first_message(raw, binary=binary)
+            first = protocol.check_first_message(raw, binary=binary)
+            raw = self._take_start_options(first, _raw_bytes(raw))
         except ProtocolError as exc:
             self._fail(exc.code, exc.message)
             return
@@ -312,7 +346,7 @@ class ProxySession:
         try:
             async for reply in stream.replies():
                 self._on_reply(reply)
-            if self._phase in _LIVE and self._stream is stream:
+            if self._phase in _LIVE and self._stream is stream and not self._done_parked:
                 raise BackendUnavailable("Triton ended the stream before session.done")
         except BackendUnavailable as exc:
             self._stream_broke(stream, str(exc))
@@ -408,12 +442,16 @@ class ProxySession:
         assert message is not None  # `_on_reply` passes on only replies that carry one
         kind = message.get("type")
         received = self._interactions.pop(reply.tag, None)
+        text = reply.text
         if kind == protocol.VIDEO_START:
             self.request_id = message.get("request_id")
             log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
+            message, text = self._offer_features(message, text)
         data = reply.data if kind == protocol.CHUNK_METADATA else None
-        if not self._emit(message, text=reply.text, data=data, urgent=urgent):
+        if not self._emit(message, text=text, data=data, urgent=urgent):
             self._slow_consumer()
+        elif kind == protocol.DONE and self._phase is Phase.DETACHED:
+            self._done_parked = True  # the end waits for a resume (attach) or the grace (on_disconnect)
         elif kind == protocol.DONE and self._claim_end():
             self._spawn(self._finish(FLUSH_SECONDS))
         if kind == protocol.QUEUED and received is not None:
@@ -421,6 +459,7 @@ class ProxySession:
 
     def _acked(self, message: Mapping[str, Any], received: float) -> None:
         self._metrics.observe_ack(time.perf_counter() - received)
+        self._playhead.sent(message["event_id"], received)
         log.debug("request_id=%s event_id=%s queued", self.request_id, message["event_id"])
 
     def _emit(
@@ -449,9 +488,13 @@ class ProxySession:
 
     def _taken(self, frame: Frame) -> Frame:
         """A frame handed to the socket; returns what is written (a done with the book's lists)."""
+        if frame.replay:
+            return frame  # sent again after a resume: the ledger and the timing saw it the first time
         frame = self.ledger.taken(frame)
         self._timing.taken(frame.message)
+        self._playhead.taken(frame.message)
         self._order.handed_out(frame.message)
+        self._after_taken(frame)
         return frame
 
     def _arm_ack_timer(self) -> None:
@@ -503,6 +546,8 @@ class ProxySession:
         await self._end_sequence()
         await self._outbox.flush(flush_seconds)
         self._conn.close(close_code)
+        if self._conn_gone:  # ended while detached: no connection will report its close
+            self.on_disconnect()
 
     async def _end_sequence(self) -> None:
         """End the sequence and the call: `sequence_end` (unless the client's stop carried it),
@@ -527,8 +572,13 @@ class ProxySession:
             )
         stream.cancel()
 
-    def on_disconnect(self) -> None:
-        """The WebSocket is closed (by either side): free everything, exactly once."""
+    def on_disconnect(self, *, dropped: bool = False) -> None:
+        """The WebSocket is closed (by either side): free everything, exactly once. `dropped`:
+        it went without a close frame or with a code other than 1000; a resumable session is
+        then detached instead (rtvideo.proxy.resume)."""
+        if dropped and self._may_detach():
+            self._detach()
+            return
         left = self._mark_closed()
         if left is Phase.CLOSED:
             return
@@ -540,6 +590,7 @@ class ProxySession:
         if left in _LIVE:  # no end was claimed: the sequence is still open
             self._spawn(self._end_sequence())
         self._metrics.session_closed()
+        self._resume_closed()
         log.info(
             "request_id=%s peer=%s session ended chunks=%d after %.1f s",
             self.request_id,
@@ -567,6 +618,216 @@ class ProxySession:
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         self._tasks.spawn(coro)
+
+    # --- resume and watchers (rtvideo.proxy.resume, rtvideo.proxy.watchers; docs/protocol.md §10) ---
+    def _init_resume(self, features: Features | None) -> None:
+        self._features = features
+        self._options: dict[str, bool] = {}  # the start's proxy options (resumable, watchable)
+        self._resume_token: str | None = None  # the live one (never logged)
+        self._watch_token: str | None = None
+        self._replay: ReplayBuffer | None = None  # what the client was handed, for a resume
+        self._start_message: dict[str, Any] | None = None  # video.start as handed out, without tokens
+        self._init_payload: bytes | None = None  # the stream's ftyp+moov, from its first payload
+        self._conn_gone = False  # DETACHED, or ended while detached: no connection to report a close
+        self._grace_timer: asyncio.TimerHandle | None = None
+        self._detached_counted = False
+        self._watch_hub: WatchHub | None = None
+        self._done_parked = False  # the model's session.done arrived while detached
+
+    @property
+    def metrics(self) -> ProxyMetrics:
+        return self._metrics
+
+    @property
+    def detached(self) -> bool:
+        return self._phase is Phase.DETACHED
+
+    def _take_start_options(self, first: dict[str, Any], raw: bytes) -> bytes:
+        """The start without the proxy's own options (the model never sees them)."""
+        if self._features is None:
+            return raw  # a proxy without the features: the model refuses unknown fields as ever
+        self._options, raw = take_options(first, raw)
+        return raw
+
+    def _offer_features(self, message: dict[str, Any], text: str) -> tuple[dict[str, Any], str]:
+        """video.start with what the start asked for: a resume token and the grace, a watch token.
+        Unchanged (the model's own text) for a start that asked for neither."""
+        features = self._features
+        if features is None or not any(self._options.values()):
+            return message, text
+        out = dict(message)
+        config = dict(out.get("config") or {})
+        if self._options.get("resumable"):
+            config["resume_grace_seconds"] = features.resume_grace
+            if features.resume_grace > 0:
+                self._replay = ReplayBuffer(self._settings.replay_buffer_bytes)
+                self._resume_token = features.resume_tokens.issue(self)
+        if self._options.get("watchable") and self._settings.max_watchers_per_session > 0:
+            self._watch_hub = WatchHub(self._settings, features, self._metrics)
+            self._watch_token = features.watch_tokens.issue(self)
+        out["config"] = config
+        self._start_message = dict(out)
+        if self._resume_token is not None:
+            out["resume_token"] = self._resume_token
+        if self._watch_token is not None:
+            out["watch_token"] = self._watch_token
+        return out, protocol.encode(out)
+
+    def _after_taken(self, frame: Frame) -> None:
+        """A frame handed to the owner's socket (not a replayed one): kept for a resume, and fanned
+        out to the watchers."""
+        if self._replay is None and self._watch_hub is None:
+            return
+        if self._init_payload is None and frame.data is not None:
+            self._init_payload = init_segment(frame.data)
+        if self._replay is not None:
+            self._replay.record(frame)
+        if self._watch_hub is not None:
+            self._watch_hub.publish(frame)
+
+    def init_frame(self) -> Frame | None:
+        """The init pair (docs/protocol.md §10), once the stream's first payload was handed out."""
+        if self._init_payload is None or self.request_id is None:
+            return None
+        meta = init_metadata(self.request_id, len(self._init_payload))
+        return Frame(protocol.encode(meta), meta, self._init_payload, replay=True)
+
+    def watcher_start(self) -> dict[str, Any] | None:
+        """video.start for a watcher: the owner's, marked, without the owner's tokens."""
+        if self._start_message is None:
+            return None
+        return {**self._start_message, "watcher": True}
+
+    @property
+    def watch_hub(self) -> WatchHub | None:
+        return self._watch_hub if self._phase in _LIVE else None
+
+    def _may_detach(self) -> bool:
+        features = self._features
+        return (
+            self._phase is Phase.STREAMING
+            and self._resume_token is not None
+            and features is not None
+            and features.resume_grace > 0
+        )
+
+    def _pause(self, paused: bool) -> None:
+        """Pause (or go on with) the model's generator: a keep-alive of the proxy's own, its pong dropped."""
+        if self._stream is not None:
+            self._keepalive_tags.add(self._stream.send(PAUSE if paused else UNPAUSE))
+            self._forwarded = time.monotonic()
+
+    def _detach(self) -> None:
+        """STREAMING → DETACHED: the connection dropped. What it had not taken is parked, the
+        generator pauses, and the grace timer runs."""
+        assert self._features is not None
+        unsent = self._outbox.take_unsent()
+        self._outbox.close()
+        self._outbox = Parked(unsent, self._settings.outbound_buffer_bytes)
+        self._phase, self._conn_gone = Phase.DETACHED, True
+        self._pause(True)
+        grace = self._features.resume_grace
+        self._grace_timer = asyncio.get_running_loop().call_later(grace, self._grace_over)
+        self._metrics.session_detached(1)
+        self._detached_counted = True
+        log.info("request_id=%s peer=%s connection dropped: detached for %g s", self.request_id, self.peer, grace)
+
+    def _grace_over(self) -> None:
+        self._grace_timer = None
+        if self._phase is Phase.DETACHED and self._features is not None:
+            log.info("request_id=%s not resumed within the grace: ending", self.request_id)
+            self._features.resume_tokens.retire(
+                self._resume_token, f"expired: the session was not resumed within {self._features.resume_grace:g} s"
+            )
+            self.on_disconnect()
+
+    def _resume_closed(self) -> None:
+        """The session is over: its tokens stop working, its watchers go, its gauges drop."""
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
+        if self._detached_counted:
+            self._metrics.session_detached(-1)
+            self._detached_counted = False
+        if self._features is not None:
+            self._features.resume_tokens.retire(self._resume_token, "the session has ended")
+            self._features.watch_tokens.retire(self._watch_token, "the session has ended")
+        if self._watch_hub is not None:
+            self._watch_hub.close()
+
+    def attach(self, conn: Connection, last: int, token: str, peer: str) -> None:
+        """DETACHED → STREAMING on the connection of a `session.resume`: video.start again (a new
+        token), the init pair, every frame after the pair `last` as first sent, what was parked,
+        then the live stream. ResumeRefused (nothing changes) when it cannot."""
+        if self._phase in (Phase.STREAMING, Phase.STOP_SENT):
+            raise ResumeRefused("the session is attached to another connection (one controller at a time)")
+        if self._phase is not Phase.DETACHED or self._replay is None or self._features is None:
+            raise ResumeRefused("the session has ended")
+        try:
+            frames = self._replay.after(last)
+        except ReplayGap as exc:
+            raise ResumeRefused(str(exc), exc.oldest) from None
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
+        parked = self._outbox.take_unsent()
+        self._conn, self.peer, self._conn_gone = conn, peer, False
+        self._outbox = Outbox(conn, self._settings.outbound_buffer_bytes, self._metrics, self._taken)
+        self._phase = Phase.STREAMING
+        tokens = self._features.resume_tokens
+        tokens.retire(token, "this token was used already: each resume hands out a new one")
+        self._resume_token = tokens.issue(self)
+        assert self._start_message is not None
+        start = {**self._start_message, "resumed": True, "resume_token": self._resume_token}
+        if self._watch_token is not None:
+            start["watch_token"] = self._watch_token
+        self._outbox.put(Frame(protocol.encode(start), start, replay=True), force=True)
+        init = self.init_frame()
+        if init is not None:
+            self._outbox.put(init, force=True)
+        for frame in frames:
+            self._outbox.put(Frame(frame.text, frame.message, frame.data, replay=True), force=True)
+        for frame in parked:
+            self._outbox.put(frame, force=True)
+        if self._done_parked and self._claim_end():  # the session ended while detached: now it is told
+            self._spawn(self._finish(FLUSH_SECONDS))
+            return
+        self._pause(False)
+        if self._detached_counted:
+            self._metrics.session_detached(-1)
+            self._detached_counted = False
+        log.info(
+            "request_id=%s peer=%s resumed after index %d: %d frame(s) replayed, %d parked",
+            self.request_id,
+            peer,
+            last,
+            len(frames),
+            len(parked),
+        )
+
+    def refuse_resume(self, message: str, oldest: int | None) -> None:
+        """This connection's `session.resume` is refused: `invalid_resume`, then close (no
+        `session.done`: no session of this connection ended)."""
+        self._start_timer.cancel()
+        if not self._claim_end():
+            return
+        answer = protocol.error(ErrorCode.INVALID_RESUME, message)
+        if oldest is not None:
+            answer["oldest_resumable_index"] = oldest
+        self._emit(answer, force=True)
+        self._spawn(self._close_after_flush())
+
+    async def _close_after_flush(self) -> None:
+        await self._outbox.flush(FLUSH_SECONDS)
+        self._conn.close(1000)
+
+    def retire(self) -> None:
+        """This connection's session.resume took another session over: this one never was."""
+        self._start_timer.cancel()
+        self._mark_closed()
+        self._outbox.close()
+        self._metrics.session_closed()
+        self._on_closed(self)
 
 
 def _after(delay: float) -> asyncio.Future[None]:

@@ -17,6 +17,9 @@ MiB = 1024 * 1024
 AWAITING_START_GRACE_SECONDS = 2.0
 #: connections to the health listener idle this long are closed (a probe sends one request)
 HEALTH_IDLE_SECONDS = 5.0
+#: the longest --resume-grace-seconds: below the model's MAX_PAUSE_SECONDS, so a detached session's
+#: generator stays paused for all of it
+MAX_RESUME_GRACE_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,22 @@ class ProxySettings:
     backend_silence_seconds: float = setting(
         90.0, "end a live session with backend_unavailable when Triton sends nothing this long"
     )
+    resume_grace_seconds: float = setting(
+        30.0,
+        "a resumable session whose connection drops stays detached (its generator paused) this many "
+        f"seconds for a session.resume (0: resume off; at most {MAX_RESUME_GRACE_SECONDS:g})",
+    )
+    replay_buffer_bytes: int = setting(
+        8 * MiB, "per resumable session, bytes of sent frames kept for a resume (the oldest go first)"
+    )
+    max_watchers_per_session: int = setting(16, "read-only watchers of one session (HTTP 503 beyond)")
+    max_watchers: int = setting(256, "read-only watchers on this proxy, all sessions together (HTTP 503 beyond)")
+    watcher_buffer_bytes: int = setting(
+        4 * MiB, "per watcher, outbound bytes waiting before it is dropped with slow_consumer"
+    )
 
     def __post_init__(self) -> None:
+        self._check_resume_settings()
         if not 0 <= self.port <= 65535:  # the socket layer would take 80800 as 80800 - 65536
             raise ValueError(f"port {self.port}: use 1 to 65535 (0: any free port)")
         if (
@@ -152,6 +169,14 @@ class ProxySettings:
         parse_urls(self.triton_url)  # HOST:PORT, each one
         if self.ping_interval and self.ping_timeout > self.ping_interval:
             raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")
+
+    def _check_resume_settings(self) -> None:
+        if not 0 <= self.resume_grace_seconds <= MAX_RESUME_GRACE_SECONDS:
+            raise ValueError(f"resume_grace_seconds must be between 0 and {MAX_RESUME_GRACE_SECONDS:g}")
+        if min(self.replay_buffer_bytes, self.watcher_buffer_bytes) < 1:
+            raise ValueError("replay_buffer_bytes and watcher_buffer_bytes must be positive")
+        if self.max_watchers_per_session < 0 or self.max_watchers < 0:
+            raise ValueError("max_watchers_per_session and max_watchers must be >= 0")
 
     @property
     def awaiting_start_bound(self) -> int:

@@ -21,6 +21,53 @@ export const DEFAULT_CODEC = "avc1.42C01E";
 export const EVENT_ENDS = ["completed", "superseded", "interrupted", "failed", "unapplied", "unfinished"];
 
 /** A fresh event id ("evt-" + a UUID unless another prefix is given). */
+// Camera keys, as vLLM-Omni's streaming example maps them (Unity axes: +X right, +Y up, +Z forward):
+// W/S move 0.05 forward/back, D/A 0.05 right/left, I/K turn 4 degrees about +X, L/J 6 degrees about +Y;
+// the per-frame deltas of a "velocity" camera event.
+export const CAMERA_STEP = 0.05;
+export const CAMERA_PITCH_DEGREES = 4.0;
+export const CAMERA_YAW_DEGREES = 6.0;
+export const CAMERA_KEYS = ["w", "a", "s", "d", "i", "j", "k", "l"];
+
+function axisAngle(axis, degrees) {
+  const half = (degrees * Math.PI) / 360;
+  const s = Math.sin(half);
+  return [axis[0] * s, axis[1] * s, axis[2] * s, Math.cos(half)];
+}
+
+function quatMul([ax, ay, az, aw], [bx, by, bz, bw]) {
+  return [
+    aw * bx + ax * bw + ay * bz - az * by,
+    aw * by - ax * bz + ay * bw + az * bx,
+    aw * bz + ax * by - ay * bx + az * bw,
+    aw * bw - ax * bx - ay * by - az * bz,
+  ];
+}
+
+/** The camera payload of the held keys (any of CAMERA_KEYS): a per-frame velocity, yaw then pitch. */
+export function cameraFromKeys(keys, mode = "velocity") {
+  const held = new Set([...keys].map(k => String(k).toLowerCase()));
+  const on = k => (held.has(k) ? 1 : 0);
+  const translation = [CAMERA_STEP * (on("d") - on("a")), 0, CAMERA_STEP * (on("w") - on("s"))];
+  const yaw = CAMERA_YAW_DEGREES * (on("l") - on("j"));
+  const pitch = CAMERA_PITCH_DEGREES * (on("i") - on("k"));
+  let rotation = yaw ? axisAngle([0, 1, 0], yaw) : [0, 0, 0, 1];
+  if (pitch) rotation = quatMul(axisAngle([1, 0, 0], pitch), rotation);
+  return { mode, data: { translation, rotation } };
+}
+
+/** A "target" back to the start pose: the camera returns to the start view. */
+export const CAMERA_HOME = Object.freeze({ mode: "target", data: { translation: [0, 0, 0], rotation: [0, 0, 0, 1] } });
+/** A velocity of zero: the camera stops where it is. */
+export const CAMERA_HOLD = Object.freeze({ mode: "velocity", data: { translation: [0, 0, 0], rotation: [0, 0, 0, 1] } });
+
+/** A short label for a camera payload (the demo's timeline). */
+export function describeCamera(camera) {
+  const t = camera.data.translation.map(v => v.toFixed(2)).join(", ");
+  const r = camera.data.rotation.map(v => v.toFixed(3)).join(", ");
+  return `camera ${camera.mode} t=[${t}] q=[${r}]`;
+}
+
 export function newEventId(prefix = "evt") {
   if (globalThis.crypto && crypto.randomUUID) return `${prefix}-${crypto.randomUUID()}`;
   return `${prefix}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 12)}`;
@@ -53,8 +100,8 @@ class Emitter extends EventTarget {
 /**
  * One session over one WebSocket. Tracks every prompt update from send to its end:
  * `client.interactions` maps event ids to records
- * {eventId, prompt, transitionChunks, state, sentAt, attempts, ackMs, startedChunk, progress, end, endChunk, error}
- * where state is "sent", "queued", "active" or the end (EVENT_ENDS).
+ * {eventId, prompt, transitionChunks, state, sentAt, attempts, ackMs, startedChunk, progress, end, endChunk, error,
+ * shownMs (send → its first chunk on screen, set by an attached MsePlayer)} where state is "sent", "queued", "active" or the end (EVENT_ENDS).
  */
 export class RealtimeVideoClient extends Emitter {
   /** ws(s)://<page's host and folder>/v1/realtime/video, with ?token= when given. */
@@ -71,8 +118,9 @@ export class RealtimeVideoClient extends Emitter {
    * @param {object} options  token (added as ?token=), retryMs (resend an unacked update after this
    *   long, default 1000), maxAttempts (sends per update before giving up, default 5)
    */
-  constructor(url, { token = null, retryMs = 1000, maxAttempts = 5 } = {}) {
+  constructor(url, { token = null, retryMs = 1000, maxAttempts = 5, resumeAttempts = 5, resumeBackoffMs = 250 } = {}) {
     super();
+    this._initResume(resumeAttempts, resumeBackoffMs);
     const target = new URL(url, globalThis.location ? globalThis.location.href : undefined);
     if (token) target.searchParams.set("token", token);
     this.url = target.href;
@@ -123,7 +171,8 @@ export class RealtimeVideoClient extends Emitter {
    */
   interact(prompt, { eventId = null, transitionChunks = null, event = null } = {}) {
     const id = eventId || newEventId();
-    const interaction = { event_id: id, event: { ...(event || {}), prompt } };
+    // prompt null: an event of other modalities only (`event.multi_modal_data`, e.g. a camera move)
+    const interaction = { event_id: id, event: prompt === null || prompt === undefined ? { ...(event || {}) } : { ...(event || {}), prompt } };
     if (transitionChunks !== null && transitionChunks !== undefined && transitionChunks !== "") {
       interaction.transition_chunks = Number(transitionChunks);
     }
@@ -142,14 +191,16 @@ export class RealtimeVideoClient extends Emitter {
       return Promise.resolve({ eventId: id, ackMs: known.ackMs, attempts: known.attempts }); // acked already
     }
     const record = {
-      eventId: id, prompt, transitionChunks: interaction.transition_chunks ?? null, state: "sent", payload,
+      eventId: id, prompt: prompt ?? null, camera: interaction.event.multi_modal_data?.camera ?? null,
+      transitionChunks: interaction.transition_chunks ?? null, state: "sent", payload,
       sentAt: performance.now(), attempts: 0, ackMs: null, startedChunk: null, progress: 0, end: null,
-      endChunk: null, error: null,
+      endChunk: null, error: null, shownMs: null,
     };
     this.interactions.set(id, record);
     const attempt = () => {
       const pending = this._pending.get(id);
       if (!pending) return;
+      if (this.reconnecting) { pending.timer = setTimeout(attempt, this.retryMs); return; } // sent once resumed
       if (record.attempts >= this.maxAttempts || !this.isOpen) {
         const error = Object.assign(new Error(this.isOpen ? `no ack for ${id} after ${record.attempts} sends` : "the connection is closed"), { code: "no_ack", eventId: id });
         this._fail(id, error);
@@ -162,6 +213,16 @@ export class RealtimeVideoClient extends Emitter {
     const promise = this._expect(id, attempt);
     this.emit("interaction", record);
     return promise;
+  }
+
+  /**
+   * A camera event (`event.multi_modal_data.camera`, docs/protocol.md): `camera` is
+   * {mode: "velocity"|"target", data: {translation: [x, y, z], rotation: [x, y, z, w]}}, e.g. from
+   * cameraFromKeys() or CAMERA_HOME. Acked, retried and tracked like a prompt update; with `prompt`
+   * the same event also changes the prompt.
+   */
+  camera(camera, { prompt = null, eventId = null, transitionChunks = null } = {}) {
+    return this.interact(prompt, { eventId: eventId || newEventId("cam"), transitionChunks, event: { multi_modal_data: { camera } } });
   }
 
   /** A pending answer about `id`; `send` sends (and may reschedule itself through the timer). */
@@ -183,7 +244,19 @@ export class RealtimeVideoClient extends Emitter {
     this._send({ type: "session.ping" });
   }
 
+  /**
+   * A playhead report (session.playback, docs/protocol.md §2.6): the media time shown now and,
+   * optionally, the seconds buffered beyond it. MsePlayer sends these itself (its reportMs).
+   * Never answered while within the rate; the server paces the stream to it.
+   */
+  playback(positionSeconds, bufferedSeconds = null) {
+    const message = { type: "session.playback", position_seconds: Math.max(0, +positionSeconds || 0) };
+    if (bufferedSeconds !== null && bufferedSeconds !== undefined) message.buffered_seconds = Math.max(0, +bufferedSeconds || 0);
+    this._send(message);
+  }
+
   close(code = 1000) {
+    this._closing = true; // our own close: nothing to resume
     if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close(code);
   }
 
@@ -218,6 +291,7 @@ export class RealtimeVideoClient extends Emitter {
     if (typeof data !== "string") {
       const meta = this._meta;
       this._meta = null;
+      if (meta && !this._fresh(meta)) return; // an init pair after payloads, or a payload received already
       this.emit("chunk", { meta, data: new Uint8Array(data) });
       return;
     }
@@ -226,6 +300,10 @@ export class RealtimeVideoClient extends Emitter {
     this.emit("message", m);
     switch (m.type) {
       case "video.start":
+        this.resumeToken = m.resume_token || null;
+        this.watchToken = m.watch_token || this.watchToken;
+        this.watcher = m.watcher === true;
+        if (m.resumed) { this.emit("resumed", m); break; } // the same session goes on
         this.requestId = m.request_id;
         this.config = m.config;
         this.emit("video.start", m);
@@ -281,7 +359,93 @@ export class RealtimeVideoClient extends Emitter {
     for (const id of m.interrupted_event_ids || []) this._update(id, { end: "interrupted", endChunk: chunk });
   }
 
+  // --- resume after a dropped connection (docs/protocol.md §10.1) --------------------------------
+  _initResume(attempts, backoffMs) {
+    this.resumeAttempts = attempts;
+    this.resumeBackoffMs = backoffMs;
+    this.resumeToken = null; // from video.start when the start asked for "resumable": true
+    this.watchToken = null; // when it asked for "watchable": true
+    this.watcher = false; // a watch connection (read-only)
+    this.lastIndex = -1; // transport index of the last payload received whole
+    this.reconnecting = false;
+    this.resumes = 0;
+    this._closing = false;
+  }
+
+  /** ws(s)://…/v1/realtime/video/watch?watch_token=… for a session's watch token. */
+  static watchUrlFor(location, watchToken, token = null) {
+    const url = new URL(RealtimeVideoClient.urlFor(location, token));
+    url.pathname = url.pathname.replace(/\/?$/, "/watch");
+    url.searchParams.set("watch_token", watchToken);
+    return url.href;
+  }
+
+  /** Whether a payload is handed out: an init pair only as the very first (a watcher's start), a
+   * media or trailer payload only once; records the index for a resume. */
+  _fresh(meta) {
+    const index = meta.transport_chunk_index;
+    if (meta.kind === "init" || index === null || index === undefined) {
+      const first = !this._hadPayload;
+      this._hadPayload = true;
+      return first;
+    }
+    if (index <= this.lastIndex) return false;
+    this.lastIndex = index;
+    this._hadPayload = true;
+    return true;
+  }
+
+  /** The connection dropped before session.done: resume with backoff, bounded; false when resume does not apply. */
+  _resumeAfter(ev) {
+    if (this.done || !this.resumeToken || this._closing || ev.code === 1000 || this.resumeAttempts <= 0) return false;
+    this._meta = null;
+    this.reconnecting = true;
+    const giveUp = (why, error = null) => {
+      this.reconnecting = false;
+      if (error) this.emit("error", error);
+      this.emit("resume_failed", { why, attempts: this.resumeAttempts });
+      this._closed(ev);
+    };
+    const attempt = n => {
+      if (n >= this.resumeAttempts) { giveUp(`no resume after ${n} attempts`); return; }
+      this.emit("reconnecting", { attempt: n + 1, of: this.resumeAttempts });
+      setTimeout(() => {
+        const ws = new WebSocket(this.url);
+        ws.binaryType = "arraybuffer";
+        let answered = false;
+        ws.onopen = () => ws.send(JSON.stringify({ type: "session.resume", resume_token: this.resumeToken, last_transport_chunk_index: this.lastIndex }));
+        ws.onmessage = first => {
+          if (answered) return;
+          answered = true;
+          let m = null;
+          try { m = JSON.parse(first.data); } catch (e) { /* not an answer */ }
+          if (m && m.type === "video.start" && m.resumed) {
+            this.ws = ws;
+            this.reconnecting = false;
+            this.resumes += 1;
+            ws.onmessage = e => this._onFrame(e.data);
+            ws.onclose = e => this._onClose(e);
+            this._onFrame(first.data);
+            return;
+          }
+          ws.onclose = null;
+          ws.close();
+          if (m && m.type === "error" && /attached/.test(m.message || "")) attempt(n + 1); // the old one is not seen gone yet
+          else giveUp(m ? m.message : "no answer to session.resume", m);
+        };
+        ws.onclose = () => { if (!answered) attempt(n + 1); };
+      }, this.resumeBackoffMs * 2 ** n);
+    };
+    attempt(0);
+    return true;
+  }
+
   _onClose(ev) {
+    if (this._resumeAfter(ev)) return;
+    this._closed(ev);
+  }
+
+  _closed(ev) {
     for (const id of [...this._pending.keys()]) {
       const error = Object.assign(new Error("the connection closed before an answer"), { code: "closed", eventId: id });
       const record = this.interactions.get(id);
@@ -307,10 +471,16 @@ export class MsePlayer extends Emitter {
    * @param {HTMLVideoElement} video
    * @param {object} options  codec (default: read from the init segment, else DEFAULT_CODEC),
    *   record (keep payloads for save(), default true), recordLimitBytes (default 512 MiB),
-   *   keepSeconds (buffered media kept behind the playhead, default 60)
+   *   keepSeconds (buffered media kept behind the playhead, default 60), reportMs (send the
+   *   client a session.playback report this often once attached, default 250; 0: never, and the
+   *   server paces to its fixed lead as without reports)
    */
-  constructor(video, { codec = null, record = true, recordLimitBytes = 512 * 1024 * 1024, keepSeconds = 60 } = {}) {
+  constructor(video, { codec = null, record = true, recordLimitBytes = 512 * 1024 * 1024, keepSeconds = 60, reportMs = 250 } = {}) {
     super();
+    this.reportMs = reportMs;
+    this._reportTimer = null;
+    this._mediaSeconds = 0; // media received so far: the next chunk's start on the timeline
+    this._toShow = []; // [{eventId, start}]: updates whose first chunk is not on screen yet
     this.video = video;
     this.codec = codec;
     this.type = null;
@@ -337,10 +507,73 @@ export class MsePlayer extends Emitter {
 
   /** Feed it a client's chunks; ends the stream on session.done or when the connection closes. */
   attach(client) {
-    client.on("chunk", ({ meta, data }) => this.push(data, meta));
-    client.on("done", () => this.end());
-    client.on("close", () => this.end());
+    client.on("chunk", ({ meta, data }) => { this._noteStarts(client, meta); this.push(data, meta); });
+    client.on("done", () => { this._stopReports(); this.end(); });
+    client.on("close", () => { this._stopReports(); this.end(); });
+    client.on("video.start", () => this._startReports(client));
+    this._watchShown(client);
     return this;
+  }
+
+  // --- on screen: playhead reports and each update's send → shown ---------------------------
+  _startReports(client) {
+    if (!this.reportMs || this._reportTimer) return;
+    this._reportTimer = setInterval(() => {
+      if (!client.isOpen || client.stopped || client.done) { this._stopReports(); return; }
+      try { client.playback(this.video.currentTime, this.lead); } catch (e) { this._stopReports(); }
+    }, this.reportMs);
+  }
+
+  _stopReports() {
+    clearInterval(this._reportTimer);
+    this._reportTimer = null;
+  }
+
+  /** Each media chunk's start on the timeline (frames so far / fps); an update's first chunk
+   * (started_event_ids) is where it shows. */
+  _noteStarts(client, meta) {
+    if (!meta || meta.kind !== "media") return;
+    const fps = client.config && client.config.fps;
+    for (const id of meta.started_event_ids || []) this._toShow.push({ eventId: id, start: this._mediaSeconds });
+    if (fps) this._mediaSeconds += meta.num_frames / fps;
+  }
+
+  /** When the video shows an update's first frame, its record gets shownMs (send → on screen)
+   * and the player emits "shown" {eventId, shownMs}. Frames are watched with
+   * requestVideoFrameCallback where the browser has it (the frame's own presentation time),
+   * else currentTime is polled. */
+  _watchShown(client) {
+    const video = this.video;
+    const check = (mediaTime, at) => {
+      if (!this._toShow.length) return;
+      const left = [];
+      for (const item of this._toShow) {
+        if (mediaTime + 1e-3 >= item.start) {
+          const record = client.interactions.get(item.eventId);
+          if (record && record.shownMs == null) {
+            const shownMs = at - record.sentAt;
+            client._update(item.eventId, { shownMs });
+            if (record.end && record.shownMs == null) record.shownMs = shownMs; // ended already: kept anyway
+            this.emit("shown", { eventId: item.eventId, shownMs });
+          }
+        } else left.push(item);
+      }
+      this._toShow = left;
+    };
+    if (typeof video.requestVideoFrameCallback === "function") {
+      this.frameClock = "requestVideoFrameCallback";
+      const onFrame = (now, frame) => {
+        check(frame.mediaTime, frame.expectedDisplayTime || now);
+        if (!this.ended || this._toShow.length) video.requestVideoFrameCallback(onFrame);
+      };
+      video.requestVideoFrameCallback(onFrame);
+    } else {
+      this.frameClock = "currentTime";
+      const timer = setInterval(() => {
+        check(video.currentTime, performance.now());
+        if (this.ended && !this._toShow.length) clearInterval(timer);
+      }, 15);
+    }
   }
 
   /** Queue one payload (Uint8Array or ArrayBuffer) with its chunk metadata. */

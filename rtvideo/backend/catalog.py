@@ -51,6 +51,8 @@ class GeneratorEntry:
     extra_params: frozenset[str] = frozenset()
     #: every `extra_params` key is passed on (the engine's model decides what it reads)
     all_extra_params: bool = False
+    #: `protocol.REQUEST_FIELDS` it uses (passed on in `config.sampling`); the others are ignored
+    start_fields: frozenset[str] = frozenset()
 
 
 #: `generator` parameter value → its entry
@@ -59,7 +61,12 @@ GENERATORS: dict[str, GeneratorEntry] = {
     "builtin": GeneratorEntry(limits=BUILTIN),
     # as vLLM-Omni's streaming endpoint does: every sampling field and every extra_params key of
     # a start is passed on to the engine, over the model's preset (VLLM_OMNI_PRESETS)
-    "vllm_omni": GeneratorEntry(limits=VLLM_OMNI, sampling_fields=frozenset(SAMPLING_FIELDS), all_extra_params=True),
+    "vllm_omni": GeneratorEntry(
+        limits=VLLM_OMNI,
+        sampling_fields=frozenset(SAMPLING_FIELDS),
+        all_extra_params=True,
+        start_fields=frozenset({"lora"}),  # vLLM-Omni's per-request LoRA (`_apply_lora`)
+    ),
 }
 
 #: vLLM-Omni engine model id → its real-time preset: sampling fields (`protocol.SAMPLING_FIELDS`)

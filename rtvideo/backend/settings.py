@@ -14,6 +14,7 @@ from typing import Any
 
 from rtvideo import settings_text
 from rtvideo.backend import catalog
+from rtvideo.backend.image_reference import MediaPolicy
 from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.settings_text import setting
 
@@ -37,6 +38,9 @@ class BackendSettings:
     pacing_lead_chunks: float | None = setting(
         1.0, "chunks generation may run ahead of playback ('off': unpaced)", flag="--pacing-lead"
     )
+    #: docs/protocol.md §7 "Pacing": with session.playback reports, the lead shrinks to what the
+    #: generator's measured chunk times need (never above pacing_lead_chunks); false: reports are ignored
+    playback_pacing: bool = setting(True, "pace to the players' session.playback reports (false: the fixed lead only)")
     # sized for a 2-core machine with 2 render workers, with room to spare (the sizing rule is in the README)
     max_sessions: int = setting(16, "concurrent sessions in the model (server_busy beyond)")
     max_session_seconds: float = setting(3600.0, "longest session, in seconds")
@@ -60,6 +64,16 @@ class BackendSettings:
         "a name a session.start's model may ask for (repeatable; default: the Triton model's name); "
         "rtvideo-<generator> is always accepted",
         flag="--served-model-name",
+    )
+    # a start's image_reference (rtvideo/backend/image_reference.py, docs/protocol.md §2.1)
+    allowed_media_domains: tuple[str, ...] = setting(
+        (),
+        "a host an image_reference URL may be fetched from (repeatable; '.example.com' takes its "
+        "subdomains too; default: none, only data: URLs); loopback and private addresses never are",
+        flag="--allowed-media-domains",
+    )
+    media_fetch_timeout_seconds: float = setting(
+        3.0, "seconds a fetch of an image_reference URL may take (the start waits for it)"
     )
     # generator=vllm_omni: one vLLM-Omni AsyncOmni engine in the model process (README, "GPU with vLLM-Omni")
     vllm_omni_model: str = setting("BestWishYsh/Helios-Distilled", "vllm_omni: model id or local path")
@@ -126,8 +140,19 @@ class BackendSettings:
             raise ValueError("model parameter vllm_omni_max_request_frames must be positive")
         if self.vllm_omni_health_seconds <= 0:
             raise ValueError("vllm_omni_health_seconds must be positive")
+        if not 0 < self.media_fetch_timeout_seconds <= 60:
+            raise ValueError("media_fetch_timeout_seconds must be in (0, 60]")
+        for domain in self.allowed_media_domains:
+            if not _DOMAIN.fullmatch(domain):
+                raise ValueError(f"allowed media domain {domain[:60]!r}: use a host name like images.example.com")
         if ":" not in self.vllm_omni_engine:
             raise ValueError(f"vllm_omni_engine {self.vllm_omni_engine!r}: use module:callable")
+
+    def media_policy(self) -> MediaPolicy:
+        """Where a start's `image_reference` may be fetched from, and for how long."""
+        return MediaPolicy(
+            allowed_domains=tuple(self.allowed_media_domains), timeout_seconds=self.media_fetch_timeout_seconds
+        )
 
     def engine_args(self) -> dict[str, Any]:
         """`vllm_omni_engine_args` as a dict (ValueError naming the parameter when it is not one)."""
@@ -181,6 +206,7 @@ class BackendSettings:
             sampling_fields=entry.sampling_fields,
             extra_params=entry.extra_params,
             all_extra_params=entry.all_extra_params,
+            start_fields=entry.start_fields,
             sampling_defaults=self.sampling_preset() if engine else None,
             max_num_frames=self.vllm_omni_max_request_frames if engine else None,
         )
@@ -189,6 +215,8 @@ class BackendSettings:
 #: a served model name: what a Hugging Face id or a Triton model name looks like, and what a
 #: config.pbtxt string value and a comma-separated list can carry
 _NAME = re.compile(r"[^\s,\"'\\]+")
+#: an allowed media domain: a host name, or '.' and a domain for it and its subdomains
+_DOMAIN = re.compile(r"\.?[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*")
 
 
 def _json_object(name: str, text: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from rtvideo.core.transitions import ChunkPlan
 
 MEDIA = "media"
 TRAILER = "trailer"
+#: the initialisation payload (ftyp+moov) of a resumed connection or a watcher (docs/protocol.md §10)
+INIT = "init"
 
 
 def _metadata(
@@ -50,6 +52,12 @@ def media_metadata(
 def trailer_metadata(request_id: str, transport_chunk_index: int, byte_length: int) -> dict[str, Any]:
     """Metadata for the encoder's closing bytes: no generation chunk, no frames, no events."""
     return _metadata(request_id, TRAILER, transport_chunk_index, None, 0, byte_length, None)
+
+
+def init_metadata(request_id: str, byte_length: int) -> dict[str, Any]:
+    """Metadata of an init pair: no transport index of its own (null), no frames, no events. Sent
+    only after a resume or to a watcher, so that a fresh decoder or MSE buffer can start there."""
+    return {**_metadata(request_id, INIT, 0, None, 0, byte_length, None), "transport_chunk_index": None}
 
 
 def mentioned_event_ids(metadata: dict[str, Any]) -> set[str]:

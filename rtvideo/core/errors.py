@@ -27,6 +27,9 @@ class ErrorCode(str, Enum):
     SLOW_CONSUMER = "slow_consumer"
     RATE_LIMITED = "rate_limited"  # one message refused by the proxy's bounds; the session goes on
     SERVER_SHUTDOWN = "server_shutdown"
+    # a session.resume refused: wrong, expired or used token, another replica's session, or an
+    # index outside the replay buffer; the connection closes, the session (if any) is untouched
+    INVALID_RESUME = "invalid_resume"
 
 
 #: Codes after which the session is over (followed by `session.done` where possible).

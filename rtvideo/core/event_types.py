@@ -37,4 +37,6 @@ EVENT_FIELDS: frozenset[str] = frozenset(
     OmniInteractionEvent.__required_keys__ | OmniInteractionEvent.__optional_keys__
 )
 #: Keys with a handler today; the others are acked and then fail with `interaction_failed`.
-SUPPORTED_EVENT_FIELDS: frozenset[str] = frozenset({"prompt"})
+#: Which modalities of `multi_modal_data` apply is the active generator's to say
+#: (`rtvideo.backend.runtime.sources.source_modalities`).
+SUPPORTED_EVENT_FIELDS: frozenset[str] = frozenset({"prompt", "multi_modal_data"})

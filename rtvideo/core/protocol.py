@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtvideo.core import camera
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.event_types import EVENT_FIELDS, OmniInteractionEvent
 
@@ -39,7 +40,8 @@ START = "session.start"
 INTERACTION = "session.interaction"
 STOP = "session.stop"
 PING = "session.ping"
-CLIENT_TYPES = (START, INTERACTION, STOP, PING)
+PLAYBACK = "session.playback"  # a playhead report (docs/protocol.md §2.6); clients may ignore it
+CLIENT_TYPES = (START, INTERACTION, STOP, PING, PLAYBACK)
 
 VIDEO_START = "video.start"
 QUEUED = "session.interaction.queued"
@@ -71,7 +73,49 @@ _START_NUMBER_FIELDS: dict[str, tuple[float, float]] = {
 }
 _START_STR_FIELDS = ("model", "negative_prompt", "size", "format", "prompt")
 _START_OBJECT_FIELDS = ("extra_params", "sampling_params")
-START_FIELDS = frozenset({"type", *_START_INT_FIELDS, *_START_NUMBER_FIELDS, *_START_STR_FIELDS, *_START_OBJECT_FIELDS})
+#: The rest of vLLM-Omni 0.30's `VideoGenerationRequest` (`entrypoints/openai/protocol/videos.py`):
+#: accepted when well-formed (its types and ranges), kept in `StartRequest.request_fields`, and
+#: reported in `config.ignored_fields` unless the generator uses them (`ModelCapabilities.start_fields`;
+#: the `vllm_omni` generator passes `lora` on). tests/unit/core/test_start_fields.py reads the
+#: model's fields from the pinned wheel: a field added there fails that test, not a client.
+#: Each is (kind, low, high): "string" (at most MAX_PROMPT_CHARS), "quality" (QUALITY_LEVELS),
+#: "int" and "number" in [low, high], "positive" in (low, high], "boolean", "object", and
+#: "references" (an object or an array of objects).
+REQUEST_FIELDS: dict[str, tuple[str, float, float]] = {
+    "user": ("string", 0, 0),
+    "aspect_ratio": ("string", 0, 0),
+    "frame_interpolation_model_path": ("string", 0, 0),
+    "quality": ("quality", 0, 0),
+    "short_edge": ("int", 1, MAX_SEED),
+    "num_outputs_per_prompt": ("int", 1, 10),
+    "frame_interpolation_exp": ("int", 1, MAX_SEED),
+    "start_time_seconds": ("number", 0.0, MAX_NUM_FRAMES),
+    "sound_duration": ("positive", 0.0, MAX_NUM_FRAMES),
+    "frame_interpolation_scale": ("positive", 0.0, MAX_GUIDANCE),
+    "generate_sound": ("boolean", 0, 0),
+    "enable_frame_interpolation": ("boolean", 0, 0),
+    "return_stage_metrics": ("boolean", 0, 0),
+    "lora": ("object", 0, 0),
+    "video_params": ("object", 0, 0),
+    "video_reference": ("references", 0, 0),
+    "audio_reference": ("references", 0, 0),
+}
+#: vLLM-Omni's `DIFFUSION_QUALITY_LEVELS`
+QUALITY_LEVELS = ("lossless", "high")
+#: the first frame's image (vLLM-Omni's `image_reference`): `{"image_url": URL}` or the URL itself;
+#: only its shape is checked here, the backend decodes or fetches it (rtvideo/backend/image_reference.py)
+IMAGE_REFERENCE = "image_reference"
+START_FIELDS = frozenset(
+    {
+        "type",
+        *_START_INT_FIELDS,
+        *_START_NUMBER_FIELDS,
+        *_START_STR_FIELDS,
+        *_START_OBJECT_FIELDS,
+        *REQUEST_FIELDS,
+        IMAGE_REFERENCE,
+    }
+)
 #: Diffusion sampling fields of a start: each generator uses some of them
 #: (`ModelCapabilities.sampling_fields`); the others are accepted when well-formed and
 #: reported in `video.start` `config.ignored_fields`. `extra_params` keys work alike.
@@ -109,6 +153,10 @@ class StartRequest:
     flow_shift: float | None = None
     true_cfg_scale: float | None = None
     extra_params: dict[str, Any] = field(default_factory=dict)
+    #: the `REQUEST_FIELDS` this start sets (not null), as sent
+    request_fields: dict[str, Any] = field(default_factory=dict)
+    #: the `image_reference` URL (a data: URL or an http(s) one), in either of vLLM-Omni's forms
+    image_reference: str | None = None
 
     def sampling_given(self) -> list[str]:
         """The sampling fields this start sets, `extra_params` keys as `extra_params.KEY`."""
@@ -154,9 +202,26 @@ class PingRequest:
     clock (§7) as a client's ping is."""
 
     keepalive: bool = False
+    #: the proxy's pause of a detached session (docs/triton-model.md): True pauses the generator at
+    #: its next chunk boundary, False resumes it; None (every client ping) leaves it as it is
+    pause: bool | None = None
 
 
-SessionMessage = InteractionRequest | StopRequest | PingRequest
+#: a playhead report's positions, in media seconds: the longest session a start may ask for
+MAX_PLAYBACK_SECONDS = float(MAX_NUM_FRAMES)
+
+
+@dataclass(frozen=True)
+class PlaybackReport:
+    """A validated `session.playback`: the media time the client shows now and, optionally, how
+    much it holds beyond it. Only well-formed: whether it is plausible is the pacing's to clamp
+    (rtvideo/core/pacing.py), never an error."""
+
+    position_seconds: float
+    buffered_seconds: float | None = None
+
+
+SessionMessage = InteractionRequest | StopRequest | PingRequest | PlaybackReport
 
 
 # --- decoding ----------------------------------------------------------------------------
@@ -367,7 +432,67 @@ def validate_start(obj: Mapping[str, Any]) -> StartRequest:
         values["width"], values["height"] = _parse_size(fields["size"])
     if fields.get("extra_params") is not None:
         values["extra_params"] = fields["extra_params"]
+    if fields.get(IMAGE_REFERENCE) is not None:
+        values["image_reference"] = _image_reference_url(fields[IMAGE_REFERENCE])
+    request_fields = {name: fields[name] for name in REQUEST_FIELDS if fields.get(name) is not None}
+    for name, value in request_fields.items():
+        _check_request_field(name, value)
+    if request_fields:
+        values["request_fields"] = request_fields
     return StartRequest(**values)
+
+
+def _check_request_field(name: str, value: Any) -> None:
+    """One `REQUEST_FIELDS` value against vLLM-Omni's type for it (null was taken as absent)."""
+    kind, low, high = REQUEST_FIELDS[name]
+    bad = ErrorCode.INVALID_START
+    if kind == "string":
+        if not isinstance(value, str):
+            raise ProtocolError(bad, f"{name} must be a string, not {_json_kind(value)}")
+        if len(value) > MAX_PROMPT_CHARS:
+            raise ProtocolError(bad, f"{name} is longer than {MAX_PROMPT_CHARS} characters")
+    elif kind == "quality":
+        if value not in QUALITY_LEVELS:
+            raise ProtocolError(bad, f"quality must be one of {list(QUALITY_LEVELS)}")
+    elif kind == "int":
+        as_int(value, name, int(low), int(high), bad)
+    elif kind in ("number", "positive"):
+        _as_number(value, name, low, high)
+        if kind == "positive" and value <= 0:
+            raise ProtocolError(bad, f"{name} must be greater than 0")
+    elif kind == "boolean":
+        if not isinstance(value, bool):
+            raise ProtocolError(bad, f"{name} must be true or false, not {_json_kind(value)}")
+    elif kind == "object":
+        if not isinstance(value, dict):
+            raise ProtocolError(bad, f"{name} must be an object, not {_json_kind(value)}")
+    elif not (isinstance(value, dict) or (isinstance(value, list) and all(isinstance(v, dict) for v in value))):
+        raise ProtocolError(bad, f"{name} must be an object or an array of objects")
+
+
+def _image_reference_url(value: Any) -> str:
+    """The URL of an `image_reference` (shape only): `{"image_url": URL}` as vLLM-Omni's model has it,
+    or the URL string itself. A file id or a list (vLLM-Omni's other forms) has no meaning here."""
+    bad = ErrorCode.INVALID_START
+    if isinstance(value, list):
+        raise ProtocolError(bad, "image_reference must be a single image reference")
+    if isinstance(value, dict):
+        if "file_id" in value:
+            raise ProtocolError(bad, "image_reference.file_id is not supported here: send image_url")
+        extra = sorted(set(value) - {"image_url"})
+        if extra or "image_url" not in value:
+            raise ProtocolError(
+                bad, 'image_reference must be {"image_url": "data:image/...;base64,..." or "https://..."}'
+            )
+        value = value["image_url"]
+        name = "image_reference.image_url"
+    else:
+        name = "image_reference"
+    if not isinstance(value, str):
+        raise ProtocolError(bad, f"{name} must be a string, not {_json_kind(value)}")
+    if not value.startswith(("data:image/", "http://", "https://")):
+        raise ProtocolError(bad, f"{name} must be a data:image/... URL or an http(s) URL")
+    return value
 
 
 def _parse_size(size: Any) -> tuple[int, int]:
@@ -401,8 +526,34 @@ def parse_message(raw: bytes | str) -> SessionMessage:
     if kind == STOP:
         return StopRequest()
     if kind == PING:
-        return PingRequest(keepalive=obj.get("keepalive") is True)
+        pause = obj.get("pause")
+        return PingRequest(keepalive=obj.get("keepalive") is True, pause=pause if isinstance(pause, bool) else None)
+    if kind == PLAYBACK:
+        return validate_playback(obj)
     return validate_interaction(obj)
+
+
+def validate_playback(obj: Mapping[str, Any]) -> PlaybackReport:
+    """docs/protocol.md §2.6 `session.playback`: numbers in [0, MAX_PLAYBACK_SECONDS], the
+    buffer optional; other fields are ignored, like a stop's or a ping's."""
+    values: list[float | None] = []
+    for name in ("position_seconds", "buffered_seconds"):
+        value = obj.get(name)
+        if value is None and name == "buffered_seconds":
+            values.append(None)
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE, f"session.playback {name} must be a number, not {_json_kind(value)}"
+            )
+        if not 0 <= value <= MAX_PLAYBACK_SECONDS:
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE, f"session.playback {name} must be between 0 and {MAX_PLAYBACK_SECONDS:g}"
+            )
+        values.append(float(value))
+    position = values[0]
+    assert position is not None
+    return PlaybackReport(position, values[1])
 
 
 def is_stop(raw: bytes | str, *, binary: bool = False) -> bool:
@@ -435,10 +586,8 @@ def validate_interaction(obj: Mapping[str, Any]) -> InteractionRequest:
     unknown = sorted(set(event) - EVENT_FIELDS)
     if unknown:
         raise ProtocolError(bad, f"unknown event field(s): {', '.join(unknown)}", report_id)
-    if "prompt" not in event:
-        raise ProtocolError(bad, "interaction.event.prompt is required", report_id)
     try:
-        _require_prompt(event["prompt"], "event.prompt", bad)
+        event = _event_parts(event, bad)
     except ProtocolError as exc:
         raise ProtocolError(exc.code, exc.message, report_id) from None
     chunks = interaction.get("transition_chunks")
@@ -448,6 +597,37 @@ def validate_interaction(obj: Mapping[str, Any]) -> InteractionRequest:
         except ProtocolError as exc:
             raise ProtocolError(exc.code, exc.message, report_id) from None
     return InteractionRequest(event=OmniInteractionEvent(**event), event_id=event_id, transition_chunks=chunks)
+
+
+def _event_parts(event: dict[str, Any], bad: ErrorCode) -> dict[str, Any]:
+    """An event's `prompt` and/or `multi_modal_data` (vLLM-Omni 0.30's rule, docs/protocol.md
+    §2.2): at least one; a `null` one is absent (and dropped, as vLLM-Omni's server drops it);
+    each modality an object; `camera` valid (`rtvideo.core.camera`). A prompt-only event is
+    checked exactly as before multi_modal_data existed."""
+    mm = event.get("multi_modal_data")
+    if mm is None:
+        if "prompt" not in event:
+            raise ProtocolError(
+                bad, "an event needs a prompt and/or multi_modal_data: interaction.event.prompt is required"
+            )
+        _require_prompt(event["prompt"], "event.prompt", bad)
+        return {k: v for k, v in event.items() if k != "multi_modal_data"} if "multi_modal_data" in event else event
+    if not isinstance(mm, dict):
+        raise ProtocolError(bad, f"event.multi_modal_data must be an object, not {_json_kind(mm)}")
+    if not mm:
+        raise ProtocolError(bad, "event.multi_modal_data must be a non-empty object when provided")
+    for modality, payload in mm.items():
+        if not isinstance(payload, dict):
+            raise ProtocolError(bad, f"event.multi_modal_data[{modality[:40]!r}] must be an object")
+    if camera.MODALITY in mm:
+        try:
+            camera.parse_camera(mm[camera.MODALITY])
+        except camera.CameraError as exc:
+            raise ProtocolError(bad, f"event.multi_modal_data.camera: {exc}") from None
+    if event.get("prompt") is not None:
+        _require_prompt(event["prompt"], "event.prompt", bad)
+        return event
+    return {k: v for k, v in event.items() if k != "prompt"}
 
 
 # --- server messages ---------------------------------------------------------------------
@@ -503,3 +683,66 @@ def error(
 
 def error_from(exc: ProtocolError, request_id: str | None = None) -> dict[str, Any]:
     return error(exc.code, exc.message, request_id=request_id, event_id=exc.event_id)
+
+
+# --- session resume (a proxy feature, docs/protocol.md §10) ------------------------------
+#: the first message of a connection that takes over a detached session; the proxy answers it
+#: itself (it is not a Triton request, so it is not one of CLIENT_TYPES)
+RESUME = "session.resume"
+#: a resume token's length bound, in characters (a proxy's tokens are far shorter)
+MAX_RESUME_TOKEN_CHARS = 256
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    """`session.resume`: the token from the last `video.start`, and the transport index of the
+    last payload the client fully received (-1: none)."""
+
+    resume_token: str
+    last_transport_chunk_index: int
+
+
+def is_resume(raw: bytes | str, *, binary: bool = False) -> bool:
+    """Whether a first message is a `session.resume` (cheap: any JSON object of that type)."""
+    if binary:
+        return False
+    if (RESUME not in raw) if isinstance(raw, str) else (RESUME.encode() not in raw):
+        return False  # most first messages are starts: no second parse of a large one
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(obj, dict) and obj.get("type") == RESUME
+
+
+def parse_resume(raw: bytes | str) -> ResumeRequest:
+    """Validate a `session.resume`; every failure is `invalid_resume`."""
+    bad = ErrorCode.INVALID_RESUME
+    try:
+        obj = decode_object_any(raw, MAX_MESSAGE_BYTES)
+    except ProtocolError as exc:
+        raise ProtocolError(bad, f"session.resume: {exc.message}") from None
+    unknown = sorted(set(obj) - {"type", "resume_token", "last_transport_chunk_index"})
+    if unknown:
+        raise ProtocolError(bad, f"unknown session.resume field(s): {', '.join(unknown)}")
+    token = obj.get("resume_token")
+    if not isinstance(token, str) or not token or len(token) > MAX_RESUME_TOKEN_CHARS:
+        raise ProtocolError(
+            bad, f"resume_token must be a non-empty string of at most {MAX_RESUME_TOKEN_CHARS} characters"
+        )
+    last = as_int(obj.get("last_transport_chunk_index"), "last_transport_chunk_index", -1, MAX_NUM_FRAMES, bad)
+    return ResumeRequest(token, last)
+
+
+def decode_object_any(raw: bytes | str, limit: int) -> dict[str, Any]:
+    """A JSON object within `limit` bytes, of any `type` (the proxy's own first messages)."""
+    size = len(raw.encode("utf-8", "surrogatepass")) if isinstance(raw, str) else len(raw)
+    if size > limit:
+        raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"message is {size} bytes; the limit is {limit}")
+    try:
+        obj = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.INVALID_JSON, "a message must be a JSON object")
+    return obj

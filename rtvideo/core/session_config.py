@@ -6,7 +6,7 @@ import copy
 import numbers
 import random
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rtvideo.core.errors import ErrorCode, ProtocolError
@@ -60,6 +60,8 @@ class ModelCapabilities:
     extra_params: frozenset[str] = frozenset()
     #: every `extra_params` key is used (passed on to an engine whose model reads what it knows)
     all_extra_params: bool = False
+    #: `protocol.REQUEST_FIELDS` the generator uses (merged into `sampling`); the others are ignored
+    start_fields: frozenset[str] = frozenset()
     #: the model's preset, for a generator that takes sampling (None: it takes none): sampling
     #: fields and `extra_params`, over which a start's own values are merged (`SessionConfig.sampling`)
     sampling_defaults: Mapping[str, Any] | None = None
@@ -71,9 +73,12 @@ class ModelCapabilities:
         """What `start` sets that this generator does not use, sorted (`extra_params.KEY` for extras)."""
         used = self.sampling_fields | {f"extra_params.{key}" for key in self.extra_params}
         return sorted(
-            name
-            for name in start.sampling_given()
-            if name not in used and not (self.all_extra_params and name.startswith("extra_params."))
+            [
+                name
+                for name in start.sampling_given()
+                if name not in used and not (self.all_extra_params and name.startswith("extra_params."))
+            ]
+            + [name for name in start.request_fields if name not in self.start_fields]
         )
 
     def sampling(self, start: StartRequest) -> dict[str, Any]:
@@ -91,6 +96,9 @@ class ModelCapabilities:
         for key, value in start.extra_params.items():
             if self.all_extra_params or key in self.extra_params:
                 extra[key] = copy.deepcopy(value)
+        for name, value in start.request_fields.items():
+            if name in self.start_fields:
+                merged[name] = copy.deepcopy(value)
         return {**merged, "extra_params": extra}
 
 
@@ -113,6 +121,9 @@ class SessionConfig:
     #: what the generator samples with (`ModelCapabilities.sampling`): sent as `config.sampling`
     #: by a generator that takes sampling (vllm_omni), absent for the built-in one
     sampling: Mapping[str, Any] = field(default_factory=dict)
+    #: the start's `image_reference`, decoded by the backend (rtvideo/backend/image_reference.py):
+    #: uint8 RGB [height, width, 3], resized to the session's size, or None. Never sent (not in `to_json`).
+    reference_image: Any = field(default=None, repr=False, compare=False)
 
     def transition_chunks(self, requested: int | None) -> int:
         """An interaction's N (docs/protocol.md §5): its own `transition_chunks`, else this
@@ -120,7 +131,8 @@ class SessionConfig:
         return self.default_transition_chunks if requested is None else requested
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = asdict(replace(self, reference_image=None))
+        out.pop("reference_image")
         out["ignored_fields"] = list(self.ignored_fields)
         out.pop("sampling")
         if self.sampling:

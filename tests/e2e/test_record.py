@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import av
+import numpy as np
 import pytest
 
 from tests.support.processes import RTVIDEO
@@ -239,3 +240,81 @@ def test_record_usage_errors_exit_2(args: list[str]) -> None:
 def test_unreachable_server_exits_1() -> None:
     done = subprocess.run(record_command("x", "--url", "ws://127.0.0.1:9"), capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "cannot connect" in done.stderr, done.stderr
+
+
+def test_record_with_a_camera_and_an_image_reference(proxies, triton, tmp_path: Path) -> None:
+    """`--image-reference FILE` is the first frame; `--camera AT:JSON` events are sent, acked and
+    run to their ends (a velocity replaced by a target back to the start pose)."""
+    wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
+    image = np.zeros((64, 96, 3), dtype=np.uint8)
+    image[:, :48] = (220, 30, 30)  # red | blue: survives H.264 and a resize
+    image[:, 48:] = (30, 30, 220)
+    picture = tmp_path / "first.png"
+    with av.open(str(picture), "w", format="image2") as container:
+        stream = container.add_stream("png")
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "rgb24"
+        for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+            container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    turn = '{"mode":"velocity","data":{"translation":[0,0,0.05],"rotation":[0,0.0523,0,0.9986]}}'
+    home = '{"mode":"target","data":{"translation":[0,0,0],"rotation":[0,0,0,1]}}'
+    out, raw, timeline = tmp_path / "cam.mp4", tmp_path / "cam.fmp4", tmp_path / "cam.json"
+    done = subprocess.run(
+        record_command(
+            "a city street with buildings",
+            "--url",
+            proxies.url(model=PACED_MODEL),
+            "--num-frames",
+            "54",
+            "--seed",
+            "4",
+            "--image-reference",
+            str(picture),
+            "--camera",
+            f"0.2:{turn}",
+            "--camera",
+            f"1.4:{home}",
+            "-o",
+            str(out),
+            "--raw",
+            str(raw),
+            "--timeline",
+            str(timeline),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads(timeline.read_text())
+    sent = [e["message"] for e in record["messages"] if e["direction"] == "sent"]
+    assert sent[0]["image_reference"]["image_url"].startswith("data:image/png;base64,")
+    cameras = [m["interaction"] for m in sent if m["type"] == "session.interaction"]
+    assert [c["event_id"] for c in cameras] == ["camera-1", "camera-2"]
+    assert cameras[0]["event"] == {"multi_modal_data": {"camera": json.loads(turn)}}
+    t = transcript_from(record, raw.read_bytes())
+    check_stream_rules(t)
+    completed = {eid for m in t.media for eid in m["completed_event_ids"]}
+    assert {"camera-1", "camera-2"} <= completed, t.media  # the turn was replaced, the target reached
+    frames = decode(raw.read_bytes())
+    assert frames.shape == (54, 256, 256, 3)
+    first = frames[0].astype(np.int16)
+    assert (first[:, :100, 0] - first[:, :100, 2]).mean() > 100  # the image's red half, resized
+    assert (first[:, 156:, 2] - first[:, 156:, 0]).mean() > 100  # and its blue half
+    assert np.abs(frames[8].astype(np.int16) - first).mean() > 20  # the scene took over in the first chunk
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["x", "--camera", "1:{not json"],
+        ["x", "--camera", '1:{"mode":"orbit","data":{}}'],
+        ["x", "--camera", '1:{"mode":"velocity","data":{"actions":["w"]}}'],
+        ["x", "--camera", 'soon:{"mode":"velocity"}'],
+        ["x", "--image-reference", "/nonexistent/first.png"],
+    ],
+)
+def test_record_camera_and_image_usage_errors_exit_2(args: list[str]) -> None:
+    done = subprocess.run(record_command(*args), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr

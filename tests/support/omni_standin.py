@@ -73,6 +73,8 @@ class StandInSamplingParams:
     true_cfg_scale: float | None = None
     boundary_ratio: float | None = None
     extra_args: dict[str, Any] = field(default_factory=dict)
+    lora_request: Any = None
+    lora_scale: float | None = None
 
 
 @dataclass
@@ -156,10 +158,12 @@ class StandInAsyncOmni:
         **_: Any,
     ) -> AsyncIterator[StandInOutput]:
         (params,) = sampling_params_list
+        image = (prompt.get("multi_modal_data") or {}).get("image")
         self._log(
             "generate",
             request_id=request_id,
-            prompt=prompt,
+            prompt={k: v for k, v in prompt.items() if k != "multi_modal_data"},
+            image_shape=None if image is None else list(np.asarray(image).shape),
             width=params.width,
             height=params.height,
             num_frames=params.num_frames,
@@ -168,6 +172,7 @@ class StandInAsyncOmni:
             num_inference_steps=params.num_inference_steps,
             guidance_scale=params.guidance_scale,
             extra_args=params.extra_args,
+            lora_request=params.lora_request,
         )
         state = StepRequestState(request_id, Sampling())
         self._states[request_id] = state
@@ -247,6 +252,7 @@ class StandInAsyncOmni:
             request_id=request_id,
             event_id=interaction.get("event_id"),
             prompt=prompt,
+            multi_modal_data=event.get("multi_modal_data") if isinstance(event, dict) else None,
             transition_chunks=interaction.get("transition_chunks"),
             before_first_output=early,
         )

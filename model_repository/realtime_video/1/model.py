@@ -158,6 +158,7 @@ class TritonPythonModel:
             settings, args["model_name"], buffered, idle_timeout_seconds=sequence_idle_seconds(config)
         )
         self._dispatcher = RequestDispatcher(self._manager.on_request)
+        self._manager.serve_on(self._dispatcher.call_soon)  # a remote image_reference is fetched off this thread
         self._publisher.alive = self._dispatcher.moving
         # torch, PyAV and numpy leave ~10^5 objects that live as long as the model: frozen, no full
         # garbage collection walks them (each walk would pause every session's thread).

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from rtvideo.backend import catalog
 from rtvideo.backend.builtin import scene
 from rtvideo.backend.builtin.text_encoder import EMBEDDING_DIM, PromptEncoder
+from rtvideo.core.pose import Pose
 from rtvideo.core.session_config import GeneratorLimits
 
 MIX_TOLERANCE = 1e-4
@@ -36,8 +37,9 @@ MIX_TOLERANCE = 1e-4
 class GeneratorSession(Protocol):
     """One video stream: owns its time cursor so motion carries across chunks."""
 
-    def generate(self, mix: Mapping[str, float], num_frames: int) -> np.ndarray:
-        """The next `num_frames` frames, uint8 [num_frames, H, W, 3] RGB."""
+    def generate(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> np.ndarray:
+        """The next `num_frames` frames, uint8 [num_frames, H, W, 3] RGB. `poses`: the camera
+        pose of each frame (relative to the session's start pose); None = the start pose."""
         ...
 
     def close(self) -> None: ...
@@ -52,7 +54,11 @@ class VideoGenerator(Protocol):
         """The prompt's conditioning vector (cached)."""
         ...
 
-    def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> GeneratorSession: ...
+    def open_session(
+        self, *, width: int, height: int, seed: int, fps: int | None = None, image: np.ndarray | None = None
+    ) -> GeneratorSession:
+        """`image`: the first frame (uint8 RGB [H, W, 3], any size), or None."""
+        ...
 
 
 def validate_mix(mix: Mapping[str, float]) -> None:
@@ -123,21 +129,31 @@ class _SessionState:
     layout: scene.SceneLayout | None = None
     frame_cursor: int = 0
     closed: bool = False
+    image: np.ndarray | None = None  # the reference image, until the first chunk has shown it
 
 
 class BuiltinSession(GeneratorSession):
     """A stream of one scene: the seed picks its geometry (horizon, sun, skyline, ...) and phases."""
 
     def __init__(
-        self, generator: BuiltinGenerator, *, width: int, height: int, seed: int, fps: int | None = None
+        self,
+        generator: BuiltinGenerator,
+        *,
+        width: int,
+        height: int,
+        seed: int,
+        fps: int | None = None,
+        image: np.ndarray | None = None,
     ) -> None:
         problem = generator.limits.size_problem(width, height)
         if problem:
             raise ValueError(problem)
+        if image is not None and (image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8):
+            raise ValueError(f"image must be uint8 RGB [H, W, 3], not {image.dtype} {image.shape}")
         self.width, self.height = int(width), int(height)
         self.fps = int(fps or generator.fps)  # the session's playback rate sets the motion per frame
         self._generator = generator
-        self._state = _SessionState(seed=int(seed))
+        self._state = _SessionState(seed=int(seed), image=image)
 
     def _layout(self) -> scene.SceneLayout:
         """The session's feature images: built on the session's own thread by the first chunk
@@ -156,17 +172,41 @@ class BuiltinSession(GeneratorSession):
         return state.layout
 
     @torch.inference_mode()
-    def generate(self, mix: Mapping[str, float], num_frames: int) -> np.ndarray:
-        """The next `num_frames` frames; the cursor advances so the next chunk continues smoothly."""
+    def generate(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> np.ndarray:
+        """The next `num_frames` frames; the cursor advances so the next chunk continues smoothly.
+        `poses` (one per frame, or None for the start pose throughout) place the camera
+        (`scene.SceneLayout.render`); start poses render exactly the frames of a fixed camera."""
         state = self._state
         if state.closed:
             raise RuntimeError("session is closed")
         if num_frames < 1:
             raise ValueError(f"num_frames must be >= 1, got {num_frames}")
+        if poses is not None and len(poses) != num_frames:
+            raise ValueError(f"poses must give one pose per frame: {len(poses)} for {num_frames} frames")
         params = self._generator.scene_parameters(mix)
         times = np.arange(state.frame_cursor, state.frame_cursor + num_frames, dtype=np.float64) / self.fps
         state.frame_cursor += num_frames
-        return self._to_frames(self._layout().render(params, times))
+        moving = poses is not None and not all(scene.is_start_pose(pose) for pose in poses)
+        frames = self._to_frames(self._layout().render(params, times, list(poses) if moving and poses else None))
+        if state.image is not None:
+            frames = self._from_image(frames, state.image)
+            state.image = None
+        return frames
+
+    def _from_image(self, frames: np.ndarray, image: np.ndarray) -> np.ndarray:
+        """The first chunk with a reference image: its first frame is the image (resized to the
+        session's size), and the scene takes over linearly by the chunk's last frame."""
+        from rtvideo.backend.image_reference import resize_image
+
+        still = resize_image(image, self.width, self.height).astype(np.float32)
+        count = len(frames)
+        out = np.empty_like(frames)
+        for k in range(count):
+            scene_weight = k / (count - 1) if count > 1 else 0.0
+            out[k] = np.clip(
+                (1 - scene_weight) * still + scene_weight * frames[k].astype(np.float32) + 0.5, 0, 255
+            ).astype(np.uint8)
+        return out
 
     def _to_frames(self, rgb: torch.Tensor) -> np.ndarray:
         """[T, 3, h, w] in [0, 1] -> uint8 [T, H, W, 3], upsampled bilinearly."""
@@ -254,6 +294,9 @@ class BuiltinGenerator(VideoGenerator):
         assert mixed is not None  # validate_mix: the weights sum to 1
         return mixed
 
-    def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> BuiltinSession:
-        """A new stream; raises ValueError for sizes the encoder cannot take."""
-        return BuiltinSession(self, width=width, height=height, seed=seed, fps=fps)
+    def open_session(
+        self, *, width: int, height: int, seed: int, fps: int | None = None, image: np.ndarray | None = None
+    ) -> BuiltinSession:
+        """A new stream; raises ValueError for sizes the encoder cannot take. `image`: its first
+        frame (a start's `image_reference`; resized at the first chunk, on the session's thread)."""
+        return BuiltinSession(self, width=width, height=height, seed=seed, fps=fps, image=image)

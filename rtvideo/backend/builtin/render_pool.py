@@ -26,11 +26,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import IO, Any
 
 from rtvideo.backend.runtime.sources import GeneratorChunkSource, RenderedChunk
+from rtvideo.core.pose import Pose
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.process import launch
 
@@ -59,6 +60,24 @@ def read_message(stream: IO[bytes]) -> Any:
     if len(data) < size:
         raise EOFError("the other side closed the pipe mid-message")
     return pickle.loads(data)
+
+
+#: poses on the wire: ((tx, ty, tz), (qx, qy, qz, qw)) per frame, plain tuples (no project classes in pickles)
+WirePoses = tuple[tuple[tuple[float, float, float], tuple[float, float, float, float]], ...]
+
+
+def poses_to_wire(poses: Sequence[Pose]) -> WirePoses:
+    return tuple(
+        (
+            (float(p.translation[0]), float(p.translation[1]), float(p.translation[2])),
+            (float(p.rotation[0]), float(p.rotation[1]), float(p.rotation[2]), float(p.rotation[3])),
+        )
+        for p in poses
+    )
+
+
+def poses_from_wire(wire: WirePoses) -> list[Pose]:
+    return [Pose(translation=tuple(t), rotation=tuple(r)) for t, r in wire]  # type: ignore[arg-type]
 
 
 def worker_python() -> str:
@@ -227,7 +246,9 @@ class RenderPool:
             old.close(0.1)
             log.warning("render worker %d replaced (pid %d)", index, fresh.pid)
 
-    def open_session(self, *, width: int, height: int, seed: int, fps: int | None = None) -> RemoteSession:
+    def open_session(
+        self, *, width: int, height: int, seed: int, fps: int | None = None, image: Any = None
+    ) -> RemoteSession:
         """Place a session on the least loaded live worker. Returns at once: the worker opens it
         while it finishes the chunk in hand, and the session's first use waits for that (and
         raises what opening raised, or `WorkerDied` when no worker is running)."""
@@ -235,7 +256,10 @@ class RenderPool:
             live = [w for w in self._workers if w.alive] or self._workers  # none live: its call fails at once
             worker = min(live, key=lambda w: w.sessions)
             worker.sessions += 1
-        return RemoteSession(self, worker, worker.call("open", width, height, seed, fps))
+        args = (
+            (width, height, seed, fps) if image is None else (width, height, seed, fps, image)
+        )  # a numpy array pickles
+        return RemoteSession(self, worker, worker.call("open", *args))
 
     def _released(self, worker: RenderWorker) -> None:
         with self._lock:
@@ -262,8 +286,10 @@ class RemoteSession:
         self._pool, self._worker, self._opened = pool, worker, opened
         self._open = True
 
-    def render(self, mix: Mapping[str, float], num_frames: int) -> RenderedChunk:
-        return self._worker.call("render", self._opened.result(), dict(mix), num_frames).result()
+    def render(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> RenderedChunk:
+        """One chunk; `poses` as in `GeneratorSession.generate` (None: the start pose throughout)."""
+        wire = None if poses is None else poses_to_wire(poses)
+        return self._worker.call("render", self._opened.result(), dict(mix), num_frames, wire).result()
 
     def close(self) -> bytes:
         """The encoder's trailer; frees the session in the worker. Later calls return b''."""
@@ -290,7 +316,9 @@ class PooledSources:
     def open(self, config: SessionConfig, request_id: str) -> GeneratorChunkSource:
         """The built-in source, rendering in a worker (the tracker stays here: it decides what
         the acks promise)."""
-        session = self.pool.open_session(width=config.width, height=config.height, seed=config.seed, fps=config.fps)
+        session = self.pool.open_session(
+            width=config.width, height=config.height, seed=config.seed, fps=config.fps, image=config.reference_image
+        )
         return GeneratorChunkSource(session, config)
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rtvideo.backend.builtin.render_pool import read_message, write_message
+from rtvideo.backend.builtin.render_pool import WirePoses, poses_from_wire, read_message, write_message
 from rtvideo.backend.runtime.sources import LocalRenderer, RenderedChunk
 
 
@@ -31,10 +31,10 @@ class Worker:
         self._generator = BuiltinGenerator(device=options.get("device", "cpu"), fps=int(options.get("fps", 16)))
         gc.freeze()  # torch and the text encoder stay: a full collection over them would stall a chunk
 
-    def open(self, width: int, height: int, seed: int, fps: int | None) -> int:
+    def open(self, width: int, height: int, seed: int, fps: int | None, image: Any = None) -> int:
         from rtvideo.backend.encoder import FragmentedMp4Encoder
 
-        generator_session = self._generator.open_session(width=width, height=height, seed=seed, fps=fps)
+        generator_session = self._generator.open_session(width=width, height=height, seed=seed, fps=fps, image=image)
         open_encoder = functools.partial(
             FragmentedMp4Encoder, width, height, fps or self._generator.fps, self._generator.limits
         )
@@ -42,8 +42,13 @@ class Worker:
         self._sessions[session_id] = LocalRenderer(generator_session, open_encoder)  # as in the model's process
         return session_id
 
-    def render(self, session_id: int, mix: dict[str, float], num_frames: int) -> RenderedChunk:
-        return self._sessions[session_id].render(mix, num_frames)
+    def render(
+        self, session_id: int, mix: dict[str, float], num_frames: int, poses: WirePoses | None = None
+    ) -> RenderedChunk:
+        renderer = self._sessions[session_id]
+        if poses is None:
+            return renderer.render(mix, num_frames)
+        return renderer.render(mix, num_frames, poses_from_wire(poses))
 
     def close(self, session_id: int) -> bytes:
         return self._sessions.pop(session_id).close()

@@ -23,14 +23,17 @@ the scene morphs in place when the prompt changes.
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from rtvideo.core.pose import Pose
 
 # --------------------------------------------------------------------------------------
 # Concept vocabulary
@@ -530,6 +533,198 @@ def _smooth(lo: float, hi: float, x: np.ndarray) -> np.ndarray:
     return u * u * (3 - 2 * u)
 
 
+# --------------------------------------------------------------------------------------
+# The camera: depth layers, each resampled as a camera at a pose sees it
+# --------------------------------------------------------------------------------------
+
+
+class Layer(enum.Enum):
+    """How far away a feature is, which sets how it moves with the camera (`CameraModel`)."""
+
+    SKY = "sky"  # at infinity: turns with the camera, never moves with translation
+    FAR = "far"  # the mountain range
+    MID = "mid"  # trees, the skyline, the lighthouse
+    NEAR = "near"  # the subject, the fire, lanterns: close to the camera
+    GROUND = "ground"  # the ground plane: each row at its own depth
+    SCREEN = "screen"  # optics and weather at the lens (vignette, falling snow, rain): fixed to the view
+
+
+FEATURE_LAYER: dict[str, Layer] = {
+    **{n: Layer.SKY for n in ("sky_top", "sky_hor", "haze")},
+    **{n: Layer.SKY for n in ("sun_hi_glow", "sun_hi_disk", "sun_lo_glow", "sun_lo_disk", "moon_glow", "moon_disk")},
+    "vignette": Layer.SCREEN,
+    **{n: Layer.GROUND for n in ("gnd_far", "gnd_near", "gnd_tex", "dunes", "planks", "road")},
+    **{n: Layer.GROUND for n in ("reflect_lo", "reflect_hi")},
+    **{n: Layer.FAR for n in ("mountains", "caps", "mountains_lo_glow", "mountains_lo_disk")},
+    **{n: Layer.MID for n in ("trees", "buildings", "windows_a", "windows_b", "trees_buildings")},
+    **{n: Layer.MID for n in ("trees_mountains", "buildings_mountains", "trees_lo_glow", "trees_lo_disk")},
+    **{n: Layer.MID for n in ("buildings_lo_glow", "buildings_lo_disk", "tower", "tower_stripes", "tower_shade")},
+    "lamp": Layer.MID,
+    **{n: Layer.NEAR for n in ("lanterns", "vehicle", "vehicle_glass", "wheels", "creature", "ears")},
+    **{n: Layer.NEAR for n in ("subject_top", "subject_shadow")},
+}
+DYNAMIC_LAYER: dict[str, Layer] = {
+    "clouds": Layer.SKY,
+    "glint_lo": Layer.GROUND,
+    "glint_hi": Layer.GROUND,
+    "flames": Layer.NEAR,
+    "flame_core": Layer.NEAR,
+    "snowfall": Layer.SCREEN,
+    "rain": Layer.SCREEN,
+}
+#: how fast each layer pans with yaw, relative to the mountains: the sky lags and the ground
+#: leads (a stylised parallax). Multiples of 1/2, so that a full turn shows the start view again
+#: (`CameraModel`: one frame width is a quarter turn at rate 1, and the view repeats every two widths).
+YAW_RATE = {Layer.SKY: 0.5, Layer.FAR: 1.0, Layer.MID: 1.0, Layer.NEAR: 1.5, Layer.GROUND: 1.5}
+#: distance of the standing layers, in scene units (the camera is 1 unit above the ground)
+LAYER_DEPTH = {Layer.FAR: 40.0, Layer.MID: 10.0, Layer.NEAR: 2.5}
+#: forward motion is shown as a treadmill for the near layers: the near scene repeats every this
+#: many units, dissolving from one repetition into the next, so a camera may fly on forever
+FORWARD_PERIOD = 1.5
+#: far layers approach by a bounded amount (they never reach the camera)
+FAR_APPROACH = 6.0
+#: the camera's height may go from this fraction of its start height ...
+MIN_HEIGHT, MAX_HEIGHT = 0.25, 4.0  # ... to this multiple
+
+
+def is_start_pose(pose: Pose) -> bool:
+    """The start pose: no translation, and the identity rotation (q or -q, any scale)."""
+    x, y, z, w = pose.rotation
+    return not any(pose.translation) and x == y == z == 0 and w != 0
+
+
+def view_angles(pose: Pose) -> tuple[float, float, float, np.ndarray]:
+    """(yaw, pitch, roll, translation in the camera's own axes) of a pose, Unity axes.
+
+    Yaw > 0 looks right, pitch > 0 looks down, roll > 0 turns the camera's right side up
+    (the view turns clockwise); the translation is expressed along the camera's current
+    right, up and forward axes, so "forward" always moves the way the camera looks."""
+    x, y, z, w = pose.rotation
+    norm = math.sqrt(x * x + y * y + z * z + w * w) or 1.0
+    x, y, z, w = x / norm, y / norm, z / norm, w / norm
+    rot = np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+    forward, up, right = rot[:, 2], rot[:, 1], rot[:, 0]
+    yaw = math.atan2(forward[0], forward[2])
+    pitch = math.asin(max(-1.0, min(1.0, -forward[1])))
+    roll = math.atan2(right[1], up[1])
+    return yaw, pitch, roll, rot.T @ np.asarray(pose.translation, dtype=np.float64)
+
+
+def _fold(v: torch.Tensor, half: float) -> torch.Tensor:
+    """Coordinates folded into [-half, half] by mirroring at the edges: the scene continues,
+    mirrored, beyond the rendered view (a triangle wave of period 4 * half)."""
+    u = (v + half) / (4 * half)
+    return half - 2 * half * torch.abs(2 * (u - torch.floor(u)) - 1)
+
+
+@dataclass(frozen=True)
+class CameraModel:
+    """Where each output pixel of each layer samples the start view, for a camera at a pose.
+
+    A 2.5D camera over the start view's layers: roll turns the view about its centre, pitch
+    shifts it vertically and yaw horizontally (per layer, `YAW_RATE`), in proportion to the
+    angles (focal length `f`, a quarter turn per frame width at rate 1). Translation moves
+    each standing layer by focal length over its depth (`LAYER_DEPTH`), about the horizon;
+    the ground plane is reprojected row by row (each row's depth from its distance below the
+    horizon, camera height 1), so its texture streams towards the camera going forward and
+    slides with parallax going sideways. Every layer's horizon follows the ground's, so the
+    layers never part at the horizon. The identity pose gives identity grids."""
+
+    bw: float
+    bh: float
+    hz0: float
+    tilt: float
+    xs: np.ndarray  # [w] pixel centres, scene units
+    ys: np.ndarray  # [h]
+
+    @property
+    def focal(self) -> float:
+        return 4 * self.bw / math.pi
+
+    def grids(self, poses: Sequence[Pose]) -> dict[Layer, list[tuple[torch.Tensor, torch.Tensor | None]]]:
+        """Per layer, [(grid [T, h, w, 2] for `grid_sample`, weight [T] or None)]: the layer is the
+        weighted sum of its samplings (two for the forward treadmill's dissolve). On the CPU, in
+        float32 (a few milliseconds a chunk)."""
+        views = [view_angles(p) for p in poses]
+
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32).view(-1, 1, 1)
+
+        yaw, pitch, roll = (column([float(v[i]) for v in views]) for i in range(3))
+        tx, ty, tz = (column([float(v[3][i]) for v in views]) for i in range(3))
+        f, bw, bh, tilt = self.focal, self.bw, self.bh, self.tilt
+        X = torch.as_tensor(self.xs, dtype=torch.float32).view(1, 1, -1)
+        Y = torch.as_tensor(self.ys, dtype=torch.float32).view(1, -1, 1)
+        # roll, then pitch: the view's pixels in the unrotated frame (y grows downwards). Without
+        # roll, columns and rows stay separate ([T, 1, w] and [T, h, 1]) until a layer needs both.
+        if bool(roll.any()):
+            cos, sin = torch.cos(roll), torch.sin(roll)
+            xr, yr = cos * X + sin * Y, -sin * X + cos * Y + f * pitch
+        else:
+            xr, yr = X.expand(len(views), 1, -1), Y + f * pitch
+        height = torch.clamp(1 + ty, MIN_HEIGHT, MAX_HEIGHT)
+        x_ground0 = _fold(xr + YAW_RATE[Layer.GROUND] * f * yaw, bw)  # the ground's column, unmoved
+        horizon = self.hz0 + tilt * x_ground0
+
+        def grid(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            """Normalised coordinates; heights are folded by `grid_sample`'s reflection padding."""
+            return torch.stack(torch.broadcast_tensors(x / bw, y / bh), dim=-1)
+
+        def aligned(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            """Sample a layer at column x (folded) and height y relative to the ground's horizon."""
+            x = _fold(x, bw)
+            return grid(x, y + tilt * (x - x_ground0))
+
+        phase = torch.remainder(tz, FORWARD_PERIOD)
+        dissolve = (phase / FORWARD_PERIOD).view(-1)
+        # (forward offset, weight) pairs: the treadmill's dissolve between two repetitions
+        steps: list[tuple[torch.Tensor, torch.Tensor | None]] = (
+            [(phase, 1 - dissolve), (phase - FORWARD_PERIOD, dissolve)] if bool(dissolve.any()) else [(phase, None)]
+        )
+        out: dict[Layer, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
+        out[Layer.SKY] = [(aligned(xr + YAW_RATE[Layer.SKY] * f * yaw, yr), None)]
+        approach = FAR_APPROACH * torch.tanh(tz / FAR_APPROACH)  # bounded: never reaches them
+        for layer in (Layer.FAR, Layer.MID):
+            depth = LAYER_DEPTH[layer]
+            scale = (depth - approach) / depth
+            x = xr * scale + f * tx / depth + YAW_RATE[layer] * f * yaw
+            y = horizon + (yr - horizon) * scale - f * ty / depth
+            out[layer] = [(aligned(x, y), None)]
+        depth = LAYER_DEPTH[Layer.NEAR]
+        out[Layer.NEAR] = []
+        for offset, weight in steps:
+            scale = (depth - offset) / depth
+            x = xr * scale + f * tx / depth + YAW_RATE[Layer.NEAR] * f * yaw
+            y = horizon + (yr - horizon) * scale - f * ty / depth
+            out[Layer.NEAR].append((aligned(x, y), weight))
+        below = yr - horizon  # the view's distance below the horizon
+        on_ground = below > 1e-4
+        d_view = torch.where(on_ground, below, torch.ones_like(below))
+        nearest = f / (bh - self.hz0 + abs(tilt) * bw)  # no pixel of the start view's ground is nearer
+        half = 0.5 * nearest
+        out[Layer.GROUND] = []
+        for offset, weight in steps:
+            # the ground point the view sees there: depth f*h/d ahead, lateral x*h/d, in start coordinates
+            depth_ahead = f * height / d_view + offset
+            # nearer than the start view's bottom row (stepping back): the ground there continues
+            # smoothly, mirrored, its depth eased into (nearest / 2, nearest): no point behind the camera
+            if float(offset.min()) < 0:  # only the dissolve's step back can reach behind the camera
+                eased = half + half * torch.exp(torch.clamp(depth_ahead - nearest, max=0) / half)
+                depth_ahead = torch.where(depth_ahead >= nearest, depth_ahead, eased)
+            d_src = f / depth_ahead
+            x_src = (tx + xr * height / d_view) * d_src
+            x = _fold(torch.where(on_ground, x_src, xr) + YAW_RATE[Layer.GROUND] * f * yaw, bw)
+            y = torch.where(on_ground, self.hz0 + tilt * x + d_src, yr + tilt * (x - x_ground0))
+            out[Layer.GROUND].append((grid(x, y), weight))
+        return out
+
+
 class SceneLayout:
     """The feature images of one session at its render size, and how they move.
 
@@ -562,6 +757,7 @@ class SceneLayout:
 
         # Horizon, sky and ground.
         hz0, tilt = bh * rng.uniform(-0.35, 0.35), rng.uniform(-0.05, 0.05)
+        self._hz0, self._tilt = float(hz0), float(tilt)
         H = hz0 + tilt * X
         sky = _sigmoid((H - Y) / soft)
         gnd = 1 - sky
@@ -818,6 +1014,20 @@ class SceneLayout:
         self._blur = torch.tensor([[1, 2, 1], [2, 4, 2], [1, 2, 1]], dtype=torch.float32, device=device).div_(16)
         self.param_count = len(NAMED_PARAMS) + texture.count
         self._dyn_index = {name: NAMED_INDEX[name] for name in DYNAMIC_FEATURES}
+        # the camera's layers (`_render_moving`): which static features and modulated rows each holds
+        mod_layers = [Layer.SKY, Layer.SKY, Layer.MID, Layer.MID, Layer.NEAR]
+        mod_layers += [Layer.GROUND] * (self._wave_rows.stop - self._wave_rows.start)
+        mod_layers += [Layer.SKY] * (len(mod_rows) - len(mod_layers))
+        self._layer_rows = {
+            layer: (
+                torch.as_tensor(
+                    [i for i, n in enumerate(STATIC_FEATURES) if FEATURE_LAYER[n] is layer], dtype=torch.long
+                ),
+                torch.as_tensor([j for j, m in enumerate(mod_layers) if m is layer], dtype=torch.long),
+            )
+            for layer in Layer
+        }
+        self.camera = CameraModel(bw=bw, bh=bh, hz0=self._hz0, tilt=self._tilt, xs=xs, ys=ys)
 
     # -- per frame ------------------------------------------------------------------
 
@@ -897,34 +1107,87 @@ class SceneLayout:
             ws.append(np.broadcast_to((0.3 + 0.5 * r["z"]) * (1 - 0.2 * step), x.shape))
         return self._splat(np.concatenate(xs, 1), np.concatenate(ys, 1), np.concatenate(ws, 1)).clamp_(max=1.2)
 
-    def render(self, params: torch.Tensor, frame_times: np.ndarray) -> torch.Tensor:
-        """[T, 3, h, w] in [0, 1] for coefficients `params` [3, K] at session times `frame_times` (s)."""
-        t = np.asarray(frame_times, dtype=np.float64) + self.time_offset
-        rh, rw = self.render_size
-        mods = self._tensor(self._modulations(t))  # [T, J]
-        coeff = params[:, self._mod_params]  # [3, J]
-        out = torch.matmul(mods[:, None, :] * coeff[None], self.modulated)  # [T, 3, P]
-        out += (params[:, : len(STATIC_FEATURES)] @ self.static)[None]
-
-        def add(name: str, feature: Callable[[], torch.Tensor]) -> None:
-            c = params[:, self._dyn_index[name]]
-            if bool(c.any()):  # an absent element costs nothing
-                out.add_(c[None, :, None] * feature()[:, None, :])
+    def _dynamic(
+        self, params: torch.Tensor, t: np.ndarray, mods: torch.Tensor
+    ) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+        """The per-frame features the chunk's coefficients switch on, in a fixed order: (name, feature)."""
+        present = {name: bool(params[:, index].any()) for name, index in self._dyn_index.items()}
 
         def clouds() -> torch.Tensor:
             noise = self._tensor(self._shift(self._cloud_k[:, 0], -self._cloud_speed * t)) @ self._cloud_basis
             return (1.3 * noise - 0.15).clamp_(0, 1).pow_(1.5) * self._cloud_zone_t
 
-        add("clouds", clouds)
-        if bool(params[:, self._dyn_index["glint_lo"]].any() or params[:, self._dyn_index["glint_hi"]].any()):
+        if present["clouds"]:  # an absent element costs nothing
+            yield "clouds", clouds
+        if present["glint_lo"] or present["glint_hi"]:
             waves = mods[:, self._wave_rows] @ self.modulated[self._wave_rows]  # [T, P]
             sparkle = (waves - 0.3).clamp_(min=0) * 2.5
-            add("glint_lo", lambda: sparkle * self._reflect[0])
-            add("glint_hi", lambda: sparkle * self._reflect[1])
-        if bool(params[:, self._dyn_index["flames"]].any() or params[:, self._dyn_index["flame_core"]].any()):
+            if present["glint_lo"]:
+                yield "glint_lo", lambda: sparkle * self._reflect[0]
+            if present["glint_hi"]:
+                yield "glint_hi", lambda: sparkle * self._reflect[1]
+        if present["flames"] or present["flame_core"]:
             noise = self._tensor(self._shift(self._fire_k[:, 1], self._fire_speed * t)) @ self._fire_basis
-            add("flames", lambda: (self._fire_env_t * (1.5 + 1.1 * noise) - 0.35).clamp_(0, 1))
-            add("flame_core", lambda: (self._fire_env_t * (2.2 + 1.0 * noise) - 1.3).clamp_(0, 1))
-        add("snowfall", lambda: self._snowfall(t))
-        add("rain", lambda: self._rainfall(t))
+            if present["flames"]:
+                yield "flames", lambda: (self._fire_env_t * (1.5 + 1.1 * noise) - 0.35).clamp_(0, 1)
+            if present["flame_core"]:
+                yield "flame_core", lambda: (self._fire_env_t * (2.2 + 1.0 * noise) - 1.3).clamp_(0, 1)
+        if present["snowfall"]:
+            yield "snowfall", lambda: self._snowfall(t)
+        if present["rain"]:
+            yield "rain", lambda: self._rainfall(t)
+
+    def render(
+        self, params: torch.Tensor, frame_times: np.ndarray, poses: Sequence[Pose] | None = None
+    ) -> torch.Tensor:
+        """[T, 3, h, w] in [0, 1] for coefficients `params` [3, K] at session times `frame_times` (s),
+        seen from the camera `poses` (one per frame; None: the start pose, a fixed camera)."""
+        t = np.asarray(frame_times, dtype=np.float64) + self.time_offset
+        rh, rw = self.render_size
+        mods = self._tensor(self._modulations(t))  # [T, J]
+        if poses is not None:
+            return self._render_moving(params, t, mods, poses)
+        coeff = params[:, self._mod_params]  # [3, J]
+        out = torch.matmul(mods[:, None, :] * coeff[None], self.modulated)  # [T, 3, P]
+        out += (params[:, : len(STATIC_FEATURES)] @ self.static)[None]
+        for name, feature in self._dynamic(params, t, mods):
+            out.add_(params[:, self._dyn_index[name]][None, :, None] * feature()[:, None, :])
         return out.clamp_(0, 1).view(len(t), 3, rh, rw)
+
+    def _render_moving(
+        self, params: torch.Tensor, t: np.ndarray, mods: torch.Tensor, poses: Sequence[Pose]
+    ) -> torch.Tensor:
+        """The same sum of features, split into depth layers, each resampled as the camera sees
+        it (`CameraModel.grids`), then summed and clipped. At the start pose every grid is the
+        identity, so a camera that comes back shows the start view."""
+        rh, rw = self.render_size
+        frames = len(t)
+        coeff = params[:, self._mod_params]
+        layers: dict[Layer, torch.Tensor] = {}
+        for layer, (static_rows, mod_rows) in self._layer_rows.items():
+            image = torch.zeros(frames, 3, rh * rw, device=self.device)
+            if len(mod_rows):
+                rows = mod_rows.to(self.device)
+                image += torch.matmul(mods[:, None, rows] * coeff[None][:, :, rows], self.modulated[rows])
+            if len(static_rows):
+                rows = static_rows.to(self.device)
+                image += (params[:, rows] @ self.static[rows])[None]
+            layers[layer] = image
+        for name, feature in self._dynamic(params, t, mods):
+            layers[DYNAMIC_LAYER[name]].add_(params[:, self._dyn_index[name]][None, :, None] * feature()[:, None, :])
+        out = layers.pop(Layer.SCREEN).view(frames, 3, rh, rw)
+        grids = self.camera.grids(poses)
+        for layer, image in layers.items():
+            for grid, weight in grids[layer]:
+                warped = F.grid_sample(
+                    image.view(frames, 3, rh, rw),
+                    grid.to(self.device),
+                    mode="bilinear",
+                    padding_mode="reflection",  # the scene continues mirrored, as `_fold` has it
+                    align_corners=False,
+                )
+                if weight is None:
+                    out += warped
+                else:
+                    out += warped * weight.to(self.device).view(-1, 1, 1, 1)
+        return out.clamp_(0, 1)

@@ -105,12 +105,14 @@ def build_manager(
         capabilities=settings.capabilities(model_name),
         limits=Limits(
             pacing_lead_chunks=settings.pacing_lead_chunks,
+            playback_pacing=settings.playback_pacing,
             max_session_seconds=settings.max_session_seconds,
             stall_timeout_seconds=settings.stall_timeout_seconds,
         ),
         max_sessions=settings.max_sessions,
         metrics=metrics,
         idle_timeout_seconds=idle_timeout_seconds,
+        media=settings.media_policy(),
     )
     if host is not None:
         host.when_dead(manager.backend_failed)  # the manager is built from the host's sources: told after

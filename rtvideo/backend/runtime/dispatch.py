@@ -49,14 +49,24 @@ class RequestDispatcher:
     ) -> None:
         self._queue.put((corrid, payload, start, end, channel, time.monotonic(), secret))
 
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on this thread after the requests queued so far (work another thread
+        finished for a request, e.g. a fetched image_reference, goes on in order here)."""
+        self._queue.put(fn)
+
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            corrid, payload, start, end, channel, received, secret = item
             self._handling_since = time.monotonic()
             try:
+                if callable(item):
+                    item()
+                    continue
+                corrid, payload, start, end, channel, received, secret = item
                 self._handle(corrid, payload, start=start, end=end, channel=channel, received=received, secret=secret)
             except Exception:  # noqa: BLE001 - the handler answers its own failures; the thread must live
-                log.exception("sequence=%s request handling failed", short_hash(corrid))
+                log.exception(
+                    "sequence=%s request handling failed", short_hash(item[0]) if isinstance(item, tuple) else "-"
+                )
             finally:
                 self._handling_since = None
 

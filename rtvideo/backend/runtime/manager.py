@@ -9,13 +9,17 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from rtvideo.backend.image_reference import MediaPolicy, load_image_reference, resize_image
 from rtvideo.backend.runtime.ports import Channel, Metrics, NullMetrics
 from rtvideo.backend.runtime.session import EndReason, Limits, Session, ended_error
 from rtvideo.backend.runtime.sources import ChunkSourceFactory
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import InteractionRequest, PingRequest, StopRequest
+from rtvideo.core.protocol import InteractionRequest, PingRequest, PlaybackReport, StopRequest
 from rtvideo.core.session_config import ModelCapabilities, SessionConfig, resolve_session_config
 from rtvideo.logsetup import prompt_summary
 from rtvideo.triton.access import SESSION_SECRET_PARAMETER, short_hash
@@ -35,6 +39,19 @@ def _is_probe(payload: bytes) -> bool:
         return isinstance(protocol.parse_message(payload), PingRequest)
     except ProtocolError:
         return False
+
+
+#: runs a callable on the request thread, after the requests queued before it (`RequestDispatcher.call_soon`)
+CallSoon = Callable[[Callable[[], None]], None]
+
+
+@dataclass
+class _PendingStart:
+    """A start waiting for its remote `image_reference`: the sequence's later requests wait with it,
+    in order, so they meet the session (or its refusal) as if the start had been handled at once."""
+
+    stop_after: bool  # the start was also the sequence's end
+    deferred: list[tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
 
 
 def _same_secret(expected: str, given: str | None) -> bool:
@@ -57,11 +74,13 @@ class SessionManager:
         metrics: Metrics | None = None,
         watchdog_interval: float = 0.5,
         idle_timeout_seconds: float | None = None,
+        media: MediaPolicy | None = None,
     ) -> None:
         """`idle_timeout_seconds`: Triton's `max_sequence_idle_microseconds` for this model (None:
         unknown). Triton drops a sequence that long without a request and tells the model nothing;
         the watch loop then ends its session with `idle_timeout`."""
         self._sources = sources
+        self._media = media or MediaPolicy()  # where a start's image_reference may come from
         self._caps = capabilities
         self._limits = limits
         self._max_sessions = max_sessions
@@ -78,10 +97,20 @@ class SessionManager:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._broken: str | None = None  # why the backend cannot generate any more (engine died)
+        # Starts fetching a remote image_reference, by correlation id. Only the request thread
+        # reads or writes it (the fetch thread hands its result back through `_call_soon`).
+        self._pending_starts: dict[int, _PendingStart] = {}
+        self._call_soon: CallSoon | None = None
         self._watchdog = threading.Thread(
             target=self._watch, args=(watchdog_interval,), name="stall-watchdog", daemon=True
         )
         self._watchdog.start()
+
+    def serve_on(self, call_soon: CallSoon) -> None:
+        """Run on a request thread with `call_soon` (the model's dispatcher): a remote
+        `image_reference` is then fetched on a thread of its own, so other sessions' requests are
+        not held for the fetch. Without it (a manager driven directly) the fetch runs inline."""
+        self._call_soon = call_soon
 
     @property
     def active_sessions(self) -> int:
@@ -103,6 +132,12 @@ class SessionManager:
         `received`: when the request arrived (`time.monotonic()`), if it waited in a queue since.
         `secret`: the request's `rtvideo_session_secret` parameter (None when absent): a start
         sets its session's, every later request must repeat it (docs/protocol.md §8)."""
+        if (pending := self._pending_starts.get(corrid)) is not None:  # its start is still fetching
+            arrived = time.monotonic() if received is None else received
+            pending.deferred.append(
+                ((corrid, payload), dict(start=start, end=end, channel=channel, received=arrived, secret=secret))
+            )
+            return
         try:
             self._dispatch(
                 corrid,
@@ -176,11 +211,16 @@ class SessionManager:
         elif isinstance(message, PingRequest):
             if not message.keepalive:  # a keep-alive only keeps the sequence (§8); it is no progress
                 session.touch()
+            if message.pause is not None:  # the proxy's pause of a detached session (docs/triton-model.md)
+                session.set_paused(message.pause)
             channel.send(protocol.pong(), final=True)
         elif isinstance(message, StopRequest):
             session.request_stop()
             channel.send(None, final=True)
             return
+        elif isinstance(message, PlaybackReport):  # a playhead report: kept for the pacing, never answered
+            session.playback(message, received)
+            channel.send(None, final=True)
         if end:
             session.request_stop()
 
@@ -211,8 +251,8 @@ class SessionManager:
                 f"a secret of at least {MIN_SECRET_CHARS} characters that every later request repeats",
             )
             return
-        self._start(corrid, payload, channel, secret)
-        if end:  # a one-request sequence: start and stop at once
+        self._start(corrid, payload, channel, secret, stop_after=end)
+        if end and corrid not in self._pending_starts:  # a one-request sequence: start and stop at once
             self._stop(corrid)
 
     def _probe(self, corrid: int, channel: Channel) -> None:
@@ -240,10 +280,27 @@ class SessionManager:
         for session in sessions:
             session.fail(EndReason.GENERATION_FAILED, f"the video engine failed: {reason}")
 
-    def _start(self, corrid: int, payload: bytes, channel: Channel, secret: str) -> None:
+    def _start(
+        self, corrid: int, payload: bytes, channel: Channel, secret: str, *, stop_after: bool = False, image: Any = None
+    ) -> None:
+        """`image`: the start's image_reference already fetched (`_fetched`), else None."""
         try:
             start = protocol.parse_start(payload)
             config = resolve_session_config(start, self._caps)
+            if start.image_reference is not None:  # invalid_start before video.start (docs/protocol.md §2.1)
+                if image is None and self._call_soon is not None and not start.image_reference.startswith("data:"):
+                    self._pending_starts[corrid] = _PendingStart(stop_after)
+                    threading.Thread(
+                        target=self._fetch,
+                        args=(corrid, payload, channel, secret, start.image_reference),
+                        name="media-fetch",
+                        daemon=True,
+                    ).start()
+                    return
+                if image is None:
+                    image = load_image_reference(start.image_reference, self._media)
+                # at the session's size at once: what crosses to a render worker or an engine stays small
+                config = replace(config, reference_image=resize_image(image, config.width, config.height))
         except ProtocolError as exc:
             self._refuse(channel, exc.code, exc.message)
             return
@@ -283,6 +340,39 @@ class SessionManager:
                     self._last_request.pop(corrid, None)
             session.abandon()
             raise
+
+    def _fetch(self, corrid: int, payload: bytes, channel: Channel, secret: str, url: str) -> None:
+        """The fetch thread: bounded by the media policy's timeout and size; its outcome goes
+        back to the request thread, where the start goes on."""
+        outcome: Any
+        try:
+            outcome = load_image_reference(url, self._media)
+        except ProtocolError as exc:
+            outcome = exc
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the start is answered
+            outcome = ProtocolError(
+                ErrorCode.INVALID_START, f"image_reference could not be fetched: {type(exc).__name__}"
+            )
+        call_soon = self._call_soon
+        assert call_soon is not None  # set before any fetch thread is started
+        call_soon(functools.partial(self._fetched, corrid, payload, channel, secret, outcome))
+
+    def _fetched(self, corrid: int, payload: bytes, channel: Channel, secret: str, outcome: Any) -> None:
+        """On the request thread: the start goes on with its image (or is refused), then the
+        sequence's requests that arrived meanwhile are handled, in arrival order."""
+        pending = self._pending_starts.pop(corrid)
+        try:
+            if isinstance(outcome, ProtocolError):
+                self._refuse(channel, outcome.code, outcome.message)
+            else:
+                self._start(corrid, payload, channel, secret, image=outcome)
+                if pending.stop_after:
+                    self._stop(corrid)
+        except Exception as exc:  # noqa: BLE001 - as on_request: a bug answers the start
+            log.exception("sequence=%s start failed", short_hash(corrid))
+            self._refuse(channel, ErrorCode.GENERATION_FAILED, f"the session could not start: {exc}")
+        for args, kwargs in pending.deferred:
+            self.on_request(*args, **kwargs)
 
     def _new_session(self, corrid: int, config: SessionConfig, channel: Channel) -> Session:
         """A session and its chunk source. Runs on the request path under the manager's lock, so
@@ -338,8 +428,10 @@ class SessionManager:
             with self._lock:
                 watched = [(s, self._last_request.get(c)) for c, s in self._sessions.items()]
             sessions = [session for session, _ in watched]
+            self._metrics.set_paused_sessions(sum(session.paused for session in sessions))
             for session, last_request in watched:
-                if now - session.stats.last_progress > self._limits.stall_timeout_seconds:
+                # a paused session's stall clock stands still (docs/triton-model.md); its idle one runs
+                if not session.paused and now - session.stats.last_progress > self._limits.stall_timeout_seconds:
                     session.fail(
                         EndReason.STALL_TIMEOUT, f"no generation progress for {self._limits.stall_timeout_seconds:g} s"
                     )

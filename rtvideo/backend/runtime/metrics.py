@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 Key = tuple[str, str, str]
 
 ACTIVE_SESSIONS = "rtvideo_active_sessions"
+PAUSED_SESSIONS = "rtvideo_paused_sessions"
 CHUNKS = "rtvideo_chunks_total"
 FRAMES = "rtvideo_frames_total"
 BYTES = "rtvideo_bytes_total"
@@ -30,6 +31,7 @@ HEARTBEAT = "rtvideo_model_heartbeat_seconds"
 #: every family the model exports on Triton's /metrics: name → (help, kind)
 FAMILIES: dict[str, tuple[str, str]] = {
     ACTIVE_SESSIONS: ("Sessions streaming now", "GAUGE"),
+    PAUSED_SESSIONS: ("Sessions paused now (a proxy's detached session; they hold their slot)", "GAUGE"),
     CHUNKS: ("Media chunks sent", "COUNTER"),
     FRAMES: ("Frames sent", "COUNTER"),
     BYTES: ("Media bytes sent", "COUNTER"),
@@ -67,6 +69,10 @@ class BufferedMetrics:
     def set_active_sessions(self, count: int) -> None:
         with self._lock:
             self._pending.gauges[(ACTIVE_SESSIONS, "", "")] = float(count)
+
+    def set_paused_sessions(self, count: int) -> None:
+        with self._lock:
+            self._pending.gauges[(PAUSED_SESSIONS, "", "")] = float(count)
 
     def observe_chunk(self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int) -> None:
         self._add(

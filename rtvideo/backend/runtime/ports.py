@@ -36,6 +36,8 @@ class Metrics(Protocol):
 
     def set_active_sessions(self, count: int) -> None: ...
 
+    def set_paused_sessions(self, count: int) -> None: ...
+
     def observe_chunk(self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int) -> None: ...
 
     def count_interaction(self, outcome: str) -> None: ...
@@ -49,6 +51,9 @@ class NullMetrics:
     """Metrics that go nowhere, for hosts that collect none."""
 
     def set_active_sessions(self, count: int) -> None:
+        pass
+
+    def set_paused_sessions(self, count: int) -> None:
         pass
 
     def observe_chunk(self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int) -> None:

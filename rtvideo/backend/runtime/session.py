@@ -19,16 +19,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rtvideo.backend.runtime.ports import Channel, Metrics
-from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, SourceChunk
+from rtvideo.backend.runtime.sources import (
+    PROMPT_ONLY,
+    ChunkSource,
+    FailedEvent,
+    Interaction,
+    SourceChunk,
+    event_modalities,
+    source_modalities,
+)
 from rtvideo.core import protocol
 from rtvideo.core.chunks import media_metadata, trailer_metadata
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.event_book import EventBook
 from rtvideo.core.event_types import SUPPORTED_EVENT_FIELDS
-from rtvideo.core.protocol import InteractionRequest
+from rtvideo.core.pacing import PacingPolicy, PlayheadPacer, ReportClamp
+from rtvideo.core.protocol import InteractionRequest, PlaybackReport
 from rtvideo.core.session_config import SessionConfig
 
 log = logging.getLogger(__name__)
+
+
+#: the longest a session stays paused (a proxy's resume grace is far shorter); then it goes on
+MAX_PAUSE_SECONDS = 600.0
+#: how often a paused worker looks for a stop, a cancellation or the end
+PAUSE_POLL_SECONDS = 0.2
 
 
 def ended_error(request_id: str | None) -> dict[str, Any]:
@@ -70,6 +85,12 @@ class Limits:
     pacing_lead_chunks: float | None
     max_session_seconds: float
     stall_timeout_seconds: float
+    #: pace to the player's `session.playback` reports (False: the fixed lead only, as before them)
+    playback_pacing: bool = True
+
+
+#: while reports pace a session, its pacing wait recomputes the due this often (a report moves it)
+REPACE_SECONDS = 0.05
 
 
 @dataclass
@@ -123,7 +144,15 @@ class Session:
         self._stop_requested = False
         self._cancelled = False
         self._ended = False
+        self._paused = False  # a detached proxy session (set_paused); read by the worker
+        self._paused_since: float | None = None
+        self._unpaused = threading.Event()  # set when a pause is lifted (the pause wait wakes on it)
         self._thread = threading.Thread(target=self._run, name=f"session-{request_id[-8:]}", daemon=True)
+        # pacing to the player's reports (rtvideo/core/pacing.py); None: today's fixed lead only
+        self._pacer = self._new_pacer()
+        self._pacing_lock = threading.Lock()  # the pacer: reports (request path) vs the worker; taken alone
+        self._playback_zero: float | None = None  # when the first chunk went out (the worker's clock)
+        self._held = 0.0  # how much later than the fixed lead's due reports released the last chunk
 
     # --- request path -------------------------------------------------------------------
     def start(self) -> None:
@@ -161,6 +190,7 @@ class Session:
         event_id = request.event_id
         assert event_id is not None
         unsupported = sorted(set(request.event) - SUPPORTED_EVENT_FIELDS)
+        missing = self._missing_modalities(request)
         with self._state_lock:
             if self._ended:
                 reply.send(ended_error(self.request_id), final=True)
@@ -183,9 +213,9 @@ class Session:
                 self._metrics.count_interaction("retry")
                 log.info("request_id=%s event_id=%s retry acked again", self.request_id, event_id)
                 return
-            if not unsupported:
+            if not unsupported and not missing:
                 chunks = self.config.transition_chunks(request.transition_chunks)
-                self._source.admit(event_id, request.event["prompt"], chunks)
+                self._admit_to_source(request, event_id, chunks, received)
                 self._metrics.count_interaction("queued")
                 log.info(
                     "request_id=%s event_id=%s queued transition_chunks=%s ack_ms=%.2f",
@@ -195,12 +225,50 @@ class Session:
                     ack_seconds * 1e3,
                 )
                 return
+        if missing and not unsupported:
+            log.info("request_id=%s event_id=%s unsupported modalities %s", self.request_id, event_id, missing)
+            accepted = source_modalities(self._source) or frozenset()
+            self._event_failed(
+                FailedEvent(
+                    event_id,
+                    f"interaction modality {', '.join(map(repr, missing))} is not supported by the active model "
+                    f"(it registers {', '.join(sorted(accepted)) or 'none'}); nothing of this event was applied",
+                )
+            )
+            return
         log.info("request_id=%s event_id=%s unsupported fields %s", self.request_id, event_id, unsupported)
         self._event_failed(
             FailedEvent(
                 event_id,
                 f"event field(s) {', '.join(unsupported)} not supported by the active model; "
                 "nothing of this event was applied",
+            )
+        )
+
+    def _missing_modalities(self, request: InteractionRequest) -> list[str]:
+        """The event's modalities the source does not apply (none when only its engine knows)."""
+        accepted = source_modalities(self._source)
+        if not hasattr(self._source, "admit_event"):
+            accepted = PROMPT_ONLY  # it takes prompts only, through `admit`
+        if accepted is None:
+            return []
+        return [m for m in event_modalities(request.event) if m not in accepted]
+
+    def _admit_to_source(self, request: InteractionRequest, event_id: str, chunks: int, received: float) -> None:
+        """Hand an acked event to the source: a prompt-only one through `admit` when the source
+        has no `admit_event` (as before multi_modal_data), anything else as an `Interaction`."""
+        admit_event = getattr(self._source, "admit_event", None)
+        if admit_event is None:
+            self._source.admit(event_id, request.event["prompt"], chunks)
+            return
+        admit_event(
+            Interaction(
+                event_id=event_id,
+                event=request.event,
+                prompt_chunks=chunks,
+                transition_chunks=request.transition_chunks,
+                received_at=received,
+                multi_modal_data=dict(request.event.get("multi_modal_data") or {}),
             )
         )
 
@@ -251,20 +319,25 @@ class Session:
             remaining = None if cfg.num_frames is None else cfg.num_frames - self.stats.frames_sent
             if remaining is not None and remaining <= 0:
                 return EndReason.COMPLETE
+            if self._paused:
+                started += self._hold_while_paused()  # the session-length clock does not run
+                continue  # the checks above again: a stop or the end may have come meanwhile
             if time.monotonic() - started >= self._limits.max_session_seconds:
                 return EndReason.LIMIT
             lead = self._limits.pacing_lead_chunks if self._source.pacing else None
             if playback_zero is not None and lead is not None:
                 due = playback_zero + (self.stats.chunks_sent - lead) * chunk_seconds
-                behind = time.monotonic() - due
+                behind = time.monotonic() - due - self._held  # a report's deliberate hold is no pause
                 if behind > chunk_seconds:
                     # A pause (a starved CPU, a stopped process) also stalled the client's playback:
                     # re-base the clock instead of bursting the missed chunks out at once.
                     playback_zero += behind
                     due += behind
-                if not self._wait_until(due):
+                self._playback_zero = playback_zero
+                if not self._wait_paced(due, playback_zero):
                     continue  # woken by a stop, a cancellation or the end: the checks above say which
             frames_wanted = cfg.frames_per_chunk if remaining is None else min(cfg.frames_per_chunk, remaining)
+            boundary = time.monotonic()
             item = self._source.next_chunk(frames_wanted)
             if item is None:
                 continue  # interrupted: the checks above say why
@@ -273,8 +346,108 @@ class Session:
                 continue
             if not self._send_chunk(item):
                 continue  # ended or cancelled meanwhile
+            self._chunk_timed(time.monotonic() - boundary)
             if playback_zero is None:
-                playback_zero = time.monotonic()
+                playback_zero = self._playback_zero = time.monotonic()
+
+    # --- pause (a detached proxy session: docs/triton-model.md "Pausing a session") ----------
+    @property
+    def paused(self) -> bool:
+        """Paused and within MAX_PAUSE_SECONDS: the stall clock does not run (SessionManager._watch)."""
+        since = self._paused_since
+        return self._paused and since is not None and time.monotonic() - since < MAX_PAUSE_SECONDS
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause at the next chunk boundary (the chunk in hand is finished and sent) or go on.
+        A paused session keeps its slot and generates nothing; its stall and session-length
+        clocks stand still, for at most MAX_PAUSE_SECONDS, after which it goes on by itself."""
+        if paused and not self._paused:
+            self._paused_since = time.monotonic()
+            self._unpaused.clear()
+            self._paused = True
+            log.info("request_id=%s paused", self.request_id)
+        elif not paused and self._paused:
+            self._paused = False
+            self.touch()
+            self._unpaused.set()
+            log.info("request_id=%s resumed", self.request_id)
+
+    def _hold_while_paused(self) -> float:
+        """Wait while paused (until lifted, a stop, a cancellation, the end or MAX_PAUSE_SECONDS);
+        returns the seconds waited, which the caller takes off the session-length clock."""
+        began = time.monotonic()
+        while self._paused and not self._wake.is_set():
+            if time.monotonic() - (self._paused_since or began) >= MAX_PAUSE_SECONDS:
+                log.warning("request_id=%s paused over %g s: going on", self.request_id, MAX_PAUSE_SECONDS)
+                self._paused = False
+                break
+            self._unpaused.wait(PAUSE_POLL_SECONDS)  # a stop sets `_wake`, seen within a poll
+        self.touch()
+        return time.monotonic() - began
+
+    # --- playhead reports (session.playback: docs/protocol.md §2.6, §7 "Pacing") -------------
+    def _new_pacer(self) -> PlayheadPacer | None:
+        lead = self._limits.pacing_lead_chunks
+        if lead is None or not self._limits.playback_pacing or not self._source.pacing:
+            return None
+        policy = PacingPolicy(chunk_seconds=self.config.frames_per_chunk / self.config.fps, lead_chunks=lead)
+        return PlayheadPacer(policy)
+
+    def playback(self, report: PlaybackReport, received: float | None = None) -> ReportClamp | None:
+        """A playhead report from the request path: kept for the pacing (clamped, never an
+        error); None when this session does not pace to reports."""
+        pacer = self._pacer
+        if pacer is None:
+            return None
+        now = time.monotonic() if received is None else received
+        with self._pacing_lock:
+            clamp = pacer.report(
+                report.position_seconds,
+                now=now,
+                sent_seconds=self.stats.frames_sent / self.config.fps,
+                playback_zero=self._playback_zero,
+            )
+        if clamp is not ReportClamp.NONE:
+            log.debug("request_id=%s playback report clamped: %s", self.request_id, clamp.value)
+        return clamp
+
+    def _add_playback_lead(self, meta: dict[str, Any], frames: int) -> None:
+        """`playback_lead_seconds` (docs/protocol.md §6): the server's view of the player's
+        buffer once this chunk is out, only while fresh reports pace the session."""
+        if self._pacer is None:
+            return
+        with self._pacing_lock:
+            lead = self._pacer.lead(time.monotonic(), (self.stats.frames_sent + frames) / self.config.fps)
+        if lead is not None:
+            meta["playback_lead_seconds"] = round(lead, 3)
+
+    def _chunk_timed(self, seconds: float) -> None:
+        if self._pacer is not None:
+            with self._pacing_lock:
+                self._pacer.observe_chunk(seconds)
+
+    def _wait_paced(self, fixed_due: float, playback_zero: float) -> bool:
+        """Today's wait until `fixed_due`, unless fresh reports pace the session later
+        (`PlayheadPacer.due`); then the due is recomputed every `REPACE_SECONDS`, so a new
+        report moves it. The hold beyond `fixed_due` is kept (`_held`): the re-base after a
+        pause must not take it for one, else each re-base would let a frozen player's reports
+        hold the stream back by `max_behind_seconds` once more. False when a stop, a
+        cancellation or the end came first."""
+        pacer = self._pacer
+        if pacer is None:
+            return self._wait_until(fixed_due)
+        while True:
+            now = time.monotonic()
+            with self._pacing_lock:
+                reporting = pacer.reporting(now)
+                media_start = self.stats.frames_sent / self.config.fps
+                due = pacer.due(fixed_due, media_start=media_start, playback_zero=playback_zero, now=now)
+            if not reporting or due <= now:
+                self._held = max(0.0, due - fixed_due)
+                return self._wait_until(due)
+            if self._wake.wait(min(due - now, REPACE_SECONDS)):
+                return False
+            self.touch()  # pacing is deliberate waiting, not a stall
 
     def _wait_until(self, due: float) -> bool:
         """Sleep until `due`; False when a stop, a cancellation or the end came first."""
@@ -288,6 +461,7 @@ class Session:
         """Send one chunk and enter its event lists in the book; False once ended or cancelled."""
         plan, media = chunk.plan, chunk.media
         meta = media_metadata(self.request_id, self.stats.chunks_sent, plan, media.frames, len(media.payload))
+        self._add_playback_lead(meta, media.frames)
         with self._stream_lock:
             if self._ended or self._cancelled:
                 return False

@@ -22,13 +22,15 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
+from rtvideo.core import camera
+from rtvideo.core.pose import Pose
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.transitions import ChunkPlan, TransitionTracker
 
@@ -64,9 +66,54 @@ class FailedEvent:
     why: str
 
 
+@dataclass(frozen=True)
+class Interaction:
+    """An acked event with more than a prompt, as a source with `admit_event` receives it.
+
+    `prompt_chunks` is the prompt part's N, resolved by the session's config; the other
+    modalities resolve `transition_chunks` (as the client sent it, or None) themselves (the
+    camera's default is 1, as vLLM-Omni's). `received_at` (monotonic) places the event in
+    its chunk (`rtvideo.core.camera.frame_offset`); `event` is the event as validated, for an
+    engine that takes it unchanged."""
+
+    event_id: str
+    event: Mapping[str, Any]
+    prompt_chunks: int
+    transition_chunks: int | None
+    received_at: float
+    multi_modal_data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt(self) -> str | None:
+        value = self.event.get("prompt")
+        return value if isinstance(value, str) else None
+
+
+#: what a source applies when it does not say (`ChunkSource.modalities`)
+PROMPT_ONLY: frozenset[str] = frozenset({"prompt"})
+
+
+def event_modalities(event: Mapping[str, Any]) -> list[str]:
+    """An event's parts in vLLM-Omni's order (`DiffusionModelRunner.submit_interaction`):
+    the prompt first, then each `multi_modal_data` key."""
+    parts = ["prompt"] if event.get("prompt") is not None else []
+    return parts + [str(modality) for modality in event.get("multi_modal_data") or {}]
+
+
+def source_modalities(source: object) -> frozenset[str] | None:
+    """The modalities a source applies: its `modalities` attribute (None: whatever the engine
+    accepts, unknown here), else the prompt only."""
+    return getattr(source, "modalities", PROMPT_ONLY)
+
+
 class ChunkSource(Protocol):
     """One session's chunks. `admit` runs on the request path, `interrupt` on any thread,
-    the rest on the session's worker."""
+    the rest on the session's worker.
+
+    A source that applies more than prompts says so with `modalities` (a frozenset, or None
+    when only its engine knows) and takes every event through `admit_event(Interaction)`;
+    one without either gets prompt-only events through `admit` and nothing else.
+    """
 
     #: whether waiting before `next_chunk` holds generation back (then the session paces it)
     pacing: bool
@@ -125,7 +172,9 @@ class LazyEncoder:
 class Renderer(Protocol):
     """Renders and encodes one session's chunks: a `LocalRenderer`, or a render worker's session."""
 
-    def render(self, mix: Mapping[str, float], num_frames: int) -> RenderedChunk: ...
+    def render(
+        self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None
+    ) -> RenderedChunk: ...
 
     def close(self) -> bytes:
         """Free the generator state; the trailer once, then b''."""
@@ -139,9 +188,12 @@ class LocalRenderer:
         self._encoder = LazyEncoder(open_encoder)
         self._open = True
 
-    def render(self, mix: Mapping[str, float], num_frames: int) -> RenderedChunk:
+    def render(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> RenderedChunk:
         t0 = time.perf_counter()
-        frames = self._session.generate(mix, num_frames)
+        if poses is None:
+            frames = self._session.generate(mix, num_frames)
+        else:
+            frames = self._session.generate(mix, num_frames, poses)
         return self._encoder.encode(frames, time.perf_counter() - t0)
 
     def close(self) -> bytes:
@@ -155,30 +207,76 @@ class LocalRenderer:
 
 
 class GeneratorChunkSource:
-    """The built-in path: the tracker resolves each boundary, the renderer renders and encodes its mix.
-    The tracker stays in this process wherever rendering happens: it decides what the acks promise."""
+    """The built-in path: the trackers resolve each boundary (the prompt mix, and the camera's
+    pose per frame), the renderer renders and encodes them. The trackers stay in this process
+    wherever rendering happens: they decide what the acks promise.
+
+    Both interaction kinds of vLLM-Omni 0.30 apply here, alone or in one event; a chunk's event
+    lists are the two trackers' merged as vLLM-Omni's `merge_interaction_metadata` merges its
+    handlers' (prompt first). Until a camera event arrives the renderer gets no poses (the
+    start pose), so a session without camera events renders exactly as before."""
 
     pacing = True  # the generator renders only when asked
+    modalities = frozenset({"prompt", camera.MODALITY})
 
-    def __init__(self, renderer: Renderer, config: SessionConfig) -> None:
+    def __init__(self, renderer: Renderer, config: SessionConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._renderer = renderer
         self._tracker = TransitionTracker(config.prompt)
+        self._camera = camera.CameraTracker()
+        self._camera_used = False
+        self._fps = float(config.fps)
+        self._clock = clock
         self._lock = threading.Lock()  # admit (request path) vs next_chunk (worker)
 
     def admit(self, event_id: str, prompt: str, transition_chunks: int) -> None:
         with self._lock:
             self._tracker.admit(event_id, prompt, transition_chunks)
 
+    def admit_event(self, interaction: Interaction) -> None:
+        """Every part of one event (validated before its ack: parsing cannot fail here)."""
+        payload = interaction.multi_modal_data.get(camera.MODALITY)
+        command = None if payload is None else camera.parse_camera(payload)
+        with self._lock:
+            if interaction.prompt is not None:
+                self._tracker.admit(interaction.event_id, interaction.prompt, interaction.prompt_chunks)
+            if command is not None:
+                self._camera_used = True
+                self._camera.admit(
+                    interaction.event_id, command, interaction.transition_chunks, interaction.received_at
+                )
+
     def next_chunk(self, max_frames: int) -> SourceChunk:
         with self._lock:
             plan = self._tracker.next_chunk()
-        return SourceChunk(plan, self._renderer.render(plan.mix, max_frames))
+            # every boundary, as vLLM-Omni applies its (non-lazy) camera handler from chunk 0:
+            # an event's frame is its receipt time since the previous boundary
+            shot = self._camera.next_chunk(max_frames, self._fps, self._clock())
+            poses: tuple[Pose, ...] | None = None
+            if self._camera_used:
+                poses = shot.poses
+                plan = merge_camera(plan, shot)
+        return SourceChunk(plan, self._renderer.render(plan.mix, max_frames, poses))
 
     def interrupt(self) -> None:
         pass  # nothing waits here: a render in progress finishes
 
     def close(self) -> bytes:
         return self._renderer.close()
+
+
+def merge_camera(plan: ChunkPlan, shot: camera.CameraChunk) -> ChunkPlan:
+    """A prompt plan with the camera's lists merged in (prompt first, each id once, as
+    `merge_interaction_metadata`); `transition_progress` covers every active id."""
+    progress = dict(plan.progress)
+    for event_id, value in shot.progress.items():
+        progress.setdefault(event_id, value)
+    return replace(
+        plan,
+        started=camera.merge_ids(plan.started, shot.started),
+        active=camera.merge_ids(plan.active, shot.active),
+        completed=camera.merge_ids(plan.completed, shot.completed),
+        progress=progress,
+    )
 
 
 class GeneratorSources:
@@ -189,8 +287,10 @@ class GeneratorSources:
         self._encoder_factory = encoder_factory
 
     def open(self, config: SessionConfig, request_id: str) -> GeneratorChunkSource:
+        # only with an image_reference: a test's stand-in generator need not take `image`
+        image = {} if config.reference_image is None else {"image": config.reference_image}
         session = self.generator.open_session(
-            width=config.width, height=config.height, seed=config.seed, fps=config.fps
+            width=config.width, height=config.height, seed=config.seed, fps=config.fps, **image
         )
         open_encoder = functools.partial(self._encoder_factory, config.width, config.height, config.fps)
         return GeneratorChunkSource(LocalRenderer(session, open_encoder), config)

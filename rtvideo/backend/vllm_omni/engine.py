@@ -84,7 +84,40 @@ def engine_prompt(prompt: Mapping[str, Any], config: SessionConfig) -> dict[str,
     negative = config.sampling.get("negative_prompt")
     if negative is not None:
         out["negative_prompt"] = negative
+    if config.reference_image is not None:  # as the endpoint passes a start's `image_reference`
+        out["multi_modal_data"] = {"image": reference_image(config.reference_image)}
     return out
+
+
+def reference_image(rgb: Any) -> Any:
+    """A decoded `image_reference` (uint8 RGB [H, W, 3]) as vLLM-Omni's endpoint hands it to the
+    engine: a PIL image (`_decode_image_reference`); the array itself where PIL is absent (a
+    stand-in engine on a machine without vLLM)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return rgb
+    return Image.fromarray(rgb, "RGB")
+
+
+def apply_lora(params: Any, lora: Mapping[str, Any]) -> None:
+    """A start's `lora` on the request, as vLLM-Omni's streaming endpoint applies it
+    (`_apply_lora`: `parse_lora_request` → `lora_request`, `lora_scale`). Without vllm-omni
+    importable (a stand-in engine) the object is set as sent. A malformed one fails the start."""
+    try:
+        from vllm_omni.entrypoints.openai.utils import parse_lora_request
+    except ImportError:
+        params.lora_request = copy.deepcopy(dict(lora))
+        return
+    try:
+        request, scale = parse_lora_request(dict(lora))
+    except ValueError as exc:
+        raise EngineError(f"lora: {exc}") from exc
+    if request is None:
+        return
+    params.lora_request = request
+    if scale is not None:
+        params.lora_scale = scale
 
 
 def _report_dead(callback: Callable[[str], None], reason: str) -> None:
@@ -215,6 +248,8 @@ class EngineHost:
             extra["flow_shift"] = sampling["flow_shift"]
         extra.update(copy.deepcopy(dict(sampling.get("extra_params") or {})))
         params.extra_args = extra
+        if sampling.get("lora") is not None:
+            apply_lora(params, sampling["lora"])
         return params
 
     async def _interact(self, request_id: str, interaction: Mapping[str, Any]) -> None:

@@ -20,12 +20,14 @@ from typing import Any
 
 from rtvideo.backend.catalog import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
-from rtvideo.backend.runtime.sources import FailedEvent, LazyEncoder, SourceChunk
+from rtvideo.backend.runtime.sources import FailedEvent, Interaction, LazyEncoder, SourceChunk
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
-from rtvideo.backend.vllm_omni.interaction_rules import refusal
+from rtvideo.backend.vllm_omni.interaction_rules import modalities, refusal
+from rtvideo.core.camera import merge_ids
 from rtvideo.core.session_config import SessionConfig
-from rtvideo.core.stream_translation import EngineStreamTranslator
+from rtvideo.core.stream_translation import ACTIVE, COMPLETED, STARTED, EngineStreamTranslator
+from rtvideo.core.transitions import ChunkPlan
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,9 @@ class EngineChunkSource:
         self._config = config
         self._request_id = request_id
         self._translator = EngineStreamTranslator()
-        self._waiting: dict[str, tuple[str, int]] = {}  # held event -> (prompt, N)
+        self._waiting: dict[str, tuple[Mapping[str, Any], int | None]] = {}  # held event -> (event, N)
+        # events without a prompt (camera only): the engine's own lists, passed through (`_camera_plan`)
+        self._passthrough: dict[str, _PassThrough] = {}
         self._first_output = False
         self._closed = False
         self._lock = threading.Lock()  # translator + forwarding (request path vs worker)
@@ -63,21 +67,60 @@ class EngineChunkSource:
         self._last = time.monotonic()
         host.start_request(request_id, {"prompt": config.prompt}, config, num_frames, preset, self._queue)
 
+    #: every event reaches `admit_event`: what the pipeline does not register is refused here, at
+    #: forwarding, with the engine's own words (`interaction_rules.refusal`), not by the session
+    modalities = None
+
+    @property
+    def registered_modalities(self) -> frozenset[str] | None:
+        """What the engine's pipeline registers (vLLM-Omni's registry); None: unknown here, every
+        event is forwarded and the engine decides."""
+        return modalities(self._pipeline)
+
     def admit(self, event_id: str, prompt: str, transition_chunks: int) -> None:
         with self._lock:
             self._translator.admit(event_id, transition_chunks)
-            self._waiting[event_id] = (prompt, transition_chunks)
+            self._waiting[event_id] = ({"prompt": prompt}, transition_chunks)
             if self._first_output:  # before it, the engine refuses interactions: hold them
+                self._forward(event_id)
+
+    def admit_event(self, interaction: Interaction) -> None:
+        """Any event, forwarded unchanged (`multi_modal_data` as sent). One with a prompt is
+        translated as a prompt update (its N resolved); one without (a camera command) keeps
+        the engine's own lists and its `transition_chunks` as sent (the engine's default when
+        absent)."""
+        if interaction.prompt is not None and not interaction.multi_modal_data:
+            self.admit(interaction.event_id, interaction.prompt, interaction.prompt_chunks)
+            return
+        event_id = interaction.event_id
+        with self._lock:
+            if interaction.prompt is not None:
+                self._translator.admit(event_id, interaction.prompt_chunks)
+                self._waiting[event_id] = (dict(interaction.event), interaction.prompt_chunks)
+            else:
+                camera = interaction.multi_modal_data.get("camera")
+                held = isinstance(camera, Mapping) and camera.get("mode") == "velocity"
+                self._passthrough[event_id] = _PassThrough(held, interaction.transition_chunks)
+                self._waiting[event_id] = (dict(interaction.event), interaction.transition_chunks)
+            if self._first_output:
                 self._forward(event_id)
 
     def _forward(self, event_id: str) -> None:
         """Hand one held event to the engine (under the lock, so forwards keep admission order)."""
-        prompt, n = self._waiting.pop(event_id)
-        self._translator.forwarded(event_id)
-        interaction = {"event_id": event_id, "event": {"prompt": prompt}, "transition_chunks": n}
+        event, n = self._waiting.pop(event_id)
+        if event_id not in self._passthrough:
+            self._translator.forwarded(event_id)
+        prompt = event.get("prompt")
+        interaction: dict[str, Any]
+        if set(event) == {"prompt"}:  # a prompt update, as before multi_modal_data
+            interaction = {"event_id": event_id, "event": {"prompt": prompt}, "transition_chunks": n}
+        else:  # the event unchanged; `transition_chunks` only when given (else the engine's default)
+            interaction = {"event_id": event_id, "event": dict(event)}
+            if n is not None:
+                interaction["transition_chunks"] = n
         # what the engine would refuse is refused here: the engine reports such refusals through
         # `generate()`, which aborts the request (`interaction_rules`)
-        reason = refusal({"prompt": prompt}, n, self._pipeline)
+        reason = refusal(event, n, self._pipeline)
         if reason is not None:
             self._queue.put(("event_failed", (event_id, ValueError(reason)), time.monotonic()))
             return
@@ -133,19 +176,47 @@ class EngineChunkSource:
                 f"the session is {self._config.width}x{self._config.height}"
             )
         with self._lock:
-            plan = self._translator.chunk(stream_metadata(output))
+            plan = self._plan(stream_metadata(output))
             for event_id in (*plan.started, *plan.superseded):
                 if event_id in self._unstarted:
                     self._unstarted.remove(event_id)
             if not self._first_output:
                 self._first_output = True
-                for event_id in self._translator.held:
+                for event_id in list(self._waiting):  # admission order, as the translator holds them
                     self._forward(event_id)
         if self._frames_left is not None:
             frames = frames[: self._frames_left]
             self._frames_left -= len(frames)
         seconds, self._last = at - self._last, at
         return SourceChunk(plan, self._encoder.encode(frames, seconds))
+
+    def _plan(self, stream: Mapping[str, Any] | None) -> ChunkPlan:
+        """The translator's plan for the prompt events, with the pass-through events' lists as the
+        engine gave them merged in (`merge_interaction_metadata`'s order: prompt first)."""
+        if not self._passthrough:
+            return self._translator.chunk(stream)
+        stream = stream or {}
+        mine = {
+            key: [e for e in stream.get(key) or () if e in self._passthrough] for key in (STARTED, ACTIVE, COMPLETED)
+        }
+        rest = {**stream, **{key: [e for e in stream.get(key) or () if e not in self._passthrough] for key in mine}}
+        plan = self._translator.chunk(rest)
+        active = [e for e in merge_ids(mine[STARTED], mine[ACTIVE]) if e not in mine[COMPLETED]]
+        progress = dict(plan.progress)
+        for event_id in active:
+            progress[event_id] = self._passthrough[event_id].step()
+        for event_id in mine[COMPLETED]:
+            self._passthrough.pop(event_id, None)
+        return ChunkPlan(
+            generation_chunk_index=plan.generation_chunk_index,
+            mix=plan.mix,
+            started=merge_ids(plan.started, mine[STARTED]),
+            active=merge_ids(plan.active, active),
+            completed=merge_ids(plan.completed, mine[COMPLETED]),
+            superseded=plan.superseded,
+            interrupted=plan.interrupted,
+            progress=progress,
+        )
 
     def close(self) -> bytes:
         with self._lock:
@@ -154,6 +225,22 @@ class EngineChunkSource:
             self._closed = True
         self._host.end_request(self._request_id)
         return self._encoder.close()
+
+
+class _PassThrough:
+    """An event the engine reports by itself (a camera command): how far along it is, for
+    `transition_progress` (a held velocity: 1.0; a target: its chunks active over its N)."""
+
+    def __init__(self, held: bool, transition_chunks: int | None) -> None:
+        self.held = held
+        self.chunks = 1 if transition_chunks is None else transition_chunks  # the camera handler's default
+        self.elapsed = 0
+
+    def step(self) -> float:
+        self.elapsed += 1
+        if self.held or self.chunks <= 0:
+            return 1.0
+        return min(1.0, self.elapsed / self.chunks)
 
 
 class EngineSources:

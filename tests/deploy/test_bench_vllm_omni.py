@@ -1,0 +1,76 @@
+"""benchmarks/bench_vllm_omni.py --assert, the GPU check's vLLM-Omni part, run here against the
+stand-in engine (tests/support/omni_standin.py) in a real tritonserver, with a fake `nvidia-smi`
+(0 MiB used, 0 % busy): paced as Helios runs, every assertion holds; an engine that ends the
+bounded request before an update can reach it fails the update assertions, listing each, and
+exits 1. Proves the benchmark's own logic, not the GPU path (docs/vllm-omni.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rtvideo.backend.catalog import vllm_omni_preset
+from tests.support.paths import REPO_ROOT
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+BENCH = REPO_ROOT / "benchmarks" / "bench_vllm_omni.py"
+STANDIN = REPO_ROOT / "tests" / "support" / "omni_standin.py"
+
+
+def bench(tmp_path: Path, **engine_args: object) -> subprocess.CompletedProcess[str]:
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 0\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--engine",
+            f"{STANDIN}:StandInAsyncOmni",
+            "--engine-args",
+            json.dumps(engine_args),
+            "--chunks",
+            "4",
+            "--size",
+            "128x128",
+            "--assert",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "PYTHONPATH": str(REPO_ROOT)},
+    )
+
+
+def test_paced_as_helios_every_assertion_holds_and_the_preset_reaches_the_engine(tmp_path: Path) -> None:
+    record = tmp_path / "calls.jsonl"
+    out = bench(tmp_path, record=str(record))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ASSERTION FAILED" not in out.stdout
+    assert "every assertion passed against the stand-in" in out.stdout and "not a GPU proof" in out.stdout
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    generates = [c for c in calls if c["call"] == "generate"]
+    # the model's real-time preset ("auto", as gpu_check.sh passes it), the asked size and length
+    preset = vllm_omni_preset("BestWishYsh/Helios-Distilled")
+    assert generates[0]["extra_args"] == preset["extra_params"] and generates[0]["guidance_scale"] == 1.0
+    assert (generates[0]["width"], generates[0]["height"], generates[0]["num_frames"]) == (128, 128, 4 * 33)
+    # both updates were forwarded after the request's first output, and the stop and disconnect aborted
+    submits = [(c["event_id"], c["before_first_output"]) for c in calls if c["call"] == "submit"]
+    assert submits == [("update", False), ("early", False)]
+    assert {c["request_id"] for c in calls if c["call"] == "abort"} >= {g["request_id"] for g in generates[2:]}
+
+
+def test_an_engine_that_ends_the_request_before_an_update_arrives_fails_loudly(tmp_path: Path) -> None:
+    out = bench(tmp_path, chunk_seconds=0, first_chunk_seconds=0)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "ASSERTION FAILED: every update applied" in out.stdout
+    assert "ASSERTION FAILED: the early update is started" in out.stdout
+    assert "assertion(s) failed:" in out.stderr and "- every update applied" in out.stderr

@@ -1,0 +1,140 @@
+"""Clients for the resume and watch tests: one connection ("leg") of a resumable session that
+records what the application consumed, drops its TCP connection without a close frame, and
+the assembly of several legs into one continuous stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+
+from rtvideo.proxy.replay import init_segment, strip_init
+
+NO_KEEPALIVE: dict[str, Any] = {"ping_interval": None}
+
+
+@dataclass
+class Leg:
+    """One connection: every message read, and the pairs whose payload was read whole."""
+
+    conn: ClientConnection
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    pairs: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)
+
+    @classmethod
+    async def open(cls, url: str) -> Leg:
+        return cls(await connect(url, max_size=None, **NO_KEEPALIVE))
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.conn.send(json.dumps(message))
+
+    async def start(self, prompt: str, **fields: Any) -> dict[str, Any]:
+        await self.send({"type": "session.start", "prompt": prompt, **fields})
+        return await self.read()
+
+    async def resume(self, token: str, last: int) -> dict[str, Any]:
+        await self.send({"type": "session.resume", "resume_token": token, "last_transport_chunk_index": last})
+        return await self.read()
+
+    async def interact(self, prompt: str, event_id: str, transition_chunks: int | None = None) -> None:
+        interaction: dict[str, Any] = {"event_id": event_id, "event": {"prompt": prompt}}
+        if transition_chunks is not None:
+            interaction["transition_chunks"] = transition_chunks
+        await self.send({"type": "session.interaction", "interaction": interaction})
+
+    async def read(self, timeout: float = 30.0, *, payload: bool = True) -> dict[str, Any]:
+        """The next message; a metadata message's payload is read too, unless `payload` is False
+        (the drop "between a metadata message and its payload")."""
+        frame = await asyncio.wait_for(self.conn.recv(), timeout)
+        assert isinstance(frame, str), "a binary frame without its metadata"
+        message = json.loads(frame)
+        self.messages.append(message)
+        if message["type"] == "video.chunk_metadata" and payload:
+            data = await asyncio.wait_for(self.conn.recv(), timeout)
+            assert isinstance(data, bytes) and len(data) == message["byte_length"]
+            self.pairs.append((message, data))
+        return message
+
+    async def until(self, kind: str, timeout: float = 60.0, **match: Any) -> dict[str, Any]:
+        while True:
+            message = await self.read(timeout)
+            if message["type"] == kind and all(message.get(k) == v for k, v in match.items()):
+                return message
+
+    @property
+    def last_index(self) -> int:
+        """The transport index of the last payload read whole (-1: none)."""
+        indices = [m["transport_chunk_index"] for m, _ in self.pairs if m["transport_chunk_index"] is not None]
+        return indices[-1] if indices else -1
+
+    def drop(self) -> None:
+        """Gone without a close frame: the TCP connection is aborted (RST)."""
+        self.conn.transport.abort()
+
+
+def media_pairs(legs: list[Leg]) -> list[tuple[dict[str, Any], bytes]]:
+    """The pairs with a transport index, across legs, in order (init pairs left out)."""
+    return [(m, d) for leg in legs for m, d in leg.pairs if m["kind"] != "init"]
+
+
+def continuous_stream(legs: list[Leg]) -> bytes:
+    """What a recorder writes: every payload once, one init segment (a replayed first payload's
+    own init is dropped when an init was already written)."""
+    out = bytearray()
+    for _meta, data in media_pairs(legs):
+        out += strip_init(data) if out and init_segment(data) else data
+    return bytes(out)
+
+
+def leg_stream(leg: Leg) -> bytes:
+    """One resumed leg alone, as a fresh decoder sees it: its init pair, then its payloads."""
+    out = bytearray()
+    for meta, data in leg.pairs:
+        out += strip_init(data) if out and meta["kind"] != "init" and init_segment(data) else data
+    return bytes(out)
+
+
+class CuttingRelay:
+    """A TCP relay in front of a proxy whose `cut()` aborts every connection through it (RST, no
+    close frame): the drop a client program sees when its network goes away."""
+
+    def __init__(self, to_port: int) -> None:
+        self.to_port = to_port
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> CuttingRelay:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def cut(self) -> None:
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.to_port)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, RuntimeError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)

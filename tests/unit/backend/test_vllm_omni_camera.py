@@ -1,0 +1,159 @@
+"""Camera events on the `vllm_omni` path: forwarded unchanged when the engine's pipeline
+registers `camera` (vLLM-Omni's registry: LingBot-World), refused as `interaction_failed`
+naming the modality otherwise (Helios), and the engine's own camera lists reported.
+
+The engine is the stand-in (tests/support/omni_standin.py) hosted by the real `EngineHost`: its
+interaction path is the wheel's `InteractionCoordinator` with the wheel's
+`SE3DeltaCameraHandler`, so what it reports is what vLLM-Omni would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rtvideo.backend.runtime.sources import FailedEvent, Interaction, SourceChunk, source_modalities
+from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.vllm_omni.engine import EngineHost
+from rtvideo.backend.vllm_omni.source import EngineChunkSource
+from rtvideo.core.protocol import InteractionRequest, parse_message, parse_start
+from rtvideo.core.session_config import resolve_session_config
+from tests.support.omni_standin import StandInAsyncOmni
+
+VELOCITY = {"mode": "velocity", "data": {"translation": [0.0, 0.0, 0.05], "rotation": [0.0, 0.0, 0.0, 1.0]}}
+TARGET = {"mode": "target", "data": {"translation": [1.0, 0.0, 0.0], "rotation": [0.0, 0.0, 0.0, 1.0]}}
+
+
+class NullEncoder:
+    def encode_chunk(self, frames: np.ndarray) -> bytes:
+        return b"x"
+
+    def close(self) -> bytes:
+        return b""
+
+
+def host_and_source(
+    pipeline: str, record: Path, start: dict[str, Any] | None = None, image: np.ndarray | None = None
+) -> tuple[EngineHost, Any]:
+    host = EngineHost(
+        StandInAsyncOmni,
+        model="m",
+        engine_args={
+            "record": str(record),
+            "chunk_seconds": 0.05,
+            "first_chunk_seconds": 0.05,
+            "frames_per_chunk": 4,
+            "model_class_name": pipeline,
+        },
+        health_seconds=60,
+    )
+    settings = BackendSettings.from_parameters(
+        {"generator": "vllm_omni", "width": "128", "height": "128", "frames_per_chunk": "4"}
+    )
+    config = resolve_session_config(
+        parse_start(json.dumps({"type": "session.start", "prompt": "p", "num_frames": 40, **(start or {})})),
+        settings.capabilities("realtime_video"),
+    )
+    if image is not None:  # as the manager sets it from the start's image_reference
+        config = replace(config, reference_image=image)
+    source = EngineChunkSource(host, config, "r", 40, {}, NullEncoder, pipeline)
+    return host, source
+
+
+def admission(event_id: str, event: dict[str, Any], n: int | None = None) -> Interaction:
+    interaction: dict[str, Any] = {"event_id": event_id, "event": event}
+    if n is not None:
+        interaction["transition_chunks"] = n
+    request = parse_message(json.dumps({"type": "session.interaction", "interaction": interaction}))
+    assert isinstance(request, InteractionRequest)
+    return Interaction(
+        event_id, request.event, 3, n, time.monotonic(), dict(request.event.get("multi_modal_data") or {})
+    )
+
+
+def records(path: Path, call: str) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["call"] == call]
+
+
+def test_a_camera_pipeline_gets_the_camera_event_unchanged_and_its_lists_are_reported(tmp_path: Path) -> None:
+    record = tmp_path / "calls.jsonl"
+    host, source = host_and_source("LingBotWorldCausalDMDPipeline", record)
+    try:
+        assert source.registered_modalities == frozenset({"camera"})
+        assert source_modalities(source) is None  # the source refuses itself, in the engine's words
+        first = source.next_chunk(4)
+        assert isinstance(first, SourceChunk)
+        source.admit_event(admission("fwd", {"multi_modal_data": {"camera": VELOCITY}}))
+        plans = []
+        for _ in range(4):
+            item = source.next_chunk(4)
+            assert isinstance(item, SourceChunk), item
+            plans.append(item.plan)
+        source.admit_event(admission("aim", {"multi_modal_data": {"camera": TARGET}}, n=0))
+        for _ in range(4):
+            item = source.next_chunk(4)
+            assert isinstance(item, SourceChunk), item
+            plans.append(item.plan)
+    finally:
+        source.close()
+        host.shutdown()
+    submits = records(record, "submit")
+    assert [s["multi_modal_data"] for s in submits] == [{"camera": VELOCITY}, {"camera": TARGET}]
+    assert [s["transition_chunks"] for s in submits] == [None, 0]  # as sent: the engine's default applies
+    started = [e for p in plans for e in p.started]
+    assert started == ["fwd", "aim"]
+    held = [p for p in plans if "fwd" in p.active]
+    assert held and all(p.progress["fwd"] == 1.0 for p in held)
+    # the target replaced the held velocity: both completed on the chunk it started
+    (replaced,) = [p for p in plans if "aim" in p.started]
+    assert set(replaced.completed) == {"fwd", "aim"}
+    for plan in plans:
+        assert set(plan.progress) == set(plan.active)
+
+
+def test_a_prompt_only_pipeline_refuses_a_camera_event_by_name(tmp_path: Path) -> None:
+    record = tmp_path / "calls.jsonl"
+    host, source = host_and_source("HeliosPyramidPipeline", record)
+    try:
+        assert source.registered_modalities == frozenset({"prompt"})
+        source.next_chunk(4)
+        # acked by the session, refused here before it reaches the engine (whose refusal would end the session)
+        source.admit_event(admission("fwd", {"multi_modal_data": {"camera": VELOCITY}}))
+        failed = source.next_chunk(4)
+        assert isinstance(failed, FailedEvent) and failed.event_id == "fwd"
+        assert "'camera' is not supported by pipeline 'HeliosPyramidPipeline'" in failed.why
+    finally:
+        source.close()
+        host.shutdown()
+    assert records(record, "submit") == []
+
+
+def test_lora_reaches_the_engine_request(tmp_path: Path) -> None:
+    record = tmp_path / "calls.jsonl"
+    lora = {"name": "style", "path": "/loras/style", "scale": 0.5}
+    host, source = host_and_source("HeliosPyramidPipeline", record, {"lora": lora})
+    try:
+        source.next_chunk(4)
+    finally:
+        source.close()
+        host.shutdown()
+    (generate,) = records(record, "generate")
+    assert generate["lora_request"] == lora
+
+
+def test_the_reference_image_goes_to_the_engine_as_multi_modal_data_image(tmp_path: Path) -> None:
+    record = tmp_path / "calls.jsonl"
+    image = np.zeros((48, 64, 3), np.uint8)
+    host, source = host_and_source("LingBotWorldCausalDMDPipeline", record, image=image)
+    try:
+        source.next_chunk(4)
+    finally:
+        source.close()
+        host.shutdown()
+    (generate,) = records(record, "generate")
+    assert generate["image_shape"] == [48, 64, 3] and generate["prompt"] == {"prompt": "p"}
