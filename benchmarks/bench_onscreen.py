@@ -17,8 +17,10 @@ update the page records:
 - arrived: send → that chunk's metadata reaching the page (what the older benchmarks call
   "update visible"); on screen minus arrived is the time the chunk waited in the player's buffer.
 
-Per session it counts stalls (`waiting` events after playback began and before the stop) and
-samples the player's lead (buffered end − currentTime) every 100 ms. The two configurations:
+Per session it counts stalls (`waiting` events after playback began and before the stop; each
+one's time after the first chunk and the player's lead then are printed under the row, so an
+underrun, ~0 s buffered, tells apart from a decoder or page falling behind) and samples the
+player's lead (buffered end − currentTime) every 100 ms. The two configurations:
 
 - `fixed`: the page sends no reports (MsePlayer reportMs 0): the server paces to its fixed lead
   (`pacing_lead_chunks` 1.0), exactly as before playhead reports existed;

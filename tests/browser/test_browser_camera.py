@@ -81,10 +81,11 @@ def test_demo_page_drives_the_camera(demo_proxy, triton, tmp_path: Path) -> None
             ("prompt", PROMPT),
             ("autostart", 1),
             ("seed", 4),
+            # @N: after the page has received N chunks
             ("camera", "+l@1"),  # hold L: turn right ...
-            ("camera", "-l@3"),  # ... release it: the camera holds
-            ("camera", "home@5"),  # Back to start: a target to the start pose
-            ("stop_after", 8),
+            ("camera", "-l@4"),  # ... release it: the camera holds (a whole chunk of turning between)
+            ("camera", "home@6"),  # Back to start: a target to the start pose
+            ("stop_after", 9),
         ]
     )
     found = drive_page(
@@ -139,9 +140,11 @@ def test_demo_page_drives_the_camera(demo_proxy, triton, tmp_path: Path) -> None
     # event id -> the generation chunk it started / completed in (the page's log)
     started, completed = chunks_listing(found["log"], "started"), chunks_listing(found["log"], "completed")
     assert set(started) == set(acks), found["log"]
-    turning = started[acks[0]] * CHUNK + CHUNK // 2  # within the turn, whatever the frame it began at
+    # An event takes effect at the frame its receipt time gives within the chunk that starts it,
+    # which may be that chunk's last: the chunk after the press is turning from its first frame on.
+    turning = (started[acks[0]] + 1) * CHUNK + CHUNK // 2
     held = started[acks[1]] * CHUNK + CHUNK - 1
-    assert turning + 2 < held, started
+    assert turning + 2 < started[acks[1]] * CHUNK, started
     assert horizontal_shift(frames[turning], frames[turning + 1]) < -2.0  # the scene slides left
     assert abs(horizontal_shift(frames[0], frames[1])) < 1.0  # before any camera event: still
     home = completed[acks[2]] * CHUNK + CHUNK  # the chunk after the target reached it: at the start pose
