@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 from tornado.httputil import HTTPServerRequest, split_host_and_port
+from tornado.web import RequestHandler
 
 #: names of this machine: pages served from them are local development pages
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -23,6 +24,20 @@ def token_ok(request: HTTPServerRequest, token: str | None) -> bool:
         values = request.query_arguments.get("token") or [b""]
         presented = values[-1].decode("utf-8", "replace")
     return hmac.compare_digest(presented.strip().encode(), token.encode())
+
+
+def refused_without_token(
+    handler: RequestHandler, token: str | None, rejected: Callable[[str], None] | None = None
+) -> bool:
+    """Answer 401 with the Bearer challenge when the request lacks the token (`rejected` counts
+    it, as `ProxyMetrics.connection_rejected` does for upgrades); True when it was refused."""
+    if token_ok(handler.request, token):
+        return False
+    if rejected is not None:
+        rejected("unauthorized")
+    handler.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
+    handler.send_error(401)
+    return True
 
 
 def is_loopback(host: str) -> bool:

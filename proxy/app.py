@@ -16,7 +16,7 @@ from tornado.netutil import bind_sockets
 
 from rtvideo.core.protocol import MAX_START_BYTES
 from rtvideo.proxy import accesslog
-from rtvideo.proxy.access import host_allowed, token_ok
+from rtvideo.proxy.access import host_allowed, refused_without_token, token_ok
 from rtvideo.proxy.connections import BoundedHTTPServer, fd_room
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.metrics import ProxyMetrics
@@ -123,9 +123,7 @@ class ModelsHandler(_JsonHandler):
 
     async def get(self) -> None:
         ctx = self.context
-        if not token_ok(self.request, ctx.settings.token):
-            self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
-            self.send_error(401)
+        if refused_without_token(self, ctx.settings.token):
             return
         names = await served_model_names(ctx)
         root = names[0] if names else None
@@ -171,9 +169,7 @@ class MetricsHandler(tornado.web.RequestHandler):
         self.context = context
 
     def get(self) -> None:
-        if not token_ok(self.request, self.context.settings.token):
-            self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
-            self.send_error(401)
+        if refused_without_token(self, self.context.settings.token):
             return
         body, content_type = self.context.metrics.exposition(self.request.headers.get("Accept"))
         self.set_header("Content-Type", content_type)

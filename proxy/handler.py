@@ -10,7 +10,7 @@ from typing import Any
 from tornado.websocket import WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
 from rtvideo.core import protocol
-from rtvideo.proxy.access import origin_allowed, token_ok
+from rtvideo.proxy.access import origin_allowed, refused_without_token
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool
 from rtvideo.proxy.resume import Features, take_over
@@ -45,11 +45,9 @@ class RealtimeVideoHandler(WebSocketHandler):
 
     def prepare(self) -> None:
         ctx = self.context
-        if not token_ok(self.request, ctx.settings.token):
-            ctx.metrics.connection_rejected("unauthorized")
-            self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
-            self.send_error(401)
-        elif ctx.draining:
+        if refused_without_token(self, ctx.settings.token, ctx.metrics.connection_rejected):
+            return
+        if ctx.draining:
             ctx.metrics.connection_rejected("draining")
             self.set_header("Retry-After", "1")
             self.send_error(503, reason="Server shutting down")

@@ -419,6 +419,12 @@ def _by_label(counter: Counter, label: str) -> Tally:
     return Tally({s.labels[label]: int(s.value) for s in _samples(counter, "_total") if s.value})
 
 
+def stream_fps(video_start: Mapping[str, Any]) -> float | None:
+    """The fps of a `video.start`'s config (None when it names none): media time of the frames."""
+    fps = (video_start.get("config") or {}).get("fps")
+    return float(fps) if isinstance(fps, (int, float)) and fps > 0 else None
+
+
 class StreamTiming:
     """One session's stream clock, fed every frame handed to the socket, in order.
 
@@ -445,8 +451,7 @@ class StreamTiming:
             return
         kind = message.get("type")
         if kind == protocol.VIDEO_START:
-            fps = (message.get("config") or {}).get("fps")
-            self._fps = float(fps) if isinstance(fps, (int, float)) and fps > 0 else None
+            self._fps = stream_fps(message)
         elif kind == protocol.CHUNK_METADATA and message.get("kind") == "media":
             now = self._clock()
             if self._first is None:
@@ -496,8 +501,7 @@ class PlayheadTiming:
             return
         kind = message.get("type")
         if kind == protocol.VIDEO_START:
-            fps = (message.get("config") or {}).get("fps")
-            self._fps = float(fps) if isinstance(fps, (int, float)) and fps > 0 else None
+            self._fps = stream_fps(message)
         elif kind == protocol.CHUNK_METADATA and message.get("kind") == "media" and self._fps:
             for event_id in message.get("started_event_ids") or ():
                 if event_id in self._sent_at and event_id not in self._starts:

@@ -22,7 +22,7 @@ from tornado.websocket import WebSocketHandler
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.proxy.access import origin_allowed, token_ok
+from rtvideo.proxy.access import origin_allowed, refused_without_token
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.outbox import Frame, Outbox
 from rtvideo.proxy.resume import Features, ResumeRefused
@@ -153,10 +153,7 @@ class WatchHandler(WebSocketHandler):
 
     def prepare(self) -> None:
         ctx = self.context
-        if not token_ok(self.request, ctx.settings.token):
-            ctx.metrics.connection_rejected("unauthorized")
-            self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
-            self.send_error(401)
+        if refused_without_token(self, ctx.settings.token, ctx.metrics.connection_rejected):
             return
         values = self.request.query_arguments.get("watch_token") or [b""]
         token = values[-1].decode("utf-8", "replace")

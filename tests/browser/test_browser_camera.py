@@ -13,17 +13,15 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
-import pytest
 
 from rtvideo.backend.builtin.generator import BuiltinGenerator
 from tests.support.browser import drive_page
-from tests.support.proxy_host import ProxyHost, wait_idle
+from tests.support.image_motion import shift
+from tests.support.proxy_host import wait_idle
 from tests.support.streams import PACED_MODEL, decode
 
 TEXT_OF = "document.getElementById(%r).textContent"
@@ -38,28 +36,11 @@ CHUNK = 9  # frames per chunk (the model's default)
 PROMPT = "a city street with buildings"  # a road with dashes: texture that shows the motion
 
 
-@pytest.fixture(scope="module")
-def demo_proxy(triton) -> Iterator[Any]:
-    host = ProxyHost(triton.grpc_url)
-    try:
-        yield host.server(model=PACED_MODEL)
-    finally:
-        host.close()
-
-
 def horizontal_shift(before: np.ndarray, after: np.ndarray) -> float:
     """Pixels the content moved right from `before` to `after` (phase correlation on the lower
     half, where the road and its dashes are)."""
-    a, b = (f[f.shape[0] // 2 :].astype(np.float64) @ np.array([0.299, 0.587, 0.114]) for f in (before, after))
-    window = np.outer(np.hanning(a.shape[0]), np.hanning(a.shape[1]))
-    fa, fb = np.fft.fft2((a - a.mean()) * window), np.fft.fft2((b - b.mean()) * window)
-    ky, kx = np.meshgrid(
-        np.fft.fftfreq(a.shape[0]) * a.shape[0], np.fft.fftfreq(a.shape[1]) * a.shape[1], indexing="ij"
-    )
-    cross = fb * np.conj(fa) * (np.hypot(ky, kx) >= 3)
-    surface = np.real(np.fft.ifft2(cross / (np.abs(cross) + 1e-9)))
-    dx = int(np.unravel_index(np.argmax(surface), surface.shape)[1])
-    return float(dx - a.shape[1] if dx > a.shape[1] / 2 else dx)
+    half = before.shape[0] // 2
+    return shift(before[half:], after[half:])[1]
 
 
 def chunks_listing(page_log: str, name: str) -> dict[str, int]:

@@ -7,25 +7,12 @@ import json
 import os
 import shutil
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlencode
 
-import pytest
-
 from tests.support.browser import drive_page
-from tests.support.proxy_host import ProxyHost, wait_idle
+from tests.support.proxy_host import wait_idle
 from tests.support.streams import PACED_MODEL
-
-
-@pytest.fixture(scope="module")
-def demo_proxy(triton) -> Iterator[Any]:
-    host = ProxyHost(triton.grpc_url)
-    try:
-        yield host.server(model=PACED_MODEL)
-    finally:
-        host.close()
 
 
 def run_page(url: str, timeout: float = 120.0) -> tuple[str, str]:

@@ -4,14 +4,10 @@ proxy and Triton; the video plays on without a gap, and a watch view plays the s
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
 from urllib.parse import urlencode
 
-import pytest
-
 from tests.support.browser import drive_page
-from tests.support.proxy_host import ProxyHost, wait_idle
+from tests.support.proxy_host import wait_idle
 from tests.support.streams import PACED_MODEL
 
 #: what the page holds once done: the client's resume count, the last index, the player's payloads and buffered ranges
@@ -19,15 +15,6 @@ STATE = """(() => { const s = window.rtvideoDemo.session; const b = document.get
   return JSON.stringify({resumes: s.client.resumes, last: s.client.lastIndex, payloads: s.player.payloads.length,
     frames: s.summary.frames, ranges: b.length, end: b.length ? b.end(b.length - 1) : 0, done: s.summary.done,
     errors: s.summary.errors, log: document.getElementById('log').textContent}); })()"""
-
-
-@pytest.fixture(scope="module")
-def demo_proxy(triton) -> Iterator[Any]:
-    host = ProxyHost(triton.grpc_url)
-    try:
-        yield host.server(model=PACED_MODEL)
-    finally:
-        host.close()
 
 
 def test_the_page_resumes_a_dropped_socket_and_plays_on_without_a_gap(demo_proxy, triton) -> None:

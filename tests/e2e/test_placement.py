@@ -557,13 +557,16 @@ def _health(server: Any) -> dict:
 
 
 def _wait_endpoints(server: Any, want: dict[str, str], timeout: float = 60.0) -> dict:
-    """Until /healthz shows exactly these endpoints in these states (and capacity 2 when up)."""
+    """Until /healthz shows exactly these endpoints in these states (and capacity 2 when up) and,
+    when one is up, Triton's own readiness (its first call on a channel a supervisor has just
+    renewed is cancelled with that channel: "not ready" for a moment at the proxy's start)."""
     deadline = time.monotonic() + timeout
     while True:
         health = _health(server)
         got = {e["endpoint"]: e["state"] for e in health["endpoints"]}
         capacities_read = all(e["capacity"] == 2 for e in health["endpoints"] if e["state"] == "up")
-        if got == want and capacities_read:
+        ready_read = health["ready"] or "up" not in want.values()
+        if got == want and capacities_read and ready_read:
             return health
         assert time.monotonic() < deadline, f"endpoints {got}, wanted {want}: {health}"
         time.sleep(0.1)

@@ -72,8 +72,7 @@ def test_a_dropped_connection_resumes_with_nothing_lost(proxies, triton, case: i
                 pass
         lost_meta = first.messages[-1]
         first.drop()
-        second = await Leg.open(url)
-        resumed = await second.resume(token, first.last_index)
+        second, resumed = await Leg.resumed(url, token, first.last_index)
         await second.until("session.done")
         _check_resumed(first, second, resumed)
         _check_indices([first, second])
@@ -156,8 +155,7 @@ def test_a_drop_with_events_resumes_like_an_uninterrupted_session(proxies, trito
             ):
                 pass
         first.drop()
-        second = await Leg.open(url)
-        resumed = await second.resume(start["resume_token"], first.last_index)
+        second, resumed = await Leg.resumed(url, start["resume_token"], first.last_index)
         assert resumed["resumed"] is True
         while (m := await second.read())["type"] != "session.done":
             if m["type"] == "video.chunk_metadata" and m["transport_chunk_index"] == 6:
@@ -249,8 +247,7 @@ async def _read_on(leg: Leg) -> None:
 
 
 async def _finish(url: str, token: str, last: int) -> Leg:
-    leg = await Leg.open(url)
-    resumed = await leg.resume(token, last)
+    leg, resumed = await Leg.resumed(url, token, last)
     assert resumed["type"] == "video.start" and resumed["resumed"] is True, resumed
     await leg.send({"type": "session.stop"})
     await leg.until("session.done")

@@ -16,21 +16,19 @@ pitch, 6° yaw). Its receive loop (metadata text, then the binary chunk) is the 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
 import math
-import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 import av
 import numpy as np
-from websockets.asyncio.client import connect
 
-from tests.support.proxy_host import run
+from tests.support.omni_example_client import play_example_client
+from tests.support.proxy_host import run, wait_idle
 from tests.support.streams import FAST_MODEL_NAMES, PACED_MODEL, Transcript, check_stream_rules, decode
 
 
@@ -87,45 +85,11 @@ def interaction_of(update: dict[str, Any]) -> dict[str, Any]:
 
 
 async def example_client(url: str, payload: dict[str, Any], updates: list[dict[str, Any]]) -> Transcript:
-    t = Transcript()
-    lock = asyncio.Lock()
-    pending: dict[str, Any] | None = None
-    task: asyncio.Task[None] | None = None
-
-    async def scheduler(websocket: Any, started_at: float) -> None:
-        for update in updates:
-            delay = started_at + update["at"] - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            async with lock:
-                await websocket.send(json.dumps(interaction_of(update)))
-
-    async with connect(url, max_size=None, proxy=None) as websocket:
-        async with lock:
-            await websocket.send(json.dumps(payload))
-        while True:
-            message = await asyncio.wait_for(websocket.recv(), 60)
-            if isinstance(message, bytes):
-                assert pending is not None
-                t.add(pending, message)
-                pending = None
-                continue
-            msg = json.loads(message)
-            if msg["type"] == "video.chunk_metadata":
-                pending = msg
-                continue
-            t.add(msg, b"")
-            if msg["type"] == "video.start" and task is None:
-                task = asyncio.create_task(scheduler(websocket, time.perf_counter()))
-            elif msg["type"] == "session.done":
-                break
-    if task is not None:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    return t
+    """The example client with `--camera-updates`: each update at its time after video.start."""
+    return await play_example_client(url, payload, [(update["at"], interaction_of(update)) for update in updates])
 
 
-def test_the_example_clients_camera_and_image_reference_session(proxies) -> None:
+def test_the_example_clients_camera_and_image_reference_session(proxies, triton) -> None:
     """Its README's LingBot-World command line (832x480, 33 frames are its recipe; 99 here, its
     default, so that both updates land), with `--model` naming the paced model, the one a
     server ships: real-time pacing, as a live client sees it."""
@@ -141,6 +105,7 @@ def test_the_example_clients_camera_and_image_reference_session(proxies) -> None
         "seed": 42,
         "image_reference": {"image_url": png_data_url()},
     }
+    wait_idle(triton, PACED_MODEL)  # the paced model's few slots: earlier tests' sessions have ended
     t = run(example_client(proxies.url(model=PACED_MODEL), start, CAMERA_UPDATES), 240)
     check_stream_rules(t)
     assert not t.of_type("error"), t.of_type("error")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import SAMPLING_FIELDS, parse_start
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
 from rtvideo.triton.model_repo import derive_model, read_parameters
+from tests.support.omni_example_client import play_example_client
 from tests.support.proxy_client import first_message_answers
 from tests.support.proxy_host import run
 from tests.support.streams import (
@@ -68,52 +68,22 @@ IGNORED = sorted(["guidance_scale", *(f"extra_params.{key}" for key in HELIOS_DI
 async def vllm_omni_example_client(
     url: str, payload: dict[str, Any], prompt_updates: list[dict[str, Any]]
 ) -> Transcript:
-    """The example client's session loop: send the start, schedule the updates from video.start,
-    keep each binary chunk with the metadata before it, stop at session.done."""
-    t = Transcript()
-    send_lock = asyncio.Lock()
-    update_task: asyncio.Task[None] | None = None
-    pending: dict[str, Any] | None = None
-
-    async def scheduler(websocket: Any, started_at: float) -> None:
-        for update in prompt_updates:
-            delay = started_at + update["at"] - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            message = {
+    """The example client with `--prompt-updates`: each update at its time after video.start."""
+    scheduled = [
+        (
+            update["at"],
+            {
                 "type": "session.interaction",
                 "interaction": {
                     "event_id": f"scheduled-{update['at']:.3f}",
                     "event": {"prompt": update["prompt"]},
                     "transition_chunks": update.get("transition_chunks", 3),
                 },
-            }
-            async with send_lock:
-                await websocket.send(json.dumps(message, ensure_ascii=False))
-
-    async with connect(url, max_size=None, proxy=None) as websocket:
-        async with send_lock:
-            await websocket.send(json.dumps(payload))
-        while True:
-            message = await asyncio.wait_for(websocket.recv(), 60)
-            if isinstance(message, bytes):
-                assert pending is not None, "a binary chunk without its metadata"
-                t.add(pending, message)
-                pending = None
-                continue
-            msg = json.loads(message)
-            if msg["type"] == "video.chunk_metadata":
-                pending = msg
-                continue
-            t.add(msg, b"")
-            if msg["type"] == "video.start" and prompt_updates and update_task is None:
-                update_task = asyncio.create_task(scheduler(websocket, time.perf_counter()))
-            elif msg["type"] == "session.done":
-                break
-    if update_task is not None:
-        update_task.cancel()
-        await asyncio.gather(update_task, return_exceptions=True)
-    return t
+            },
+        )
+        for update in prompt_updates
+    ]
+    return await play_example_client(url, payload, scheduled)
 
 
 def test_vllm_omni_example_client_session(proxies) -> None:

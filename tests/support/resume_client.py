@@ -28,6 +28,20 @@ class Leg:
     async def open(cls, url: str) -> Leg:
         return cls(await connect(url, max_size=None, **NO_KEEPALIVE))
 
+    @classmethod
+    async def resumed(cls, url: str, token: str, last: int, attempts: int = 100) -> tuple[Leg, dict[str, Any]]:
+        """A new connection's resume right after a drop, retried as the clients retry it: the
+        proxy takes the session for attached until it has seen the old connection go (a dropped
+        TCP connection is seen a moment later), and refuses a resume until then."""
+        for _ in range(attempts):
+            leg = await cls.open(url)
+            answer = await leg.resume(token, last)
+            if answer.get("code") != "invalid_resume" or "attached" not in answer.get("message", ""):
+                return leg, answer
+            await leg.conn.close()
+            await asyncio.sleep(0.05)
+        return leg, answer
+
     async def send(self, message: dict[str, Any]) -> None:
         await self.conn.send(json.dumps(message))
 

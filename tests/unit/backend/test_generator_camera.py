@@ -17,6 +17,7 @@ import pytest
 from rtvideo.backend.builtin import scene
 from rtvideo.backend.builtin.generator import BuiltinGenerator, BuiltinSession
 from rtvideo.core.pose import IDENTITY, Pose
+from tests.support.image_motion import gray, shift
 
 SIZE = 256
 #: clouds in the sky, a skyline, and a road (lane lines, dashes) on the ground: texture in every band
@@ -41,38 +42,6 @@ def session(generator: BuiltinGenerator, seed: int = SEED) -> BuiltinSession:
 
 def frame(generator: BuiltinGenerator, pose: Pose, prompt: str = PROMPT) -> np.ndarray:
     return session(generator).generate({prompt: 1.0}, 1, [pose])[0]
-
-
-def gray(rgb: np.ndarray) -> np.ndarray:
-    return rgb.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
-
-
-def shift(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
-    """(dy, dx) in pixels that moves `before`'s content to where it is in `after` (phase correlation,
-    Hann-windowed, with a parabolic sub-pixel peak)."""
-    a, b = gray(before), gray(after)
-    window = np.outer(np.hanning(a.shape[0]), np.hanning(a.shape[1]))
-    fa, fb = np.fft.fft2((a - a.mean()) * window), np.fft.fft2((b - b.mean()) * window)
-    # band-pass: the lowest frequencies hold what does not move with the camera (the lens's vignette)
-    ky, kx = np.meshgrid(
-        np.fft.fftfreq(a.shape[0]) * a.shape[0], np.fft.fftfreq(a.shape[1]) * a.shape[1], indexing="ij"
-    )
-    cross = fb * np.conj(fa) * (np.hypot(ky, kx) >= 3)
-    surface = np.real(np.fft.ifft2(cross / (np.abs(cross) + 1e-9)))
-    peak = np.unravel_index(np.argmax(surface), surface.shape)
-    out = []
-    for axis, size in enumerate(surface.shape):
-        index = list(peak)
-        values = []
-        for step in (-1, 0, 1):
-            index[axis] = (peak[axis] + step) % size
-            values.append(surface[tuple(index)])
-        lo, mid, hi = values
-        denom = lo - 2 * mid + hi
-        offset = 0.5 * (lo - hi) / denom if denom else 0.0
-        value = peak[axis] + offset
-        out.append(value - size if value > size / 2 else value)
-    return out[0], out[1]
 
 
 def bands(generator: BuiltinGenerator) -> tuple[slice, slice]:
