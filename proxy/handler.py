@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tornado.websocket import WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
+from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
 from rtvideo.core import protocol
 from rtvideo.proxy.access import origin_allowed, refused_without_token
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool
-from rtvideo.proxy.resume import Features, take_over
+from rtvideo.proxy.resume import Features, drop_silent_owner, take_over
 from rtvideo.proxy.session import ProxySession
 from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS, ProxySettings
 from rtvideo.proxy.supervisor import BackendState
@@ -42,6 +43,7 @@ class RealtimeVideoHandler(WebSocketHandler):
     def initialize(self, context: ProxyContext) -> None:
         self.context = context
         self.session: ProxySession | None = None
+        self._pong: asyncio.Event | None = None  # set by the pong of the latest `responsive` ping
 
     def prepare(self) -> None:
         ctx = self.context
@@ -119,9 +121,32 @@ class RealtimeVideoHandler(WebSocketHandler):
         assert self.session is not None
         binary = isinstance(message, bytes)
         if self.session.awaiting_start and protocol.is_resume(message, binary=binary):
-            self.session = take_over(self.context.features, self.session, self, message)
-            return None
+            return self._resume(message)
         return self.session.on_frame(message, binary)
+
+    async def _resume(self, message: str | bytes) -> None:
+        await drop_silent_owner(self.context.features, message)
+        assert self.session is not None
+        self.session = take_over(self.context.features, self.session, self, message)
+
+    async def responsive(self, timeout: float) -> bool:
+        """A ping, and whether its pong comes within `timeout` (the session's connection check)."""
+        pong = self._pong = asyncio.Event()
+        try:
+            self.ping(b"rtvideo")
+            await asyncio.wait_for(pong.wait(), timeout)
+        except (WebSocketClosedError, asyncio.TimeoutError):
+            return False
+        return True
+
+    def on_pong(self, data: bytes) -> None:
+        if self._pong is not None:
+            self._pong.set()
+
+    def abandon(self) -> None:
+        """The TCP connection closed at once, no close frame (`on_close` follows, as for a drop)."""
+        if self.ws_connection is not None and self.ws_connection.stream is not None:
+            self.ws_connection.stream.close()
 
     def on_close(self) -> None:
         if self.session is not None:  # without a close frame, or not 1000: a resumable session detaches

@@ -137,6 +137,22 @@ def take_options(first: dict[str, Any], raw: bytes) -> tuple[dict[str, bool], by
     return options, protocol.encode(first).encode("utf-8", "surrogatepass")
 
 
+#: how long the connection of an attached session has to answer a ping when a resume names it
+#: (`ProxySession.drop_if_silent`) before it is taken for dropped
+RESUME_PROBE_SECONDS = 2.0
+
+
+async def drop_silent_owner(features: Features, raw: str | bytes) -> None:
+    """Before `take_over`: the session a resume names, if attached to a connection that no longer
+    answers, detaches (what is wrong with the resume itself, `take_over` answers)."""
+    try:
+        request = protocol.parse_resume(raw)
+        session = features.resume_tokens.find(request.resume_token)
+    except (ProtocolError, ResumeRefused):
+        return
+    await session.drop_if_silent(RESUME_PROBE_SECONDS)
+
+
 def take_over(features: Features, placeholder: ProxySession, conn: Connection, raw: str | bytes) -> ProxySession:
     """A connection whose first message is `session.resume`: the session it names takes this
     connection over (and the placeholder session of the connection retires), or the

@@ -78,6 +78,14 @@ class Connection(Sink, Protocol):
 
     def close(self, code: int | None = None, reason: str | None = None) -> None: ...
 
+    async def responsive(self, timeout: float) -> bool:
+        """Whether the peer answers a WebSocket ping within `timeout` seconds."""
+        ...
+
+    def abandon(self) -> None:
+        """Close the TCP connection without a close frame (the peer is gone: nothing to say)."""
+        ...
+
 
 class Phase(enum.Enum):
     """Where a session is. Moves forward only: AWAITING_START → STREAMING → STOP_SENT, then
@@ -641,6 +649,26 @@ class ProxySession:
     @property
     def detached(self) -> bool:
         return self._phase is Phase.DETACHED
+
+    async def drop_if_silent(self, timeout: float) -> None:
+        """Before a resume is answered for this attached session: a connection that went silent
+        without a reset (a network change) is not seen by TCP for minutes, and by the WebSocket
+        keep-alive only after --ping-interval + --ping-timeout; one that does not answer a ping
+        within `timeout` is taken for dropped now (the session detaches), so that its resume is
+        taken. A connection that answers keeps the session: one controller at a time."""
+        if self._phase not in (Phase.STREAMING, Phase.STOP_SENT) or self._features is None or self._conn_gone:
+            return
+        conn = self._conn
+        if await conn.responsive(timeout) or conn is not self._conn or self._phase is Phase.DETACHED:
+            return
+        log.info(
+            "request_id=%s peer=%s connection silent for %.1f s: taken for dropped", self.request_id, self.peer, timeout
+        )
+        conn.abandon()
+        for _ in range(100):  # the close reaches on_disconnect through the IOLoop
+            if self._phase is not Phase.STREAMING and self._phase is not Phase.STOP_SENT:
+                return
+            await asyncio.sleep(0.01)
 
     def _take_start_options(self, first: dict[str, Any], raw: bytes) -> bytes:
         """The start without the proxy's own options (the model never sees them)."""

@@ -470,3 +470,29 @@ def test_a_detached_session_leaves_room_for_its_own_resume(proxies, triton) -> N
         _check_indices([first, leg])
 
     run(body())
+
+
+def test_a_silent_connection_gives_way_to_its_resume(proxies, triton) -> None:
+    """A network change leaves the old connection open but silent (no FIN, no RST): TCP would
+    not see it gone for minutes. A resume naming the session makes the proxy ping that
+    connection: no pong within RESUME_PROBE_SECONDS and it is taken for dropped, so the resume
+    is taken at once instead of being refused as attached until the keep-alive notices."""
+    wait_idle(triton)
+    url = proxies.url()
+
+    async def body() -> None:
+        first = await Leg.open(url)
+        start = await first.start(PROMPT, seed=13, resumable=True)
+        while len(first.pairs) < 2:
+            await first.read()
+        first.conn.transport.pause_reading()  # silent: it reads nothing more, so it answers no ping
+        leg = await Leg.open(url)
+        resumed = await leg.resume(start["resume_token"], first.last_index)
+        assert resumed["type"] == "video.start" and resumed["resumed"] is True, resumed
+        await leg.send({"type": "session.stop"})
+        done = await leg.until("session.done")
+        assert done["stopped"] is True
+        _check_indices([first, leg])
+        first.drop()
+
+    run(body())
