@@ -54,6 +54,14 @@ class _PendingStart:
     deferred: list[tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
 
 
+def _is_playback(payload: bytes) -> bool:
+    """A playhead report (docs/protocol.md §2.6): never answered, not even after the end."""
+    try:
+        return isinstance(protocol.parse_message(payload), PlaybackReport)
+    except ProtocolError:
+        return False
+
+
 def _same_secret(expected: str, given: str | None) -> bool:
     """Whether `given` is the session's secret (constant time: no timing tells how much matched)."""
     if given is None:
@@ -194,8 +202,8 @@ class SessionManager:
             channel.send(protocol.error(ErrorCode.INVALID_MESSAGE, NOT_YOURS), final=True)
             return
         if session is None or session.ended:
-            if protocol.is_stop(payload):
-                channel.send(None, final=True)  # a stop that raced the end completes as always
+            if protocol.is_stop(payload) or _is_playback(payload):
+                channel.send(None, final=True)  # a stop or a playhead report that raced the end completes as always
             else:
                 channel.send(ended_error(session.request_id if session else ended_id), final=True)
             return

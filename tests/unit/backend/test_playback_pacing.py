@@ -155,3 +155,19 @@ def test_a_frozen_player_cannot_slow_the_stream_below_real_time() -> None:
     assert sent >= 7, f"{sent} chunks in 8 s: a frozen player slowed the stream below real time"
     stop(mgr, stream)
     mgr.shutdown()
+
+
+def test_a_report_that_races_the_end_is_not_answered() -> None:
+    """The client sends reports until it reads session.done: one the model takes after its
+    session ended completes flags-only, as a stop that raced the end does (an error would be an
+    answer to a report within the rate, which the protocol rules out)."""
+    mgr = manager()
+    try:
+        ch = request(mgr, {"type": "session.start", "prompt": "a red fire", "num_frames": 9}, start=True)
+        assert ch.finished.wait(30), ch.types()  # the session ran to its end
+        late = report(mgr, 0.5, buffered_seconds=0.0)
+        assert late.sent == [(None, b"", True)], late.sent
+        other = request(mgr, {"type": "session.interaction", "interaction": {"event": {"prompt": "q"}}})
+        assert other.types() == ["error"]  # anything else is still told the session has ended
+    finally:
+        mgr.shutdown()
