@@ -10,6 +10,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from rtvideo.backend.vllm_omni import model_rules
 from rtvideo.core.protocol import SAMPLING_FIELDS
 from rtvideo.core.session_config import GeneratorLimits
 
@@ -70,28 +71,19 @@ GENERATORS: dict[str, GeneratorEntry] = {
 }
 
 #: vLLM-Omni engine model id → its real-time preset: sampling fields (`protocol.SAMPLING_FIELDS`)
-#: and `extra_params` (the engine's `extra_args`). Used when the deployer sets no
-#: `vllm_omni_extra_params` ("auto"); a start's own values are merged over it.
-#: Helios-Distilled: vLLM-Omni's streaming example (examples/online_serving/
-#: streaming_video_generation, "Model Choice") runs it this way; the keys are the ones
-#: `vllm_omni/diffusion/models/helios/pipeline_helios.py` reads from `extra_args`
-#: (tests/unit/backend/test_vllm_omni_presets.py checks them against the wheel). Without it
-#: Helios runs stage 1 only, 50 steps, guidance 5.0 (classifier-free guidance on).
+#: and `extra_params` (the engine's `extra_args`), from the model rule table
+#: (`vllm_omni/model_rules.py`). Used when the deployer sets no `vllm_omni_extra_params`
+#: ("auto"); a start's own values are merged over it. Helios-Distilled: vLLM-Omni's streaming
+#: example runs it this way; without it Helios runs stage 1 only, 50 steps, guidance 5.0.
 VLLM_OMNI_PRESETS: dict[str, dict[str, Any]] = {
-    "BestWishYsh/Helios-Distilled": {
-        "guidance_scale": 1.0,
-        "extra_params": {
-            "is_enable_stage2": True,
-            "pyramid_num_stages": 3,
-            "pyramid_num_inference_steps_list": [1, 1, 1],
-            "is_amplify_first_chunk": True,
-        },
-    },
+    model_id: rules.preset_copy() for rules in model_rules.MODELS for model_id in rules.model_ids
 }
 
 
-def vllm_omni_preset(model: str) -> dict[str, Any]:
-    """A copy of `model`'s preset (`{"extra_params": {}}` for a model without one)."""
+def vllm_omni_preset(model: str, rules: model_rules.ModelRules | None = None) -> dict[str, Any]:
+    """A copy of the preset of `rules`, else of `model` (`{"extra_params": {}}` for a model without one)."""
+    if rules is not None:
+        return rules.preset_copy()
     preset = copy.deepcopy(VLLM_OMNI_PRESETS.get(model, {}))
     preset.setdefault("extra_params", {})
     return preset
@@ -102,13 +94,14 @@ def vllm_omni_preset(model: str) -> dict[str, Any]:
 #: VAE's float32 output, concatenated each chunk: pipeline_helios.py), so one request holds
 #: width x height x 3 channels x 4 bytes per frame for all its frames until it ends.
 HELIOS_WIDTH, HELIOS_HEIGHT = 640, 384
-FLOAT32_RGB_BYTES = 3 * 4
+FLOAT32_RGB_BYTES = model_rules.FLOAT32_RGB_BYTES
 #: 2,949,120 bytes (2.8 MiB) per 640x384 frame
 HELIOS_FRAME_BYTES = HELIOS_WIDTH * HELIOS_HEIGHT * FLOAT32_RGB_BYTES
 #: the decoded frames one session may hold on the GPU
-REQUEST_MEMORY_BOUND_BYTES = 4 * 2**30
-#: `vllm_omni_max_request_frames` by default: 4 GiB / 2,949,120 B = 1456 frames (91 s at 16 fps)
-DEFAULT_MAX_REQUEST_FRAMES = REQUEST_MEMORY_BOUND_BYTES // HELIOS_FRAME_BYTES
+REQUEST_MEMORY_BOUND_BYTES = model_rules.REQUEST_MEMORY_BOUND_BYTES
+#: `vllm_omni_max_request_frames` by default: 4 GiB / 2,949,120 B = 1456 frames, cut to whole
+#: 33-frame chunks (a Helios request runs whole chunks): 44 chunks, 1452 frames (90.75 s at 16 fps)
+DEFAULT_MAX_REQUEST_FRAMES = model_rules.HELIOS_DISTILLED.memory_cap(HELIOS_WIDTH, HELIOS_HEIGHT)
 
 #: `generator` parameter value → what it can produce
 LIMITS: dict[str, GeneratorLimits] = {name: entry.limits for name, entry in GENERATORS.items()}

@@ -15,6 +15,7 @@ from typing import Any
 from rtvideo import settings_text
 from rtvideo.backend import catalog
 from rtvideo.backend.image_reference import MediaPolicy
+from rtvideo.backend.vllm_omni import interaction_rules, model_rules
 from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.settings_text import setting
 
@@ -147,6 +148,7 @@ class BackendSettings:
                 raise ValueError(f"allowed media domain {domain[:60]!r}: use a host name like images.example.com")
         if ":" not in self.vllm_omni_engine:
             raise ValueError(f"vllm_omni_engine {self.vllm_omni_engine!r}: use module:callable")
+        self._check_model_rules()
 
     def media_policy(self) -> MediaPolicy:
         """Where a start's `image_reference` may be fetched from, and for how long."""
@@ -158,16 +160,40 @@ class BackendSettings:
         """`vllm_omni_engine_args` as a dict (ValueError naming the parameter when it is not one)."""
         return _json_object("vllm_omni_engine_args", self.vllm_omni_engine_args)
 
+    def model_rules(self) -> model_rules.ModelRules | None:
+        """The deployed vLLM-Omni model's own rules (`vllm_omni/model_rules.py`), found by its
+        pipeline class or model id; None for the built-in generator or a model without rules."""
+        if self.generator != "vllm_omni":
+            return None
+        pipeline = interaction_rules.pipeline_class(self.vllm_omni_model, self.engine_args())
+        return model_rules.find(self.vllm_omni_model, pipeline)
+
     def extra_params(self) -> dict[str, Any]:
-        """`vllm_omni_extra_params` as a dict; `auto`: the preset's of `vllm_omni_model` ({} without one)."""
+        """`vllm_omni_extra_params` as a dict; `auto`: the preset's of the model ({} without one)."""
         if self.vllm_omni_extra_params.strip() == "auto":
-            return catalog.vllm_omni_preset(self.vllm_omni_model)["extra_params"]
+            return catalog.vllm_omni_preset(self.vllm_omni_model, self.model_rules())["extra_params"]
         return _json_object("vllm_omni_extra_params", self.vllm_omni_extra_params)
 
     def sampling_preset(self) -> dict[str, Any]:
         """What a `vllm_omni` session samples with unless its start says otherwise: the preset of
-        `vllm_omni_model` (its sampling fields), with `extra_params` from `vllm_omni_extra_params`."""
-        return {**catalog.vllm_omni_preset(self.vllm_omni_model), "extra_params": self.extra_params()}
+        the model (its sampling fields), with `extra_params` from `vllm_omni_extra_params`."""
+        preset = catalog.vllm_omni_preset(self.vllm_omni_model, self.model_rules())
+        return {**preset, "extra_params": self.extra_params()}
+
+    def _check_model_rules(self) -> None:
+        """A deployment whose defaults break its model's rules fails at load, in the words a start would get."""
+        rules = self.model_rules()
+        if rules is None:
+            return
+        problem = rules.size_problem(self.width, self.height) or rules.fps_problem(self.fps)
+        if problem is None:
+            steps = self.sampling_preset().get("num_inference_steps")
+            if rules.steps is not None and steps is not None and steps != rules.steps:
+                problem = f"{rules.name} runs exactly {rules.steps} inference steps, not {steps}"
+        if problem is not None:
+            raise ValueError(f"model parameters for {rules.name} ({self.vllm_omni_model}): {problem}")
+        if rules.largest_frames(self.vllm_omni_max_request_frames) < 1:
+            raise ValueError(f"vllm_omni_max_request_frames is below {rules.name}'s shortest request")
 
     def served_names(self, model_name: str) -> tuple[str, ...]:
         """The names a start may ask for, the reported one first: the served model names (default:
@@ -195,6 +221,7 @@ class BackendSettings:
     def capabilities(self, model_name: str) -> ModelCapabilities:
         entry = catalog.GENERATORS[self.generator]
         engine = self.generator == "vllm_omni"
+        rules = self.model_rules()
         return ModelCapabilities(
             model_names=self.served_names(model_name),
             width=self.width,
@@ -202,13 +229,14 @@ class BackendSettings:
             fps=self.fps,
             frames_per_chunk=self.frames_per_chunk,
             default_transition_chunks=self.default_transition_chunks,
-            limits=entry.limits,
+            limits=rules or entry.limits,
             sampling_fields=entry.sampling_fields,
             extra_params=entry.extra_params,
             all_extra_params=entry.all_extra_params,
             start_fields=entry.start_fields,
             sampling_defaults=self.sampling_preset() if engine else None,
             max_num_frames=self.vllm_omni_max_request_frames if engine else None,
+            model_rules=rules.describe() if rules is not None else None,
         )
 
 

@@ -38,6 +38,14 @@ class GeneratorLimits:
             return f"fps {fps} is not supported: use 1 to {self.max_fps}"
         return None
 
+    def start_problem(self, start: StartRequest) -> str | None:
+        """Why a model refuses the rest of `start` (a missing first frame, a step count), or None."""
+        return None
+
+    def frame_cap(self, width: int, height: int, cap: int) -> int:
+        """The longest session at this size under the generator's length cap `cap`."""
+        return cap
+
 
 @dataclass(frozen=True)
 class ModelCapabilities:
@@ -68,6 +76,8 @@ class ModelCapabilities:
     #: the longest session in frames (None: no cap); a start without a length gets it, a longer
     #: one is cut to it, and `config.num_frames` says so (docs/protocol.md §2.1)
     max_num_frames: int | None = None
+    #: the deployed model's own rules as a client is told them (`config.model_rules`), if it has any
+    model_rules: Mapping[str, Any] | None = None
 
     def ignored_fields(self, start: StartRequest) -> list[str]:
         """What `start` sets that this generator does not use, sorted (`extra_params.KEY` for extras)."""
@@ -124,6 +134,8 @@ class SessionConfig:
     #: the start's `image_reference`, decoded by the backend (rtvideo/backend/image_reference.py):
     #: uint8 RGB [height, width, 3], resized to the session's size, or None. Never sent (not in `to_json`).
     reference_image: Any = field(default=None, repr=False, compare=False)
+    #: `ModelCapabilities.model_rules`, sent as `config.model_rules` when the model has rules
+    model_rules: Mapping[str, Any] | None = None
 
     def transition_chunks(self, requested: int | None) -> int:
         """An interaction's N (docs/protocol.md §5): its own `transition_chunks`, else this
@@ -137,6 +149,8 @@ class SessionConfig:
         out.pop("sampling")
         if self.sampling:
             out["sampling"] = copy.deepcopy(dict(self.sampling))
+        if out.pop("model_rules") is not None:
+            out["model_rules"] = copy.deepcopy(dict(self.model_rules or {}))
         return out
 
 
@@ -152,14 +166,17 @@ def resolve_session_config(
     width = start.width if start.width is not None else caps.width
     height = start.height if start.height is not None else caps.height
     fps = start.fps if start.fps is not None else caps.fps
-    problem = caps.limits.size_problem(width, height) or caps.limits.fps_problem(fps)
+    problem = (
+        caps.limits.size_problem(width, height) or caps.limits.fps_problem(fps) or caps.limits.start_problem(start)
+    )
     if problem:
         raise ProtocolError(ErrorCode.INVALID_START, problem)
     num_frames = start.num_frames
     if num_frames is None and start.seconds is not None:
         num_frames = max(1, round(start.seconds * fps))
     if caps.max_num_frames is not None:  # the generator's length cap (a bounded engine request)
-        num_frames = caps.max_num_frames if num_frames is None else min(num_frames, caps.max_num_frames)
+        cap = caps.limits.frame_cap(width, height, caps.max_num_frames)
+        num_frames = cap if num_frames is None else min(num_frames, cap)
     seed = start.seed if start.seed is not None else (rng or random.Random()).randint(0, MAX_SEED)
     return SessionConfig(
         prompt=start.prompt,
@@ -174,4 +191,5 @@ def resolve_session_config(
         seed=seed,
         ignored_fields=tuple(caps.ignored_fields(start)),
         sampling=caps.sampling(start),
+        model_rules=caps.model_rules,
     )

@@ -30,11 +30,24 @@ from tests.support.proxy_host import ProxyHost, run
 from tests.support.streams import Transcript, check_stream_rules, decode
 
 STANDIN = SUPPORT / "omni_standin.py"
+#: a 1x1 PNG as a start's image_reference
+PIXEL = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
 MODEL, DYING = "omni_video", "omni_video_dies"
 #: a model whose pipeline class has no prompt handler in vLLM-Omni's registry (a Wan-like one)
 NO_PROMPT = "omni_video_no_prompt"
-PIPELINES = {MODEL: "HeliosPyramidPipeline", DYING: "HeliosPyramidPipeline", NO_PROMPT: "WanPipeline"}
+#: LingBot-World (its rules: 832x480 only, a first frame on every request, 4 steps)
+LINGBOT = "omni_lingbot"
+PIPELINES = {
+    MODEL: "HeliosPyramidPipeline",
+    DYING: "HeliosPyramidPipeline",
+    NO_PROMPT: "WanPipeline",
+    LINGBOT: "LingBotWorldCausalDMDPipeline",
+}
 W, H, FPC = 128, 128, 4
+#: each model's default size: its own rules' where it has any
+SIZES = {LINGBOT: (832, 480)}
 PRESET = {"is_enable_stage2": True, "pyramid_num_inference_steps_list": [2, 2, 2]}
 
 
@@ -64,7 +77,7 @@ def omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[s
 
     repo = tmp_path_factory.mktemp("omni_repository")
     engines = {}
-    for name in (MODEL, DYING, NO_PROMPT):
+    for name in (MODEL, DYING, NO_PROMPT, LINGBOT):
         record = repo / f"{name}.calls.jsonl"
         engines[name] = Engine(record)
         engine_args = {
@@ -79,15 +92,15 @@ def omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[s
             name,
             {
                 "generator": "vllm_omni",
-                "width": str(W),
-                "height": str(H),
+                "width": str(SIZES.get(name, (W, H))[0]),
+                "height": str(SIZES.get(name, (W, H))[1]),
                 "fps": "16",
                 "frames_per_chunk": str(FPC),
                 "default_transition_chunks": "2",
                 "max_sessions": "4",
                 "vllm_omni_engine": f"{STANDIN}:StandInAsyncOmni",
                 "vllm_omni_engine_args": json.dumps(engine_args),
-                "vllm_omni_extra_params": json.dumps(PRESET),
+                "vllm_omni_extra_params": "auto" if name == LINGBOT else json.dumps(PRESET),
                 "vllm_omni_health_seconds": "0.2",
             },
         )
@@ -341,3 +354,63 @@ def test_finalize_aborts_shuts_the_engine_down_and_stops_the_loop(tmp_path) -> N
     engine.wait_for("abort", request_id=request_id)
     engine.wait_for("shutdown")
     assert not [t for t in threading.enumerate() if t.name == "vllm-omni-loop"], "the engine's loop thread ended"
+
+
+@pytest.mark.parametrize(
+    "fields,words",
+    [
+        ({"width": 640, "height": 384}, "LingBot-World renders 832×480 only, not 640×384"),
+        ({"drop_image": True}, "image_reference is required by LingBot-World (its first frame)"),
+        ({"num_inference_steps": 8}, "LingBot-World runs exactly 4 inference steps, not 8"),
+    ],
+)
+def test_a_start_that_breaks_lingbots_rules_is_refused_before_video_start(omni, fields, words) -> None:
+    """Through the proxy and over direct gRPC: `invalid_start` naming the rule, no `video.start`,
+    and nothing reaches the engine (the pipeline would have refused it after `video.start`)."""
+    from client.triton_stream import TritonStreamSession
+
+    proxies, engines = omni
+    start: dict[str, Any] = {"image_reference": {"image_url": PIXEL}, **fields}
+    if start.pop("drop_image", False):
+        del start["image_reference"]
+    generated = len(engines[LINGBOT].calls("generate"))
+
+    async def body() -> dict[str, Any]:
+        async with ws(proxies.url(model=LINGBOT)) as conn:
+            s = Ws(conn)
+            await s.send({"type": "session.start", "prompt": "a street", **start})
+            return await s.next()
+
+    refused = run(body())
+    assert refused["type"] == "error" and refused["code"] == "invalid_start" and refused["message"] == words
+    stream = TritonStreamSession(proxies.triton_url, model=LINGBOT)
+    try:
+        stream.start("a street", **start)
+        reply = stream.next()
+        assert reply.message is not None and reply.message["type"] == "error", reply
+        assert reply.message["code"] == "invalid_start" and reply.message["message"] == words
+    finally:
+        stream.close()
+    assert len(engines[LINGBOT].calls("generate")) == generated
+
+
+def test_a_lingbot_session_by_its_rules_reaches_the_engine_with_a_count_it_runs(omni) -> None:
+    proxies, engines = omni
+
+    async def body() -> dict[str, Any]:
+        async with ws(proxies.url(model=LINGBOT)) as conn:
+            s = Ws(conn)
+            start = await s.start("a street", num_frames=20, image_reference={"image_url": PIXEL})
+            await s.next_media()
+            await s.send({"type": "session.stop"})
+            await s.finish()
+            return start
+
+    start = run(body())
+    rules = start["config"]["model_rules"]
+    assert rules["sizes"] == [[832, 480]] and rules["interactions"] == ["camera"]
+    assert rules["image_reference"] == "required" and rules["num_inference_steps"] == 4
+    assert start["config"]["sampling"]["num_inference_steps"] == 4
+    generate = engines[LINGBOT].wait_for("generate", request_id=start["request_id"])
+    assert generate["num_frames"] == 21  # 20 covered by the smallest count with n % 12 == 9
+    assert generate["num_inference_steps"] == 4 and generate["image_shape"] == [480, 832, 3]

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests` as a package, in Triton's stub too
+from rtvideo.backend.vllm_omni import model_rules  # noqa: E402
 from tests.support.vllm_omni_wheel import (  # noqa: E402
     Sampling,
     StepRequestState,
@@ -86,6 +87,12 @@ class StandInOutput:
     images: list[Any] = field(default_factory=list)
     error: str | None = None
     finished: bool = False
+
+
+def _image_summary(image: Any) -> dict[str, Any]:
+    """A first frame passed in `extra_args["image"]`, for the record: its shape, dtype and range."""
+    array = np.asarray(image)
+    return {"shape": list(array.shape), "dtype": str(array.dtype), "min": float(array.min()), "max": float(array.max())}
 
 
 def colour(prompt: str) -> torch.Tensor:
@@ -143,6 +150,21 @@ class StandInAsyncOmni:
         self.default_sampling_params_list = [StandInSamplingParams()]
         self._log("init", model=model, kwargs={k: v for k, v in kwargs.items() if k != "record"})
 
+    def _pipeline_refusal(self, image: Any, params: Any) -> str | None:
+        """What the configured pipeline refuses of a request, by the rule table that
+        tests/unit/backend/test_vllm_omni_model_rules.py checks against the wheel's pipelines."""
+        rules = model_rules.find(self.model, self.kwargs.get("model_class_name", "HeliosPyramidPipeline"))
+        if rules is None:
+            return None
+        problem = rules.size_problem(params.width, params.height)
+        if problem is None and not rules.valid_frames(params.num_frames):
+            problem = f"num_frames {params.num_frames} is not a count {rules.name} runs"
+        if problem is None and rules.steps is not None and params.num_inference_steps != rules.steps:
+            problem = f"num_inference_steps must be {rules.steps}, got {params.num_inference_steps}"
+        if problem is None and rules.first_frame is model_rules.FirstFrame.REQUIRED and image is None:
+            problem = f"{rules.name} requires exactly one image in multi_modal_data.image."
+        return problem
+
     def _log(self, call: str, **fields: Any) -> None:
         if self._record:
             with open(self._record, "a") as f:
@@ -159,11 +181,13 @@ class StandInAsyncOmni:
     ) -> AsyncIterator[StandInOutput]:
         (params,) = sampling_params_list
         image = (prompt.get("multi_modal_data") or {}).get("image")
+        extra_image = (params.extra_args or {}).get("image")
         self._log(
             "generate",
             request_id=request_id,
             prompt={k: v for k, v in prompt.items() if k != "multi_modal_data"},
             image_shape=None if image is None else list(np.asarray(image).shape),
+            extra_args_image=None if extra_image is None else _image_summary(extra_image),
             width=params.width,
             height=params.height,
             num_frames=params.num_frames,
@@ -171,9 +195,13 @@ class StandInAsyncOmni:
             seed=params.seed,
             num_inference_steps=params.num_inference_steps,
             guidance_scale=params.guidance_scale,
-            extra_args=params.extra_args,
+            extra_args={k: v for k, v in (params.extra_args or {}).items() if k != "image"},
             lora_request=params.lora_request,
         )
+        problem = self._pipeline_refusal(image, params)
+        if problem is not None:  # the pipeline raises inside the engine: `generate()` raises it
+            self._log("pipeline_refused", request_id=request_id, problem=problem)
+            raise ValueError(problem)
         state = StepRequestState(request_id, Sampling())
         self._states[request_id] = state
         messages: asyncio.Queue[Any] = asyncio.Queue()

@@ -81,6 +81,7 @@ def build_manager(
             encoder_factory,
             pipeline=pipeline_class(settings.vllm_omni_model, settings.engine_args()),
             max_request_frames=settings.vllm_omni_max_request_frames,
+            rules=settings.model_rules(),
         )
         log.info(
             "generator=vllm_omni engine=%s model=%s settings=%s",

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt
 from rtvideo.core.session_config import SessionConfig
 
 log = logging.getLogger(__name__)
@@ -77,16 +78,32 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return getattr(module, attr)
 
 
-def engine_prompt(prompt: Mapping[str, Any], config: SessionConfig) -> dict[str, Any]:
+def engine_prompt(
+    prompt: Mapping[str, Any], config: SessionConfig, image_at: FirstFrameAt = FirstFrameAt.PROMPT
+) -> dict[str, Any]:
     """The request's `OmniTextPrompt`: a start's `negative_prompt` belongs to the prompt, not the
     sampling params (as in vLLM-Omni's streaming endpoint)."""
     out = dict(prompt)
     negative = config.sampling.get("negative_prompt")
     if negative is not None:
         out["negative_prompt"] = negative
-    if config.reference_image is not None:  # as the endpoint passes a start's `image_reference`
-        out["multi_modal_data"] = {"image": reference_image(config.reference_image)}
+    if config.reference_image is not None and image_at is FirstFrameAt.PROMPT:
+        out["multi_modal_data"] = {"image": reference_image(config.reference_image)}  # as the endpoint does
     return out
+
+
+def extra_args_image(rgb: Any) -> Any:
+    """A decoded `image_reference` (uint8 RGB [H, W, 3]) as Helios' step mode reads
+    `extra_args["image"]`: straight into its VAE (`prepare_image_latents`, no preprocessing), so a
+    float tensor [1, 3, H, W] in [-1, 1]; a float32 array of that shape where torch is absent."""
+    import numpy as np
+
+    array = (np.asarray(rgb, dtype=np.float32) / 127.5 - 1.0).transpose(2, 0, 1)[None]
+    try:
+        import torch
+    except ImportError:
+        return array
+    return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def reference_image(rgb: Any) -> Any:
@@ -206,10 +223,13 @@ class EngineHost:
         num_frames: int,
         preset: Mapping[str, Any],
         sink: queue.Queue[tuple],
+        image_at: FirstFrameAt,
     ) -> None:
         try:
             params = self._sampling_params(config, num_frames, preset)
-            prompt = engine_prompt(prompt, config)
+            if config.reference_image is not None and image_at is FirstFrameAt.EXTRA_ARGS:
+                params.extra_args = {**params.extra_args, "image": extra_args_image(config.reference_image)}
+            prompt = engine_prompt(prompt, config, image_at)
             outputs = self._engine.generate(prompt=dict(prompt), request_id=request_id, sampling_params_list=[params])
             async for output in outputs:
                 sink.put(("output", output, time.monotonic()))  # unbounded: never blocks the loop
@@ -277,9 +297,10 @@ class EngineHost:
         num_frames: int,
         preset: Mapping[str, Any],
         sink: queue.Queue[tuple],
+        image_at: FirstFrameAt,
     ) -> None:
         self._tasks[request_id] = asyncio.get_running_loop().create_task(
-            self._stream(request_id, prompt, config, num_frames, preset, sink)
+            self._stream(request_id, prompt, config, num_frames, preset, sink, image_at)
         )
 
     # --- any thread ---------------------------------------------------------------------
@@ -306,11 +327,13 @@ class EngineHost:
         num_frames: int,
         preset: Mapping[str, Any],
         sink: queue.Queue[tuple],
+        image_at: FirstFrameAt = FirstFrameAt.PROMPT,
     ) -> None:
-        """Start streaming a request's outputs into `sink` (waits only for the task to be created)."""
+        """Start streaming a request's outputs into `sink` (waits only for the task to be created);
+        a start's `image_reference` goes where the model's pipeline reads it (`image_at`)."""
 
         async def start() -> None:
-            self._start(request_id, prompt, config, num_frames, preset, sink)
+            self._start(request_id, prompt, config, num_frames, preset, sink, image_at)
 
         self._submit(start()).result(_ABORT_TIMEOUT)
 

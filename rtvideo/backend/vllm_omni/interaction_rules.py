@@ -34,11 +34,16 @@ INTERACTION_MODALITIES: dict[str, frozenset[str]] = {
 
 def pipeline_class(model: str, engine_args: Mapping[str, Any]) -> str | None:
     """The pipeline class vLLM-Omni resolves for `model` (`OmniDiffusionConfig.model_class_name`):
-    the `model_class_name` engine argument, else `_class_name` of the model's `model_index.json`
-    (a local directory, or the Hugging Face cache); None when it cannot be known here."""
+    the `model_class_name` engine argument, else the deploy config's (`deploy_config`: its first
+    stage's `model_class_name`, which the engine applies over the model directory's), else
+    `_class_name` of the model's `model_index.json` (a local directory, or the Hugging Face
+    cache); None when it cannot be known here."""
     given = engine_args.get("model_class_name")
     if isinstance(given, str) and given:
         return given
+    deployed = deploy_config_class(engine_args.get("deploy_config"))
+    if deployed is not None:
+        return deployed
     index: Path | None = Path(model) / "model_index.json" if model else None
     if index is None or not index.is_file():
         index = None
@@ -57,6 +62,27 @@ def pipeline_class(model: str, engine_args: Mapping[str, Any]) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return name if isinstance(name, str) and name else None
+
+
+def deploy_config_class(path: Any) -> str | None:
+    """`model_class_name` of the first stage that names one in a vLLM-Omni deploy YAML, or None
+    (no path, an unreadable file, or no such key). A malformed file is the engine's to report."""
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        import yaml  # vllm-omni's own dependency: present wherever its deploy configs are read
+    except ImportError:
+        return None
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    stages = config.get("stages") if isinstance(config, dict) else None
+    for stage in stages if isinstance(stages, list) else ():
+        name = stage.get("model_class_name") if isinstance(stage, dict) else None
+        if isinstance(name, str) and name:
+            return name
+    return None
 
 
 def modalities(pipeline: str | None) -> frozenset[str] | None:

@@ -24,6 +24,7 @@ from rtvideo.backend.runtime.sources import FailedEvent, Interaction, LazyEncode
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
 from rtvideo.backend.vllm_omni.interaction_rules import modalities, refusal
+from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
 from rtvideo.core.camera import merge_ids
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import ACTIVE, COMPLETED, STARTED, EngineStreamTranslator
@@ -47,6 +48,7 @@ class EngineChunkSource:
         preset: Mapping[str, Any],
         open_encoder: Callable[[], ChunkEncoder],
         pipeline: str | None = None,
+        image_at: FirstFrameAt = FirstFrameAt.PROMPT,
     ) -> None:
         self._host = host
         self._pipeline = pipeline  # the engine's pipeline class (its interaction modalities), if known
@@ -65,7 +67,7 @@ class EngineChunkSource:
         # the engine renders whole chunks: its last one may run past a bounded session's frames
         self._frames_left = config.num_frames
         self._last = time.monotonic()
-        host.start_request(request_id, {"prompt": config.prompt}, config, num_frames, preset, self._queue)
+        host.start_request(request_id, {"prompt": config.prompt}, config, num_frames, preset, self._queue, image_at)
 
     #: every event reaches `admit_event`: what the pipeline does not register is refused here, at
     #: forwarding, with the engine's own words (`interaction_rules.refusal`), not by the session
@@ -254,9 +256,12 @@ class EngineSources:
         encoder_factory: EncoderFactory,
         pipeline: str | None = None,
         max_request_frames: int = DEFAULT_MAX_REQUEST_FRAMES,
+        rules: ModelRules | None = None,
     ) -> None:
         self.host = host
         self.pipeline = pipeline
+        #: the model's own rules (`model_rules.py`): its frame-count rule, where it reads a first frame
+        self.rules = rules
         #: the longest engine request (`vllm_omni_max_request_frames`): its decoded frames stay on the GPU
         self.max_request_frames = max_request_frames
         self._preset = dict(preset)
@@ -267,8 +272,16 @@ class EngineSources:
         if self.host.dead is not None:
             raise EngineError(f"the engine is not healthy: {self.host.dead}")
         open_encoder = functools.partial(self._encoder_factory, config.width, config.height, config.fps)
+        image_at = self.rules.first_frame_at if self.rules is not None else FirstFrameAt.PROMPT
         return EngineChunkSource(
-            self.host, config, request_id, self.engine_frames(config), self._preset, open_encoder, self.pipeline
+            self.host,
+            config,
+            request_id,
+            self.engine_frames(config),
+            self._preset,
+            open_encoder,
+            self.pipeline,
+            image_at,
         )
 
     def engine_frames(self, config: SessionConfig) -> int:
@@ -279,7 +292,12 @@ class EngineSources:
         ends (docs/vllm-omni.md, "GPU memory")."""
         longest = math.ceil(self._max_session_seconds * config.fps / config.frames_per_chunk) * config.frames_per_chunk
         wanted = self.max_request_frames if config.num_frames is None else config.num_frames
-        return max(1, min(wanted, self.max_request_frames, longest))
+        frames = max(1, min(wanted, self.max_request_frames, longest))
+        if self.rules is None:
+            return frames
+        # a count the pipeline runs (LingBot-World: n % 12 == 9), covering the session, within the caps
+        cap = self.rules.frame_cap(config.width, config.height, self.max_request_frames)
+        return self.rules.request_frames(frames, cap)
 
     def close(self) -> None:
         self.host.shutdown()

@@ -23,7 +23,7 @@ from rtvideo.backend.vllm_omni.engine import EngineHost
 from rtvideo.backend.vllm_omni.source import EngineChunkSource
 from rtvideo.core.protocol import InteractionRequest, parse_message, parse_start
 from rtvideo.core.session_config import resolve_session_config
-from tests.support.omni_standin import StandInAsyncOmni
+from tests.support.omni_standin import StandInAsyncOmni, StandInSamplingParams
 
 VELOCITY = {"mode": "velocity", "data": {"translation": [0.0, 0.0, 0.05], "rotation": [0.0, 0.0, 0.0, 1.0]}}
 TARGET = {"mode": "target", "data": {"translation": [1.0, 0.0, 0.0], "rotation": [0.0, 0.0, 0.0, 1.0]}}
@@ -35,6 +35,12 @@ class NullEncoder:
 
     def close(self) -> bytes:
         return b""
+
+
+#: a 1x1 PNG: a start's image_reference (the source gets the decoded image from the test)
+PIXEL = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
 
 
 def host_and_source(
@@ -52,16 +58,31 @@ def host_and_source(
         },
         health_seconds=60,
     )
+    # LingBot-World's rules (model_rules.py): 832x480 only, a first frame, n % 12 == 9 frames
+    lingbot = pipeline == "LingBotWorldCausalDMDPipeline"
+    width, height, frames = ("832", "480", 45) if lingbot else ("128", "128", 40)
     settings = BackendSettings.from_parameters(
-        {"generator": "vllm_omni", "width": "128", "height": "128", "frames_per_chunk": "4"}
+        {
+            "generator": "vllm_omni",
+            "width": width,
+            "height": height,
+            "frames_per_chunk": "4",
+            "vllm_omni_engine_args": json.dumps({"model_class_name": pipeline}),
+        }
     )
+    first_frame = {"image_reference": {"image_url": PIXEL}} if lingbot else {}
+    fields = {"prompt": "p", "num_frames": frames, **first_frame, **(start or {})}
     config = resolve_session_config(
-        parse_start(json.dumps({"type": "session.start", "prompt": "p", "num_frames": 40, **(start or {})})),
+        parse_start(json.dumps({"type": "session.start", **fields})),
         settings.capabilities("realtime_video"),
     )
+    if image is None and lingbot:
+        image = np.zeros((480, 832, 3), np.uint8)
     if image is not None:  # as the manager sets it from the start's image_reference
         config = replace(config, reference_image=image)
-    source = EngineChunkSource(host, config, "r", 40, {}, NullEncoder, pipeline)
+    rules = settings.model_rules()
+    assert rules is not None
+    source = EngineChunkSource(host, config, "r", frames, {}, NullEncoder, pipeline, rules.first_frame_at)
     return host, source
 
 
@@ -157,3 +178,40 @@ def test_the_reference_image_goes_to_the_engine_as_multi_modal_data_image(tmp_pa
         host.shutdown()
     (generate,) = records(record, "generate")
     assert generate["image_shape"] == [48, 64, 3] and generate["prompt"] == {"prompt": "p"}
+
+
+def test_helios_takes_the_reference_image_where_its_step_mode_reads_it(tmp_path: Path) -> None:
+    """`extra_args["image"]`, straight into its VAE: a float tensor [1, 3, H, W] in [-1, 1]."""
+    record = tmp_path / "calls.jsonl"
+    image = np.zeros((128, 128, 3), np.uint8)
+    image[:, 64:] = 255
+    host, source = host_and_source("HeliosPyramidPipeline", record, image=image)
+    try:
+        assert isinstance(source.next_chunk(4), SourceChunk)
+    finally:
+        source.close()
+        host.shutdown()
+    (generate,) = records(record, "generate")
+    assert generate["image_shape"] is None  # not in the prompt, where Helios would never read it
+    assert generate["extra_args_image"] == {"shape": [1, 3, 128, 128], "dtype": "float32", "min": -1.0, "max": 1.0}
+
+
+def test_the_standin_refuses_what_the_pipelines_refuse() -> None:
+    lingbot = StandInAsyncOmni(model="m", model_class_name="LingBotWorldCausalDMDPipeline")
+    helios = StandInAsyncOmni(model="m", model_class_name="HeliosPyramidPipeline")
+    image = np.zeros((480, 832, 3), np.uint8)
+
+    def params(**fields: Any) -> StandInSamplingParams:
+        return StandInSamplingParams(
+            **{"width": 832, "height": 480, "num_frames": 45, "num_inference_steps": 4, **fields}
+        )
+
+    assert lingbot._pipeline_refusal(image, params()) is None
+    assert "832×480 only" in (lingbot._pipeline_refusal(image, params(width=640, height=384)) or "")
+    assert "num_frames 40" in (lingbot._pipeline_refusal(image, params(num_frames=40)) or "")
+    assert "num_inference_steps must be 4" in (lingbot._pipeline_refusal(image, params(num_inference_steps=8)) or "")
+    assert "requires exactly one image" in (lingbot._pipeline_refusal(None, params()) or "")
+    assert "multiple of 64" in (helios._pipeline_refusal(None, params()) or "")
+    assert (
+        helios._pipeline_refusal(None, params(width=640, height=384, num_frames=40, num_inference_steps=None)) is None
+    )

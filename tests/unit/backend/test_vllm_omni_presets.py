@@ -175,16 +175,19 @@ def test_the_builtin_generator_still_reports_sampling_fields_as_ignored() -> Non
 # --- finding 2: bounded GPU memory --------------------------------------------------------------
 def test_the_default_cap_comes_from_the_stated_memory_bound() -> None:
     assert catalog.HELIOS_FRAME_BYTES == 640 * 384 * 3 * 4 == 2_949_120
-    assert catalog.DEFAULT_MAX_REQUEST_FRAMES == 4 * 2**30 // 2_949_120 == 1456
-    assert BackendSettings().vllm_omni_max_request_frames == 1456
-    assert read_parameters()["vllm_omni_max_request_frames"] == "1456"
+    # 4 GiB / 2,949,120 B = 1456 frames, cut to whole 33-frame chunks: a Helios request runs
+    # ceil(num_frames / 33) chunks, so 1456 would run 45 (1485 frames, past the bound)
+    assert 4 * 2**30 // 2_949_120 == 1456
+    assert catalog.DEFAULT_MAX_REQUEST_FRAMES == 44 * 33 == 1452
+    assert BackendSettings().vllm_omni_max_request_frames == 1452
+    assert read_parameters()["vllm_omni_max_request_frames"] == "1452"
     with pytest.raises(ValueError, match="vllm_omni_max_request_frames"):
         omni(vllm_omni_max_request_frames="0")
 
 
 @pytest.mark.parametrize(
     "fields,expected",
-    [({}, 1456), ({"num_frames": 429}, 429), ({"num_frames": 100_000}, 1456), ({"seconds": "3600"}, 1456)],
+    [({}, 1452), ({"num_frames": 429}, 429), ({"num_frames": 100_000}, 1452), ({"seconds": "3600"}, 1452)],
 )
 def test_a_session_gets_its_length_or_the_default_capped(fields: dict, expected: int) -> None:
     caps = omni().capabilities("m")
@@ -195,13 +198,13 @@ def test_a_session_gets_its_length_or_the_default_capped(fields: dict, expected:
 
 
 def test_the_engine_request_is_never_sized_for_an_hour() -> None:
-    sources = EngineSources(None, {}, 3600.0, None, max_request_frames=1456)  # type: ignore[arg-type]
+    sources = EngineSources(None, {}, 3600.0, None, max_request_frames=1452)  # type: ignore[arg-type]
     base = resolve_session_config(start(), omni().capabilities("m"))
-    assert sources.engine_frames(base) == 1456
+    assert sources.engine_frames(base) == 1452
     open_ended = SessionConfig(**{**base.__dict__, "num_frames": None})
-    assert sources.engine_frames(open_ended) == 1456  # not 3600 s x 16 fps = 57,600
+    assert sources.engine_frames(open_ended) == 1452  # not 3600 s x 16 fps = 57,600
     assert sources.engine_frames(SessionConfig(**{**base.__dict__, "num_frames": 10})) == 10
-    assert sources.engine_frames(SessionConfig(**{**base.__dict__, "num_frames": 99_999})) == 1456
+    assert sources.engine_frames(SessionConfig(**{**base.__dict__, "num_frames": 99_999})) == 1452
 
 
 # --- finding 4: the import of OmniInteractionEvent ------------------------------------------------

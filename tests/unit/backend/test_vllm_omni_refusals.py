@@ -108,7 +108,9 @@ class FakeHost:
         self.interactions: list[dict[str, Any]] = []
         self.sink: queue.Queue[tuple] | None = None
 
-    def start_request(self, request_id: str, prompt: Any, config: Any, n: int, preset: Any, sink: Any) -> None:
+    def start_request(
+        self, request_id: str, prompt: Any, config: Any, n: int, preset: Any, sink: Any, image_at: Any = None
+    ) -> None:
         self.sink = sink
 
     def interact(self, request_id: str, interaction: dict[str, Any]) -> Any:
@@ -178,7 +180,7 @@ def _standin(**kwargs: Any) -> StandInAsyncOmni:
 
 
 def _params(num_frames: int) -> StandInSamplingParams:
-    return StandInSamplingParams(width=64, height=32, num_frames=num_frames)
+    return StandInSamplingParams(width=128, height=128, num_frames=num_frames)  # on Helios-Distilled's grid
 
 
 def test_the_standin_yields_helios_output_and_runs_the_wheels_interaction_code() -> None:
@@ -196,7 +198,7 @@ def test_the_standin_yields_helios_output_and_runs_the_wheels_interaction_code()
     outputs = asyncio.run(body())
     assert len(outputs) == 3 and outputs[-1].finished
     (video,) = outputs[0].images
-    assert video.shape == (1, 33, 32, 64, 3) and video.dtype == np.float32
+    assert video.shape == (1, 33, 128, 128, 3) and video.dtype == np.float32
     assert 0.0 <= video.min() and video.max() <= 1.0
     assert "video" not in outputs[0].multimodal_output
     streams = [o.multimodal_output["metadata"]["stream"] for o in outputs]

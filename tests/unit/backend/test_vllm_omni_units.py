@@ -35,7 +35,7 @@ def test_start_validation_uses_the_active_generators_limits_and_names() -> None:
         caps,
     )
     assert (config.width, config.height, config.frames_per_chunk, config.model) == (640, 384, 33, "realtime_video")
-    with pytest.raises(ProtocolError, match="multiple of 16"):
+    with pytest.raises(ProtocolError, match="multiple of 64"):
         resolve_session_config(parse_start(b'{"type": "session.start", "prompt": "p", "width": 200}'), caps)
     builtin = BackendSettings().capabilities("realtime_video")
     assert resolve_session_config(parse_start(b'{"type": "session.start", "prompt": "p", "width": 200}'), builtin)

@@ -1,0 +1,249 @@
+"""Each vLLM-Omni model's own rules, in one table read from the pinned wheel's pipeline code.
+
+A pipeline enforces its rules inside the engine, after `video.start` has been sent; a start
+that breaks one would end in `generation_failed`. This table lets the model refuse it first
+(`invalid_start`, naming the rule and what would work), the settings check refuse a
+deployment that breaks one at model load, the stand-in engine refuse as the pipeline does,
+and `GET /v1/models` and `video.start` `config.model_rules` tell a client what is accepted.
+
+Where each value comes from (vllm-omni 0.30.0; tests/unit/backend/test_vllm_omni_model_rules.py
+reads every one of them in the wheel):
+
+- Helios (`diffusion/models/helios/pipeline_helios.py`): sides are floored to a multiple of 16
+  (`// 16) * 16`), and stage 2 halves the latent `pyramid_num_stages - 1` times before the
+  transformer's 2x2 patches, so the distilled preset (3 stages) needs sides on a 64 grid;
+  a chunk is `(num_latent_frames_per_chunk - 1) * 4 + 1` = 33 frames and a request runs whole
+  chunks (`ceil(num_frames / 33)`); the first frame is read from `extra_args["image"]`.
+- LingBot-World (`diffusion/models/lingbot_world/pipeline.py`, `LingBotWorldCausalDMDPipeline`):
+  the AR-Diffusion cache is built at load for `ar_diffusion_width` x `ar_diffusion_height`
+  (832 x 480; the wheel's `deploy/lingbot_world_v2_stepwise.yaml` says a client must ask for
+  that size), exactly 4 steps (`LINGBOT_DMD_TIMESTEPS`), `(num_frames - 1) % 4 == 0` and a
+  whole number of 3-frame latent blocks (so num_frames % 12 == 9), and one image in
+  `multi_modal_data.image` on every request.
+- Interaction kinds: `diffusion/interaction/registry.py` (`STRUCTURED_HANDLER_REGISTRY`).
+- fps is not read by either pipeline (any positive value passes); the cap is the rate each
+  model was trained at, above which the viewer gets stretched motion.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rtvideo.core.protocol import StartRequest
+from rtvideo.core.session_config import GeneratorLimits
+
+#: float32 RGB: what a step-mode pipeline keeps on the GPU per decoded frame
+FLOAT32_RGB_BYTES = 3 * 4
+#: the decoded frames one engine request may hold on the GPU
+REQUEST_MEMORY_BOUND_BYTES = 4 * 2**30
+
+
+class FirstFrame(enum.Enum):
+    """Whether a model takes a start's `image_reference` as its first frame."""
+
+    OPTIONAL = "optional"
+    REQUIRED = "required"
+
+
+class FirstFrameAt(enum.Enum):
+    """Where a pipeline reads the first frame (the engine adapter puts `image_reference` there)."""
+
+    #: the request prompt's `multi_modal_data.image`, a PIL image (vLLM-Omni's endpoint's way)
+    PROMPT = "prompt.multi_modal_data.image"
+    #: `sampling_params.extra_args["image"]`, a float tensor [1, 3, H, W] in [-1, 1] (Helios step mode)
+    EXTRA_ARGS = 'extra_args["image"]'
+
+
+@dataclass(frozen=True)
+class ModelRules(GeneratorLimits):
+    """One model's rules. Sizes: `exact_sizes` when the model renders only those, else sides on
+    `grid` in [`min_side`, `max_side`]. A request's frame count `n` is valid when
+    `n % frame_modulus == frame_remainder` (modulus 1: any count)."""
+
+    name: str = ""
+    #: the pipeline classes (`model_class_name`) and model ids this entry answers for
+    pipeline_classes: tuple[str, ...] = ()
+    model_ids: tuple[str, ...] = ()
+    grid: int = 16
+    exact_sizes: tuple[tuple[int, int], ...] = ()
+    default_size: tuple[int, int] = (640, 384)
+    default_fps: int = 16
+    frames_per_chunk: int = 33
+    frame_modulus: int = 1
+    frame_remainder: int = 0
+    #: the only step count the pipeline runs (None: any)
+    steps: int | None = None
+    first_frame: FirstFrame = FirstFrame.OPTIONAL
+    #: where the pipeline reads the first frame (the engine adapter puts it there)
+    first_frame_at: FirstFrameAt = FirstFrameAt.PROMPT
+    interactions: frozenset[str] = frozenset()
+    #: the real-time preset: sampling fields and `extra_params` (the engine's `extra_args`)
+    preset: Mapping[str, Any] = field(default_factory=dict)
+
+    def size_problem(self, width: int, height: int) -> str | None:
+        problem = GeneratorLimits.size_problem(self, width, height)
+        if problem is not None and " must be an integer" in problem:
+            return problem
+        if self.exact_sizes:
+            if (width, height) in self.exact_sizes:
+                return None
+            sizes = ", ".join(f"{w}×{h}" for w, h in self.exact_sizes)
+            return f"{self.name} renders {sizes} only, not {width}×{height}"
+        for name, side in (("width", width), ("height", height)):
+            if side % self.grid or not self.min_side <= side <= self.max_side:
+                width0, height0 = self.default_size
+                return (
+                    f"{self.name}: {name} {side} is not supported: use a multiple of {self.grid} "
+                    f"from {self.min_side} to {self.max_side} (e.g. {width0}×{height0})"
+                )
+        return None
+
+    def fps_problem(self, fps: int) -> str | None:
+        if not 1 <= fps <= self.max_fps:
+            return f"{self.name}: fps {fps} is not supported: use 1 to {self.max_fps}"
+        return None
+
+    def start_problem(self, start: StartRequest) -> str | None:
+        if self.first_frame is FirstFrame.REQUIRED and start.image_reference is None:
+            return f"image_reference is required by {self.name} (its first frame)"
+        steps = start.num_inference_steps
+        if steps is None:
+            steps = self.preset.get("num_inference_steps")
+        if self.steps is not None and steps is not None and steps != self.steps:
+            return f"{self.name} runs exactly {self.steps} inference steps, not {steps}"
+        return None
+
+    def frame_cap(self, width: int, height: int, cap: int) -> int:
+        return min(self.largest_frames(cap), self.memory_cap(width, height))
+
+    def valid_frames(self, frames: int) -> bool:
+        return frames >= 1 and frames % self.frame_modulus == self.frame_remainder % self.frame_modulus
+
+    def request_frames(self, wanted: int, cap: int) -> int:
+        """The engine request's frame count: the smallest valid count that covers `wanted`,
+        never above the largest valid count within `cap` (the session is cut to its own length)."""
+        top = self.largest_frames(cap)
+        step = self.frame_modulus
+        first = self.frame_remainder % step or step
+        covering = first if wanted <= first else first + math.ceil((wanted - first) / step) * step
+        return min(covering, top)
+
+    def largest_frames(self, cap: int) -> int:
+        """The largest valid frame count not above `cap`, in whole chunks (a request runs whole chunks)."""
+        step = self.frame_modulus
+        first = self.frame_remainder % step or step
+        top = first if cap <= first else first + (cap - first) // step * step
+        if self.frame_modulus == 1:  # any count: whole chunks, so the engine never runs past the cap
+            top = max(self.frames_per_chunk, cap // self.frames_per_chunk * self.frames_per_chunk)
+        return top
+
+    def memory_cap(self, width: int, height: int, bound: int = REQUEST_MEMORY_BOUND_BYTES) -> int:
+        """The largest valid request under `bound` bytes of decoded float32 frames at this size."""
+        return self.largest_frames(max(1, bound // (width * height * FLOAT32_RGB_BYTES)))
+
+    def describe(self) -> dict[str, Any]:
+        """What a client is told (`GET /v1/models`, `video.start` `config.model_rules`)."""
+        sizes: dict[str, Any] = (
+            {"sizes": [[w, h] for w, h in self.exact_sizes]}
+            if self.exact_sizes
+            else {"size_multiple": self.grid, "min_side": self.min_side, "max_side": self.max_side}
+        )
+        return {
+            "name": self.name,
+            **sizes,
+            "max_fps": self.max_fps,
+            "frames_per_chunk": self.frames_per_chunk,
+            "interactions": sorted(self.interactions),
+            "image_reference": self.first_frame.value,
+            **({"num_inference_steps": self.steps} if self.steps is not None else {}),
+        }
+
+    def preset_copy(self) -> dict[str, Any]:
+        preset = copy.deepcopy(dict(self.preset))
+        preset.setdefault("extra_params", {})
+        return preset
+
+
+#: Helios-Distilled's real-time preset, as vLLM-Omni's streaming example runs it
+HELIOS_DISTILLED_PRESET: dict[str, Any] = {
+    "guidance_scale": 1.0,
+    "extra_params": {
+        "is_enable_stage2": True,
+        "pyramid_num_stages": 3,
+        "pyramid_num_inference_steps_list": [1, 1, 1],
+        "is_amplify_first_chunk": True,
+    },
+}
+
+HELIOS_DISTILLED = ModelRules(
+    name="Helios-Distilled",
+    pipeline_classes=("HeliosPyramidPipeline",),
+    model_ids=("BestWishYsh/Helios-Distilled",),
+    min_side=128,
+    max_side=1280,
+    max_fps=24,
+    grid=16 * 2 ** (HELIOS_DISTILLED_PRESET["extra_params"]["pyramid_num_stages"] - 1),
+    default_size=(640, 384),
+    frames_per_chunk=33,
+    first_frame_at=FirstFrameAt.EXTRA_ARGS,
+    interactions=frozenset({"prompt"}),
+    preset=HELIOS_DISTILLED_PRESET,
+)
+
+#: Helios without stage 2 (the base pipeline): the 16-pixel grid, 50 steps by default
+HELIOS = ModelRules(
+    name="Helios",
+    pipeline_classes=("HeliosPipeline",),
+    model_ids=("BestWishYsh/Helios-Base",),
+    min_side=128,
+    max_side=1280,
+    max_fps=24,
+    grid=16,
+    default_size=(640, 384),
+    frames_per_chunk=33,
+    first_frame_at=FirstFrameAt.EXTRA_ARGS,
+    interactions=frozenset({"prompt"}),
+    preset={"extra_params": {}},
+)
+
+#: LingBot-World's causal DMD pipeline on the AR-Diffusion engine (stepwise deploy config)
+LINGBOT_WORLD = ModelRules(
+    name="LingBot-World",
+    pipeline_classes=("LingBotWorldCausalDMDPipeline",),
+    model_ids=(),
+    min_side=480,
+    max_side=832,
+    max_fps=16,
+    exact_sizes=((832, 480),),
+    default_size=(832, 480),
+    frames_per_chunk=12,
+    frame_modulus=12,
+    frame_remainder=9,
+    steps=4,
+    first_frame=FirstFrame.REQUIRED,
+    first_frame_at=FirstFrameAt.PROMPT,
+    interactions=frozenset({"camera"}),
+    preset={"num_inference_steps": 4, "extra_params": {"flow_shift": 5.0}},
+)
+
+#: every model with rules, in the order they are looked up
+MODELS: tuple[ModelRules, ...] = (HELIOS_DISTILLED, HELIOS, LINGBOT_WORLD)
+
+
+def find(model: str, pipeline: str | None) -> ModelRules | None:
+    """The rules of the deployed model: by its pipeline class (`model_class_name`, the deploy
+    config's, or the model directory's `_class_name`), else by its model id; None when unknown
+    (then only the generic limits apply and the engine has the last word)."""
+    if pipeline is not None:
+        for rules in MODELS:
+            if pipeline in rules.pipeline_classes:
+                return rules
+    for rules in MODELS:
+        if model in rules.model_ids:
+            return rules
+    return None

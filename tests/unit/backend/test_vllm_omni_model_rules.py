@@ -1,0 +1,219 @@
+"""The model rule table (`rtvideo/backend/vllm_omni/model_rules.py`) against the pinned wheel's
+pipeline code, and the refusals it gives before the engine.
+
+Each rule is read in the wheel's source (nothing of it is imported: it needs vLLM and CUDA), so
+a wrong entry fails here and not on a GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+import pytest
+import yaml
+
+from rtvideo.backend import catalog
+from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.vllm_omni import interaction_rules, model_rules
+from rtvideo.backend.vllm_omni.model_rules import HELIOS, HELIOS_DISTILLED, LINGBOT_WORLD, FirstFrame, FirstFrameAt
+from rtvideo.backend.vllm_omni.source import EngineSources
+from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.protocol import parse_start
+from rtvideo.core.session_config import resolve_session_config
+from tests.support.vllm_omni_wheel import wheel_source
+
+HELIOS_PIPELINE = "vllm_omni/diffusion/models/helios/pipeline_helios.py"
+HELIOS_TRANSFORMER = "vllm_omni/diffusion/models/helios/helios_transformer.py"
+LINGBOT_PIPELINE = "vllm_omni/diffusion/models/lingbot_world/pipeline.py"
+LINGBOT_TRANSFORMER = "vllm_omni/diffusion/models/lingbot_world/transformer.py"
+LINGBOT_DEPLOY = "vllm_omni/deploy/lingbot_world_v2_stepwise.yaml"
+DATA_URL = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+def _int_assignment(source: str, name: str) -> int:
+    match = re.search(rf"^{name} = (.+)$", source, re.M)
+    assert match, f"{name} not found"
+    return int(eval(match.group(1), {}))  # a literal product such as 480 * 832
+
+
+def _default_patch_size(source: str) -> tuple[int, ...]:
+    match = re.search(r"patch_size: tuple\[int, \.\.\.\] = \((\d+), (\d+), (\d+)\)", source) or re.search(
+        r"patch_size: tuple\[int, int, int\] = \((\d+), (\d+), (\d+)\)", source
+    )
+    assert match
+    return tuple(int(g) for g in match.groups())
+
+
+# --- Helios --------------------------------------------------------------------------------------
+def test_helios_sizes_floor_to_16_and_stage2_halves_the_latent_per_extra_stage() -> None:
+    source = wheel_source(HELIOS_PIPELINE)
+    assert 'extra.get("height", 384)) // 16) * 16' in source and 'extra.get("width", 640)) // 16) * 16' in source
+    assert re.search(r'for _ in range\(extra\["pyramid_num_stages"\] - 1\):\s+height //= 2\s+width //= 2', source)
+    spatial = int(re.search(r"self\.vae_scale_factor_spatial = .* else (\d+)", source).group(1))  # type: ignore[union-attr]
+    patch = _default_patch_size(wheel_source(HELIOS_TRANSFORMER))
+    assert patch[1:] == (2, 2)
+    # a side must stay whole through the VAE (8), each halving and the 2-pixel patch: 16 * 2^(stages-1)
+    stages = HELIOS_DISTILLED.preset["extra_params"]["pyramid_num_stages"]
+    assert HELIOS_DISTILLED.grid == spatial * patch[1] * 2 ** (stages - 1) == 64
+    assert HELIOS.grid == spatial * patch[1] == 16 and "pyramid_num_stages" not in HELIOS.preset["extra_params"]
+    assert HELIOS_DISTILLED.size_problem(640, 384) is None
+    for width, height in ((832, 480), (1280, 720), (640, 360)):  # floor to 16 passes them, stage 2 does not
+        assert "multiple of 64" in (HELIOS_DISTILLED.size_problem(width, height) or "")
+        assert (HELIOS.size_problem(width, height) is None) == (height % 16 == 0)
+
+
+def test_helios_chunks_are_33_frames_and_a_request_runs_whole_chunks() -> None:
+    source = wheel_source(HELIOS_PIPELINE)
+    latent = int(re.search(r'extra\.get\("num_latent_frames_per_chunk", (\d+)\)', source).group(1))  # type: ignore[union-attr]
+    temporal = int(re.search(r"self\.vae_scale_factor_temporal = .* else (\d+)", source).group(1))  # type: ignore[union-attr]
+    assert "window_num_frames = (num_latent_frames_per_chunk - 1) * self.vae_scale_factor_temporal + 1" in source
+    assert "num_latent_chunk = max(1, (num_frames + window_num_frames - 1) // window_num_frames)" in source
+    for rules in (HELIOS, HELIOS_DISTILLED):
+        assert rules.frames_per_chunk == (latent - 1) * temporal + 1 == 33
+        assert rules.frame_modulus == 1  # any count: the engine rounds up to whole chunks
+    # so the cap is whole chunks: 1456 would run 45 chunks, past the memory bound
+    assert HELIOS_DISTILLED.largest_frames(1456) == 1452 == catalog.DEFAULT_MAX_REQUEST_FRAMES
+
+
+def test_helios_reads_its_first_frame_from_extra_args_in_step_mode() -> None:
+    source = wheel_source(HELIOS_PIPELINE)
+    assert 'image = extra.get("image")' in source
+    assert "def prepare_image_latents(" in source and "image = image.unsqueeze(2)" in source  # [B, C, H, W]
+    for rules in (HELIOS, HELIOS_DISTILLED):
+        assert rules.first_frame_at is FirstFrameAt.EXTRA_ARGS and rules.first_frame is FirstFrame.OPTIONAL
+
+
+# --- LingBot-World ------------------------------------------------------------------------------
+def test_lingbot_renders_its_cache_size_only() -> None:
+    source = wheel_source(LINGBOT_PIPELINE)
+    height = int(re.search(r'model_config\.get\("ar_diffusion_height", (\d+)\)', source).group(1))  # type: ignore[union-attr]
+    width = int(re.search(r'model_config\.get\("ar_diffusion_width", (\d+)\)', source).group(1))  # type: ignore[union-attr]
+    deploy = yaml.safe_load(wheel_source(LINGBOT_DEPLOY))
+    model_config = deploy["stages"][0]["model_config"]
+    assert (model_config["ar_diffusion_width"], model_config["ar_diffusion_height"]) == (width, height)
+    assert LINGBOT_WORLD.exact_sizes == ((width, height),) == ((832, 480),)
+    assert _int_assignment(source, "_MAX_PIXEL_AREA") >= width * height
+    assert LINGBOT_WORLD.size_problem(640, 384) == "LingBot-World renders 832×480 only, not 640×384"
+
+
+def test_lingbot_steps_frames_first_frame_and_class() -> None:
+    source = wheel_source(LINGBOT_PIPELINE)
+    timesteps = ast.literal_eval(re.search(r"^LINGBOT_DMD_TIMESTEPS = (.+)$", source, re.M).group(1))  # type: ignore[union-attr]
+    assert LINGBOT_WORLD.steps == len(timesteps) == 4
+    assert "if num_inference_steps != len(LINGBOT_DMD_TIMESTEPS):" in source
+    # (n - 1) % temporal == 0 and ((n - 1) // temporal + 1) % block == 0
+    assert "if (num_frames - 1) % temporal_factor:" in source and "if num_latent_frames % block_frames:" in source
+    block = int(re.search(r"num_frames_per_block: int = (\d+)", wheel_source(LINGBOT_TRANSFORMER)).group(1))  # type: ignore[union-attr]
+    temporal = int(re.search(r'scale_factor_temporal", (\d+)\)', source).group(1))  # type: ignore[union-attr]
+    valid = [n for n in range(1, 200) if (n - 1) % temporal == 0 and ((n - 1) // temporal + 1) % block == 0]
+    assert valid == [n for n in range(1, 200) if LINGBOT_WORLD.valid_frames(n)]
+    assert (LINGBOT_WORLD.frame_modulus, LINGBOT_WORLD.frame_remainder) == (12, 9)
+    assert 'raise ValueError("LingBot World requires exactly one image in multi_modal_data.image.")' in source
+    assert LINGBOT_WORLD.first_frame is FirstFrame.REQUIRED and LINGBOT_WORLD.first_frame_at is FirstFrameAt.PROMPT
+    deploy = yaml.safe_load(wheel_source(LINGBOT_DEPLOY))
+    stage = deploy["stages"][0]
+    assert stage["model_class_name"] in LINGBOT_WORLD.pipeline_classes
+    assert stage["default_sampling_params"]["num_inference_steps"] == LINGBOT_WORLD.preset["num_inference_steps"]
+    assert stage["default_sampling_params"]["extra_args"] == LINGBOT_WORLD.preset["extra_params"]
+    assert stage["step_execution"] is True and stage["streaming_output"] is True
+
+
+def test_lingbot_requests_are_valid_counts_within_the_caps() -> None:
+    assert LINGBOT_WORLD.memory_cap(832, 480) == 885  # 4 GiB / (832 x 480 x 12 B) = 896, down to 12k + 9
+    assert [LINGBOT_WORLD.request_frames(n, 885) for n in (1, 9, 10, 21, 22, 5000)] == [9, 9, 21, 21, 33, 885]
+    sources = EngineSources(None, {}, 3600.0, None, max_request_frames=1452, rules=LINGBOT_WORLD)  # type: ignore[arg-type]
+    config = resolve_session_config(parse_start(json.dumps(_start(image=True))), _lingbot().capabilities("m"))
+    assert config.num_frames == 885 and sources.engine_frames(config) == 885
+
+
+# --- the registry and the table agree ------------------------------------------------------------
+def test_interaction_kinds_are_the_wheels_registry() -> None:
+    tree = ast.parse(wheel_source("vllm_omni/diffusion/interaction/registry.py"))
+    registry = next(
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "STRUCTURED_HANDLER_REGISTRY"
+    )
+    assert isinstance(registry, ast.Dict)
+    wheel = {
+        ast.literal_eval(k): {ast.literal_eval(m) for m in v.keys}
+        for k, v in zip(registry.keys, registry.values, strict=True)
+    }  # type: ignore[arg-type, union-attr]
+    for rules in model_rules.MODELS:
+        for pipeline in rules.pipeline_classes:
+            assert wheel[pipeline] == set(rules.interactions), pipeline
+            assert interaction_rules.INTERACTION_MODALITIES[pipeline] == rules.interactions
+
+
+def test_the_class_comes_from_the_deploy_config(tmp_path) -> None:
+    deploy = tmp_path / "lingbot.yaml"
+    deploy.write_text(wheel_source(LINGBOT_DEPLOY))
+    args = {"deploy_config": str(deploy)}
+    assert interaction_rules.pipeline_class("/models/lingbot", args) == "LingBotWorldCausalDMDPipeline"
+    assert interaction_rules.pipeline_class("/m", {**args, "model_class_name": "HeliosPipeline"}) == "HeliosPipeline"
+    assert model_rules.find("/models/lingbot", "LingBotWorldCausalDMDPipeline") is LINGBOT_WORLD
+    assert model_rules.find("BestWishYsh/Helios-Distilled", None) is HELIOS_DISTILLED
+    assert model_rules.find("someone/else", None) is None
+
+
+# --- refusals before the engine and at model load ------------------------------------------------
+def _lingbot(**params: str) -> BackendSettings:
+    return BackendSettings.from_parameters(
+        {
+            "generator": "vllm_omni",
+            "vllm_omni_model": "/models/lingbot",
+            "vllm_omni_engine_args": '{"model_class_name": "LingBotWorldCausalDMDPipeline"}',
+            "width": "832",
+            "height": "480",
+            **params,
+        }
+    )
+
+
+def _start(image: bool = False, **fields: object) -> dict:
+    return {
+        "type": "session.start",
+        "prompt": "a street",
+        **({"image_reference": {"image_url": DATA_URL}} if image else {}),
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(
+    "fields,words",
+    [
+        ({"width": 640, "height": 384, "image": True}, "LingBot-World renders 832×480 only, not 640×384"),
+        ({}, "image_reference is required by LingBot-World (its first frame)"),
+        ({"image": True, "num_inference_steps": 8}, "LingBot-World runs exactly 4 inference steps, not 8"),
+        ({"image": True, "fps": 24}, "LingBot-World: fps 24 is not supported: use 1 to 16"),
+    ],
+)
+def test_a_start_that_breaks_a_lingbot_rule_is_refused_by_name(fields: dict, words: str) -> None:
+    image = bool(fields.pop("image", False))
+    with pytest.raises(ProtocolError) as caught:
+        resolve_session_config(parse_start(json.dumps(_start(image, **fields))), _lingbot().capabilities("m"))
+    assert caught.value.code is ErrorCode.INVALID_START and str(caught.value.message) == words
+
+
+def test_a_helios_start_off_its_grid_is_refused_and_on_it_accepted() -> None:
+    caps = BackendSettings.from_parameters({"generator": "vllm_omni", "width": "640", "height": "384"}).capabilities(
+        "m"
+    )
+    with pytest.raises(ProtocolError, match="multiple of 64"):
+        resolve_session_config(parse_start(json.dumps(_start(width=832, height=480))), caps)
+    config = resolve_session_config(parse_start(json.dumps(_start(width=1280, height=704))), caps)
+    assert config.to_json()["model_rules"] == HELIOS_DISTILLED.describe()
+    assert config.to_json()["model_rules"]["size_multiple"] == 64
+    assert config.num_frames == HELIOS_DISTILLED.memory_cap(1280, 704) < 1452  # the bound at its own size
+
+
+def test_a_deployment_that_breaks_its_models_rules_fails_at_load() -> None:
+    with pytest.raises(ValueError, match="LingBot-World renders 832×480 only, not 640×384"):
+        _lingbot(width="640", height="384")
+    with pytest.raises(ValueError, match="Helios-Distilled: height 480 is not supported"):
+        BackendSettings.from_parameters({"generator": "vllm_omni", "width": "832", "height": "480"})
+    assert _lingbot().sampling_preset()["num_inference_steps"] == 4
