@@ -79,25 +79,28 @@ class HealthHandler(_JsonHandler):
         )
 
 
-async def served_model_names(context: ProxyContext) -> list[str]:
+async def served_models(context: ProxyContext) -> dict[str, dict[str, Any] | None]:
     """The model names a start may ask for (`--served-model-name`, else the Triton model's name
-    and its generator's model ids), read from the model configs of the Triton endpoints as the
-    model reads them (`BackendSettings.served_names`); in order, each once. Empty when no
-    endpoint's config could be read."""
+    and its generator's model ids), each with the deployed model's own rules as `video.start`
+    `config.model_rules` states them (None without any), read from the model configs of the
+    Triton endpoints as the model reads them (`BackendSettings`); in order, each once. Empty
+    when no endpoint's config could be read."""
     from rtvideo.backend.settings import BackendSettings  # torch-free, like the proxy
 
     model = context.settings.model
 
-    async def read(endpoint: Any) -> tuple[str, ...]:
+    async def read(endpoint: Any) -> tuple[tuple[str, ...], dict[str, Any] | None]:
         try:
             response = await endpoint.bridge.client.get_model_config(
                 model, headers=endpoint.bridge.headers, client_timeout=context.settings.probe_timeout
             )
             params = {key: value.string_value for key, value in response.config.parameters.items()}
-            return BackendSettings.from_parameters(params).served_names(model)
+            settings = BackendSettings.from_parameters(params)
+            rules = settings.model_rules()
+            return settings.served_names(model), rules.describe() if rules is not None else None
         except Exception as exc:  # noqa: BLE001 - that endpoint is down or its config unusable: the others say
             log.info("triton endpoint %s: served model names not read (%s)", endpoint.address, exc)
-            return ()
+            return (), None
 
     # every endpoint not known to be down, at once (a hung one holds the answer up by one timeout at most)
     up = [
@@ -105,11 +108,16 @@ async def served_model_names(context: ProxyContext) -> list[str]:
         for e in context.pool.endpoints.values()
         if e.supervisor.state not in (BackendState.DOWN, BackendState.RESTARTING)
     ]
-    names: dict[str, None] = {}
-    for served in await asyncio.gather(*(read(e) for e in up)):
+    models: dict[str, dict[str, Any] | None] = {}
+    for served, rules in await asyncio.gather(*(read(e) for e in up)):
         for name in served:
-            names.setdefault(name, None)
-    return list(names)
+            models.setdefault(name, rules)
+    return models
+
+
+async def served_model_names(context: ProxyContext) -> list[str]:
+    """`served_models`' names, in order."""
+    return list(await served_models(context))
 
 
 #: `created` of every model in `GET /v1/models`: when this proxy process started (vLLM's is the request's time)
@@ -118,20 +126,29 @@ STARTED_AT = int(time.time())
 
 class ModelsHandler(_JsonHandler):
     """`GET /v1/models` in the OpenAI list format (as vLLM's server answers it): the served model
-    names, the first the one `video.start` reports. Behind the token when one is set; 503 when
+    names, the first the one `video.start` reports, each with `model_rules` (sizes, fps,
+    interaction kinds, whether a first frame is required) when the model has rules of its own. Behind the token when one is set; 503 when
     no Triton endpoint's model config could be read."""
 
     async def get(self) -> None:
         ctx = self.context
         if refused_without_token(self, ctx.settings.token):
             return
-        names = await served_model_names(ctx)
-        root = names[0] if names else None
+        models = await served_models(ctx)
+        root = next(iter(models), None)
         data = [
-            {"id": name, "object": "model", "created": STARTED_AT, "owned_by": "rtvideo", "root": root, "parent": None}
-            for name in names
+            {
+                "id": name,
+                "object": "model",
+                "created": STARTED_AT,
+                "owned_by": "rtvideo",
+                "root": root,
+                "parent": None,
+                **({"model_rules": rules} if rules is not None else {}),
+            }
+            for name, rules in models.items()
         ]
-        self.reply(bool(names), {"object": "list", "data": data})
+        self.reply(bool(models), {"object": "list", "data": data})
 
 
 class ReadyHandler(_JsonHandler):

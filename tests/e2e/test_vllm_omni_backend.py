@@ -22,6 +22,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.backend.catalog import DEFAULT_MAX_REQUEST_FRAMES
+from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED, LINGBOT_WORLD
 from rtvideo.triton.model_repo import derive_model
 from tests.support.omni_standin import colour
 from tests.support.paths import SUPPORT
@@ -414,3 +415,13 @@ def test_a_lingbot_session_by_its_rules_reaches_the_engine_with_a_count_it_runs(
     generate = engines[LINGBOT].wait_for("generate", request_id=start["request_id"])
     assert generate["num_frames"] == 21  # 20 covered by the smallest count with n % 12 == 9
     assert generate["num_inference_steps"] == 4 and generate["image_shape"] == [480, 832, 3]
+
+
+def test_models_lists_each_models_rules(omni) -> None:
+    proxies, _ = omni
+    for model, expected in ((LINGBOT, LINGBOT_WORLD), (MODEL, HELIOS_DISTILLED)):
+        port = proxies.server(model=model).port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as response:
+            body = json.loads(response.read())
+        assert body["data"][0]["id"] == model
+        assert all(entry["model_rules"] == expected.describe() for entry in body["data"])
