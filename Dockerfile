@@ -80,7 +80,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     RTVIDEO_HEALTH_PORT=8081
 WORKDIR /opt/rtvideo
 COPY --from=source /src ./
-COPY deploy/gpu/requirements.lock ./deploy/gpu/
+COPY deploy/gpu/requirements.lock deploy/gpu/lingbot_world_stepwise.yaml ./deploy/gpu/
 COPY scripts/check_vllm_image.py ./scripts/
 # No Triton image carries vLLM 0.30 (Triton's compatibility matrix ends at 26.08-vllm-python-py3 =
 # vLLM 0.27.1), so vLLM comes from the lock too: every package vllm + vllm-omni + rtvideo's

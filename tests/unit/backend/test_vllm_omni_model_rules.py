@@ -217,3 +217,20 @@ def test_a_deployment_that_breaks_its_models_rules_fails_at_load() -> None:
     with pytest.raises(ValueError, match="Helios-Distilled: height 480 is not supported"):
         BackendSettings.from_parameters({"generator": "vllm_omni", "width": "832", "height": "480"})
     assert _lingbot().sampling_preset()["num_inference_steps"] == 4
+
+
+def test_the_shipped_lingbot_deploy_config_is_the_wheels_where_the_rules_depend_on_it() -> None:
+    from tests.support.paths import REPO_ROOT as ROOT
+
+    ours = yaml.safe_load((ROOT / "deploy/gpu/lingbot_world_stepwise.yaml").read_text())
+    wheel = yaml.safe_load(wheel_source(LINGBOT_DEPLOY))
+    assert ours["pipeline"] == wheel["pipeline"] == "lingbot_world"
+    (stage,), (theirs,) = ours["stages"], wheel["stages"]
+    for key in ("model_class_name", "engine_backend", "step_execution", "streaming_output", "max_num_seqs"):
+        assert stage[key] == theirs[key], key
+    assert stage["default_sampling_params"] == theirs["default_sampling_params"]
+    for key in ("ar_diffusion_height", "ar_diffusion_width"):
+        assert stage["model_config"][key] == theirs["model_config"][key], key
+    assert interaction_rules.deploy_config_class(str(ROOT / "deploy/gpu/lingbot_world_stepwise.yaml")) in (
+        LINGBOT_WORLD.pipeline_classes
+    )
