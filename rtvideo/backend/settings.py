@@ -16,6 +16,7 @@ from rtvideo import settings_text
 from rtvideo.backend import catalog
 from rtvideo.backend.image_reference import MediaPolicy
 from rtvideo.backend.vllm_omni import interaction_rules, model_rules
+from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES
 from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.settings_text import setting
 
@@ -92,6 +93,11 @@ class BackendSettings:
         "the GPU: docs/vllm-omni.md, GPU memory)",
     )
     vllm_omni_health_seconds: float = setting(5.0, "vllm_omni: seconds between engine health checks")
+    vllm_omni_output_queue_bytes: int = setting(
+        DEFAULT_OUTPUT_QUEUE_BYTES,
+        "vllm_omni: bytes of decoded engine output one session may hold while it encodes; past it the "
+        "session's engine request waits (one 640x384 Helios chunk is about 97 MB)",
+    )
     #: what builds the engine, `module:callable` or `path/to/file.py:callable`; only tests change it
     #: (to a stand-in engine in tests/), so that the hosting code runs without a GPU
     vllm_omni_engine: str = setting(
@@ -141,6 +147,8 @@ class BackendSettings:
             raise ValueError("model parameter vllm_omni_max_request_frames must be positive")
         if self.vllm_omni_health_seconds <= 0:
             raise ValueError("vllm_omni_health_seconds must be positive")
+        if self.vllm_omni_output_queue_bytes <= 0:
+            raise ValueError("vllm_omni_output_queue_bytes must be positive")
         if not 0 < self.media_fetch_timeout_seconds <= 60:
             raise ValueError("media_fetch_timeout_seconds must be in (0, 60]")
         for domain in self.allowed_media_domains:

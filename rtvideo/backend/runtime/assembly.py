@@ -82,6 +82,7 @@ def build_manager(
             pipeline=pipeline_class(settings.vllm_omni_model, settings.engine_args()),
             max_request_frames=settings.vllm_omni_max_request_frames,
             rules=settings.model_rules(),
+            output_queue_bytes=settings.vllm_omni_output_queue_bytes,
         )
         log.info(
             "generator=vllm_omni engine=%s model=%s settings=%s",

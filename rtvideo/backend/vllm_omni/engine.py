@@ -34,7 +34,6 @@ import gc
 import importlib
 import importlib.util
 import logging
-import queue
 import sys
 import threading
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt
+from rtvideo.backend.vllm_omni.output_queue import OutputQueue, output_bytes
 from rtvideo.core.session_config import SessionConfig
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ class EngineHost:
         config: SessionConfig,
         num_frames: int,
         preset: Mapping[str, Any],
-        sink: queue.Queue[tuple],
+        sink: OutputQueue,
         image_at: FirstFrameAt,
     ) -> None:
         try:
@@ -232,12 +232,13 @@ class EngineHost:
             prompt = engine_prompt(prompt, config, image_at)
             outputs = self._engine.generate(prompt=dict(prompt), request_id=request_id, sampling_params_list=[params])
             async for output in outputs:
-                sink.put(("output", output, time.monotonic()))  # unbounded: never blocks the loop
-            sink.put(("end", None, time.monotonic()))
+                sink.put("output", output, time.monotonic(), output_bytes(output))
+                await sink.wait_for_room()  # a session behind holds its own request back, not the loop
+            sink.put("end", None, time.monotonic())
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - the session reports it
-            sink.put(("error", exc, time.monotonic()))
+            sink.put("error", exc, time.monotonic())
 
     def _sampling_params(self, config: SessionConfig, num_frames: int, preset: Mapping[str, Any]) -> Any:
         """The engine's own default diffusion params, with this session's values set as vLLM-Omni's
@@ -296,7 +297,7 @@ class EngineHost:
         config: SessionConfig,
         num_frames: int,
         preset: Mapping[str, Any],
-        sink: queue.Queue[tuple],
+        sink: OutputQueue,
         image_at: FirstFrameAt,
     ) -> None:
         self._tasks[request_id] = asyncio.get_running_loop().create_task(
@@ -326,7 +327,7 @@ class EngineHost:
         config: SessionConfig,
         num_frames: int,
         preset: Mapping[str, Any],
-        sink: queue.Queue[tuple],
+        sink: OutputQueue,
         image_at: FirstFrameAt = FirstFrameAt.PROMPT,
     ) -> None:
         """Start streaming a request's outputs into `sink` (waits only for the task to be created);

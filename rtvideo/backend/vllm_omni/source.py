@@ -12,7 +12,6 @@ import concurrent.futures
 import functools
 import logging
 import math
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +24,7 @@ from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
 from rtvideo.backend.vllm_omni.interaction_rules import modalities, refusal
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
+from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OutputQueue
 from rtvideo.core.camera import merge_ids
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import ACTIVE, COMPLETED, STARTED, EngineStreamTranslator
@@ -49,6 +49,7 @@ class EngineChunkSource:
         open_encoder: Callable[[], ChunkEncoder],
         pipeline: str | None = None,
         image_at: FirstFrameAt = FirstFrameAt.PROMPT,
+        output_queue_bytes: int = DEFAULT_OUTPUT_QUEUE_BYTES,
     ) -> None:
         self._host = host
         self._pipeline = pipeline  # the engine's pipeline class (its interaction modalities), if known
@@ -62,7 +63,7 @@ class EngineChunkSource:
         self._first_output = False
         self._closed = False
         self._lock = threading.Lock()  # translator + forwarding (request path vs worker)
-        self._queue: queue.Queue[tuple] = queue.Queue()
+        self._queue = OutputQueue(output_queue_bytes)
         self._encoder = LazyEncoder(open_encoder)
         # the engine renders whole chunks: its last one may run past a bounded session's frames
         self._frames_left = config.num_frames
@@ -124,19 +125,19 @@ class EngineChunkSource:
         # `generate()`, which aborts the request (`interaction_rules`)
         reason = refusal(event, n, self._pipeline)
         if reason is not None:
-            self._queue.put(("event_failed", (event_id, ValueError(reason)), time.monotonic()))
+            self._queue.put("event_failed", (event_id, ValueError(reason)), time.monotonic())
             return
         self._unstarted.append(event_id)
         try:
             future = self._host.interact(self._request_id, interaction)
         except Exception as exc:  # noqa: BLE001 - reported like a refusal
-            self._queue.put(("event_failed", (event_id, exc), time.monotonic()))
+            self._queue.put("event_failed", (event_id, exc), time.monotonic())
             return
 
         def done(f: concurrent.futures.Future[Any]) -> None:
             exc = None if f.cancelled() else f.exception()
             if exc is not None or f.cancelled():
-                self._queue.put(("event_failed", (event_id, exc), time.monotonic()))
+                self._queue.put("event_failed", (event_id, exc), time.monotonic())
 
         future.add_done_callback(done)
 
@@ -165,7 +166,7 @@ class EngineChunkSource:
         return self._chunk(value, at)
 
     def interrupt(self) -> None:
-        self._queue.put(("interrupt", None, time.monotonic()))
+        self._queue.put("interrupt", None, time.monotonic())
 
     def _chunk(self, output: Any, at: float) -> SourceChunk:
         error = getattr(output, "error", None)
@@ -257,8 +258,11 @@ class EngineSources:
         pipeline: str | None = None,
         max_request_frames: int = DEFAULT_MAX_REQUEST_FRAMES,
         rules: ModelRules | None = None,
+        output_queue_bytes: int = DEFAULT_OUTPUT_QUEUE_BYTES,
     ) -> None:
         self.host = host
+        #: what one session's engine outputs may hold while its worker encodes (`OutputQueue`)
+        self.output_queue_bytes = output_queue_bytes
         self.pipeline = pipeline
         #: the model's own rules (`model_rules.py`): its frame-count rule, where it reads a first frame
         self.rules = rules
@@ -282,6 +286,7 @@ class EngineSources:
             open_encoder,
             self.pipeline,
             image_at,
+            self.output_queue_bytes,
         )
 
     def engine_frames(self, config: SessionConfig) -> int:

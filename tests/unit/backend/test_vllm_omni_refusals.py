@@ -154,7 +154,7 @@ def _output(stream: dict[str, Any] | None = None) -> Any:
 def test_an_interaction_the_pipeline_has_no_handler_for_is_refused_before_forwarding() -> None:
     source, host = _source("WanPipeline")
     assert host.sink is not None
-    host.sink.put(("output", _output(), 0.0))
+    host.sink.put("output", _output(), 0.0)
     source.next_chunk(4)
     source.admit("e1", "a lantern", 1)
     failed = source.next_chunk(4)
@@ -166,11 +166,11 @@ def test_an_interaction_the_pipeline_has_no_handler_for_is_refused_before_forwar
 def test_an_error_through_generate_ends_the_session_naming_the_event() -> None:
     source, host = _source("HeliosPyramidPipeline")
     assert host.sink is not None
-    host.sink.put(("output", _output(), 0.0))
+    host.sink.put("output", _output(), 0.0)
     source.next_chunk(4)
     source.admit("e1", "a lantern", 1)
     assert [i["event_id"] for i in host.interactions] == ["e1"]
-    host.sink.put(("error", RuntimeError("Failed interaction for request r: boom"), 0.0))
+    host.sink.put("error", RuntimeError("Failed interaction for request r: boom"), 0.0)
     with pytest.raises(EngineError, match=r"event\(s\) 'e1' not yet started.*Failed interaction"):
         source.next_chunk(4)
 
