@@ -82,6 +82,10 @@ WORKDIR /opt/rtvideo
 COPY --from=source /src ./
 COPY deploy/gpu/requirements.lock deploy/gpu/lingbot_world_stepwise.yaml ./deploy/gpu/
 COPY scripts/check_vllm_image.py ./scripts/
+# The GPU check (docs/vllm-omni.md): `bash scripts/gpu_check.sh` inside the image fails unless
+# the engine path works and runs in real time (the model's first-chunk budget and fps).
+COPY scripts/gpu_check.sh ./scripts/
+COPY benchmarks ./benchmarks/
 # No Triton image carries vLLM 0.30 (Triton's compatibility matrix ends at 26.08-vllm-python-py3 =
 # vLLM 0.27.1), so vLLM comes from the lock too: every package vllm + vllm-omni + rtvideo's
 # runtime need, at the versions pip's resolver chose for this Python and platform

@@ -16,7 +16,10 @@ runs direct-gRPC sessions. With --assert it exits 1, listing each failure, unles
    than `--memory-tolerance-mib` above the first's;
 6. `session.stop`, and a disconnect (the stream cancelled), of an open-ended session end the
    engine request: the GPU goes idle within `--idle-timeout` s (an engine still generating the
-   request keeps it busy).
+   request keeps it busy);
+7. real time (`--realtime`, on by default with `--assert` against the real engine): the first
+   chunk within the model's budget and the fps delivered after it at least the session's
+   (`ModelRules.realtime_problems`, budgets in `rtvideo/backend/vllm_omni/model_rules.py`).
 
     python3 benchmarks/bench_vllm_omni.py [--model BestWishYsh/Helios-Distilled --chunks 5 --assert]
 
@@ -45,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rtvideo.backend.vllm_omni import model_rules
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.triton import TritonConfig, TritonServer, free_port
 from rtvideo.triton.access import generate_key
@@ -190,6 +194,13 @@ def main() -> None:
     parser.add_argument("--size", default=f"{HELIOS['width']}x{HELIOS['height']}", help="WxH of the sessions")
     parser.add_argument("--log", type=Path, default=None, help="Triton's log (default: a temp file)")
     parser.add_argument("--assert", dest="check", action="store_true", help="assert the engine path (above)")
+    parser.add_argument(
+        "--realtime",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fail unless the first chunk is within the model's budget and delivered fps >= the session's "
+        "(default: on with --assert against the real engine; a stand-in on a CPU proves nothing about speed)",
+    )
     parser.add_argument("--memory-tolerance-mib", type=int, default=512)
     parser.add_argument("--idle-timeout", type=float, default=30.0)
     parser.add_argument(
@@ -247,7 +258,17 @@ def main() -> None:
             with TritonStreamSession(server.grpc_url, key=key) as s:
                 first = run_session(s, num_frames=n, update_after_first=True)
             report(first)
+            if args.realtime or (args.check and real_engine and args.realtime is None):
+                # 1. real time: the model's first-chunk budget and the session's fps (model_rules.py)
+                rules = (
+                    model_rules.find(args.model, engine_args.get("model_class_name")) or model_rules.HELIOS_DISTILLED
+                )
+                for problem in rules.realtime_problems(*figures(first), int(HELIOS["fps"])):
+                    print(f"REAL TIME FAILED: {problem}")
+                    failures.append(problem)
             if not args.check:
+                if failures:
+                    raise SystemExit(f"bench_vllm_omni: not real time: {'; '.join(failures)}")
                 if not first.media:
                     raise SystemExit("no chunk arrived")
                 return
@@ -310,6 +331,16 @@ def main() -> None:
         print("bench_vllm_omni: every assertion passed")
     else:
         print(f"bench_vllm_omni: every assertion passed against the stand-in {args.engine} (not a GPU proof)")
+
+
+def figures(session: Session) -> tuple[float | None, float | None]:
+    """Time to the first chunk and the fps delivered after it (None: not measured)."""
+    if not session.media:
+        return None, None
+    first = session.media[0][0] - session.t0
+    later = sum(m["num_frames"] for _, m, _ in session.media[1:])
+    span = session.media[-1][0] - session.media[0][0]
+    return round(first, 2), round(later / span, 1) if span > 0 else None
 
 
 def report(session: Session) -> None:

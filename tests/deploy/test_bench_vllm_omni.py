@@ -23,7 +23,7 @@ BENCH = REPO_ROOT / "benchmarks" / "bench_vllm_omni.py"
 STANDIN = REPO_ROOT / "tests" / "support" / "omni_standin.py"
 
 
-def bench(tmp_path: Path, **engine_args: object) -> subprocess.CompletedProcess[str]:
+def bench(tmp_path: Path, *flags: str, **engine_args: object) -> subprocess.CompletedProcess[str]:
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     (fake / "nvidia-smi").write_text("#!/bin/sh\necho 0\n")
@@ -40,7 +40,7 @@ def bench(tmp_path: Path, **engine_args: object) -> subprocess.CompletedProcess[
             "4",
             "--size",
             "128x128",
-            "--assert",
+            *(flags or ("--assert",)),
         ],
         capture_output=True,
         text=True,
@@ -74,3 +74,26 @@ def test_an_engine_that_ends_the_request_before_an_update_arrives_fails_loudly(t
     assert "ASSERTION FAILED: every update applied" in out.stdout
     assert "ASSERTION FAILED: the early update is started" in out.stdout
     assert "assertion(s) failed:" in out.stderr and "- every update applied" in out.stderr
+
+
+def test_an_engine_slower_than_real_time_fails_with_one_line_per_reason(tmp_path: Path) -> None:
+    """A first chunk after 6 s (Helios-Distilled's budget: 5 s) and 33 frames every 3 s (11 fps
+    for a 16 fps session): `--realtime` exits non-zero naming both."""
+    out = bench(tmp_path, "--realtime", "--chunks", "2", chunk_seconds=3, first_chunk_seconds=6)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "REAL TIME FAILED: Helios-Distilled: time to first chunk" in out.stdout
+    assert "REAL TIME FAILED: Helios-Distilled: delivered" in out.stdout and "below the session's 16 fps" in out.stdout
+    assert "bench_vllm_omni: not real time:" in out.stderr
+
+
+def test_realtime_problems_name_the_budget_and_the_rate() -> None:
+    from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED, LINGBOT_WORLD
+
+    assert HELIOS_DISTILLED.realtime_problems(1.5, 19.0, 16) == []
+    assert HELIOS_DISTILLED.realtime_problems(5.5, 19.0, 16) == [
+        "Helios-Distilled: time to first chunk 5.5 s is over its budget of 5 s"
+    ]
+    assert LINGBOT_WORLD.realtime_problems(1.0, 15.9, 16) == [
+        "LingBot-World: delivered 15.9 fps is below the session's 16 fps"
+    ]
+    assert len(HELIOS_DISTILLED.realtime_problems(None, None, 16)) == 2  # nothing measured is no pass

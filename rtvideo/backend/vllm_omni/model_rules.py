@@ -84,6 +84,22 @@ class ModelRules(GeneratorLimits):
     interactions: frozenset[str] = frozenset()
     #: the real-time preset: sampling fields and `extra_params` (the engine's `extra_args`)
     preset: Mapping[str, Any] = field(default_factory=dict)
+    #: the longest time to the first chunk a deployment of this model passes its GPU check with
+    #: (ours, not the wheel's: a viewer waits this long for the first frame)
+    first_chunk_budget_seconds: float = 5.0
+
+    def realtime_problems(self, first_chunk_seconds: float | None, delivered_fps: float | None, fps: int) -> list[str]:
+        """Why a measured session is not real time for this model: its frames came slower than
+        the session's `fps`, or its first chunk later than the budget (empty when it is)."""
+        problems = []
+        if first_chunk_seconds is None or first_chunk_seconds > self.first_chunk_budget_seconds:
+            problems.append(
+                f"{self.name}: time to first chunk {first_chunk_seconds} s is over its budget of "
+                f"{self.first_chunk_budget_seconds:g} s"
+            )
+        if delivered_fps is None or delivered_fps < fps:
+            problems.append(f"{self.name}: delivered {delivered_fps} fps is below the session's {fps} fps")
+        return problems
 
     def size_problem(self, width: int, height: int) -> str | None:
         problem = GeneratorLimits.size_problem(self, width, height)
@@ -193,6 +209,7 @@ HELIOS_DISTILLED = ModelRules(
     first_frame_at=FirstFrameAt.EXTRA_ARGS,
     interactions=frozenset({"prompt"}),
     preset=HELIOS_DISTILLED_PRESET,
+    first_chunk_budget_seconds=5.0,
 )
 
 #: Helios without stage 2 (the base pipeline): the 16-pixel grid, 50 steps by default
@@ -209,6 +226,7 @@ HELIOS = ModelRules(
     first_frame_at=FirstFrameAt.EXTRA_ARGS,
     interactions=frozenset({"prompt"}),
     preset={"extra_params": {}},
+    first_chunk_budget_seconds=30.0,  # 50 steps with guidance: an offline model, checked for completeness
 )
 
 #: LingBot-World's causal DMD pipeline on the AR-Diffusion engine (stepwise deploy config)
@@ -229,6 +247,7 @@ LINGBOT_WORLD = ModelRules(
     first_frame_at=FirstFrameAt.PROMPT,
     interactions=frozenset({"camera"}),
     preset={"num_inference_steps": 4, "extra_params": {"flow_shift": 5.0}},
+    first_chunk_budget_seconds=5.0,
 )
 
 #: every model with rules, in the order they are looked up
