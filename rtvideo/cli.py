@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -62,6 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="use this running Triton (gRPC) instead of starting one; repeat for several (sessions "
         "are placed over them); a HOST name counts once per address it resolves to "
         "(default: RTVIDEO_TRITON_URL, comma-separated)",
+    )
+    serve.add_argument(
+        "--triton-start-timeout",
+        type=float,
+        default=float(os.environ.get("RTVIDEO_TRITON_START_TIMEOUT", "1800")),
+        metavar="SECONDS",
+        help="how long the Triton started here may take to load its model before serve gives up, "
+        "with a progress line every 15 s (default 1800: a 14B model's cold start from a slow disk; "
+        "RTVIDEO_TRITON_START_TIMEOUT)",
     )
     serve.add_argument(
         "--model-repository",
@@ -245,7 +254,7 @@ def serve(args: argparse.Namespace) -> int:
                     ),
                     stdout=args.triton_log,
                 )
-                triton.start(timeout=600)
+                triton.start(timeout=args.triton_start_timeout, progress=_loading_progress(args.triton_start_timeout))
                 log.info(
                     "tritonserver ready in %.1f s on %s (log: %s)",
                     triton.startup_seconds,
@@ -256,7 +265,7 @@ def serve(args: argparse.Namespace) -> int:
                     warn_if_affected(triton)
                 triton_url = triton.grpc_url
             settings = proxy_settings.from_namespace(args, triton_url=triton_url, triton_key=key)
-            return asyncio.run(_run_proxy(settings, triton))
+            return asyncio.run(_run_proxy(settings, triton, args.triton_start_timeout))
         except KeyboardInterrupt:
             return 0
         finally:
@@ -287,7 +296,9 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-async def _run_proxy(settings: proxy_settings.ProxySettings, triton: TritonServer | None) -> int:
+async def _run_proxy(
+    settings: proxy_settings.ProxySettings, triton: TritonServer | None, start_timeout: float = 1800.0
+) -> int:
     """Serve until a signal, then drain (exit 0); the supervisor restarts the Triton started here when needed."""
     from rtvideo.proxy.app import ProxyServer
 
@@ -299,7 +310,7 @@ async def _run_proxy(settings: proxy_settings.ProxySettings, triton: TritonServe
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
-    server = ProxyServer(settings, restart=(lambda: _restart(triton)) if triton is not None else None)
+    server = ProxyServer(settings, restart=(lambda: _restart(triton, start_timeout)) if triton is not None else None)
     await server.start()
     print(f"rtvideo ready: {server.url} (triton grpc {settings.triton_url})", flush=True)
     first = await signals.get()
@@ -320,7 +331,16 @@ async def _run_proxy(settings: proxy_settings.ProxySettings, triton: TritonServe
     return 0
 
 
-async def _restart(triton: TritonServer) -> None:
+def _loading_progress(timeout: float) -> Callable[[float, str], None]:
+    """A progress line while Triton loads the model (a large model's weights take minutes)."""
+
+    def show(elapsed: float, states: str) -> None:
+        log.info("waiting for tritonserver: %.0f s of %.0f s; models: %s", elapsed, timeout, states)
+
+    return show
+
+
+async def _restart(triton: TritonServer, start_timeout: float) -> None:
     """Stop the Triton started here at once (its model does not answer: nothing to wait for), with
     its stubs and shared memory, and start it again on the same ports. The spawn runs on the event
     loop's thread, the main thread, because the server is killed when its spawning thread ends."""
@@ -328,7 +348,7 @@ async def _restart(triton: TritonServer) -> None:
     await asyncio.to_thread(triton.stop, 0)
     triton.spawn()
     try:
-        await asyncio.to_thread(triton.wait_ready, 600)
+        await asyncio.to_thread(triton.wait_ready, start_timeout, _loading_progress(start_timeout))
     except asyncio.CancelledError:
         # Shutting down mid-restart: nobody will use this Triton. Killed now, the waiting thread
         # sees it exit within 0.1 s and cleans up; else the exit would wait for its whole start-up.

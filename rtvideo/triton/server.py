@@ -34,6 +34,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,14 +316,14 @@ class TritonServer:
         key = self.config.key
         return [arg.replace(key, "<key>") for arg in self.command] if key else list(self.command)
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = 120.0, progress: Callable[[float, str], None] | None = None) -> None:
         """Spawn tritonserver and wait until it is ready (:meth:`spawn`, then :meth:`wait_ready`).
 
         On any failure (the server exits, never gets ready, or we are interrupted) the
         server is stopped before the exception propagates: no half-started process stays.
         """
         self.spawn()
-        self.wait_ready(timeout)
+        self.wait_ready(timeout, progress)
 
     def spawn(self) -> None:
         """Start the process and return at once. Call it from a thread that lives as long as
@@ -377,13 +378,38 @@ class TritonServer:
         env["BASH_ENV"] = path
         return env
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def model_states(self) -> str:
+        """The models' load states as Triton reports them (`name: STATE`, comma-separated), or
+        why they could not be read; for progress lines while a large model loads."""
+        import tritonclient.grpc as grpcclient
+
+        try:
+            client = grpcclient.InferenceServerClient(self.grpc_url)
+        except Exception as exc:  # noqa: BLE001 - reported in the progress line
+            return f"unreadable ({exc})"
+        try:
+            index = client.get_model_repository_index(
+                headers=access.key_headers(self.config.key), as_json=True, client_timeout=2.0
+            )
+            models = index.get("models", [])
+            return ", ".join(f"{m.get('name')}: {m.get('state') or 'UNKNOWN'}" for m in models) or "none yet"
+        except Exception:  # noqa: BLE001 - not listening yet
+            return "server not answering yet"
+        finally:
+            client.close()
+
+    def wait_ready(
+        self, timeout: float = 120.0, progress: Callable[[float, str], None] | None = None, every: float = 15.0
+    ) -> None:
         """Poll gRPC readiness every 0.1 s until ``timeout`` s after the spawn; an exit ends the
-        wait early. On failure the server is stopped before the exception propagates."""
+        wait early. Every ``every`` s, ``progress(elapsed, model_states)`` is called, so that a
+        long load (a 14B model's weights) is shown, not a silent wait. On failure the server is
+        stopped before the exception propagates."""
         proc = self._proc
         if proc is None:
             raise RuntimeError("tritonserver was not spawned")
         deadline = self._spawned_at + timeout
+        next_progress = self._spawned_at + every
         try:
             while True:
                 if proc.poll() is not None:
@@ -395,10 +421,16 @@ class TritonServer:
                     self.startup_seconds = time.monotonic() - self._spawned_at
                     self.restrict_shm()
                     return
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise self.log.failure(
-                        f"tritonserver not ready after {timeout:.0f} s (gRPC {self.grpc_url})", self.shown_command
+                        f"tritonserver not ready after {timeout:.0f} s (gRPC {self.grpc_url}; raise "
+                        "--triton-start-timeout for a model whose weights load slowly)",
+                        self.shown_command,
                     )
+                if progress is not None and now >= next_progress:
+                    next_progress = now + every
+                    progress(now - self._spawned_at, self.model_states())
                 time.sleep(0.1)
         except BaseException:
             self.stop()

@@ -250,3 +250,30 @@ def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None
         assert key not in stderr_path.read_text() + line + proc.stdout.read()
     finally:
         end_all(proc, children)
+
+
+def test_a_slow_start_shows_the_models_load_state_not_a_silent_wait(tmp_path: Path) -> None:
+    """`rtvideo serve`'s wait for its Triton calls back with the models' states while they load
+    (`--triton-start-timeout`, progress every 15 s; here every 0.2 s)."""
+    from rtvideo.triton import TritonConfig, TritonServer
+    from rtvideo.triton.model_repo import derive_model
+
+    repo = tmp_path / "repository"
+    derive_model(repo, "realtime_video", {"render_workers": "0"})
+    seen: list[tuple[float, str]] = []
+    key = generate_key()
+    server = TritonServer(
+        TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), key=key),
+        stdout=tmp_path / "triton.log",
+    )
+    server.spawn()
+    try:
+        server.wait_ready(300, lambda elapsed, states: seen.append((elapsed, states)), every=0.2)
+        assert seen, "no progress while the model loaded"
+        assert all(later >= earlier for (earlier, _), (later, _) in zip(seen, seen[1:], strict=False))
+        assert any("realtime_video: " in states for _, states in seen) or all(
+            states == "server not answering yet" for _, states in seen
+        )
+        assert server.model_states() == "realtime_video: READY"
+    finally:
+        server.stop()
