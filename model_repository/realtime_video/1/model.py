@@ -22,7 +22,6 @@ import triton_python_backend_utils as pb_utils
 
 from rtvideo import logsetup
 from rtvideo.backend.builtin.devices import device_from_args
-from rtvideo.backend.builtin.render_pool import worker_python
 from rtvideo.backend.runtime import metrics
 from rtvideo.backend.runtime.assembly import build_manager
 from rtvideo.backend.runtime.dispatch import RequestDispatcher
@@ -30,6 +29,7 @@ from rtvideo.backend.runtime.metrics import BufferedMetrics
 from rtvideo.backend.runtime.priority_lock import PriorityLock
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.process import shm, watchdog
+from rtvideo.process.interpreter import worker_python
 from rtvideo.triton import wire
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import pickle
 import queue
-import shutil
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +31,7 @@ from rtvideo.backend.runtime.sources import GeneratorChunkSource, RenderedChunk
 from rtvideo.core.pose import Pose
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.process import launch
+from rtvideo.process.interpreter import worker_python
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +76,6 @@ def poses_to_wire(poses: Sequence[Pose]) -> WirePoses:
 
 def poses_from_wire(wire: WirePoses) -> list[Pose]:
     return [Pose(translation=tuple(t), rotation=tuple(r)) for t, r in wire]  # type: ignore[arg-type]
-
-
-def worker_python() -> str:
-    """The interpreter for render workers and the stub's watchdog: `$RTVIDEO_WORKER_PYTHON`, else
-    this process's interpreter when it is a Python (inside Triton's stub `sys.executable` may be
-    the stub), else `python3` on PATH."""
-    explicit = os.environ.get("RTVIDEO_WORKER_PYTHON")
-    if explicit:
-        return explicit
-    if sys.executable and os.path.basename(sys.executable).startswith("python"):
-        return sys.executable
-    found = shutil.which("python3")
-    if found is None:
-        raise RuntimeError("no Python interpreter for render workers and the watchdog: set RTVIDEO_WORKER_PYTHON")
-    return found
 
 
 class RenderWorker:

@@ -44,6 +44,7 @@ from typing import Any
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue, output_bytes
 from rtvideo.core.session_config import SessionConfig
+from rtvideo.process import interpreter
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,9 @@ class EngineHost:
         health_seconds: float,
         start_timeout: float = 3600.0,
     ) -> None:
+        # the engine's worker processes must start as this environment's Python even inside
+        # Triton's stub (sys.executable the stub, sys.argv [""]): set before the engine exists
+        self.worker_python = interpreter.prepare_spawn()
         self._factory = factory
         self._model = model
         self._engine_args = dict(engine_args)
