@@ -161,7 +161,14 @@ def _attached(sessions: set[ProxySession]) -> list[ProxySession]:
 
 class _StrictTextProtocol(WebSocketProtocol13):
     """Tornado aborts the TCP connection on a text frame that is not UTF-8, with no close frame;
-    this hands it to the handler instead, which answers and closes with 1007."""
+    this hands it to the handler instead, which answers and closes with 1007 (RFC 6455 §8.1).
+
+    Tornado has no public hook for a frame's bytes before it decodes them, so this is the one
+    place the proxy depends on Tornado internals: `WebSocketProtocol13._handle_message(opcode,
+    data)`, `client_terminated`, `_frame_compressed` and `handler`. It is installed by changing
+    the class of the protocol object Tornado built (its constructor takes private parameters).
+    pyproject.toml pins tornado to the major version tested, and
+    tests/unit/proxy/test_tornado_boundary.py fails on a release that changes any of these."""
 
     def _handle_message(self, opcode: int, data: bytes) -> Any:
         if opcode == 0x1 and not self.client_terminated and not getattr(self, "_frame_compressed", False):
