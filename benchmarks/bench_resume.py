@@ -1,4 +1,4 @@
-"""What resume and watchers cost (docs/protocol.md §10): figures from one run, nothing asserted.
+"""What resume and watchers cost (docs/protocol.md §9): figures from one run, nothing asserted.
 
 Starts its own tritonserver with the shipped pacing and one proxy process
 (`python -m rtvideo.cli serve --triton-url …`), then measures:

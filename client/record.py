@@ -246,7 +246,7 @@ class Recording:
     last_index: int = -1  # transport index of the last payload kept (a resume names it)
 
     def _fresh(self, meta: dict[str, Any]) -> bool:
-        """Whether a payload goes into the recording: not an init pair (docs/protocol.md §10.1),
+        """Whether a payload goes into the recording: not an init pair (docs/protocol.md §9.1),
         not one kept already, so that a resumed recording has no gap and no duplicate."""
         index = meta.get("transport_chunk_index", self.last_index + 1)
         if meta and not isinstance(index, int):
@@ -428,7 +428,7 @@ async def record_session(args: argparse.Namespace, say: Callable[[str], None]) -
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     attempts = getattr(args, "resume_attempts", 0) or 0
     if attempts > 0:
-        start["resumable"] = True  # a dropped connection is resumed (docs/protocol.md §10.1)
+        start["resumable"] = True  # a dropped connection is resumed (docs/protocol.md §9.1)
     try:
         ws = await connect(url, additional_headers=headers, max_size=None, open_timeout=10)
         rec.origin, rec.started_wall = time.monotonic(), time.time()
@@ -478,7 +478,7 @@ async def record_session(args: argparse.Namespace, say: Callable[[str], None]) -
 async def resume_recording(
     url: str, headers: dict[str, str] | None, rec: Recording, attempts: int, say: Callable[[str], None]
 ) -> ClientConnection | None:
-    """The connection dropped before session.done: resume it (docs/protocol.md §10.1) up to
+    """The connection dropped before session.done: resume it (docs/protocol.md §9.1) up to
     `attempts` times, waiting 0.25 s, 0.5 s, 1 s… between; None when it cannot be resumed."""
     token = (rec.video_start or {}).get("resume_token")
     if not token:

@@ -313,7 +313,7 @@ class RealtimeVideoClient:
                 self.failure = RealtimeVideoError("connection_closed", "the connection closed before session.done")
             self._settle()
 
-    # --- resume after a dropped connection (docs/protocol.md §10.1) ------------------------
+    # --- resume after a dropped connection (docs/protocol.md §9.1) ------------------------
     def _init_resume(self, attempts: int, backoff: float) -> None:
         """Resume is used when the start asked for it (`resumable=True`): a dropped connection is
         resumed up to `attempts` times, waiting `backoff`, 2×, 4×… seconds; then the session

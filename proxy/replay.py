@@ -1,5 +1,5 @@
 """What a resumable session's client was handed, kept so that a new connection can be given
-what the old one may have lost (docs/protocol.md §10).
+what the old one may have lost (docs/protocol.md §9).
 
 Every frame handed to the socket (chunk pairs with their original metadata text, acks,
 per-message errors; not pongs, not `video.start`) is recorded in order. A resume from `K`

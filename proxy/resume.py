@@ -1,4 +1,4 @@
-"""Resume: a session outlives its socket (docs/protocol.md §10).
+"""Resume: a session outlives its socket (docs/protocol.md §9).
 
 A session that asked for it (`"resumable": true` in `session.start`) gets a resume token in
 `video.start`. When its connection drops without `session.stop` (no close frame, or a close

@@ -627,7 +627,7 @@ class ProxySession:
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         self._tasks.spawn(coro)
 
-    # --- resume and watchers (rtvideo.proxy.resume, rtvideo.proxy.watchers; docs/protocol.md §10) ---
+    # --- resume and watchers (rtvideo.proxy.resume, rtvideo.proxy.watchers; docs/protocol.md §9) ---
     def _init_resume(self, features: Features | None) -> None:
         self._features = features
         self._options: dict[str, bool] = {}  # the start's proxy options (resumable, watchable)
@@ -714,7 +714,7 @@ class ProxySession:
             self._watch_hub.publish(frame)
 
     def init_frame(self) -> Frame | None:
-        """The init pair (docs/protocol.md §10), once the stream's first payload was handed out."""
+        """The init pair (docs/protocol.md §9), once the stream's first payload was handed out."""
         if self._init_payload is None or self.request_id is None:
             return None
         meta = init_metadata(self.request_id, len(self._init_payload))

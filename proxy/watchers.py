@@ -1,4 +1,4 @@
-"""Read-only watchers of a live session (docs/protocol.md §10.2).
+"""Read-only watchers of a live session (docs/protocol.md §9.2).
 
 A session that asked for it (`"watchable": true`) gets a `watch_token` in `video.start`.
 `WebSocket /v1/realtime/video/watch?watch_token=...` then receives `video.start` (same

@@ -359,7 +359,7 @@ export class RealtimeVideoClient extends Emitter {
     for (const id of m.interrupted_event_ids || []) this._update(id, { end: "interrupted", endChunk: chunk });
   }
 
-  // --- resume after a dropped connection (docs/protocol.md §10.1) --------------------------------
+  // --- resume after a dropped connection (docs/protocol.md §9.1) --------------------------------
   _initResume(attempts, backoffMs) {
     this.resumeAttempts = attempts;
     this.resumeBackoffMs = backoffMs;

@@ -9,7 +9,7 @@ from rtvideo.core.transitions import ChunkPlan
 
 MEDIA = "media"
 TRAILER = "trailer"
-#: the initialisation payload (ftyp+moov) of a resumed connection or a watcher (docs/protocol.md §10)
+#: the initialisation payload (ftyp+moov) of a resumed connection or a watcher (docs/protocol.md §9)
 INIT = "init"
 
 

@@ -685,7 +685,7 @@ def error_from(exc: ProtocolError, request_id: str | None = None) -> dict[str, A
     return error(exc.code, exc.message, request_id=request_id, event_id=exc.event_id)
 
 
-# --- session resume (a proxy feature, docs/protocol.md §10) ------------------------------
+# --- session resume (a proxy feature, docs/protocol.md §9) ------------------------------
 #: the first message of a connection that takes over a detached session; the proxy answers it
 #: itself (it is not a Triton request, so it is not one of CLIENT_TYPES)
 RESUME = "session.resume"

@@ -1,4 +1,4 @@
-"""The demo page resumes a dropped socket (docs/protocol.md §10.1): headless Chromium, a real
+"""The demo page resumes a dropped socket (docs/protocol.md §9.1): headless Chromium, a real
 proxy and Triton; the video plays on without a gap, and a watch view plays the same session."""
 
 from __future__ import annotations

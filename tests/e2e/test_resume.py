@@ -1,4 +1,4 @@
-"""Resume after a dropped connection, through real Triton and the real proxy (docs/protocol.md §10).
+"""Resume after a dropped connection, through real Triton and the real proxy (docs/protocol.md §9).
 
 Each drop aborts the client's TCP connection (no close frame) at a chosen point; a new
 connection resumes with the token and the last payload it read whole. What the client

@@ -1,4 +1,4 @@
-"""Read-only watchers of a live session, through real Triton and the real proxy (docs/protocol.md §10.2)."""
+"""Read-only watchers of a live session, through real Triton and the real proxy (docs/protocol.md §9.2)."""
 
 from __future__ import annotations
 
