@@ -41,7 +41,7 @@ class Ack:
 class Answer(enum.Enum):
     """What the model's answer to a forwarded request means here."""
 
-    NOT_ACKED_HERE = enum.auto()  # forward it to the client as before
+    NOT_ACKED_HERE = enum.auto()  # the model answers it: forward the answer to the client
     ADMITTED = enum.auto()  # the model's ack, the same as the proxy's: drop it
     REFUSED = enum.auto()  # acked here, refused there (the session had ended): drop it; done lists it
 

@@ -198,7 +198,7 @@ class ProxyMetrics:
             self._ep_probe_failures,
         )
 
-    # --- resume and watchers (issue 21, docs/operations.md) -------------------------------
+    # --- resume and watchers (docs/operations.md) -------------------------------
     def _init_resume_metrics(self, r: CollectorRegistry) -> None:
         self._detached = Gauge(
             "rtvideo_proxy_sessions_detached",

@@ -443,7 +443,7 @@ class EndpointPool:
             "backend": self.state.value,
             "restarts": sum(e.supervisor.restarts for e in endpoints),
         }
-        if len(endpoints) == 1:  # one server: its probe figures, as before there were several
+        if len(endpoints) == 1:  # one server: its own probe figures
             summary = {**endpoints[0].supervisor.status(), **summary}
         return {**summary, "endpoints": [e.status() for e in endpoints]}
 

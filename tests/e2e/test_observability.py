@@ -169,8 +169,8 @@ def test_relayed_log_goes_to_stderr_and_keeps_a_tail(capsys: pytest.CaptureFixtu
 
 
 def test_a_temp_log_is_one_file_across_restarts() -> None:
-    """Without a log target each start used to make a new temp file: a server restarted again and
-    again (the supervisor's restarts) left one per try."""
+    """Without a log target every start appends to one temp file, so a server restarted again
+    and again (the supervisor's restarts) leaves one file, not one per try."""
     log = ServerLog()
     try:
         for run in ("first", "second"):

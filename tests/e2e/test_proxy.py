@@ -481,7 +481,7 @@ def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
     sequence is ended on a call of its own; after that Triton knows no such sequence, so a
     request on it is refused by Triton itself (no START), not answered by the model. The
     bridge is closed at once (as a proxy's stop does): its close waits for that call, which the
-    closed channel used to cut, leaving the sequence held."""
+    closed channel must not cut, or the sequence stays held."""
     wait_idle(triton)
 
     async def on_sequence(client: Any, sequence_id: int) -> tuple[Any, Any]:
@@ -553,7 +553,7 @@ async def _read_after_slow_consumer(server: ProxyServer, pause: float) -> tuple[
 def test_slow_consumer_is_cut_off(proxies, triton, pause: float) -> None:
     """The end (error, session.done, close) reaches a client that reads again, also one that
     reads only after the proxy's 1 s flush, within Tornado's 5 s wait for the client's close.
-    It used to wait in the outbox behind the write in progress, and the close went out without it."""
+    It must not wait in the outbox behind the write in progress while the close goes out without it."""
     wait_idle(triton)
     server = proxies.server(outbound_buffer_bytes=64 * 1024)
     frames, close_code = run(_read_after_slow_consumer(server, pause))

@@ -67,7 +67,7 @@ def test_a_request_body_is_refused_unread(proxies) -> None:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
             sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {90 << 20}\r\n\r\n".encode())
             sock.sendall(b"x" * 65536)  # a start of the body; the rest never comes
-            head = sock.recv(200)  # before: no answer until the whole body was in (a timeout here)
+            head = sock.recv(200)  # answered before the body is in (a timeout here otherwise)
         assert head.startswith(b"HTTP/1.1 400"), head
 
 

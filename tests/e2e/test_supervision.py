@@ -95,7 +95,7 @@ def test_health_probe_is_answered_without_a_session(triton) -> None:
     time.sleep(FLUSH_WAIT)
     assert metric(triton, "rtvideo_active_sessions", FAST_MODEL) == 0
     assert metric(triton, "rtvideo_session_ends_total", FAST_MODEL) == ends
-    # Without sequence_end it is an ordinary first message: refused as before.
+    # Without sequence_end it is an ordinary first message: refused.
     refused = _first_request_answers(triton, {"type": "session.ping"}, end=False)
     assert [m["type"] for m, _ in refused] == ["error", "session.done"] and refused[0][0]["code"] == "invalid_start"
 

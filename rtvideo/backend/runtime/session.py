@@ -85,7 +85,7 @@ class Limits:
     pacing_lead_chunks: float | None
     max_session_seconds: float
     stall_timeout_seconds: float
-    #: pace to the player's `session.playback` reports (False: the fixed lead only, as before them)
+    #: pace to the player's `session.playback` reports (False: the fixed lead only)
     playback_pacing: bool = True
 
 

@@ -115,7 +115,7 @@ class EngineChunkSource:
             self._translator.forwarded(event_id)
         prompt = event.get("prompt")
         interaction: dict[str, Any]
-        if set(event) == {"prompt"}:  # a prompt update, as before multi_modal_data
+        if set(event) == {"prompt"}:  # a prompt update: the shape every engine takes
             interaction = {"event_id": event_id, "event": {"prompt": prompt}, "transition_chunks": n}
         else:  # the event unchanged; `transition_chunks` only when given (else the engine's default)
             interaction = {"event_id": event_id, "event": dict(event)}

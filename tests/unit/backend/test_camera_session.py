@@ -61,7 +61,7 @@ def test_no_camera_event_no_poses() -> None:
     source = GeneratorChunkSource(renderer, config(), clock=lambda: 0.0)
     source.admit_event(admission("p", {"prompt": "snow"}, 0.0))
     source.next_chunk(4)
-    assert renderer.calls[0][2] is None  # rendered exactly as before camera control existed
+    assert renderer.calls[0][2] is None  # rendered exactly as without camera control
 
 
 def test_poses_per_frame_and_merged_lists() -> None:

@@ -58,7 +58,7 @@ def omni(**params: str) -> BackendSettings:
     return BackendSettings.from_parameters({"generator": "vllm_omni", "width": "640", "height": "384", **params})
 
 
-# --- finding 1: real-time defaults, the start's sampling honoured -------------------------------
+# --- real-time defaults, the start's sampling honoured -------------------------------
 def test_the_helios_preset_uses_names_the_wheels_helios_pipeline_reads() -> None:
     preset = catalog.VLLM_OMNI_PRESETS[HELIOS]
     assert preset == {"guidance_scale": 1.0, "extra_params": HELIOS_PRESET_EXTRA}
@@ -172,7 +172,7 @@ def test_the_builtin_generator_still_reports_sampling_fields_as_ignored() -> Non
     assert "sampling" not in config.to_json() and config.num_frames is None
 
 
-# --- finding 2: bounded GPU memory --------------------------------------------------------------
+# --- bounded GPU memory --------------------------------------------------------------
 def test_the_default_cap_comes_from_the_stated_memory_bound() -> None:
     assert catalog.HELIOS_FRAME_BYTES == 640 * 384 * 3 * 4 == 2_949_120
     # 4 GiB / 2,949,120 B = 1456 frames, cut to whole 33-frame chunks: a Helios request runs
@@ -207,7 +207,7 @@ def test_the_engine_request_is_never_sized_for_an_hour() -> None:
     assert sources.engine_frames(SessionConfig(**{**base.__dict__, "num_frames": 99_999})) == 1452
 
 
-# --- finding 4: the import of OmniInteractionEvent ------------------------------------------------
+# --- the import of OmniInteractionEvent ------------------------------------------------
 def test_the_import_names_the_module_that_defines_omni_interaction_event() -> None:
     tree = ast.parse(Path(event_types.__file__).read_text())
     (imported,) = [

@@ -47,7 +47,7 @@ def test_the_adapter_drives_the_real_engine_requests_interactions_and_outputs(tm
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     seen = json.loads(out.read_text())
-    # the engine's output: images=[float32 (1, T, H, W, 3) in [0, 1]], 33 frames a chunk (finding 5)
+    # the engine's output: images=[float32 (1, T, H, W, 3) in [0, 1]], 33 frames a chunk
     raw = seen["raw_outputs"]
     assert [r["shape"] for r in raw] == [[1, FRAMES, SIZE, SIZE, 3]] * CHUNKS
     assert {r["dtype"] for r in raw} == {"float32"} and all(0.0 <= r["min"] <= r["max"] <= 1.0 for r in raw)
@@ -68,7 +68,7 @@ def test_the_adapter_drives_the_real_engine_requests_interactions_and_outputs(tm
     for event in ("early", "late"):  # N = 1 and N = 0: the target within the starting chunk
         (c,) = [c for c in chunks if event in c["active"]]
         assert event in c["completed"] and c["progress"][event] == 1.0
-    # refusals the engine makes, made before forwarding with its words (finding 3), and the engine's own
+    # refusals the engine makes, made before forwarding with its words, and the engine's own
     assert seen["failed"] == [
         {"event_id": "empty", "why": "the engine refused the interaction: prompt must be non-empty"}
     ]

@@ -1,5 +1,5 @@
-"""Interactions vLLM-Omni 0.30 refuses, as it refuses them (issue 19, finding 3), and the stand-in
-engine built from its own code (finding 5).
+"""Interactions vLLM-Omni 0.30 refuses, as it refuses them, and the stand-in
+engine built from its own code.
 
 `AsyncOmni.submit_interaction_async` raises for only a few things; the worker's refusals
 (`InteractionCoordinator.enqueue_parts`, `PromptInteractionHandler.validate_payload`, both run

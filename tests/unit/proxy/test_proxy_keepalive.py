@@ -280,7 +280,7 @@ def test_a_probe_timeout_with_a_moving_heartbeat_is_busy_not_down() -> None:
         await sup.check()
         assert sup.state is BackendState.UP and sup.ready and sup.admitting
 
-        # A stale heartbeat: dead as before (down after `failures`, then the restart).
+        # A stale heartbeat: dead (down after `failures`, then the restart).
         backend.mode, beat.moves = "timeout", False
         sup.start()
         for _ in range(300):
