@@ -10,6 +10,7 @@ allows, the worst case for ack latency). Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import queue
 import statistics
 import threading
 import time
@@ -56,7 +57,7 @@ def ack_latencies(
                 while time.monotonic() < deadline or pending:
                     try:
                         reply = s.next(timeout=max(0.001, deadline - time.monotonic()))
-                    except Exception:  # queue.Empty: the interval is over
+                    except queue.Empty:  # the interval is over
                         if not pending:
                             break
                         continue

@@ -26,6 +26,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import queue
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -128,7 +129,7 @@ def direct_session(
                 k, next_send = k + 1, next_send + interval
             try:
                 reply = s.next(timeout=max(0.001, min(next_send, t_end) - time.perf_counter()) if not stopped else 30)
-            except Exception:  # queue.Empty: time to send
+            except queue.Empty:  # time to send
                 continue
             m = reply.message
             if m is None:
@@ -309,7 +310,7 @@ def main() -> None:
             flags = ("--max-sessions-per-client", str(biggest), "--max-awaiting-start", str(biggest))
             with ProxyProcess(server.grpc_url, model, flags) as proxy:
                 assert server.pid is not None and proxy.proc is not None  # both started on entering
-                pids = family(server.pid) + [proxy.proc.pid]
+                pids = [*family(server.pid), proxy.proc.pid]
                 run_load(
                     clients, server.grpc_url, proxy.url, model, biggest, 2, 0.5, pids
                 )  # warm-up: every client process

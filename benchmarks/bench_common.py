@@ -55,10 +55,8 @@ def parent_pids() -> dict[int, int]:
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
+            with contextlib.suppress(OSError, IndexError, ValueError):
                 parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
     return parents
 
 

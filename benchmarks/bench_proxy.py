@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import queue
 import statistics
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def direct_session(url: str, model: str, index: int, samples: int, interval: flo
                     s.stop()
             try:
                 reply = s.next(timeout=max(0.001, next_send - time.perf_counter()) if sent < samples else 30)
-            except Exception:  # queue.Empty: time to send the next interaction
+            except queue.Empty:  # time to send the next interaction
                 continue
             run.nbytes += len(reply.data)
             if reply.tag in pending:

@@ -184,7 +184,7 @@ class Soak:
             message = json.loads(frame)
             messages.append(message)
             kind = message.get("type")
-            if kind == "error" and message.get("code") in ENDING_CODES or kind == "session.done":
+            if (kind == "error" and message.get("code") in ENDING_CODES) or kind == "session.done":
                 ended_at = min(ended_at, time.monotonic())
             if kind == "session.done":
                 break

@@ -40,7 +40,7 @@ def redact(uri: str) -> str:
     query, hash_sep, fragment = rest.partition("#")
     parts = []
     for piece in query.split("&"):
-        name, eq, _value = piece.partition("=")
+        name, _eq, _value = piece.partition("=")
         parts.append(f"{name}={_MASK}" if unquote_plus(name).lower() in SECRET_PARAMS else piece)
     return f"{path}?{'&'.join(parts)}{hash_sep}{fragment}"
 

@@ -156,7 +156,7 @@ class TritonStream:
                 raise
         except BackendUnavailable:
             raise
-        except Exception as exc:  # noqa: BLE001 - grpc.aio raises several types here
+        except Exception as exc:
             if not self._cancelled:
                 raise BackendUnavailable(f"Triton stream failed: {type(exc).__name__}: {exc}") from exc
 
@@ -276,7 +276,7 @@ class TritonBridge:
             raise ProbeTimeout(f"no answer to the health probe within {timeout:g} s") from None
         except StopAsyncIteration:
             raise BackendUnavailable("the health probe's stream ended without an answer") from None
-        except Exception as exc:  # noqa: BLE001 - grpc.aio raises several types here
+        except Exception as exc:
             raise BackendUnavailable(f"health probe failed: {type(exc).__name__}: {exc}") from exc
         finally:
             if call is not None and not ended:

@@ -11,6 +11,7 @@ moment it is handed to the socket (`ProxySession._taken`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter as Tally
 from collections.abc import Mapping
@@ -304,10 +305,8 @@ class ProxyMetrics:
 
     def endpoint_removed(self, endpoint: str) -> None:
         for metric in self._ep_metrics:
-            try:
+            with contextlib.suppress(KeyError):
                 metric.remove(endpoint)
-            except KeyError:
-                pass
 
     def endpoint_up(self, endpoint: str, up: bool) -> None:
         self._ep_up.labels(endpoint).set(int(up))

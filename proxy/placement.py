@@ -228,7 +228,7 @@ class EndpointPool:
             await asyncio.sleep(self._resolve_interval)
             try:
                 await self.refresh()
-            except Exception:  # noqa: BLE001 - resolving again later is the remedy
+            except Exception:
                 log.exception("resolving the Triton endpoints failed")
 
     async def refresh(self) -> None:

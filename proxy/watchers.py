@@ -14,7 +14,6 @@ else is answered with `invalid_message` and the watch goes on.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.outbox import Frame, Outbox
 from rtvideo.proxy.resume import Features, ResumeRefused
 from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.tasks import TaskSet
 
 if TYPE_CHECKING:
     from rtvideo.proxy.handler import ProxyContext
@@ -58,6 +58,7 @@ class WatchHub:
         self._features = features
         self._metrics = metrics
         self._watchers: list[Watcher] = []
+        self._closing = TaskSet()  # watchers flushing their last bytes before their close
         self._closed = False
 
     def __len__(self) -> int:
@@ -131,7 +132,7 @@ class WatchHub:
             await watcher.outbox.flush(WATCH_FLUSH_SECONDS)
             conn.close(code)
 
-        asyncio.ensure_future(close())
+        self._closing.spawn(close())
 
     def close(self) -> None:
         """The session is over without a session.done handed out: the watchers close."""

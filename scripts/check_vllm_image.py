@@ -135,14 +135,13 @@ def problems(lock: dict[str, str], lookup: Lookup = installed, environment: dict
             found.append(f"{name} {pinned} of the lock is {dist.version} in the image")
     found += unmet(ROOTS, lookup, environment)
     vllm, omni = lookup("vllm"), lookup("vllm-omni")
-    if vllm is not None and omni is not None:
-        if Version(vllm.version).release[:2] != Version(omni.version).release[:2]:
-            want = ".".join(map(str, Version(omni.version).release[:2]))
-            found.append(
-                f"vLLM {vllm.version} with vllm-omni {omni.version}: vllm-omni wants vLLM {want}.x "
-                "(vllm-omni warns of the mismatch at import); set vllm in deploy/gpu/requirements.in "
-                "and rerun scripts/lock_vllm_image.sh"
-            )
+    if vllm is not None and omni is not None and Version(vllm.version).release[:2] != Version(omni.version).release[:2]:
+        want = ".".join(map(str, Version(omni.version).release[:2]))
+        found.append(
+            f"vLLM {vllm.version} with vllm-omni {omni.version}: vllm-omni wants vLLM {want}.x "
+            "(vllm-omni warns of the mismatch at import); set vllm in deploy/gpu/requirements.in "
+            "and rerun scripts/lock_vllm_image.sh"
+        )
     return found
 
 

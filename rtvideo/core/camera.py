@@ -257,7 +257,7 @@ class CameraTracker:
             return {}
         if event.command.mode is CameraMode.VELOCITY:
             return {event.event_id: 1.0}  # a held velocity: fully applied, until replaced
-        total = max(1, int(round(event.chunks * float(num_frames))))
+        total = max(1, round(event.chunks * float(num_frames)))
         return {event.event_id: min(1.0, event.elapsed_frames / total)}
 
     def _activate(self, event: _Event) -> str | None:
@@ -278,7 +278,7 @@ class CameraTracker:
             return None
         if event.chunks <= 0:
             return self._reach(event)
-        total = max(1, int(round(event.chunks * float(frames_this_chunk))))
+        total = max(1, round(event.chunks * float(frames_this_chunk)))
         event.elapsed_frames += 1
         source = event.source or self.pose
         self.pose = lerp(source, event.command.pose, min(1.0, event.elapsed_frames / float(total)))

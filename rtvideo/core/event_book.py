@@ -154,9 +154,12 @@ class EventBook:
                 interrupted=message.get("interrupted_event_ids") or (),
                 superseded=message.get("superseded_event_ids") or (),
             )
-        elif kind == protocol.ERROR and message.get("code") == ErrorCode.INTERACTION_FAILED.value:
-            if isinstance(message.get("event_id"), str):
-                self.failed(message["event_id"])
+        elif (
+            kind == protocol.ERROR
+            and message.get("code") == ErrorCode.INTERACTION_FAILED.value
+            and isinstance(message.get("event_id"), str)
+        ):
+            self.failed(message["event_id"])
 
     def _move(self, event_id: str, state: EventState) -> None:
         entry = self._events.get(event_id)

@@ -16,8 +16,8 @@ from rtvideo.triton.logs import STDERR, LogTarget, ServerLog
 from rtvideo.triton.server import TritonConfig, TritonServer, clean_stale_shm, free_port, is_ready
 
 __all__ = [
-    "LogTarget",
     "STDERR",
+    "LogTarget",
     "ServerLog",
     "TritonConfig",
     "TritonInstall",

@@ -12,6 +12,7 @@ Where the binary comes from (:func:`find_tritonserver`), first match wins:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -167,10 +168,8 @@ def _cache_root() -> Path:
     except OSError:
         pass
     root = Path(tempfile.gettempdir()) / f"rtvideo-{os.getuid()}"
-    try:
+    with contextlib.suppress(FileExistsError):
         root.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     st = root.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
         raise RuntimeError(

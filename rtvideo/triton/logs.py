@@ -85,11 +85,11 @@ class ServerLog:
                 self.path = Path(name)
                 self._file = os.fdopen(fd, "ab")
             else:  # a restart appends to the same temp file, so restarts add no temp files
-                self._file = open(self.path, "ab")
+                self._file = open(self.path, "ab")  # noqa: SIM115 - open for the server's life, closed in close()
         elif isinstance(target, (str, os.PathLike)):
             self.path = Path(target)
             self._owns_file = True
-            self._file = open(self.path, "ab")
+            self._file = open(self.path, "ab")  # noqa: SIM115 - open for the server's life, closed in close()
         else:
             file_name = getattr(target, "name", None)
             if isinstance(file_name, str) and os.path.isfile(file_name):

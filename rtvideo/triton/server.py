@@ -24,6 +24,7 @@ readiness wait here uses health, which stays open.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -454,10 +455,8 @@ class TritonServer:
                 except subprocess.TimeoutExpired:
                     pass
             _kill_group(pgid, grace=2.0 if timeout > 0 else 0.0)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # pragma: no cover - SIGKILL cannot be ignored
                 proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
-                pass
         finally:
             self.log.close()
             self.remove_shm()

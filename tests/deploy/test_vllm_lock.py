@@ -60,8 +60,8 @@ def _vllm_metadata() -> Path:
     return GPU / f"vllm-{_lock()['vllm']}.METADATA"
 
 
-def _from_lock(lock: dict[str, str]):  # noqa: ANN202 - the check's Lookup
-    def lookup(name: str):  # noqa: ANN202
+def _from_lock(lock: dict[str, str]):
+    def lookup(name: str):
         version = lock.get(canonicalize_name(name))
         return None if version is None else check.Dist(version)
 
@@ -140,8 +140,8 @@ def test_the_image_installs_the_lock_without_resolving_and_checks_it() -> None:
 # --- scripts/check_vllm_image.py on a fake distribution list -------------------------------------
 
 
-def _image(dists: dict[str, tuple[str, list[str]]]):  # noqa: ANN202 - the check's Lookup
-    def lookup(name: str):  # noqa: ANN202
+def _image(dists: dict[str, tuple[str, list[str]]]):
+    def lookup(name: str):
         found = dists.get(canonicalize_name(name))
         return None if found is None else check.Dist(found[0], tuple(found[1]))
 

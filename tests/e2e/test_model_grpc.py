@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -126,7 +127,7 @@ def test_golden_interrupt(triton) -> None:
 
 
 def test_golden_overlap(triton) -> None:
-    m1, m2, m3 = run_trace(
+    _m1, m2, m3 = run_trace(
         triton,
         [[dict(prompt="A", event_id="A", transition_chunks=2)], [dict(prompt="B", event_id="B", transition_chunks=2)]],
         1,
@@ -321,7 +322,7 @@ def test_transition_moves_frames_toward_target(triton) -> None:
     assert distance(a_frames[2], b_frames[2]) > 15, "two prompts must give clearly different frames"
     assert metas[2]["started_event_ids"] == ["to-b"]
     dists = [distance(morph[k], b_frames[k]) for k in range(2, 6)]
-    assert all(x > y for x, y in zip(dists, dists[1:], strict=False)), dists
+    assert all(x > y for x, y in itertools.pairwise(dists)), dists
     assert dists[-1] < 0.25 * dists[0]
 
 

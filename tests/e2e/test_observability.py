@@ -4,6 +4,7 @@ secrets, and `rtvideo serve` with Triton on every address and its log on standar
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import select
@@ -270,7 +271,7 @@ def test_a_slow_start_shows_the_models_load_state_not_a_silent_wait(tmp_path: Pa
     try:
         server.wait_ready(300, lambda elapsed, states: seen.append((elapsed, states)), every=0.2)
         assert seen, "no progress while the model loaded"
-        assert all(later >= earlier for (earlier, _), (later, _) in zip(seen, seen[1:], strict=False))
+        assert all(later >= earlier for (earlier, _), (later, _) in itertools.pairwise(seen))
         assert any("realtime_video: " in states for _, states in seen) or all(
             states == "server not answering yet" for _, states in seen
         )

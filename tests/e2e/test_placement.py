@@ -107,7 +107,7 @@ def test_model_py_gives_each_gpu_instance_its_device(monkeypatch: pytest.MonkeyP
         def __init__(self, name: str, doc: str, kind: str) -> None:
             self.labels: list[dict] = []
 
-        def Metric(self, labels: dict) -> _Metric:  # noqa: N802 - pb_utils' name
+        def Metric(self, labels: dict) -> _Metric:
             self.labels.append(labels)
             return _Metric(labels)
 
@@ -917,7 +917,7 @@ def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_
             assert await long.closed() == 1001
             return short, long
 
-        short, long = run(body(), timeout=120)
+        _short, long = run(body(), timeout=120)
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:

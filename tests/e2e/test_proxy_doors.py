@@ -258,8 +258,19 @@ def _serve(tmp: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     port, grpc, metrics = free_port(), free_port(), free_port()
     stderr = (tmp / "serve.log").open("wb")
     proc = subprocess.Popen(
-        [str(RTVIDEO), "serve", "--port", str(port), "--triton-grpc-port", str(grpc)]
-        + ["--triton-metrics-port", str(metrics), "--triton-log", str(tmp / "triton.log"), *extra],
+        [
+            str(RTVIDEO),
+            "serve",
+            "--port",
+            str(port),
+            "--triton-grpc-port",
+            str(grpc),
+            "--triton-metrics-port",
+            str(metrics),
+            "--triton-log",
+            str(tmp / "triton.log"),
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,

@@ -119,10 +119,8 @@ def triton_rss_mb(triton) -> float:
     """tritonserver and its Python-backend stubs (the model's memory lives there)."""
     total = 0.0
     for pid in triton.process_pids():
-        try:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, StopIteration):
             total += rss_mb(pid)
-        except (FileNotFoundError, ProcessLookupError, StopIteration):
-            pass
     return total
 
 

@@ -196,7 +196,7 @@ def test_sigint_stops_and_saves_what_arrived(proxies, triton, tmp_path: Path) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, lines + [rest]
+    assert proc.returncode == 0, [*lines, rest]
     record = json.loads(timeline.read_text())
     sent = [e["message"]["type"] for e in record["messages"] if e["direction"] == "sent"]
     assert sent == ["session.start", "session.stop"]

@@ -322,7 +322,7 @@ def test_an_index_older_than_the_replay_buffer_names_the_oldest(proxies, triton)
     url = proxies.url(replay_buffer_bytes=20_000)
 
     async def body() -> None:
-        first, token = await _detached(url, seed=11, pairs=1, linger=1.0, num_frames=900)
+        _first, token = await _detached(url, seed=11, pairs=1, linger=1.0, num_frames=900)
         await asyncio.sleep(1.0)
         answer = await _refused(url, token, 0)
         oldest = answer["oldest_resumable_index"]

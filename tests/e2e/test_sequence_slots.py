@@ -12,6 +12,8 @@ calls the full model busy (its heartbeat moves), not dead: no session of it is f
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import time
 import urllib.error
@@ -130,7 +132,7 @@ class _Live:
 
     def longest_gap(self, since: float) -> float:
         times = [since, *[t for t in self.media if t >= since], time.monotonic()]
-        return max(b - a for a, b in zip(times, times[1:], strict=False))
+        return max(b - a for a, b in itertools.pairwise(times))
 
 
 # --- Triton's idle timeout, the model's idle_timeout, the proxy's keep-alives ------------------------
@@ -352,8 +354,6 @@ def _end_sequence(held: TritonStreamSession) -> None:
     stream. A live session's stop is confirmed by its session.done; a refused start's completes
     flags-only, which this client does not see, so it gets a moment."""
     held.stop()
-    try:
+    with contextlib.suppress(Exception):
         list(held.until("session.done", 5))
-    except Exception:  # noqa: BLE001 - a refused start: no session.done follows its stop
-        pass
     held.cancel()

@@ -364,7 +364,7 @@ def test_sigterm_during_a_restart_exits_at_once(tmp_path: Path) -> None:
 
 def test_kill9_of_serve_takes_triton_and_its_stub_along(tmp_path: Path) -> None:
     s = serve(tmp_path, "--probe-interval", "5")
-    server_pid, stubs = triton_pids(s.proc.pid)
+    _server_pid, stubs = triton_pids(s.proc.pid)
     everything = descendants(s.proc.pid)  # tritonserver, its stub, the stub's watchdog
     try:
         assert stubs

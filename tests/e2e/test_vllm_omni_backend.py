@@ -287,7 +287,7 @@ def eventually(check: Callable[[], bool], timeout: float) -> None:
 
 
 def test_engine_death_ends_sessions_and_makes_the_model_unready(omni) -> None:
-    proxies, engines = omni
+    proxies, _engines = omni
     url = proxies.url(model=DYING, probe_interval=0.3, probe_failures=2)
     eventually(lambda: readyz(url) == 200, 15)
 

@@ -49,8 +49,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests` as a package, in Triton's stub too
-from rtvideo.backend.vllm_omni import model_rules  # noqa: E402
-from tests.support.vllm_omni_wheel import (  # noqa: E402
+from rtvideo.backend.vllm_omni import model_rules
+from tests.support.vllm_omni_wheel import (
     Sampling,
     StepRequestState,
     load_interaction,

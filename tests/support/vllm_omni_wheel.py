@@ -131,7 +131,7 @@ def load_interaction(wheel: Path | None = None) -> dict[str, types.ModuleType]:
                 sys.modules[full] = module
                 loaded[full] = module
                 code = compile(zf.read(_PACKAGE + name.replace(".", "/") + ".py"), module.__file__, "exec")
-                exec(code, module.__dict__)  # noqa: S102 - the pinned wheel's own source
+                exec(code, module.__dict__)
     finally:
         for name in list(stand_ins) + list(loaded):
             previous = saved.get(name)
@@ -154,7 +154,7 @@ def stream_metadata_function(wheel: Path | None = None) -> Callable[[Any], dict[
         n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_stream_metadata_from_diffusion_output"
     ]
     namespace: dict[str, Any] = {"cast": cast, "DiffusionMetadata": dict, "DiffusionOutput": Any}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), f"{wheel or wheel_path()}!{member}", "exec"), namespace)  # noqa: S102
+    exec(compile(ast.Module(body=[node], type_ignores=[]), f"{wheel or wheel_path()}!{member}", "exec"), namespace)
     return cast(Callable[[Any], "dict[str, Any] | None"], namespace[node.name])
 
 

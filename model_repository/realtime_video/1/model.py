@@ -175,7 +175,6 @@ class TritonPythonModel:
                 channel=TritonChannel(request.get_response_sender(), urgent=not start),
                 secret=wire.session_secret(request.parameters()),
             )
-        return None
 
     def finalize(self) -> None:
         self._dispatcher.close()

@@ -15,6 +15,7 @@ worker's stdin/stdout, private to this module.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import pickle
@@ -170,10 +171,8 @@ class RenderWorker:
 
     def close(self, timeout: float = 5.0) -> None:
         self._closing = True
-        try:
+        with contextlib.suppress(OSError):
             self._stdin.close()
-        except OSError:
-            pass
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -215,7 +214,7 @@ class RenderPool:
             fresh = self._spawn(index)
             try:
                 fresh.ready.result()
-            except Exception:  # noqa: BLE001 - try again a little later, without a busy loop
+            except Exception:
                 log.exception("render worker %d could not start; trying again in %g s", index, RESPAWN_PAUSE_SECONDS)
                 fresh.close(0.1)
                 time.sleep(RESPAWN_PAUSE_SECONDS)

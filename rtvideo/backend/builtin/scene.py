@@ -28,6 +28,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -144,7 +145,7 @@ class SceneWeights:
 class ConceptVocabulary:
     """The concept phrases, embedded once; maps a prompt embedding to `SceneWeights`."""
 
-    _shared: dict[tuple, torch.Tensor] = {}
+    _shared: ClassVar[dict[tuple, torch.Tensor]] = {}
     _shared_lock = threading.Lock()
 
     def __init__(self, embed_batch: Callable[[list[str]], torch.Tensor], key: object = None) -> None:
@@ -839,7 +840,7 @@ class SceneLayout:
         inner = (((X + bw + 0.05) / cell_w) % 1 < 0.55) & (((H - Y) / cell_h) % 1 < 0.6)
         lit = rng.random((col.max() + 2, max(row.max(), 0) + 2))
         cell_lit = lit[np.clip(col, 0, lit.shape[0] - 1), np.clip(row, 0, lit.shape[1] - 1)]
-        below_roof = Y > H - heights[None, :] + 0.5 * cell_h
+        below_roof = H - heights[None, :] + 0.5 * cell_h < Y
         win = feats["buildings"] * below_roof * inner * (row >= 0) * (cell_lit < 0.45)
         feats["windows_a"], feats["windows_b"] = win * (cell_lit < 0.3), win * (cell_lit >= 0.3)
         phases = rng.uniform(0, 2 * np.pi, 4)

@@ -63,7 +63,7 @@ class RequestDispatcher:
                     continue
                 corrid, payload, start, end, channel, received, secret = item
                 self._handle(corrid, payload, start=start, end=end, channel=channel, received=received, secret=secret)
-            except Exception:  # noqa: BLE001 - the handler answers its own failures; the thread must live
+            except Exception:
                 log.exception(
                     "sequence=%s request handling failed", short_hash(item[0]) if isinstance(item, tuple) else "-"
                 )

@@ -156,7 +156,7 @@ class SessionManager:
                 received=time.monotonic() if received is None else received,
                 secret=secret,
             )
-        except Exception as exc:  # noqa: BLE001 - a bug must answer the request, not hang it
+        except Exception as exc:
             log.exception("sequence=%s request failed", short_hash(corrid))
             try:
                 if start:  # the start stream must still end with session.done
@@ -376,7 +376,7 @@ class SessionManager:
                 self._start(corrid, payload, channel, secret, image=outcome)
                 if pending.stop_after:
                     self._stop(corrid)
-        except Exception as exc:  # noqa: BLE001 - as on_request: a bug answers the start
+        except Exception as exc:
             log.exception("sequence=%s start failed", short_hash(corrid))
             self._refuse(channel, ErrorCode.GENERATION_FAILED, f"the session could not start: {exc}")
         for args, kwargs in pending.deferred:
@@ -452,7 +452,7 @@ class SessionManager:
             for session in sessions:
                 try:
                     session.poll_cancelled()
-                except Exception:  # noqa: BLE001 - the loop must go on for the other sessions
+                except Exception:
                     log.exception("request_id=%s cancellation poll failed", session.request_id)
 
     def shutdown(self) -> None:

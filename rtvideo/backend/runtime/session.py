@@ -296,7 +296,7 @@ class Session:
         try:
             reason = self._generate(time.monotonic())
             trailer = self._close_source()
-        except Exception as exc:  # noqa: BLE001 - any generator/encoder crash ends the session
+        except Exception as exc:
             log.exception("request_id=%s generation failed", self.request_id)
             self._release()
             self._finish(EndReason.GENERATION_FAILED, f"generation failed: {type(exc).__name__}: {exc}")
@@ -576,5 +576,5 @@ class Session:
         """Free the source (generator state and encoder, or the engine request), however the worker ended."""
         try:
             self._close_source()
-        except Exception:  # noqa: BLE001 - releasing must go on
+        except Exception:
             log.exception("request_id=%s release failed", self.request_id)

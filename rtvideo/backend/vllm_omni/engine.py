@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import copy
 import gc
 import importlib
@@ -199,7 +200,7 @@ class EngineHost:
             await self._end(request_id)
         try:
             self._engine.shutdown()
-        except Exception:  # noqa: BLE001 - shutting down anyway
+        except Exception:
             log.exception("engine shutdown failed")
         self._engine = None
 
@@ -291,7 +292,7 @@ class EngineHost:
             task.cancel()
             try:
                 await asyncio.wait_for(self._engine.abort(request_id), _ABORT_TIMEOUT)
-            except Exception:  # noqa: BLE001 - the engine may be gone
+            except Exception:
                 log.warning("request_id=%s engine abort failed", request_id, exc_info=True)
 
     def _start(
@@ -348,10 +349,8 @@ class EngineHost:
 
     def end_request(self, request_id: str) -> None:
         """Abort the request unless it has finished (does not wait)."""
-        try:
+        with contextlib.suppress(EngineError, RuntimeError):  # the loop is gone: nothing left to abort
             self._submit(self._end(request_id))
-        except (EngineError, RuntimeError):  # the loop is gone: nothing left to abort
-            pass
 
     def shutdown(self, timeout: float = 60.0) -> None:
         """Abort every request, shut the engine down, stop the loop and free the GPU."""

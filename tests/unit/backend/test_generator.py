@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -113,13 +114,13 @@ def test_morph_moves_monotonically_towards_the_target(generator: BuiltinGenerato
         frames = generator.open_session(seed=5, **SIZE).generate({A: 1 - weight, B: weight}, 4)
         distances.append(distance(frames, target))
     assert distances[-1] == 0
-    assert all(earlier > later + 2 for earlier, later in zip(distances, distances[1:], strict=False)), distances
+    assert all(earlier > later + 2 for earlier, later in itertools.pairwise(distances)), distances
 
 
 def test_motion_is_smooth_and_continues_across_chunks(generator: BuiltinGenerator) -> None:
     session = generator.open_session(seed=11, **SIZE)
     first, second = session.generate({A: 1.0}, 9), session.generate({A: 1.0}, 9)
-    steps = [distance(a, b) for a, b in zip(first[:-1], first[1:], strict=True)]
+    steps = [distance(a, b) for a, b in itertools.pairwise(first)]
     assert all(0.2 < step < 8 for step in steps), steps
     boundary = distance(first[-1], second[0])
     assert 0.2 < boundary < 2 * max(steps)

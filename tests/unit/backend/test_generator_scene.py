@@ -6,6 +6,8 @@ the prompt's similarity to the concept vocabulary (rtvideo/backend/builtin/scene
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -124,11 +126,9 @@ def test_a_transition_moves_chunk_by_chunk_toward_the_target(generator: BuiltinG
     to_target = [distance(m, t) for m, _, t in chunks]
     from_source = [distance(m, s) for m, s, _ in chunks]
     assert to_target[0] > 25, to_target  # the two scenes are clearly different
-    assert all(x > y + 2 for x, y in zip(to_target[:4], to_target[1:5], strict=True)), to_target
+    assert all(x > y + 2 for x, y in itertools.pairwise(to_target[:5])), to_target
     assert to_target[4] == 0 and to_target[5] == 0, to_target
-    assert from_source[0] == 0 and all(x < y - 2 for x, y in zip(from_source[:4], from_source[1:5], strict=True)), (
-        from_source
-    )
+    assert from_source[0] == 0 and all(x < y - 2 for x, y in itertools.pairwise(from_source[:5])), from_source
     # Every pixel moves one way only: between its two ends (up to rounding), never beyond.
 
 

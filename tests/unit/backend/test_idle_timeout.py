@@ -171,7 +171,7 @@ def _model_module(monkeypatch: pytest.MonkeyPatch) -> Any:
             self.name = name
             self.metrics: list[_Metric] = []
 
-        def Metric(self, labels: dict) -> _Metric:  # noqa: N802 - pb_utils' name
+        def Metric(self, labels: dict) -> _Metric:
             self.metrics.append(_Metric(self.name, labels))
             return self.metrics[-1]
 

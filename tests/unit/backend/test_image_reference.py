@@ -9,13 +9,15 @@ loopback, which `test_loopback_is_refused_by_default` checks with the real resol
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import io
+import itertools
 import json
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import av
 import numpy as np
@@ -146,10 +148,10 @@ def test_loopback_is_refused_by_default() -> None:
 
 
 class _ImageHandler(http.server.BaseHTTPRequestHandler):
-    routes: dict[str, tuple[int, dict[str, str], bytes]] = {}
+    routes: ClassVar[dict[str, tuple[int, dict[str, str], bytes]]] = {}
     gate = threading.Event()  # "/gated" answers once a test sets it
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:
         if self.path == "/slow":
             time.sleep(2.0)
         if self.path == "/gated":
@@ -160,10 +162,8 @@ class _ImageHandler(http.server.BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client stopped reading (the size bound)
             self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client stopped reading (the size bound)
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -265,7 +265,7 @@ def test_the_first_frame_is_the_image_and_the_scene_takes_over(generator: Builti
     assert np.abs(with_image[0] - resized).max() <= 1  # the image, at the session's size
     assert np.abs(with_image[-1] - plain[-1]).max() <= 1  # the scene, by the chunk's end
     distance_to_scene = [np.abs(with_image[k] - plain[k]).mean() for k in range(9)]
-    assert all(a > b for a, b in zip(distance_to_scene, distance_to_scene[1:], strict=False))  # a steady hand-over
+    assert all(a > b for a, b in itertools.pairwise(distance_to_scene))  # a steady hand-over
 
 
 def test_a_remote_fetch_holds_only_its_own_sequence(generator: BuiltinGenerator, server: str) -> None:

@@ -403,7 +403,7 @@ def test_a_cancelled_stream_wakes_the_wait_and_ends_quietly() -> None:
 
 
 def test_a_paced_wait_wakes_on_a_stop() -> None:
-    mgr, gen = manager(pacing_lead_chunks=0.0)
+    mgr, _gen = manager(pacing_lead_chunks=0.0)
     ch = start(mgr, fps=1)  # 9 s a chunk: the second chunk is due in 9 s
     deadline = time.monotonic() + 5
     while "video.chunk_metadata" not in ch.types():

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-import rtvideo.core.event_types as event_types
 from rtvideo.backend import catalog
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineHost, engine_prompt
 from rtvideo.backend.vllm_omni.source import EngineSources
+from rtvideo.core import event_types
 from rtvideo.core.event_types import EVENT_FIELDS
 from rtvideo.core.protocol import SAMPLING_FIELDS, parse_start
 from rtvideo.core.session_config import SessionConfig, resolve_session_config
@@ -230,4 +230,4 @@ def test_the_fallbacks_keys_are_the_real_types() -> None:
     tree = ast.parse(Path(event_types.__file__).read_text())
     fallback = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "OmniInteractionEvent")
     assert annotated(fallback) == real
-    assert EVENT_FIELDS == real
+    assert real == EVENT_FIELDS

@@ -199,7 +199,7 @@ def test_the_standin_yields_helios_output_and_runs_the_wheels_interaction_code()
     assert len(outputs) == 3 and outputs[-1].finished
     (video,) = outputs[0].images
     assert video.shape == (1, 33, 128, 128, 3) and video.dtype == np.float32
-    assert 0.0 <= video.min() and video.max() <= 1.0
+    assert video.min() >= 0.0 and video.max() <= 1.0
     assert "video" not in outputs[0].multimodal_output
     streams = [o.multimodal_output["metadata"]["stream"] for o in outputs]
     assert [s["generation_chunk_index"] for s in streams] == [0, 1, 2]

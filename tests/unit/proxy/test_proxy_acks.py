@@ -204,7 +204,7 @@ def test_the_proxy_acks_exactly_what_the_model_acks(manager: Any, messages: list
 # --- the session ---------------------------------------------------------------------------------
 def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() -> None:
     async def body() -> list[dict[str, Any]]:
-        s, conn, bridge = unit_session()
+        s, conn, _bridge = unit_session()
         s.on_frame(START, False)
         s.on_frame(json.dumps(interaction("early")), False)  # before video.start: its ack waits behind it
         assert conn.texts() == []
@@ -246,7 +246,7 @@ def test_an_interaction_that_raced_the_end_is_unapplied_in_the_done() -> None:
     but one end in session.done."""
 
     async def body() -> list[dict[str, Any]]:
-        s, conn, bridge = unit_session()
+        s, conn, _bridge = unit_session()
         s.on_frame(START, False)
         s._on_reply(VIDEO_START)
         s.on_frame(json.dumps(interaction("applied")), False)

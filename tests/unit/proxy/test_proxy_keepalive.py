@@ -174,7 +174,7 @@ class _MetricsServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 if outer.value == "error":
                     self.send_error(500)
                     return

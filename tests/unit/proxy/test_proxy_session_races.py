@@ -247,6 +247,7 @@ def test_client_interact_after_the_end_fails_fast() -> None:
 
 def test_client_concurrent_interacts_with_one_event_id_all_resolve() -> None:
     """The first caller gives up before the ack; the second, on the same event id, still gets it."""
+    acks: list[asyncio.Future[None]] = []
 
     async def script(ws: ServerConnection, m: dict[str, Any]) -> None:
         if m["type"] == "session.start":
@@ -260,7 +261,7 @@ def test_client_concurrent_interacts_with_one_event_id_all_resolve() -> None:
                     {"type": "session.interaction.queued", "request_id": "r", "event_id": m["interaction"]["event_id"]},
                 )
 
-            asyncio.ensure_future(ack_later())
+            acks.append(asyncio.ensure_future(ack_later()))  # held: a task nobody references may be collected
 
     async def body(c: RealtimeVideoClient) -> list[Any]:
         await c.start("x")

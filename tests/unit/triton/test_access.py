@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -93,8 +93,16 @@ def test_affected_releases(version: str, affected: bool) -> None:
 
 @pytest.mark.parametrize(
     "host,loopback",
-    [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True), ("0.0.0.0", False)]
-    + [("::", False), ("10.0.0.5", False), ("triton.internal", False)],
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("triton.internal", False),
+    ],
 )
 def test_loopback(host: str, loopback: bool) -> None:
     assert cli.is_loopback(host) is loopback
@@ -119,12 +127,12 @@ def test_serve_refuses_a_published_triton_without_a_key(
 class _FakeTriton:
     """Stands for TritonServer in `cli.serve`: records its config, then ends the serve."""
 
-    started: list[Any] = []
+    started: ClassVar[list[Any]] = []
 
     def __init__(self, config: Any, **_: Any) -> None:
         self.config = config
 
-    def start(self, timeout: float) -> None:
+    def start(self, timeout: float, progress: Any = None) -> None:
         _FakeTriton.started.append(self.config)
         raise KeyboardInterrupt  # as Ctrl-C during the start
 
