@@ -169,7 +169,9 @@ class EngineHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._tasks: dict[str, asyncio.Task] = {}  # request id -> its streaming task
-        self._order: dict[str, asyncio.Lock] = {}  # request id -> keeps its interactions in order
+        # request id -> keeps its interactions in order; made by `_start`, removed by `_end`, so
+        # a live request has exactly one and an ended one none (an interaction then fails)
+        self._order: dict[str, asyncio.Lock] = {}
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self.dead: str | None = None
@@ -279,7 +281,10 @@ class EngineHost:
         return params
 
     async def _interact(self, request_id: str, interaction: Mapping[str, Any]) -> None:
-        async with self._order.setdefault(request_id, asyncio.Lock()):
+        order = self._order.get(request_id)
+        if order is None:  # ended (or never started): a new lock would order nothing and never go
+            raise EngineError(f"request {request_id} is not running")
+        async with order:
             await self._engine.submit_interaction_async(request_id, interaction=dict(interaction))
 
     async def _end(self, request_id: str) -> None:
@@ -305,6 +310,7 @@ class EngineHost:
         sink: OutputQueue,
         image_at: FirstFrameAt,
     ) -> None:
+        self._order[request_id] = asyncio.Lock()
         self._tasks[request_id] = asyncio.get_running_loop().create_task(
             self._stream(request_id, prompt, config, num_frames, preset, sink, image_at)
         )

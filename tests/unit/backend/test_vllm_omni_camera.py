@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from rtvideo.backend.runtime.sources import FailedEvent, Interaction, SourceChunk, source_modalities
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.backend.vllm_omni.engine import EngineHost
+from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.source import EngineChunkSource
 from rtvideo.core.protocol import InteractionRequest, parse_message, parse_start
 from rtvideo.core.session_config import resolve_session_config
@@ -215,3 +216,21 @@ def test_the_standin_refuses_what_the_pipelines_refuse() -> None:
     assert (
         helios._pipeline_refusal(None, params(width=640, height=384, num_frames=40, num_inference_steps=None)) is None
     )
+
+
+def test_an_interaction_after_the_request_ended_never_reaches_the_engine(tmp_path: Path) -> None:
+    """The ordering lock lives from the request's start to its end: an interaction racing the end
+    fails here, instead of making a lock of its own (left behind for good) and reaching an
+    engine that has no such request."""
+    record = tmp_path / "calls.jsonl"
+    host, source = host_and_source("HeliosPyramidPipeline", record)
+    try:
+        assert isinstance(source.next_chunk(4), SourceChunk)
+        host.end_request("r")
+        late = host.interact("r", {"event_id": "late", "event": {"prompt": "x"}, "transition_chunks": 1})
+        with pytest.raises(EngineError, match="not running"):
+            late.result(10)
+    finally:
+        source.close()
+        host.shutdown()
+    assert records(record, "submit") == []
