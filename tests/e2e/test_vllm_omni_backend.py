@@ -320,7 +320,7 @@ def test_finalize_aborts_shuts_the_engine_down_and_stops_the_loop(tmp_path) -> N
     generator, so the end of a real server does not show it reliably."""
     import threading
 
-    from rtvideo.backend.runtime.assembly import build_manager
+    from rtvideo.backend.assembly import build_manager
     from rtvideo.backend.settings import BackendSettings
     from tests.support.recorder import Recorder
 

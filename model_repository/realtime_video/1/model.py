@@ -21,9 +21,9 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from rtvideo import logsetup
+from rtvideo.backend.assembly import build_manager
 from rtvideo.backend.builtin.devices import device_from_args
 from rtvideo.backend.runtime import metrics
-from rtvideo.backend.runtime.assembly import build_manager
 from rtvideo.backend.runtime.dispatch import RequestDispatcher
 from rtvideo.backend.runtime.metrics import BufferedMetrics
 from rtvideo.backend.runtime.priority_lock import PriorityLock

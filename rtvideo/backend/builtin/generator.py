@@ -19,7 +19,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -28,37 +27,10 @@ import torch.nn.functional as F
 from rtvideo.backend import catalog
 from rtvideo.backend.builtin import scene
 from rtvideo.backend.builtin.text_encoder import EMBEDDING_DIM, PromptEncoder
+from rtvideo.backend.runtime.ports import GeneratorSession, VideoGenerator
 from rtvideo.core.pose import Pose
-from rtvideo.core.session_config import GeneratorLimits
 
 MIX_TOLERANCE = 1e-4
-
-
-class GeneratorSession(Protocol):
-    """One video stream: owns its time cursor so motion carries across chunks."""
-
-    def generate(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> np.ndarray:
-        """The next `num_frames` frames, uint8 [num_frames, H, W, 3] RGB. `poses`: the camera
-        pose of each frame (relative to the session's start pose); None = the start pose."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class VideoGenerator(Protocol):
-    """What the Triton backend talks to; it never sees protocol messages."""
-
-    limits: GeneratorLimits
-
-    def embed(self, prompt: str) -> torch.Tensor:
-        """The prompt's conditioning vector (cached)."""
-        ...
-
-    def open_session(
-        self, *, width: int, height: int, seed: int, fps: int | None = None, image: np.ndarray | None = None
-    ) -> GeneratorSession:
-        """`image`: the first frame (uint8 RGB [H, W, 3], any size), or None."""
-        ...
 
 
 def validate_mix(mix: Mapping[str, float]) -> None:

@@ -25,7 +25,7 @@ class Worker:
 
     def init(self, options: dict[str, Any]) -> None:
         from rtvideo.backend.builtin.generator import BuiltinGenerator
-        from rtvideo.backend.runtime.assembly import limit_cpu_threads
+        from rtvideo.backend.runtime.cpu_threads import limit_cpu_threads
 
         limit_cpu_threads(int(options.get("torch_threads", 1)))
         self._generator = BuiltinGenerator(device=options.get("device", "cpu"), fps=int(options.get("fps", 16)))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from rtvideo.core.pose import Pose
+from rtvideo.core.session_config import GeneratorLimits
 
 
 class Channel(Protocol):
@@ -67,3 +70,30 @@ class NullMetrics:
 
     def count_session_end(self, reason: str) -> None:
         pass
+
+
+class GeneratorSession(Protocol):
+    """One video stream: owns its time cursor so motion carries across chunks."""
+
+    def generate(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> np.ndarray:
+        """The next `num_frames` frames, uint8 [num_frames, H, W, 3] RGB. `poses`: the camera
+        pose of each frame (relative to the session's start pose); None = the start pose."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class VideoGenerator(Protocol):
+    """What the Triton backend talks to; it never sees protocol messages."""
+
+    limits: GeneratorLimits
+
+    def embed(self, prompt: str) -> Any:
+        """The prompt's conditioning vector (cached)."""
+        ...
+
+    def open_session(
+        self, *, width: int, height: int, seed: int, fps: int | None = None, image: np.ndarray | None = None
+    ) -> GeneratorSession:
+        """`image`: the first frame (uint8 RGB [H, W, 3], any size), or None."""
+        ...

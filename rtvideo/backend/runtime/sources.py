@@ -24,18 +24,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
+from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory, GeneratorSession, VideoGenerator
 from rtvideo.core import camera
 from rtvideo.core.pose import Pose
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.transitions import ChunkPlan, TransitionTracker
-
-if TYPE_CHECKING:
-    from rtvideo.backend.builtin.generator import GeneratorSession, VideoGenerator
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from rtvideo.backend.builtin.generator import VideoGenerator
 from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.runtime.manager import MIN_SECRET_CHARS, NOT_YOURS, SessionManager
+from rtvideo.backend.runtime.ports import VideoGenerator
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorSources
 from rtvideo.backend.settings import BackendSettings

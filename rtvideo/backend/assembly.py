@@ -1,47 +1,22 @@
-"""Wires settings into a ready `SessionManager`; shared by the Triton model and the benchmarks."""
+"""The backend's composition root: wires settings into a ready `SessionManager` with the chosen
+generator; shared by the Triton model and the benchmarks. It sits above runtime/ and the
+generators and imports down into them; nothing below imports it."""
 
 from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING
 
 from rtvideo.backend import catalog
+from rtvideo.backend.runtime.cpu_threads import limit_cpu_threads, resolve_device
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.ports import Metrics
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import ChunkSourceFactory, GeneratorSources
 from rtvideo.backend.settings import BackendSettings
-
-if TYPE_CHECKING:
-    from rtvideo.backend.vllm_omni.engine import EngineHost
+from rtvideo.backend.vllm_omni.engine import EngineHost
 
 log = logging.getLogger(__name__)
-
-
-def limit_cpu_threads(threads: int, *, blas: bool = True) -> None:
-    """Cap torch's and (with `blas`) the BLAS libraries' CPU thread pools (OpenBLAS, OpenMP, MKL).
-
-    Many sessions share the cores and each renders on one thread, while an uncapped BLAS
-    pool keeps one spinning thread per core between calls, taking CPU from the request path.
-    Only a process that renders resizes the BLAS pool (`blas`): the model's process does no
-    BLAS work when render workers render, and resizing it there is not safe at its exit."""
-    import torch
-
-    torch.set_num_threads(threads)
-    if blas:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(limits=threads)  # applies now and stays (no `with`)
-
-
-def resolve_device(device: str) -> str:
-    """'auto' means CUDA when this process can see a GPU, else the CPU."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def build_manager(
@@ -64,7 +39,7 @@ def build_manager(
     host: EngineHost | None = None
     sources: ChunkSourceFactory
     if settings.generator == "vllm_omni":
-        from rtvideo.backend.vllm_omni.engine import EngineHost, load_factory
+        from rtvideo.backend.vllm_omni.engine import load_factory
         from rtvideo.backend.vllm_omni.interaction_rules import pipeline_class
         from rtvideo.backend.vllm_omni.source import EngineSources
 
