@@ -14,6 +14,8 @@ The semantics are vLLM-Omni 0.30's `SE3DeltaCameraHandler`
 - `velocity`: the pose is composed with the event's SE(3) delta once per frame
   (T ← T · Δ) until another camera event replaces it;
 - a camera event replaces the active one, which is then reported completed;
+- the chunk lists follow the protocol, not the handler: every event contributing to a chunk
+  is in `active` (`chunk_lists`), where the handler lists only the one running at its end;
 - an event takes effect at the frame of its receipt time within the chunk
   (`resolve_event_frame_offset`: ⌊(received − previous boundary) · fps⌋, clamped to the chunk).
 
@@ -180,6 +182,21 @@ def merge_ids(*lists: Iterable[str]) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def chunk_lists(
+    at_start: Iterable[str], started: Iterable[str], completed: Iterable[str], at_end: Iterable[str]
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """A chunk's camera lists as the protocol defines them, from the handler's view.
+
+    vLLM-Omni 0.30's `SE3DeltaCameraHandler` lists as active only the event still running at
+    the chunk's end (`at_end`). The protocol's active list is every event contributing to the
+    chunk: the one running at its start (`at_start`), each one started in it, and so each one
+    completed in it. So `started ⊆ active` and `completed ⊆ active`, and an event is active
+    from its start chunk to its completion chunk inclusive, never after (it is not running at
+    the start of the next chunk). The poses are the handler's, unchanged."""
+    started_ids, completed_ids = merge_ids(started), merge_ids(completed)
+    return started_ids, merge_ids(at_start, started_ids, completed_ids, at_end), completed_ids
+
+
 # --- one session's camera timeline ---------------------------------------------------------
 @dataclass
 class _Event:
@@ -225,7 +242,8 @@ class CameraTracker:
         return None if self._active is None else self._active.event_id
 
     def next_chunk(self, num_frames: int, fps: float, boundary_at: float) -> CameraChunk:
-        """The poses of the chunk whose boundary is at `boundary_at` (one per frame)."""
+        """The poses of the chunk whose boundary is at `boundary_at` (one per frame), and its
+        lists as the protocol defines them (`chunk_lists`)."""
         num_frames = max(int(num_frames), 1)
         by_frame: dict[int, list[_Event]] = {}
         for event in self._pending:
@@ -234,12 +252,16 @@ class CameraTracker:
         self._pending = []
         for events in by_frame.values():
             events.sort(key=lambda e: e.received_at)
+        at_start = () if self._active is None else (self._active.event_id,)
         started: list[str] = []
         completed: list[str] = []
+        ended_progress: dict[str, float] = {}  # an event's progress when it ended in this chunk
         poses: list[Pose] = []
         for index in range(num_frames):
             for event in by_frame.get(index, ()):
                 started.append(event.event_id)
+                if self._active is not None and self._active.event_id != event.event_id:
+                    ended_progress[self._active.event_id] = self._alpha(self._active, num_frames)
                 replaced = self._activate(event)
                 if replaced is not None and replaced not in completed:
                     completed.append(replaced)
@@ -247,18 +269,24 @@ class CameraTracker:
             poses.append(self.pose)
             if done is not None and done not in completed:
                 completed.append(done)
+                ended_progress[done] = 1.0
         self._last_boundary_at = boundary_at
-        active = () if self._active is None else (self._active.event_id,)
-        return CameraChunk(tuple(poses), tuple(started), active, tuple(completed), self._progress(num_frames))
+        at_end = () if self._active is None else (self._active.event_id,)
+        progress = {**ended_progress, **self._progress(num_frames)}
+        started_ids, active, completed_ids = chunk_lists(at_start, started, completed, at_end)
+        return CameraChunk(
+            tuple(poses), started_ids, active, completed_ids, {event_id: progress[event_id] for event_id in active}
+        )
 
     def _progress(self, num_frames: int) -> dict[str, float]:
-        event = self._active
-        if event is None:
-            return {}
+        return {} if self._active is None else {self._active.event_id: self._alpha(self._active, num_frames)}
+
+    @staticmethod
+    def _alpha(event: _Event, num_frames: int) -> float:
         if event.command.mode is CameraMode.VELOCITY:
-            return {event.event_id: 1.0}  # a held velocity: fully applied, until replaced
+            return 1.0  # a held velocity: fully applied, until replaced
         total = max(1, round(event.chunks * float(num_frames)))
-        return {event.event_id: min(1.0, event.elapsed_frames / total)}
+        return min(1.0, event.elapsed_frames / total)
 
     def _activate(self, event: _Event) -> str | None:
         replaced = None

@@ -25,7 +25,7 @@ from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_me
 from rtvideo.backend.vllm_omni.interaction_rules import modalities, refusal
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OutputQueue
-from rtvideo.core.camera import merge_ids
+from rtvideo.core.camera import chunk_lists, merge_ids
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import ACTIVE, COMPLETED, STARTED, EngineStreamTranslator
 from rtvideo.core.transitions import ChunkPlan
@@ -60,6 +60,7 @@ class EngineChunkSource:
         self._waiting: dict[str, tuple[Mapping[str, Any], int | None]] = {}  # held event -> (event, N)
         # events without a prompt (camera only): the engine's own lists, passed through (`_camera_plan`)
         self._passthrough: dict[str, _PassThrough] = {}
+        self._running: tuple[str, ...] = ()  # pass-through events running at the last chunk's end
         self._first_output = False
         self._closed = False
         self._lock = threading.Lock()  # translator + forwarding (request path vs worker)
@@ -204,18 +205,23 @@ class EngineChunkSource:
         }
         rest = {**stream, **{key: [e for e in stream.get(key) or () if e not in self._passthrough] for key in mine}}
         plan = self._translator.chunk(rest)
-        active = [e for e in merge_ids(mine[STARTED], mine[ACTIVE]) if e not in mine[COMPLETED]]
+        running = [e for e in merge_ids(mine[STARTED], mine[ACTIVE]) if e not in mine[COMPLETED]]
         progress = dict(plan.progress)
-        for event_id in active:
+        for event_id in running:
             progress[event_id] = self._passthrough[event_id].step()
         for event_id in mine[COMPLETED]:
+            progress[event_id] = 1.0  # reached, or replaced: no part of it is still to come
             self._passthrough.pop(event_id, None)
+        # the engine lists as active only what runs at the chunk's end; the protocol, every event
+        # contributing to the chunk (`camera.chunk_lists`)
+        started, active, completed = chunk_lists(self._running, mine[STARTED], mine[COMPLETED], running)
+        self._running = tuple(running)
         return ChunkPlan(
             generation_chunk_index=plan.generation_chunk_index,
             mix=plan.mix,
-            started=merge_ids(plan.started, mine[STARTED]),
+            started=merge_ids(plan.started, started),
             active=merge_ids(plan.active, active),
-            completed=merge_ids(plan.completed, mine[COMPLETED]),
+            completed=merge_ids(plan.completed, completed),
             superseded=plan.superseded,
             interrupted=plan.interrupted,
             progress=progress,

@@ -23,6 +23,7 @@ from rtvideo.core.camera import (
     CameraError,
     CameraMode,
     CameraTracker,
+    chunk_lists,
     compose,
     frame_offset,
     merge_ids,
@@ -152,6 +153,9 @@ def test_the_tracker_is_the_handler(chunks: list[tuple[int, list[Any]]], fps: fl
     state = StepRequestState("r", Sampling())
     ours = CameraTracker()
     boundary, previous, serial = 0.0, None, 0
+    running: tuple[str, ...] = ()  # the handler's active event at the previous chunk's end
+    began: set[str] = set()
+    ended: set[str] = set()
     poses_comparable = True
     for frames, batch in chunks:
         chunk_seconds = frames / fps
@@ -170,11 +174,16 @@ def test_the_tracker_is_the_handler(chunks: list[tuple[int, list[Any]]], fps: fl
             state, boundary_at=boundary, num_media_frames=frames, fps=fps, num_latent_frames=frames
         )
         mine = ours.next_chunk(frames, fps, boundary)
-        assert (list(mine.started), list(mine.active), list(mine.completed)) == (
-            meta.started_event_ids,
-            meta.active_event_ids,
-            meta.completed_event_ids,
-        )
+        # the handler's lists, with active as the protocol defines it (every contributing event)
+        expected = chunk_lists(running, meta.started_event_ids, meta.completed_event_ids, meta.active_event_ids)
+        assert (mine.started, mine.active, mine.completed) == expected
+        assert set(mine.started) <= set(mine.active) and set(mine.completed) <= set(mine.active)
+        # an event is active from its start to its completion inclusive, and never after
+        assert not set(mine.active) & ended and not set(mine.started) & began
+        assert set(running) <= set(mine.active)
+        began |= set(mine.started)
+        ended |= set(mine.completed)
+        running = tuple(meta.active_event_ids)
         real_poses = state.interaction_sessions["camera"].last_absolute_poses.tolist()
         assert len(mine.poses) == len(real_poses) == frames
         for index, (pose, real) in enumerate(zip(mine.poses, real_poses, strict=True)):
@@ -197,11 +206,13 @@ def test_target_reaches_its_pose_on_the_last_frame_and_back_to_start() -> None:
     assert first.started == ("go",) and first.active == ("go",) and first.completed == ()
     assert [p.translation[2] for p in first.poses] == [0.125, 0.25, 0.375, 0.5]
     second = t.next_chunk(4, 16.0, 0.25)
-    assert second.completed == ("go",) and second.active == () and second.poses[-1].translation == (0.0, 0.0, 1.0)
+    assert second.completed == ("go",) and second.active == ("go",)  # it contributes to the chunk it completes in
+    assert second.poses[-1].translation == (0.0, 0.0, 1.0) and second.progress == {"go": 1.0}
     t.admit("home", parse_camera({"mode": "target", "data": {}}), 0, 0.3)
     back = t.next_chunk(4, 16.0, 0.5)
     assert back.poses[0] == IDENTITY  # N = 0: the target on the event's own frame
-    assert back.started == back.completed == ("home",)
+    assert back.started == back.completed == back.active == ("home",)
+    assert t.next_chunk(4, 16.0, 0.75).active == ()  # never listed after its completion
 
 
 def test_a_velocity_is_held_until_replaced_and_the_replaced_one_completes() -> None:
@@ -213,7 +224,8 @@ def test_a_velocity_is_held_until_replaced_and_the_replaced_one_completes() -> N
     assert round(b.poses[-1].translation[0], 9) == 0.6 and b.started == () and b.active == ("v",)
     t.admit("stop", parse_camera({"mode": "velocity", "data": {}}), None, 0.3 + 0.15)  # frame 1 of the next
     c = t.next_chunk(3, 10.0, 0.6)
-    assert c.started == ("stop",) and c.completed == ("v",) and c.active == ("stop",)
+    assert c.started == ("stop",) and c.completed == ("v",) and c.active == ("v", "stop")
+    assert c.progress == {"v": 1.0, "stop": 1.0}
     assert [round(p.translation[0], 9) for p in c.poses] == [0.7, 0.7, 0.7]
 
 
