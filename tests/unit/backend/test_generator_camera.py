@@ -3,7 +3,7 @@
 Two sessions with the same seed render the same instant from two poses, so the scene's own
 animation cancels and only the camera differs; phase correlation between the two frames (on
 a band of rows: the sky, or the ground) measures the motion. Unity axes: +X right, +Y up,
-+Z forward; yaw > 0 looks right, pitch > 0 looks down (rtvideo/backend/builtin/scene.py,
++Z forward; yaw > 0 looks right, pitch > 0 looks down (rtvideo/backend/builtin/scene/camera.py,
 `view_angles`). The expected sizes come from the camera model's focal length and layer rates.
 """
 

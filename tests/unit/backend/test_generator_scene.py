@@ -1,7 +1,7 @@
 """The built-in generator draws what the prompt says: measurable colour, light and transitions.
 
 Real MiniLM embeddings and real rendering: the scene's light, ground and elements come from
-the prompt's similarity to the concept vocabulary (rtvideo/backend/builtin/scene.py).
+the prompt's similarity to the concept vocabulary (rtvideo/backend/builtin/scene/concepts.py).
 """
 
 from __future__ import annotations
