@@ -23,6 +23,7 @@ import contextlib
 import gc
 import ipaddress
 import logging
+import math
 import os
 import signal
 import sys
@@ -65,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--triton-start-timeout",
-        type=float,
-        default=float(os.environ.get("RTVIDEO_TRITON_START_TIMEOUT", "1800")),
+        type=_positive_seconds,
+        default=os.environ.get("RTVIDEO_TRITON_START_TIMEOUT", "1800"),  # parsed by `type`, errors included
         metavar="SECONDS",
         help="how long the Triton started here may take to load its model before serve gives up, "
         "with a progress line every 15 s (default 1800: a 14B model's cold start from a slow disk; "
@@ -329,6 +330,17 @@ async def _run_proxy(
     finally:
         waiter.cancel()
     return 0
+
+
+def _positive_seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse's `type`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"use a positive number of seconds, not {text!r}")
+    return value
 
 
 def _loading_progress(timeout: float) -> Callable[[float, str], None]:

@@ -180,3 +180,13 @@ def test_serve_warns_when_it_publishes_an_affected_triton(caplog: pytest.LogCapt
     cli.warn_if_affected(Published(None))  # type: ignore[arg-type]
     assert "version unknown" in caplog.text
     assert os.environ.get("RTVIDEO_LOG_FORMAT") in (None, "text", "json")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
+def test_a_start_timeout_that_is_not_a_positive_number_is_a_usage_error(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["serve", "--triton-start-timeout", value])
+    assert exited.value.code == 2
+    assert f"use a positive number of seconds, not {value!r}" in capsys.readouterr().err
