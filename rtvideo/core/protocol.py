@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rtvideo.core import camera
+from rtvideo.core.camera import CameraCommand
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.event_types import EVENT_FIELDS, OmniInteractionEvent
 
@@ -171,6 +172,9 @@ class InteractionRequest:
     event: OmniInteractionEvent
     event_id: str | None = None
     transition_chunks: int | None = None
+    #: the event's `multi_modal_data.camera`, parsed once here (not part of its identity: the
+    #: event is); None without one
+    camera: CameraCommand | None = field(default=None, compare=False)
 
     @property
     def fingerprint(self) -> bytes:
@@ -187,7 +191,7 @@ class InteractionRequest:
         """The same request with a server-generated id when the client sent none."""
         if self.event_id is not None:
             return self
-        return InteractionRequest(self.event, str(uuid.uuid4()), self.transition_chunks)
+        return InteractionRequest(self.event, str(uuid.uuid4()), self.transition_chunks, self.camera)
 
 
 @dataclass(frozen=True)
@@ -587,7 +591,7 @@ def validate_interaction(obj: Mapping[str, Any]) -> InteractionRequest:
     if unknown:
         raise ProtocolError(bad, f"unknown event field(s): {', '.join(unknown)}", report_id)
     try:
-        event = _event_parts(event, bad)
+        event, command = _event_parts(event, bad)
     except ProtocolError as exc:
         raise ProtocolError(exc.code, exc.message, report_id) from None
     chunks = interaction.get("transition_chunks")
@@ -596,10 +600,12 @@ def validate_interaction(obj: Mapping[str, Any]) -> InteractionRequest:
             chunks = as_int(chunks, "transition_chunks", 0, MAX_TRANSITION_CHUNKS, bad)
         except ProtocolError as exc:
             raise ProtocolError(exc.code, exc.message, report_id) from None
-    return InteractionRequest(event=OmniInteractionEvent(**event), event_id=event_id, transition_chunks=chunks)
+    return InteractionRequest(
+        event=OmniInteractionEvent(**event), event_id=event_id, transition_chunks=chunks, camera=command
+    )
 
 
-def _event_parts(event: dict[str, Any], bad: ErrorCode) -> dict[str, Any]:
+def _event_parts(event: dict[str, Any], bad: ErrorCode) -> tuple[dict[str, Any], CameraCommand | None]:
     """An event's `prompt` and/or `multi_modal_data` (vLLM-Omni 0.30's rule, docs/protocol.md
     §2.2): at least one; a `null` one is absent (and dropped, as vLLM-Omni's server drops it);
     each modality an object; `camera` valid (`rtvideo.core.camera`). A prompt-only event is
@@ -611,7 +617,9 @@ def _event_parts(event: dict[str, Any], bad: ErrorCode) -> dict[str, Any]:
                 bad, "an event needs a prompt and/or multi_modal_data: interaction.event.prompt is required"
             )
         _require_prompt(event["prompt"], "event.prompt", bad)
-        return {k: v for k, v in event.items() if k != "multi_modal_data"} if "multi_modal_data" in event else event
+        return (
+            {k: v for k, v in event.items() if k != "multi_modal_data"} if "multi_modal_data" in event else event
+        ), None
     if not isinstance(mm, dict):
         raise ProtocolError(bad, f"event.multi_modal_data must be an object, not {_json_kind(mm)}")
     if not mm:
@@ -619,15 +627,16 @@ def _event_parts(event: dict[str, Any], bad: ErrorCode) -> dict[str, Any]:
     for modality, payload in mm.items():
         if not isinstance(payload, dict):
             raise ProtocolError(bad, f"event.multi_modal_data[{modality[:40]!r}] must be an object")
+    command = None
     if camera.MODALITY in mm:
         try:
-            camera.parse_camera(mm[camera.MODALITY])
+            command = camera.parse_camera(mm[camera.MODALITY])
         except camera.CameraError as exc:
             raise ProtocolError(bad, f"event.multi_modal_data.camera: {exc}") from None
     if event.get("prompt") is not None:
         _require_prompt(event["prompt"], "event.prompt", bad)
-        return event
-    return {k: v for k, v in event.items() if k != "prompt"}
+        return event, command
+    return {k: v for k, v in event.items() if k != "prompt"}, command
 
 
 # --- server messages ---------------------------------------------------------------------

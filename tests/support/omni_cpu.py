@@ -184,7 +184,7 @@ def run_session(model: Path) -> dict[str, Any]:
     patch_cpu_platform()
     from vllm_omni import AsyncOmni
 
-    from rtvideo.backend.runtime.sources import FailedEvent
+    from rtvideo.backend.runtime.sources import FailedEvent, Interaction
     from rtvideo.backend.vllm_omni.engine import EngineHost
     from rtvideo.backend.vllm_omni.source import EngineSources
     from rtvideo.core.session_config import SessionConfig
@@ -236,8 +236,12 @@ def run_session(model: Path) -> dict[str, Any]:
     refusal: str | None = None
     try:
         source = sources.open(config, "cpu-session")
-        source.admit("early", "lanterns", 1)  # before the first output: held, forwarded at it
-        source.admit("empty", "", 1)  # refused before forwarding, with the engine's own words
+        source.admit_event(
+            Interaction.prompt_update("early", "lanterns", 1)
+        )  # before the first output: held, forwarded at it
+        source.admit_event(
+            Interaction.prompt_update("empty", "", 1)
+        )  # refused before forwarding, with the engine's own words
         while len(chunks) < CHUNKS:
             item = source.next_chunk(FRAMES_PER_CHUNK)
             if isinstance(item, FailedEvent):
@@ -256,7 +260,9 @@ def run_session(model: Path) -> dict[str, Any]:
                 }
             )
             if "early" in plan.started:
-                source.admit("late", "snow", 0)  # reaches the engine during the next chunk
+                source.admit_event(
+                    Interaction.prompt_update("late", "snow", 0)
+                )  # reaches the engine during the next chunk
         # what AsyncOmni.submit_interaction_async itself refuses (interaction_rules says the same)
         try:
             host.interact("cpu-session", {"event_id": "raw", "event": {"prompt": ""}}).result(30)

@@ -20,7 +20,6 @@ from typing import Any
 
 from rtvideo.backend.runtime.ports import Channel, Metrics
 from rtvideo.backend.runtime.sources import (
-    PROMPT_ONLY,
     ChunkSource,
     FailedEvent,
     Interaction,
@@ -248,29 +247,13 @@ class Session:
     def _missing_modalities(self, request: InteractionRequest) -> list[str]:
         """The event's modalities the source does not apply (none when only its engine knows)."""
         accepted = source_modalities(self._source)
-        if not hasattr(self._source, "admit_event"):
-            accepted = PROMPT_ONLY  # it takes prompts only, through `admit`
         if accepted is None:
             return []
         return [m for m in event_modalities(request.event) if m not in accepted]
 
     def _admit_to_source(self, request: InteractionRequest, event_id: str, chunks: int, received: float) -> None:
-        """Hand an acked event to the source: a prompt-only one through `admit` when the source
-        has no `admit_event` (as before multi_modal_data), anything else as an `Interaction`."""
-        admit_event = getattr(self._source, "admit_event", None)
-        if admit_event is None:
-            self._source.admit(event_id, request.event["prompt"], chunks)
-            return
-        admit_event(
-            Interaction(
-                event_id=event_id,
-                event=request.event,
-                prompt_chunks=chunks,
-                transition_chunks=request.transition_chunks,
-                received_at=received,
-                multi_modal_data=dict(request.event.get("multi_modal_data") or {}),
-            )
-        )
+        """Hand an acked event to the source, the one way every source takes events."""
+        self._source.admit_event(Interaction.from_request(request, event_id, chunks, received))
 
     def fail(self, reason: EndReason, message: str) -> None:
         """End the session from any thread with `reason`'s error, then `session.done`."""

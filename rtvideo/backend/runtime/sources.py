@@ -31,6 +31,7 @@ import numpy as np
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory, GeneratorSession, VideoGenerator
 from rtvideo.core import camera
 from rtvideo.core.pose import Pose
+from rtvideo.core.protocol import InteractionRequest
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.transitions import ChunkPlan, TransitionTracker
 
@@ -65,7 +66,7 @@ class FailedEvent:
 
 @dataclass(frozen=True)
 class Interaction:
-    """An acked event with more than a prompt, as a source with `admit_event` receives it.
+    """An acked event, as every source receives it (`ChunkSource.admit_event`).
 
     `prompt_chunks` is the prompt part's N, resolved by the session's config; the other
     modalities resolve `transition_chunks` (as the client sent it, or None) themselves (the
@@ -79,11 +80,34 @@ class Interaction:
     transition_chunks: int | None
     received_at: float
     multi_modal_data: Mapping[str, Any] = field(default_factory=dict)
+    #: the camera part, parsed once with the message (`InteractionRequest.camera`), or None
+    camera: camera.CameraCommand | None = None
 
     @property
     def prompt(self) -> str | None:
         value = self.event.get("prompt")
         return value if isinstance(value, str) else None
+
+    @classmethod
+    def from_request(
+        cls, request: InteractionRequest, event_id: str, prompt_chunks: int, received_at: float
+    ) -> Interaction:
+        """The acked `session.interaction` as a source receives it (`prompt_chunks`: its prompt's
+        N, resolved by the session's config)."""
+        return cls(
+            event_id=event_id,
+            event=request.event,
+            prompt_chunks=prompt_chunks,
+            transition_chunks=request.transition_chunks,
+            received_at=received_at,
+            multi_modal_data=dict(request.event.get("multi_modal_data") or {}),
+            camera=request.camera,
+        )
+
+    @classmethod
+    def prompt_update(cls, event_id: str, prompt: str, chunks: int, received_at: float = 0.0) -> Interaction:
+        """A prompt-only event with its N resolved (what most callers outside a session admit)."""
+        return cls(event_id, {"prompt": prompt}, chunks, chunks, received_at)
 
 
 #: what a source applies when it does not say (`ChunkSource.modalities`)
@@ -107,16 +131,16 @@ class ChunkSource(Protocol):
     """One session's chunks. `admit` runs on the request path, `interrupt` on any thread,
     the rest on the session's worker.
 
-    A source that applies more than prompts says so with `modalities` (a frozenset, or None
-    when only its engine knows) and takes every event through `admit_event(Interaction)`;
-    one without either gets prompt-only events through `admit` and nothing else.
+    Every acked event reaches `admit_event` (the one way in). A source that applies more than
+    prompts says so with `modalities` (a frozenset, or None when only its engine knows); one
+    without gets prompt-only events.
     """
 
     #: whether waiting before `next_chunk` holds generation back (then the session paces it)
     pacing: bool
 
-    def admit(self, event_id: str, prompt: str, transition_chunks: int) -> None:
-        """An acked prompt update (N resolved); it takes effect at a later boundary."""
+    def admit_event(self, interaction: Interaction) -> None:
+        """An acked event (its prompt's N resolved); it takes effect at a later boundary."""
 
     def next_chunk(self, max_frames: int) -> SourceChunk | FailedEvent | None:
         """The next chunk, of `max_frames` frames (a source with chunks of its own size: at
@@ -225,14 +249,9 @@ class GeneratorChunkSource:
         self._clock = clock
         self._lock = threading.Lock()  # admit (request path) vs next_chunk (worker)
 
-    def admit(self, event_id: str, prompt: str, transition_chunks: int) -> None:
-        with self._lock:
-            self._tracker.admit(event_id, prompt, transition_chunks)
-
     def admit_event(self, interaction: Interaction) -> None:
-        """Every part of one event (validated before its ack: parsing cannot fail here)."""
-        payload = interaction.multi_modal_data.get(camera.MODALITY)
-        command = None if payload is None else camera.parse_camera(payload)
+        """Every part of one event (parsed with its message, before its ack)."""
+        command = interaction.camera
         with self._lock:
             if interaction.prompt is not None:
                 self._tracker.admit(interaction.event_id, interaction.prompt, interaction.prompt_chunks)

@@ -25,7 +25,7 @@ from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_me
 from rtvideo.backend.vllm_omni.interaction_rules import modalities, refusal
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OutputQueue
-from rtvideo.core.camera import chunk_lists, merge_ids
+from rtvideo.core.camera import CameraMode, chunk_lists, merge_ids
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import ACTIVE, COMPLETED, STARTED, EngineStreamTranslator
 from rtvideo.core.transitions import ChunkPlan
@@ -81,7 +81,7 @@ class EngineChunkSource:
         event is forwarded and the engine decides."""
         return modalities(self._pipeline)
 
-    def admit(self, event_id: str, prompt: str, transition_chunks: int) -> None:
+    def _admit_prompt(self, event_id: str, prompt: str, transition_chunks: int) -> None:
         with self._lock:
             self._translator.admit(event_id, transition_chunks)
             self._waiting[event_id] = ({"prompt": prompt}, transition_chunks)
@@ -94,7 +94,7 @@ class EngineChunkSource:
         the engine's own lists and its `transition_chunks` as sent (the engine's default when
         absent)."""
         if interaction.prompt is not None and not interaction.multi_modal_data:
-            self.admit(interaction.event_id, interaction.prompt, interaction.prompt_chunks)
+            self._admit_prompt(interaction.event_id, interaction.prompt, interaction.prompt_chunks)
             return
         event_id = interaction.event_id
         with self._lock:
@@ -102,8 +102,7 @@ class EngineChunkSource:
                 self._translator.admit(event_id, interaction.prompt_chunks)
                 self._waiting[event_id] = (dict(interaction.event), interaction.prompt_chunks)
             else:
-                camera = interaction.multi_modal_data.get("camera")
-                held = isinstance(camera, Mapping) and camera.get("mode") == "velocity"
+                held = interaction.camera is not None and interaction.camera.mode is CameraMode.VELOCITY
                 self._passthrough[event_id] = _PassThrough(held, interaction.transition_chunks)
                 self._waiting[event_id] = (dict(interaction.event), interaction.transition_chunks)
             if self._first_output:

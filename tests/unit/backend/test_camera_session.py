@@ -49,11 +49,12 @@ def config() -> Any:
 
 
 def admission(event_id: str, event: dict[str, Any], received: float, n: int | None = None) -> Interaction:
-    request = parse_message(
-        json.dumps({"type": "session.interaction", "interaction": {"event_id": event_id, "event": event}})
-    )
+    interaction: dict[str, Any] = {"event_id": event_id, "event": event}
+    if n is not None:
+        interaction["transition_chunks"] = n
+    request = parse_message(json.dumps({"type": "session.interaction", "interaction": interaction}))
     assert isinstance(request, InteractionRequest)
-    return Interaction(event_id, request.event, 2, n, received, dict(request.event.get("multi_modal_data") or {}))
+    return Interaction.from_request(request, event_id, 2 if n is None else n, received)
 
 
 def test_no_camera_event_no_poses() -> None:
@@ -100,8 +101,8 @@ class PromptOnlySource:
         self.admitted: list[str] = []
         self.closed = threading.Event()
 
-    def admit(self, event_id: str, prompt: str, transition_chunks: int) -> None:
-        self.admitted.append(event_id)
+    def admit_event(self, interaction: Interaction) -> None:
+        self.admitted.append(interaction.event_id)
 
     def next_chunk(self, max_frames: int) -> Any:
         return self.items.get()

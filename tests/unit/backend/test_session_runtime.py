@@ -17,7 +17,7 @@ import pytest
 from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import EndReason, Limits
-from rtvideo.backend.runtime.sources import FailedEvent, GeneratorSources, RenderedChunk, SourceChunk
+from rtvideo.backend.runtime.sources import FailedEvent, GeneratorSources, Interaction, RenderedChunk, SourceChunk
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.protocol import InteractionRequest
 from rtvideo.core.transitions import ChunkPlan
@@ -316,8 +316,9 @@ class ScriptedSource:
         self.interrupts = 0
         self.closed = threading.Event()
 
-    def admit(self, event_id: str, prompt: str, transition_chunks: int) -> None:
-        self.admitted.append((event_id, prompt, transition_chunks))
+    def admit_event(self, interaction: Interaction) -> None:
+        assert interaction.prompt is not None  # this source takes prompts only
+        self.admitted.append((interaction.event_id, interaction.prompt, interaction.prompt_chunks))
 
     def next_chunk(self, max_frames: int) -> Any:
         item = self.items.get()

@@ -93,9 +93,7 @@ def admission(event_id: str, event: dict[str, Any], n: int | None = None) -> Int
         interaction["transition_chunks"] = n
     request = parse_message(json.dumps({"type": "session.interaction", "interaction": interaction}))
     assert isinstance(request, InteractionRequest)
-    return Interaction(
-        event_id, request.event, 3, n, time.monotonic(), dict(request.event.get("multi_modal_data") or {})
-    )
+    return Interaction.from_request(request, event_id, 3, time.monotonic())
 
 
 def records(path: Path, call: str) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from rtvideo.backend.runtime.sources import FailedEvent
+from rtvideo.backend.runtime.sources import FailedEvent, Interaction
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineError
 from rtvideo.backend.vllm_omni.interaction_rules import INTERACTION_MODALITIES, pipeline_class, refusal
@@ -156,7 +156,7 @@ def test_an_interaction_the_pipeline_has_no_handler_for_is_refused_before_forwar
     assert host.sink is not None
     host.sink.put("output", _output(), 0.0)
     source.next_chunk(4)
-    source.admit("e1", "a lantern", 1)
+    source.admit_event(Interaction.prompt_update("e1", "a lantern", 1))
     failed = source.next_chunk(4)
     assert isinstance(failed, FailedEvent) and failed.event_id == "e1"
     assert "'prompt' is not supported by pipeline 'WanPipeline'" in str(failed)
@@ -168,7 +168,7 @@ def test_an_error_through_generate_ends_the_session_naming_the_event() -> None:
     assert host.sink is not None
     host.sink.put("output", _output(), 0.0)
     source.next_chunk(4)
-    source.admit("e1", "a lantern", 1)
+    source.admit_event(Interaction.prompt_update("e1", "a lantern", 1))
     assert [i["event_id"] for i in host.interactions] == ["e1"]
     host.sink.put("error", RuntimeError("Failed interaction for request r: boom"), 0.0)
     with pytest.raises(EngineError, match=r"event\(s\) 'e1' not yet started.*Failed interaction"):
