@@ -13,14 +13,16 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import ConnectionClosed
 
+from rtvideo.client.errors import RealtimeVideoError
+from rtvideo.client.reconnect import Reconnect
 from rtvideo.core import protocol
 from rtvideo.core.errors import SESSION_ENDING_CODES, ErrorCode
 
@@ -42,6 +44,11 @@ def image_data_url(path: str | Path) -> str:
     return f"data:{kind};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+def blend_prompts(prompts: Sequence[tuple[str, float] | Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`(text, weight)` pairs (or `{text, weight}` objects) as `prompts` sends them."""
+    return [dict(p) if isinstance(p, Mapping) else {"text": p[0], "weight": p[1]} for p in prompts]
+
+
 def camera_payload(
     mode: str, translation: tuple[float, float, float], rotation: tuple[float, float, float, float] = (0, 0, 0, 1)
 ) -> dict[str, Any]:
@@ -55,18 +62,6 @@ class Chunk:
 
     metadata: dict[str, Any]
     data: bytes
-
-
-class RealtimeVideoError(Exception):
-    """An `error` message: `code` is the stable code, `event_id` set when it concerns one event."""
-
-    def __init__(self, code: str, message: str, event_id: str | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code, self.message, self.event_id = code, message, event_id
-
-    @classmethod
-    def from_message(cls, m: dict[str, Any]) -> RealtimeVideoError:
-        return cls(str(m.get("code")), str(m.get("message", "")), m.get("event_id"))
 
 
 _END = object()  # end-of-stream marker in the chunk queue
@@ -161,8 +156,11 @@ class RealtimeVideoClient:
         self._chunks: asyncio.Queue[Any] = asyncio.Queue()
         self.video_start: dict[str, Any] | None = None
         self.done: dict[str, Any] | None = None
+        self.steering_revoked: dict[str, Any] | None = None  # the answer to revoke_steering()
         self.failure: RealtimeVideoError | None = None
-        self._init_resume(resume_attempts, resume_backoff)
+        #: resumes a dropped connection when the start asked for it (`resumable=True`): up to
+        #: `resume_attempts` times, waiting `resume_backoff`, 2×, 4×… seconds
+        self._link = Reconnect(url, token, open_timeout, resume_attempts, resume_backoff)
 
     async def __aenter__(self) -> RealtimeVideoClient:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
@@ -172,7 +170,7 @@ class RealtimeVideoClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        self._closing = True  # our own close: nothing to resume
+        self._link.closing = True  # our own close: nothing to resume
         if self._reporter is not None:
             self._reporter.cancel()
             await asyncio.gather(self._reporter, return_exceptions=True)
@@ -182,10 +180,14 @@ class RealtimeVideoClient:
             await asyncio.gather(self._reader, return_exceptions=True)
 
     # --- requests ------------------------------------------------------------------------
-    async def start(self, prompt: str, **fields: Any) -> dict[str, Any]:
-        """Send `session.start`; returns `video.start` (raises RealtimeVideoError if refused)."""
+    async def start(self, prompt: str | None, **fields: Any) -> dict[str, Any]:
+        """Send `session.start`; returns `video.start` (raises RealtimeVideoError if refused).
+        A blend start: `start(None, prompts=[(text, weight), ...], interpolation="slerp")`."""
         assert self._started is not None, "use `async with`"
-        await self._send({"type": protocol.START, "prompt": prompt, **fields})
+        scene = {} if prompt is None else {"prompt": prompt}
+        if fields.get("prompts") is not None:
+            fields["prompts"] = blend_prompts(fields["prompts"])
+        await self._send({"type": protocol.START, **scene, **fields})
         return await self._started
 
     async def interact(
@@ -195,18 +197,25 @@ class RealtimeVideoClient:
         event_id: str | None = None,
         *,
         camera: Mapping[str, Any] | None = None,
+        prompts: Sequence[tuple[str, float] | Mapping[str, Any]] | None = None,
+        interpolation: str | None = None,
         timeout: float = 5.0,
         attempts: int = 3,
     ) -> dict[str, Any]:
         """Send a prompt update and return its `session.interaction.queued`. Without an ack in
         `timeout`, the same event id and payload are sent again (a retry is never applied twice).
-        `camera` (with or without a prompt): `event.multi_modal_data.camera`, e.g. `camera_payload()`."""
+        `camera` (with or without a prompt): `event.multi_modal_data.camera`, e.g. `camera_payload()`.
+        `prompts` (in place of `prompt`) and `interpolation`: see `blend`."""
         event: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
+        if prompts is not None:
+            event["prompts"] = blend_prompts(prompts)
         if camera is not None:
             event["multi_modal_data"] = {"camera": dict(camera)}
         interaction: dict[str, Any] = {"event_id": event_id or str(uuid.uuid4()), "event": event}
         if transition_chunks is not None:
             interaction["transition_chunks"] = transition_chunks
+        if interpolation is not None:
+            interaction["interpolation"] = interpolation
         eid = interaction["event_id"]
         if self.done is not None or self.failure is not None:  # over: no ack can come any more
             raise self._end_error()
@@ -236,9 +245,28 @@ class RealtimeVideoClient:
         [x, y, z], "rotation": [x, y, z, w]}}`; returns its ack, like `interact`."""
         return await self.interact(None, transition_chunks, event_id, camera=camera)
 
+    async def blend(
+        self,
+        prompts: Sequence[tuple[str, float] | Mapping[str, Any]],
+        *,
+        interpolation: str | None = None,
+        transition_chunks: int | None = None,
+        event_id: str | None = None,
+    ) -> dict[str, Any]:
+        """A weighted prompt blend (`event.prompts`, 2–8 `(text, weight)` pairs or `{text, weight}`
+        objects, weights > 0) reached by `interpolation` (`"linear"` or `"slerp"`; None: the
+        session's default); returns its ack, like `interact`. The generator must take blends
+        (`video.start` `config.interactions`), else the ack is followed by `interaction_failed`."""
+        return await self.interact(None, transition_chunks, event_id, prompts=prompts, interpolation=interpolation)
+
     async def stop(self) -> None:
         """Ask for the end: the stream then ends with the trailer and `session.done`."""
         await self._send({"type": protocol.STOP})
+
+    async def revoke_steering(self) -> None:
+        """End every steer link of a steerable session (docs/protocol.md §9.3); the token is retired
+        for good. The answer, `session.steering_revoked` (how many), lands in `steering_revoked`."""
+        await self._send({"type": protocol.REVOKE_STEERING})
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         """Chunks as they arrive, until `session.done`; raises a session-ending error."""
@@ -292,7 +320,7 @@ class RealtimeVideoClient:
                 try:
                     async for frame in self._ws:
                         if isinstance(frame, bytes):
-                            if metadata is not None and self._fresh(metadata):
+                            if metadata is not None and self._link.fresh(metadata):
                                 seconds = VirtualPlayhead.chunk_seconds(metadata, self.video_start)
                                 self.playhead.received(seconds, asyncio.get_running_loop().time())
                                 self._chunks.put_nowait(Chunk(metadata, frame))
@@ -313,77 +341,37 @@ class RealtimeVideoClient:
                 self.failure = RealtimeVideoError("connection_closed", "the connection closed before session.done")
             self._settle()
 
-    # --- resume after a dropped connection (docs/protocol.md §9.1) ------------------------
-    def _init_resume(self, attempts: int, backoff: float) -> None:
-        """Resume is used when the start asked for it (`resumable=True`): a dropped connection is
-        resumed up to `attempts` times, waiting `backoff`, 2×, 4×… seconds; then the session
-        fails with `resume_failed` (or the server's `invalid_resume`)."""
-        self._resume_attempts, self._resume_backoff = attempts, backoff
-        self._closing = False
-        self._last_index = -1  # transport index of the last payload received whole
-        self._reattached = asyncio.Event()
-        self.reconnecting = False  # True while a dropped connection is being resumed
-        self.resumes = 0  # connections resumed so far
+    # --- resume after a dropped connection (rtvideo.client.reconnect) ----------------------
+    @property
+    def reconnecting(self) -> bool:
+        """True while a dropped connection is being resumed."""
+        return self._link.reconnecting
 
-    def _fresh(self, metadata: dict[str, Any]) -> bool:
-        """A payload to hand out: not an init pair (a fresh decoder's start, not video) and not
-        one received already; records its index for the next resume."""
-        index = metadata.get("transport_chunk_index")
-        if not isinstance(index, int) or index <= self._last_index:
-            return False
-        self._last_index = index
-        return True
+    @property
+    def resumes(self) -> int:
+        """Connections resumed so far."""
+        return self._link.resumes
 
     async def _resume(self) -> bool:
         """The connection dropped before session.done: resume it (True) or give up (False)."""
         token = (self.video_start or {}).get("resume_token")
-        if not token or self._closing or self._resume_attempts <= 0:
+        if not token or not self._link.may_resume():
             return False
-        self.reconnecting = True
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
-        try:
-            for attempt in range(self._resume_attempts):
-                await asyncio.sleep(self._resume_backoff * 2**attempt)
-                try:
-                    ws = await connect(
-                        self.url, additional_headers=headers, max_size=2**26, open_timeout=self._open_timeout
-                    )
-                    resume = {
-                        "type": protocol.RESUME,
-                        "resume_token": token,
-                        "last_transport_chunk_index": self._last_index,
-                    }
-                    await ws.send(json.dumps(resume))
-                    first = json.loads(await asyncio.wait_for(ws.recv(), self._open_timeout))
-                except (OSError, ConnectionClosed, asyncio.TimeoutError, InvalidHandshake):
-                    continue  # the network is still away, or the old connection is not seen gone yet
-                if first.get("type") == protocol.VIDEO_START and first.get("resumed"):
-                    assert self.video_start is not None
-                    self.video_start = {**self.video_start, "resume_token": first.get("resume_token")}
-                    self._ws, self.resumes = ws, self.resumes + 1
-                    self._reattached.set()
-                    self._reattached = asyncio.Event()
-                    return True
-                await ws.close()
-                if first.get("type") == protocol.ERROR and "attached" in str(first.get("message")):
-                    continue  # the server has not seen the old connection drop yet
-                self.failure = RealtimeVideoError.from_message(first)
-                return False
-            self.failure = RealtimeVideoError(
-                "resume_failed", f"the connection dropped and {self._resume_attempts} resume attempts failed"
-            )
+        resumed = await self._link.resume(token)
+        if isinstance(resumed, RealtimeVideoError):
+            self.failure = resumed
             return False
-        finally:
-            self.reconnecting = False
+        assert self.video_start is not None
+        self._ws, new_token = resumed
+        self.video_start = {**self.video_start, "resume_token": new_token}
+        self._link.reattached()
+        return True
 
     async def _wait_reattached(self, dropped: ClientConnection) -> bool:
         """A send met a dropped connection: wait for the resume; True when there is a new one."""
-        if not (self.video_start or {}).get("resume_token") or self._closing:
+        if not (self.video_start or {}).get("resume_token") or self._link.closing:
             return False
-        while self._ws is dropped and self.done is None and self.failure is None:
-            waiter = asyncio.ensure_future(self._reattached.wait())
-            await asyncio.wait([waiter], timeout=0.5)
-            waiter.cancel()
+        await self._link.wait(lambda: self._ws is dropped and self.done is None and self.failure is None)
         return self._ws is not dropped
 
     def _dispatch(self, message: dict[str, Any]) -> None:
@@ -396,6 +384,8 @@ class RealtimeVideoClient:
         elif kind == protocol.QUEUED:
             wait = self._acks.get(message["event_id"])
             self._resolve(wait.future if wait is not None else None, message)
+        elif kind == protocol.STEERING_REVOKED:
+            self.steering_revoked = message
         elif kind == protocol.DONE:
             self.done = message
             self._settle()

@@ -88,8 +88,10 @@ class TritonStreamSession:
         )
         return tag
 
-    def start(self, prompt: str, **fields: Any) -> str:
-        return self.send({"type": protocol.START, "prompt": prompt, **fields}, start=True)
+    def start(self, prompt: str | None, **fields: Any) -> str:
+        """`prompt` None: a blend start (`prompts=[...]` in `fields`)."""
+        scene = {} if prompt is None else {"prompt": prompt}
+        return self.send({"type": protocol.START, **scene, **fields}, start=True)
 
     def interact(
         self,
@@ -98,12 +100,17 @@ class TritonStreamSession:
         event_id: str | None = None,
         transition_chunks: int | None = None,
         event: Mapping[str, Any] | None = None,
+        interpolation: str | None = None,
     ) -> str:
+        """`event` (e.g. `{"prompts": [{"text": ..., "weight": ...}, ...]}`, a blend) in place of
+        `{"prompt": prompt}`; `interpolation` `"linear"` or `"slerp"` (None: the session's default)."""
         interaction: dict[str, Any] = {"event": dict(event) if event is not None else {"prompt": prompt}}
         if event_id is not None:
             interaction["event_id"] = event_id
         if transition_chunks is not None:
             interaction["transition_chunks"] = transition_chunks
+        if interpolation is not None:
+            interaction["interpolation"] = interpolation
         return self.send({"type": protocol.INTERACTION, "interaction": interaction})
 
     def stop(self) -> str:

@@ -2,8 +2,8 @@
 
 The proxy acks a valid interaction at once, as the model would, forwards it, and drops the
 model's identical ack: the ack does not wait for the two extra hops through Triton. The
-decision is the model's rule on the model's inputs: validation is the one core function
-(`protocol.validate_interaction`) and admission is the session's `EventBook.admit` (the
+decision is the model's rule on the model's inputs: validation is the one core parser
+(`rtvideo.core.interaction.parse_interaction`) and admission is the session's `EventBook.admit` (the
 idempotency rule and the event bound), fed the same interactions in the same order, since
 every one goes on to the model. What the proxy cannot decide alone (an invalid interaction,
 a conflict, the session's event limit, an id the book knows only from an ack it observed)
@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rtvideo.core import protocol
+from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.event_book import EventBook, UnknownPayload
+from rtvideo.core.interaction import parse_interaction
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,14 @@ class ProxyAcks:
     def decide(self, message: Mapping[str, Any], raw: bytes) -> Ack | None:
         """The ack for a `session.interaction`, admitted to the book; None when the model must answer it."""
         try:
-            request = protocol.validate_interaction(message)
+            request = parse_interaction(message)
         except ProtocolError:
             return None  # invalid: answered by the model, admitted by neither
         filled = request.with_event_id()
         assert filled.event_id is not None
         if request.event_id is None:  # the model must use the id the client is told
             interaction = {**message["interaction"], "event_id": filled.event_id}
-            raw = protocol.encode({**message, "interaction": interaction}).encode("utf-8", "surrogatepass")
+            raw = server_messages.encode({**message, "interaction": interaction}).encode("utf-8", "surrogatepass")
             if len(raw) > protocol.MAX_MESSAGE_BYTES:
                 return None  # the id would take it over the model's size limit: the model names it
         try:

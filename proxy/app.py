@@ -18,12 +18,16 @@ from rtvideo.core.protocol import MAX_START_BYTES
 from rtvideo.proxy import accesslog
 from rtvideo.proxy.access import host_allowed, refused_without_token, token_ok
 from rtvideo.proxy.connections import BoundedHTTPServer, fd_room
+from rtvideo.proxy.endpoints import Resolver
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.placement import EndpointPool, Resolver
+from rtvideo.proxy.placement import EndpointPool
+from rtvideo.proxy.recordings.http import routes as recording_routes
+from rtvideo.proxy.recordings.service import Recordings
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
+from rtvideo.proxy.steer_handler import STEER_PATH, SteerHandler
 from rtvideo.proxy.supervisor import BackendState
-from rtvideo.proxy.watchers import WATCH_PATH, WatchHandler
+from rtvideo.proxy.watch_handler import WATCH_PATH, WatchHandler
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +83,18 @@ class HealthHandler(_JsonHandler):
         )
 
 
-async def served_models(context: ProxyContext) -> dict[str, dict[str, Any] | None]:
+async def served_models(context: ProxyContext) -> dict[str, dict[str, Any]]:
     """The model names a start may ask for (`--served-model-name`, else the Triton model's name
-    and its generator's model ids), each with the deployed model's own rules as `video.start`
-    `config.model_rules` states them (None without any), read from the model configs of the
+    and its generator's model ids), each with what `/v1/models` says of it: the interactions it
+    takes (`interactions`, as `video.start` `config.interactions`) and the deployed model's own
+    rules as `config.model_rules` states them (`model_rules`, when it has any), read from the model configs of the
     Triton endpoints as the model reads them (`BackendSettings`); in order, each once. Empty
     when no endpoint's config could be read."""
     from rtvideo.backend.settings import BackendSettings  # torch-free, like the proxy
 
     model = context.settings.model
 
-    async def read(endpoint: Any) -> tuple[tuple[str, ...], dict[str, Any] | None]:
+    async def read(endpoint: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
         try:
             response = await endpoint.bridge.client.get_model_config(
                 model, headers=endpoint.bridge.headers, client_timeout=context.settings.probe_timeout
@@ -97,10 +102,13 @@ async def served_models(context: ProxyContext) -> dict[str, dict[str, Any] | Non
             params = {key: value.string_value for key, value in response.config.parameters.items()}
             settings = BackendSettings.from_parameters(params)
             rules = settings.model_rules()
-            return settings.served_names(model), rules.describe() if rules is not None else None
+            card = {"interactions": settings.interactions().describe()}
+            if rules is not None:
+                card["model_rules"] = rules.describe()
+            return settings.served_names(model), card
         except Exception as exc:  # noqa: BLE001 - that endpoint is down or its config unusable: the others say
             log.info("triton endpoint %s: served model names not read (%s)", endpoint.address, exc)
-            return (), None
+            return (), {}
 
     # every endpoint not known to be down, at once (a hung one holds the answer up by one timeout at most)
     up = [
@@ -108,10 +116,10 @@ async def served_models(context: ProxyContext) -> dict[str, dict[str, Any] | Non
         for e in context.pool.endpoints.values()
         if e.supervisor.state not in (BackendState.DOWN, BackendState.RESTARTING)
     ]
-    models: dict[str, dict[str, Any] | None] = {}
-    for served, rules in await asyncio.gather(*(read(e) for e in up)):
+    models: dict[str, dict[str, Any]] = {}
+    for served, card in await asyncio.gather(*(read(e) for e in up)):
         for name in served:
-            models.setdefault(name, rules)
+            models.setdefault(name, card)
     return models
 
 
@@ -126,8 +134,9 @@ STARTED_AT = int(time.time())
 
 class ModelsHandler(_JsonHandler):
     """`GET /v1/models` in the OpenAI list format (as vLLM's server answers it): the served model
-    names, the first the one `video.start` reports, each with `model_rules` (sizes, fps,
-    interaction kinds, whether a first frame is required) when the model has rules of its own. Behind the token when one is set; 503 when
+    names, the first the one `video.start` reports, each with `interactions` (the kinds, event
+    fields and interpolations it takes) and `model_rules` (sizes, fps, interaction kinds, whether
+    a first frame is required) when the model has rules of its own. Behind the token when one is set; 503 when
     no Triton endpoint's model config could be read."""
 
     async def get(self) -> None:
@@ -144,9 +153,9 @@ class ModelsHandler(_JsonHandler):
                 "owned_by": "rtvideo",
                 "root": root,
                 "parent": None,
-                **({"model_rules": rules} if rules is not None else {}),
+                **card,
             }
-            for name, rules in models.items()
+            for name, card in models.items()
         ]
         self.reply(bool(models), {"object": "list", "data": data})
 
@@ -249,13 +258,22 @@ def make_app(
         metrics_port=settings.triton_metrics_port,
     )
     context = ProxyContext(settings=settings, metrics=metrics, pool=pool)
+    context.features.recordings = Recordings.create(
+        settings.recordings,
+        max_bytes=settings.recordings_max_bytes,
+        max_age=settings.recordings_max_age,
+        record_all=settings.record_all,
+        registry=metrics.registry,
+    )
     handlers = [
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
         (WATCH_PATH, WatchHandler, {"context": context}),
+        (STEER_PATH, SteerHandler, {"context": context}),
         *health_routes(context),
         (r"/v1/models", ModelsHandler, {"context": context}),
+        *recording_routes(context.features.recordings, settings.token),
         (
-            r"/(|rtvideo\.js)",
+            r"/(|rtvideo\.js|recordings\.html)",
             tornado.web.StaticFileHandler,
             {"path": str(STATIC_DIR), "default_filename": "index.html"},
         ),
@@ -384,5 +402,7 @@ class ProxyServer:
         if health is not None:
             await health.close_all_connections()
         await self.pool.stop()
+        if (recordings := self.context.features.recordings) is not None:
+            await asyncio.to_thread(recordings.close)  # what the ended sessions left to write
         self._server = None
         log.info("proxy on %s stopped (%d session(s) ended at the stop)", self.url, len(sessions))

@@ -14,13 +14,14 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOptions
 from tritonclient.grpc.aio import InferenceServerClient
 
-from rtvideo.core import protocol
+from rtvideo.core import protocol, server_messages
+from rtvideo.proxy import tracing
 from rtvideo.proxy.tasks import TaskSet
 from rtvideo.triton import wire
 from rtvideo.triton.access import key_headers, new_session_secret, short_hash
@@ -30,11 +31,11 @@ log = logging.getLogger(__name__)
 
 #: the request bytes of a `session.ping` (forwarded pings, the health probe) and of a
 #: `session.stop` (sent with `sequence_end` to end a sequence)
-PING = protocol.encode({"type": protocol.PING}).encode()
-STOP = protocol.encode({"type": protocol.STOP}).encode()
+PING = server_messages.encode({"type": protocol.PING}).encode()
+STOP = server_messages.encode({"type": protocol.STOP}).encode()
 #: the proxy's keep-alive on a live session's sequence (docs/protocol.md §8): a `session.ping`
 #: that keeps Triton's idle timeout off but is no progress for the model's stall clock
-KEEPALIVE = protocol.encode({"type": protocol.PING, "keepalive": True}).encode()
+KEEPALIVE = server_messages.encode({"type": protocol.PING, "keepalive": True}).encode()
 #: how long Triton may take to end a call once its sequence was ended and its requests
 #: half-closed (it ends it when every request has completed: about a millisecond, or a chunk
 #: when generation was still running), before the stream is cancelled
@@ -93,9 +94,11 @@ def _request(
     start: bool = False,
     end: bool = False,
     secret: str | None = None,
+    traceparent: str | None = None,
 ) -> dict[str, Any]:
     """One client message as `stream_infer`'s request (docs/protocol.md §8). `secret`: the
-    session's, carried by every request of its sequence (none for the health probe)."""
+    session's, carried by every request of its sequence (none for the health probe);
+    `traceparent`: a traced session's (rtvideo.proxy.tracing)."""
     return {
         "model_name": model,
         "inputs": [_request_tensor(raw)],
@@ -103,7 +106,7 @@ def _request(
         "sequence_id": sequence_id,
         "sequence_start": start,
         "sequence_end": end,
-        "parameters": wire.secret_parameters(secret),
+        "parameters": wire.secret_parameters(secret, traceparent),
     }
 
 
@@ -120,6 +123,7 @@ class TritonStream:
         self.sequence_id = new_sequence_id()
         # the session's secret: only requests that carry it reach the session (docs/protocol.md §8)
         self._secret = new_session_secret()
+        self._traceparent = tracing.current_traceparent()  # a traced session's (None: not traced)
         self._requests: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._count = 0
         self._call: Any = None
@@ -133,7 +137,16 @@ class TritonStream:
         self._open = (self._open or start) and not end
         tag = START_TAG if start else f"m{self._count}"
         self._requests.put_nowait(
-            _request(self._model, raw, tag, self.sequence_id, start=start, end=end, secret=self._secret)
+            _request(
+                self._model,
+                raw,
+                tag,
+                self.sequence_id,
+                start=start,
+                end=end,
+                secret=self._secret,
+                traceparent=self._traceparent,
+            )
         )
         return tag
 
@@ -141,12 +154,14 @@ class TritonStream:
         while (request := await self._requests.get()) is not None:
             yield request
 
-    async def replies(self) -> AsyncIterator[Reply]:
+    async def replies(self) -> AsyncGenerator[Reply, None]:
         """Responses in arrival order, until the stream ends; raises BackendUnavailable."""
         if self._cancelled:  # cancelled before it was read: nothing may reach Triton
             return
         try:
-            self._call = self._client.stream_infer(self._request_iterator(), headers=self._headers)
+            # the traceparent as a header too: Triton's own traces (`--triton-trace`) join the session's
+            headers = {**self._headers, "traceparent": self._traceparent} if self._traceparent else self._headers
+            self._call = self._client.stream_infer(self._request_iterator(), headers=headers)
             async for result, error in self._call:
                 if error is not None:
                     raise BackendUnavailable(f"Triton refused a request: {error}")

@@ -10,7 +10,7 @@ from typing import Any
 
 from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
-from rtvideo.core import protocol
+from rtvideo.core import resume
 from rtvideo.proxy.access import origin_allowed, refused_without_token
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool
@@ -104,10 +104,11 @@ class RealtimeVideoHandler(WebSocketHandler):
         ctx.sessions.add(self.session)
 
     def get_websocket_protocol(self) -> WebSocketProtocol | None:
-        protocol = super().get_websocket_protocol()
-        if type(protocol) is WebSocketProtocol13:  # same object, stricter text handling; no private API
-            protocol.__class__ = _StrictTextProtocol
-        return protocol
+        """Tornado's own choice of protocol and parameters, built as `_StrictTextProtocol`."""
+        built = super().get_websocket_protocol()
+        if type(built) is not WebSocketProtocol13:  # no upgrade (unsupported version): Tornado answers
+            return built
+        return _StrictTextProtocol(self, mask_outgoing=False, params=built.params)
 
     def on_invalid_text(self) -> None:
         """A text frame that is not UTF-8 (RFC 6455 §8.1): the session ends with close 1007."""
@@ -120,7 +121,7 @@ class RealtimeVideoHandler(WebSocketHandler):
         """Tornado reads the next frame only once an awaitable returned here is done."""
         assert self.session is not None
         binary = isinstance(message, bytes)
-        if self.session.awaiting_start and protocol.is_resume(message, binary=binary):
+        if self.session.awaiting_start and resume.is_resume(message, binary=binary):
             return self._resume(message)
         return self.session.on_frame(message, binary)
 
@@ -160,22 +161,27 @@ def _attached(sessions: set[ProxySession]) -> list[ProxySession]:
 
 
 class _StrictTextProtocol(WebSocketProtocol13):
-    """Tornado aborts the TCP connection on a text frame that is not UTF-8, with no close frame;
-    this hands it to the handler instead, which answers and closes with 1007 (RFC 6455 §8.1).
+    """A text frame that is not UTF-8 goes to the handler, which answers and closes with 1007
+    (RFC 6455 §8.1); Tornado itself aborts the TCP connection, with no close frame, so a client
+    could not tell a bad frame from a network drop and would resume into the same error.
 
-    Tornado has no public hook for a frame's bytes before it decodes them, so this is the one
-    place the proxy depends on Tornado internals: `WebSocketProtocol13._handle_message(opcode,
-    data)`, `client_terminated`, `_frame_compressed` and `handler`. It is installed by changing
-    the class of the protocol object Tornado built (its constructor takes private parameters).
-    pyproject.toml pins tornado to the major version tested, and
-    tests/unit/proxy/test_tornado_boundary.py fails on a release that changes any of these."""
+    Why a subclass: Tornado has no public hook for a frame's bytes before it decodes them. This
+    class is the proxy's whole dependency on Tornado internals: it overrides
+    `_handle_message(opcode, data)` and reads `client_terminated`, `_frame_compressed` and
+    `handler`; it is built with the public constructor arguments Tornado's own
+    `get_websocket_protocol` chose (`params`), so the message-size bound, ping interval and
+    timeout set on the application apply unchanged. Every other frame, a compressed one
+    included, takes Tornado's path. pyproject.toml pins tornado to the major version tested;
+    tests/unit/proxy/test_tornado_boundary.py reads each internal named here in the installed
+    Tornado and drives a bad frame through this class, so a release that changes them fails
+    there."""
 
     def _handle_message(self, opcode: int, data: bytes) -> Any:
-        if opcode == 0x1 and not self.client_terminated and not getattr(self, "_frame_compressed", False):
+        if opcode == 0x1 and not self.client_terminated and not self._frame_compressed:
             try:
                 data.decode("utf-8")
             except UnicodeDecodeError:
-                if isinstance(self.handler, RealtimeVideoHandler):  # installed only there
+                if isinstance(self.handler, RealtimeVideoHandler):  # built only there
                     self.handler.on_invalid_text()
                     return None
         return super()._handle_message(opcode, data)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rtvideo.core import protocol
+from rtvideo.core import protocol, server_messages
 from rtvideo.core.event_book import EventBook
 from rtvideo.proxy.outbox import Frame
 
@@ -39,7 +39,7 @@ class Ledger:
                 "unapplied_event_ids": list(outcome.unapplied),
                 "unfinished_event_ids": list(outcome.unfinished),
             }
-            return frame if done == message else Frame(protocol.encode(done), done)
+            return frame if done == message else Frame(server_messages.encode(done), done)
         self.chunks += frame.data is not None
         if kind == protocol.VIDEO_START:
             self.request_id = message.get("request_id")

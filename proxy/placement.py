@@ -3,53 +3,39 @@
 Triton cannot move a sequence between servers, so a session lives on one server, on its own
 gRPC stream, for its whole life; placing it is the proxy's job.
 
-`EndpointPool` holds the endpoints: each `--triton-url HOST:PORT`, and for a HOST that is a
-name, one endpoint per address it resolves to (a Kubernetes headless Service), resolved
+`EndpointPool` holds the endpoints (`Endpoint`, rtvideo.proxy.endpoints): each `--triton-url
+HOST:PORT`, and for a HOST that is a name, one endpoint per address it resolves to, resolved
 again every `resolve_interval` seconds so that servers that come and go join and leave (one
-that leaves takes no new session; its live sessions run to their end). Each endpoint has its
-own `Supervisor` (the model's health probe through that server) and its capacity: the
-model's `max_sessions` (its config, read over gRPC) times its model instances.
+that leaves takes no new session; its live sessions run to their end). It gives each its
+`Supervisor` and reads its capacity.
 
-`PlacedStream` is one session's `SessionStream` (rtvideo.proxy.streams), in one `Placement`
-state. It starts on the admitting endpoint with the most free slots (capacity minus this
-proxy's sessions there; ties rotate). Until the model answers session.start, what the client
-sent is kept: when the endpoint answers `server_busy` (another proxy or client filled it) or
-fails, the sequence there is ended and everything is replayed on the next endpoint, on a new
-stream with a new sequence id. Nothing of a refused attempt reaches the client; when every
-candidate refuses, the last refusal is the answer.
+A new session starts on the admitting endpoint with the most free slots (capacity minus this
+proxy's sessions there; ties rotate); its `PlacedStream` (rtvideo.proxy.placed_stream) moves on
+to the next when one refuses or fails, and tells the pool of every slot taken and left.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import math
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
-from rtvideo.core import protocol
-from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.addresses import is_ip_address, join_address, parse_urls, split_address
-from rtvideo.proxy.bridge import END_GRACE_SECONDS, STOP, BackendUnavailable, TritonBridge, TritonStream
+from rtvideo.proxy.bridge import END_GRACE_SECONDS, TritonBridge
+from rtvideo.proxy.endpoints import Endpoint, Resolver, capacity_of, system_resolver
 from rtvideo.proxy.heartbeat import Heartbeat, metrics_url
 from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.placed_stream import PlacedStream
 from rtvideo.proxy.supervisor import BackendState, Supervisor
 from rtvideo.proxy.tasks import TaskSet, cancel_and_wait
-from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
 
-#: (host, port) → the addresses to use; a resolver that fails keeps the endpoints it gave before
-Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
-
 #: an endpoint that answered `server_busy` is tried after the others for this long
 REFUSED_HOLD_SECONDS = 2.0
-#: and counts as full (`/readyz`) this long, unless a session starts there or one of this proxy's
-#: ends there first: other clients (proxies, direct gRPC) fill it too, and only its answers tell
-FULL_HOLD_SECONDS = 10.0
 _STATE_ORDER = (
     BackendState.UP,
     BackendState.BUSY,
@@ -57,85 +43,6 @@ _STATE_ORDER = (
     BackendState.RESTARTING,
     BackendState.DOWN,
 )
-
-
-# --- names and capacity ----------------------------------------------------------------------------
-async def system_resolver(host: str, port: int) -> list[str]:
-    """What the system resolver (DNS, /etc/hosts) gives for a name: its IPv4 addresses when it
-    has any, else its IPv6 ones, so that a dual-stack name does not count one server twice."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    v4 = [str(info[4][0]) for info in infos if info[0] == socket.AF_INET]
-    v6 = [str(info[4][0]) for info in infos if info[0] == socket.AF_INET6]
-    return list(dict.fromkeys(v4 or v6))
-
-
-def capacity_of(config: Any) -> int | None:
-    """Session slots of a model config (Triton's `ModelConfig` protobuf): the `max_sessions`
-    parameter times the model instances (with KIND_GPU, `count` per listed GPU); None when
-    the model has no usable `max_sessions`."""
-    if "max_sessions" not in config.parameters:  # `in` first: indexing a protobuf map inserts
-        return None
-    try:
-        per_instance = int(config.parameters["max_sessions"].string_value)
-    except ValueError:
-        return None
-    if per_instance <= 0:
-        return None
-    instances = 0
-    for group in config.instance_group:
-        gpus = len(group.gpus) if group.kind == 1 else 0  # ModelInstanceGroup.KIND_GPU
-        instances += max(1, group.count) * max(1, gpus)
-    return per_instance * max(1, instances)
-
-
-def _is_busy(reply: Reply) -> bool:
-    message = reply.message or {}
-    return message.get("type") == protocol.ERROR and message.get("code") == ErrorCode.SERVER_BUSY.value
-
-
-# --- one endpoint --------------------------------------------------------------------------------
-class Endpoint:
-    """One Triton server as the pool sees it."""
-
-    def __init__(self, address: str, source: str, bridge: TritonBridge) -> None:
-        self.address = address  # HOST:PORT with HOST an address (or the name, when not resolved)
-        self.source = source  # the --triton-url it came from
-        self.bridge = bridge
-        self.supervisor: Supervisor  # set by the pool
-        self.capacity: int | None = None  # unknown until the model config is read
-        self.streams: set[PlacedStream] = set()  # this proxy's sessions there (placed or being placed)
-        self.leaving = False  # no longer resolved: no new session; gone once its sessions end
-        self.refused_at = -math.inf  # when it last answered server_busy
-
-    @property
-    def free(self) -> int | None:
-        return None if self.capacity is None else self.capacity - len(self.streams)
-
-    @property
-    def admitting(self) -> bool:
-        return not self.leaving and self.supervisor.admitting
-
-    @property
-    def has_free_slot(self) -> bool:
-        """Whether a new session may find a slot here: it takes sessions, answers its probe, this
-        proxy's sessions leave a slot of its capacity (unknown: assumed), and it did not answer
-        server_busy in the last FULL_HOLD_SECONDS (unless a slot was seen to free since)."""
-        if not (self.admitting and self.supervisor.ready) or (self.free is not None and self.free <= 0):
-            return False
-        return time.monotonic() - self.refused_at >= FULL_HOLD_SECONDS
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "endpoint": self.address,
-            "source": self.source,
-            "state": self.supervisor.state.value,
-            "admitting": self.admitting,
-            "leaving": self.leaving,
-            "sessions": len(self.streams),
-            "capacity": self.capacity,
-            "free": self.free,
-            **{k: v for k, v in self.supervisor.status().items() if k != "backend"},
-        }
 
 
 class _EndpointMetrics:
@@ -289,11 +196,15 @@ class EndpointPool:
         log.info("triton endpoint %s joined (from %s)", address, source)
 
     def _retire_if_idle(self, endpoint: Endpoint) -> None:
-        if endpoint.leaving and not endpoint.streams and self.endpoints.get(endpoint.address) is endpoint:
+        if endpoint.leaving and not endpoint.streams and self._current(endpoint):
             del self.endpoints[endpoint.address]
             self._metrics.endpoint_removed(endpoint.address)
             self._health_changed()
             self.spawn(self._close_endpoint(endpoint))
+
+    def _current(self, endpoint: Endpoint) -> bool:
+        """Whether `endpoint` is still the pool's at its address (not one removed since)."""
+        return self.endpoints.get(endpoint.address) is endpoint
 
     @staticmethod
     async def _close_endpoint(endpoint: Endpoint) -> None:
@@ -375,7 +286,7 @@ class EndpointPool:
         if stream.admitted and stream in endpoint.streams:
             endpoint.refused_at = -math.inf  # a session that had a slot there ended: one is free
         endpoint.streams.discard(stream)
-        if self.endpoints.get(endpoint.address) is endpoint:
+        if self._current(endpoint):
             self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
         self._retire_if_idle(endpoint)
 
@@ -454,177 +365,3 @@ class EndpointPool:
         tasks = [asyncio.ensure_future(e.bridge.readiness()) for e in self.endpoints.values()]
         answers = await asyncio.gather(*tasks, return_exceptions=True)
         return {key: any(isinstance(a, dict) and a[key] for a in answers) for key in ("server_ready", "model_ready")}
-
-
-# --- one session's stream ------------------------------------------------------------------------
-class Placement(enum.Enum):
-    """Where a placed stream is. Moves forward only: PLACING (one attempt after another) until
-    its model answers session.start (PLACED) or no endpoint is left (EXHAUSTED); from any state,
-    CANCELLED once the session ended it."""
-
-    PLACING = enum.auto()  # an attempt is open on one endpoint; what the session sent is kept for the next
-    PLACED = enum.auto()  # its model answered session.start: bound to that endpoint for good
-    EXHAUSTED = enum.auto()  # no candidate left: `replies` raises BackendUnavailable
-    CANCELLED = enum.auto()  # the session ended it
-
-
-class PlacedStream:
-    """One session's stream over the pool, a `SessionStream`; bound to one endpoint for good once
-    its model answers session.start."""
-
-    def __init__(self, pool: EndpointPool, candidates: list[Endpoint]) -> None:
-        self._pool = pool
-        self._candidates = list(candidates)  # not tried yet, best first
-        self._sent: list[tuple[bytes, bool, bool]] = []  # replayed on the next attempt until placed
-        self._count = 0
-        self.state = Placement.PLACING
-        self.admitted = False  # its model answered its session.start with video.start: it has a slot
-        self.attempts = 0
-        self.endpoint: Endpoint | None = None
-        self._stream: TritonStream | None = None
-        self._lost: str | None = None  # the endpoint went down under this attempt
-        self._why = "no Triton endpoint takes new sessions now"
-        self._next_attempt()
-
-    @property
-    def placed(self) -> bool:
-        return self.state is Placement.PLACED
-
-    @property
-    def sequence_id(self) -> int:
-        return self._stream.sequence_id if self._stream is not None else 0
-
-    def close_requests(self) -> None:
-        """Half-close the current attempt's requests (`TritonStream.close_requests`)."""
-        if self._stream is not None:
-            self._stream.close_requests()
-
-    # --- the session's side -----------------------------------------------------------------
-    def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
-        """Queue one client message; returns the tag its replies carry (the same on every attempt)."""
-        self._count += 1
-        if self.state is Placement.PLACING:
-            self._sent.append((raw, start, end))
-        if self._stream is not None:
-            return self._stream.send(raw, start=start, end=end)
-        return START_TAG if start else f"m{self._count}"
-
-    async def replies(self) -> AsyncIterator[Reply]:
-        """The placed attempt's replies; raises BackendUnavailable when no endpoint can take the
-        session or its endpoint fails."""
-        while True:
-            stream, endpoint = self._stream, self.endpoint
-            if stream is None or endpoint is None:
-                raise BackendUnavailable(self._why)
-            held: list[Reply] = []  # answers to later requests, before the start's first answer
-            iterator = stream.replies().__aiter__()
-            failure: str | None = None
-            refused = False
-            try:
-                while self._lost is None:
-                    try:
-                        reply = await iterator.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    if self.state is not Placement.PLACING:
-                        yield reply
-                    elif reply.tag != START_TAG:
-                        held.append(reply)
-                    elif _is_busy(reply) and any(e.admitting for e in self._candidates):
-                        refused = True
-                        break
-                    else:  # video.start, or an answer that is the session's (the last busy one too)
-                        self.state = Placement.PLACED
-                        self._sent.clear()
-                        declined = bool(reply.message and reply.message.get("type") == protocol.ERROR)
-                        self.admitted = not declined
-                        self._pool.start_answered(endpoint, _is_busy(reply))
-                        if declined:
-                            self._leave()  # refused for good: it takes no slot there (its sequence still ends)
-                        for early in held:
-                            yield early
-                        held.clear()
-                        yield reply
-            except BackendUnavailable as exc:
-                if self.state is Placement.PLACED and self._lost is None:
-                    self._pool.stream_failed(endpoint, str(exc))
-                if self.state is not Placement.PLACING:
-                    raise
-                failure = str(exc)
-            if self.state is Placement.CANCELLED:
-                return
-            if self.state is Placement.PLACED:
-                if self._lost is not None:
-                    raise BackendUnavailable(f"triton endpoint {endpoint.address} is down: {self._lost}")
-                return  # the stream ended; the session knows whether that was early
-            # Not placed: refused, failed, down, or ended without an answer: the next endpoint.
-            if refused:
-                self._pool.start_refused(endpoint)
-                stream.send(STOP, end=True)
-                stream.close_requests()
-                self._pool.spawn(_end_refused(stream, iterator))
-            else:
-                reason = failure or (
-                    f"the endpoint went down: {self._lost}"
-                    if self._lost
-                    else "the stream ended before session.start was answered"
-                )
-                self._why = f"no Triton endpoint could start the session; last: {reason}"
-                self._pool.start_failed(endpoint, reason)
-                stream.cancel()
-                await iterator.aclose()
-            self._leave()
-            if not self._next_attempt():
-                raise BackendUnavailable(self._why)
-
-    def cancel(self) -> None:
-        """End the stream now (the session is over); frees its place on the endpoint."""
-        self.state = Placement.CANCELLED
-        if self._stream is not None:
-            self._stream.cancel()
-        self._leave()
-
-    # --- the pool's side ---------------------------------------------------------------------
-    def lost(self, reason: str) -> None:
-        """The endpoint is down: a placed session ends (backend_unavailable); one not yet placed moves on."""
-        if self._lost is None and self._stream is not None and self.state is not Placement.CANCELLED:
-            self._lost = reason
-            self._stream.cancel()
-
-    def _next_attempt(self) -> bool:
-        while self._candidates:
-            endpoint = self._candidates.pop(0)
-            if not endpoint.admitting:
-                continue
-            self.endpoint, self._lost = endpoint, None
-            self._pool.attach(endpoint, self)
-            self._stream = endpoint.bridge.open_stream()
-            self.attempts += 1
-            for raw, start, end in self._sent:  # the same requests in the same order: the same tags
-                self._stream.send(raw, start=start, end=end)
-            return True
-        self._stream = None
-        self.state = Placement.EXHAUSTED
-        return False
-
-    def _leave(self) -> None:
-        endpoint, self.endpoint = self.endpoint, None
-        if endpoint is not None:
-            self._pool.detach(endpoint, self)
-
-
-async def _end_refused(stream: TritonStream, iterator: AsyncIterator[Reply]) -> None:
-    """Let a refused attempt's sequence end on its server (or it would hold a sequence-batcher
-    slot until the idle timeout): its stop went out and its requests are half-closed, so Triton
-    ends the call once the stop was delivered; then drop the stream."""
-
-    async def drained() -> None:
-        async for _ in iterator:
-            pass
-
-    try:
-        await asyncio.wait_for(drained(), END_GRACE_SECONDS)
-    except (BackendUnavailable, asyncio.TimeoutError):
-        pass
-    finally:
-        stream.cancel()

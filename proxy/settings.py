@@ -121,8 +121,28 @@ class ProxySettings:
     max_watchers_per_session: int = setting(16, "read-only watchers of one session (HTTP 503 beyond)")
     max_watchers: int = setting(256, "read-only watchers on this proxy, all sessions together (HTTP 503 beyond)")
     watcher_buffer_bytes: int = setting(
-        4 * MiB, "per watcher, outbound bytes waiting before it is dropped with slow_consumer"
+        4 * MiB, "per watcher (and per steerer), outbound bytes waiting before it is dropped with slow_consumer"
     )
+    max_steerers_per_session: int = setting(
+        8, "steerers of one steerable session, besides its owner (HTTP 503 beyond; 0: steering off)"
+    )
+    max_steerers: int = setting(256, "steerers on this proxy, all sessions together (HTTP 503 beyond)")
+    otlp_endpoint: str | None = setting(
+        None,
+        "OpenTelemetry collector (OTLP gRPC, http://HOST:4317) that traces of sessions and interactions go "
+        "to (needs rtvideo[otel]; unset: no traces); `rtvideo serve` hands it to the model too",
+        secret=True,
+    )
+    recordings: str | None = setting(
+        None,
+        "where session recordings are stored (docs/recordings.md): a directory, or an fsspec URL such as "
+        "s3://bucket/prefix (needs rtvideo[recordings]); unset: recordings off",
+    )
+    recordings_max_bytes: int = setting(
+        10 * 1024 * MiB, "bytes all recordings may take together; the oldest finished ones go first"
+    )
+    recordings_max_age: float = setting(7 * 24 * 3600.0, "seconds a finished recording is kept (0: no age limit)")
+    record_all: bool = setting(False, 'record every session (else a session asks with "record": true)')
 
     def __post_init__(self) -> None:
         self._check_resume_settings()
@@ -164,6 +184,10 @@ class ProxySettings:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:
             raise ValueError("probe_interval and probe_timeout must be positive, probe_failures at least 1")
+        if self.recordings_max_bytes < 1 or self.recordings_max_age < 0:
+            raise ValueError("recordings_max_bytes must be positive, recordings_max_age >= 0")
+        if self.record_all and not self.recordings:
+            raise ValueError("--record-all needs --recordings (where to store them)")
         if self.resolve_interval < 0 or self.drain_seconds < 0:
             raise ValueError("resolve_interval and drain_seconds must be >= 0")
         parse_urls(self.triton_url)  # HOST:PORT, each one
@@ -175,8 +199,10 @@ class ProxySettings:
             raise ValueError(f"resume_grace_seconds must be between 0 and {MAX_RESUME_GRACE_SECONDS:g}")
         if min(self.replay_buffer_bytes, self.watcher_buffer_bytes) < 1:
             raise ValueError("replay_buffer_bytes and watcher_buffer_bytes must be positive")
-        if self.max_watchers_per_session < 0 or self.max_watchers < 0:
-            raise ValueError("max_watchers_per_session and max_watchers must be >= 0")
+        if min(self.max_watchers_per_session, self.max_watchers, self.max_steerers_per_session, self.max_steerers) < 0:
+            raise ValueError(
+                "max_watchers_per_session, max_watchers, max_steerers_per_session, max_steerers must be >= 0"
+            )
 
     @property
     def awaiting_start_bound(self) -> int:

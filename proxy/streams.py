@@ -1,7 +1,8 @@
-"""The seam between a proxy session and Triton: what `ProxySession` writes to and reads from.
+"""The seam between a proxy session and Triton: what its `Upstream` (rtvideo.proxy.upstream) writes
+to and reads from.
 
 Two implementations: `TritonStream` (rtvideo.proxy.bridge: one server, one gRPC stream) and
-`PlacedStream` (rtvideo.proxy.placement: placed over many servers, replayed until one takes
+`PlacedStream` (rtvideo.proxy.placed_stream: placed over many servers, replayed until one takes
 the session). The session knows only these two Protocols.
 """
 

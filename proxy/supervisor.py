@@ -16,7 +16,7 @@ wedged model. On such a timeout the supervisor asks the model's heartbeat
 (rtvideo.proxy.heartbeat, read from the Triton's metrics port): when it moves, the model is
 *busy*, not down: its live sessions go on, nothing is restarted, it takes no new session
 until a probe is answered again, and `/healthz` says "busy". A heartbeat that does not move,
-cannot be read, or an error answer to the probe count as failures, as before.
+cannot be read, or an error answer to the probe count as failures.
 """
 
 from __future__ import annotations

@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
             ),
         )
     serve.add_argument(
+        "--triton-trace",
+        default=os.environ.get("RTVIDEO_TRITON_TRACE"),
+        metavar="HOST:PORT/v1/traces",
+        help="Triton's own OpenTelemetry traces of every request, over OTLP/HTTP to this collector "
+        '(--trace-config mode=opentelemetry; docs/operations.md "Traces"; default: off, RTVIDEO_TRITON_TRACE)',
+    )
+    serve.add_argument(
         "--triton-http",
         action="store_true",
         help="open the HTTP endpoint of the Triton started here on --triton-http-port "
@@ -134,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
+    from rtvideo.backend import replay_command  # torch and PyAV only when it runs
+
+    replay_command.add_arguments(
+        commands.add_parser(
+            "replay",
+            help="re-generate a built-in generator's recording to an MP4, in process (no Triton)",
+            description=replay_command.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     return parser
 
 
@@ -153,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rtvideo.client import record
 
         return record.main(args)
+    if args.command == "replay":
+        from rtvideo.backend import replay_command
+
+        return replay_command.main(args)
     urls = args.triton_url or [os.environ.get("RTVIDEO_TRITON_URL") or ""]
     args.triton_url = ",".join(u.strip() for u in urls if u.strip()) or None  # the setting: comma-separated
     args.triton_key = args.triton_key or None  # RTVIDEO_TRITON_KEY="" is no key
@@ -227,6 +248,7 @@ def serve(args: argparse.Namespace) -> int:
     """Triton (unless --triton-url), then the proxy until SIGINT/SIGTERM; Triton is always stopped."""
     from rtvideo.triton import TritonConfig, TritonServer
     from rtvideo.triton.access import generate_key
+    from rtvideo.triton.server import trace_args
 
     overrides = model_overrides(args)
     signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C until the proxy's loop takes over
@@ -252,6 +274,9 @@ def serve(args: argparse.Namespace) -> int:
                         http=args.triton_http,
                         host=args.triton_host,
                         key=key,
+                        extra_args=trace_args(args.triton_trace),  # Triton's own traces (--triton-trace)
+                        # the model exports its spans where the proxy does (docs/operations.md "Traces")
+                        environment={"RTVIDEO_OTLP_ENDPOINT": args.otlp_endpoint} if args.otlp_endpoint else {},
                     ),
                     stdout=args.triton_log,
                 )

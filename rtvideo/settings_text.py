@@ -141,11 +141,16 @@ def add_flags(
         elif not text_only:
             raise TypeError(f"setting {f.name} has no default")  # `setting()` always gives one
         shown = "" if f.metadata.get("secret") or default is None else f" (default: {_show(default)})"
+        # a boolean is a switch (`--record-all`) that also takes a value (`--record-all false`)
+        switch: dict[str, Any] = {}
+        if _types(cls)[f.name] is bool:
+            switch = {"nargs": "?", "const": "true" if text_only else True}
         parser.add_argument(
             flag_name(f),
             dest=f.name,
             type=checked,
             default=default,
+            **switch,
             action=_Extend if repeatable else "store",
             metavar=f.name.split("_")[-1].upper(),
             help=f"{f.metadata['help']}{shown}",

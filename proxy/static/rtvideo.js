@@ -157,7 +157,8 @@ export class RealtimeVideoClient extends Emitter {
 
   /** session.start: `fields` are any other session.start fields (width, height, fps, seed, num_frames, ...). */
   start(prompt, fields = {}) {
-    const message = { type: "session.start", prompt, format: "m4s" };
+    // prompt null: a blend start (`fields.prompts`, [{text, weight}, ...], and `fields.interpolation`)
+    const message = prompt === null || prompt === undefined ? { type: "session.start", format: "m4s" } : { type: "session.start", prompt, format: "m4s" };
     for (const [key, value] of Object.entries(fields)) if (value !== null && value !== undefined && value !== "") message[key] = value;
     this._send(message);
     return message;
@@ -169,15 +170,16 @@ export class RealtimeVideoClient extends Emitter {
    * maxAttempts sends. The same payload is resent with the same event_id every retryMs until then
    * (the server answers a retry with the same ack and never applies it twice).
    */
-  interact(prompt, { eventId = null, transitionChunks = null, event = null } = {}) {
+  interact(prompt, { eventId = null, transitionChunks = null, event = null, interpolation = null } = {}) {
     const id = eventId || newEventId();
     // prompt null: an event of other modalities only (`event.multi_modal_data`, e.g. a camera move)
     const interaction = { event_id: id, event: prompt === null || prompt === undefined ? { ...(event || {}) } : { ...(event || {}), prompt } };
     if (transitionChunks !== null && transitionChunks !== undefined && transitionChunks !== "") {
       interaction.transition_chunks = Number(transitionChunks);
     }
+    if (interpolation) interaction.interpolation = interpolation;
     const message = { type: "session.interaction", interaction };
-    const payload = JSON.stringify([interaction.event, interaction.transition_chunks ?? null]);
+    const payload = JSON.stringify([interaction.event, interaction.transition_chunks ?? null, interaction.interpolation ?? null]);
     const known = this.interactions.get(id);
     if (known && known.payload !== payload) {
       // The server refuses a reuse of an id with another payload (event_id_conflict) and keeps the original.
@@ -191,7 +193,8 @@ export class RealtimeVideoClient extends Emitter {
       return Promise.resolve({ eventId: id, ackMs: known.ackMs, attempts: known.attempts }); // acked already
     }
     const record = {
-      eventId: id, prompt: prompt ?? null, camera: interaction.event.multi_modal_data?.camera ?? null,
+      eventId: id, prompt: prompt ?? null, prompts: interaction.event.prompts ?? null,
+      interpolation: interaction.interpolation ?? null, camera: interaction.event.multi_modal_data?.camera ?? null,
       transitionChunks: interaction.transition_chunks ?? null, state: "sent", payload,
       sentAt: performance.now(), attempts: 0, ackMs: null, startedChunk: null, progress: 0, end: null,
       endChunk: null, error: null, shownMs: null,
@@ -225,6 +228,17 @@ export class RealtimeVideoClient extends Emitter {
     return this.interact(prompt, { eventId: eventId || newEventId("cam"), transitionChunks, event: { multi_modal_data: { camera } } });
   }
 
+  /**
+   * A weighted prompt blend (`event.prompts`, docs/protocol.md §2.2): `prompts` is 2-8
+   * [{text, weight}] (weights > 0, normalised by the server); `interpolation` "linear" or "slerp"
+   * (null: the session's default). Acked, retried and tracked like a prompt update; a generator
+   * without blends (video.start config.interactions) answers the ack with interaction_failed.
+   */
+  blend(prompts, { interpolation = null, eventId = null, transitionChunks = null } = {}) {
+    const event = { prompts: prompts.map((p) => ({ text: p.text, weight: Number(p.weight) })) };
+    return this.interact(null, { eventId: eventId || newEventId("blend"), transitionChunks, event, interpolation });
+  }
+
   /** A pending answer about `id`; `send` sends (and may reschedule itself through the timer). */
   _expect(id, send) {
     let settle;
@@ -242,6 +256,12 @@ export class RealtimeVideoClient extends Emitter {
 
   ping() {
     this._send({ type: "session.ping" });
+  }
+
+  /** The owner ends every steer link and retires the steer token for good (docs/protocol.md §9.3);
+   * answered by "steering_revoked" {revoked}. */
+  revokeSteering() {
+    this._send({ type: "session.revoke_steering" });
   }
 
   /**
@@ -303,6 +323,8 @@ export class RealtimeVideoClient extends Emitter {
         this.resumeToken = m.resume_token || null;
         this.watchToken = m.watch_token || this.watchToken;
         this.watcher = m.watcher === true;
+        this.steerToken = m.steer_token || (m.resumed ? this.steerToken : null);
+        this.steerer = m.steerer === true;
         if (m.resumed) { this.emit("resumed", m); break; } // the same session goes on
         this.requestId = m.request_id;
         this.config = m.config;
@@ -345,6 +367,13 @@ export class RealtimeVideoClient extends Emitter {
       case "session.pong":
         this.emit("pong", m);
         break;
+      case "session.steering_revoked": // the answer to revokeSteering()
+        this.steerToken = null;
+        this.emit("steering_revoked", m);
+        break;
+      case "session.metrics": // only when the start asked with "metrics": true (docs/protocol.md §3.5)
+        this.emit("metrics", m);
+        break;
       default:
         break;
     }
@@ -366,6 +395,8 @@ export class RealtimeVideoClient extends Emitter {
     this.resumeToken = null; // from video.start when the start asked for "resumable": true
     this.watchToken = null; // when it asked for "watchable": true
     this.watcher = false; // a watch connection (read-only)
+    this.steerToken = null; // when it asked for "steerable": true, until revoked (§9.3)
+    this.steerer = false; // a steer connection (not the owner: it cannot stop the session)
     this.lastIndex = -1; // transport index of the last payload received whole
     this.reconnecting = false;
     this.resumes = 0;
@@ -377,6 +408,15 @@ export class RealtimeVideoClient extends Emitter {
     const url = new URL(RealtimeVideoClient.urlFor(location, token));
     url.pathname = url.pathname.replace(/\/?$/, "/watch");
     url.searchParams.set("watch_token", watchToken);
+    return url.href;
+  }
+
+  /** ws(s)://…/v1/realtime/video/steer?steer_token=… for a session's steer token (a closed link
+   * with code 4001: the owner revoked steering). */
+  static steerUrlFor(location, steerToken, token = null) {
+    const url = new URL(RealtimeVideoClient.urlFor(location, token));
+    url.pathname = url.pathname.replace(/\/?$/, "/steer");
+    url.searchParams.set("steer_token", steerToken);
     return url.href;
   }
 

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtvideo.backend.vllm_omni import model_rules
-from rtvideo.core.protocol import SAMPLING_FIELDS
+from rtvideo.core.conditioning import INTERPOLATIONS, LINEAR
+from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.session_config import GeneratorLimits
+from rtvideo.core.start_request import SAMPLING_FIELDS
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,14 @@ BUILTIN = GeneratorLimits(min_side=32, max_side=1280, max_fps=60)
 VLLM_OMNI = AlignedLimits(min_side=128, max_side=1280, max_fps=60, multiple=16)
 
 
+#: a generator that takes vLLM-Omni's `prompt` and `multi_modal_data`, interpolated linearly
+PROMPT_ONLY = InteractionSupport(None, ("prompt", "multi_modal_data"), (LINEAR,))
+
+
 @dataclass(frozen=True)
 class GeneratorEntry:
     """One generator's part of `ModelCapabilities`: what it can produce, and which of a start's
-    sampling fields (`protocol.SAMPLING_FIELDS`) and `extra_params` keys it uses. A start may
+    sampling fields (`start_request.SAMPLING_FIELDS`) and `extra_params` keys it uses. A start may
     set the others; they are reported in `video.start` `config.ignored_fields`."""
 
     limits: GeneratorLimits
@@ -52,14 +58,22 @@ class GeneratorEntry:
     extra_params: frozenset[str] = frozenset()
     #: every `extra_params` key is passed on (the engine's model decides what it reads)
     all_extra_params: bool = False
-    #: `protocol.REQUEST_FIELDS` it uses (passed on in `config.sampling`); the others are ignored
+    #: `start_request.REQUEST_FIELDS` it uses (passed on in `config.sampling`); the others are ignored
     start_fields: frozenset[str] = frozenset()
+    #: the interactions it takes (`config.interactions`, `GET /v1/models`; docs/protocol.md §2.2)
+    interactions: InteractionSupport = PROMPT_ONLY
 
 
 #: `generator` parameter value → its entry
 GENERATORS: dict[str, GeneratorEntry] = {
     # renders from the prompt embedding alone: no diffusion sampling knob applies
-    "builtin": GeneratorEntry(limits=BUILTIN),
+    # blends and slerp are rendered from the prompts' embeddings (builtin/conditioning.py)
+    "builtin": GeneratorEntry(
+        limits=BUILTIN,
+        interactions=InteractionSupport(
+            ("prompt", "blend", "camera"), ("prompt", "prompts", "multi_modal_data"), INTERPOLATIONS
+        ),
+    ),
     # as vLLM-Omni's streaming endpoint does: every sampling field and every extra_params key of
     # a start is passed on to the engine, over the model's preset (VLLM_OMNI_PRESETS)
     "vllm_omni": GeneratorEntry(
@@ -67,10 +81,14 @@ GENERATORS: dict[str, GeneratorEntry] = {
         sampling_fields=frozenset(SAMPLING_FIELDS),
         all_extra_params=True,
         start_fields=frozenset({"lora"}),  # vLLM-Omni's per-request LoRA (`_apply_lora`)
+        # vLLM-Omni 0.30's engine takes `prompt` (and its pipeline's modalities) and interpolates
+        # linearly: a blend or slerp is acked, then `interaction_failed`. Its kinds are its
+        # pipeline's (`BackendSettings.capabilities`), unknown (None) without model rules
+        interactions=PROMPT_ONLY,
     ),
 }
 
-#: vLLM-Omni engine model id → its real-time preset: sampling fields (`protocol.SAMPLING_FIELDS`)
+#: vLLM-Omni engine model id → its real-time preset: sampling fields (`start_request.SAMPLING_FIELDS`)
 #: and `extra_params` (the engine's `extra_args`), from the model rule table
 #: (`vllm_omni/model_rules.py`). Used when the deployer sets no `vllm_omni_extra_params`
 #: ("auto"); a start's own values are merged over it. Helios-Distilled: vLLM-Omni's streaming

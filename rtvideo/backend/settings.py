@@ -6,6 +6,7 @@ values on as `parameters` of a derived model copy.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -16,7 +17,9 @@ from rtvideo import settings_text
 from rtvideo.backend import catalog
 from rtvideo.backend.image_reference import MediaPolicy
 from rtvideo.backend.vllm_omni import interaction_rules, model_rules
+from rtvideo.backend.vllm_omni.model_rules import ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES
+from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.settings_text import setting
 
@@ -170,7 +173,15 @@ class BackendSettings:
 
     def model_rules(self) -> model_rules.ModelRules | None:
         """The deployed vLLM-Omni model's own rules (`vllm_omni/model_rules.py`), found by its
-        pipeline class or model id; None for the built-in generator or a model without rules."""
+        pipeline class or model id, as this deployment's `extra_params` make them (Helios' grid
+        is its pyramid's); None for the built-in generator or a model without rules."""
+        rules = self._table_rules()
+        if rules is None:
+            return None
+        deployed = interaction_rules.deploy_model_config(self.engine_args().get("deploy_config"))
+        return rules.for_model_config(deployed).for_deployment(self.extra_params(), (self.width, self.height))
+
+    def _table_rules(self) -> ModelRules | None:
         if self.generator != "vllm_omni":
             return None
         pipeline = interaction_rules.pipeline_class(self.vllm_omni_model, self.engine_args())
@@ -179,13 +190,13 @@ class BackendSettings:
     def extra_params(self) -> dict[str, Any]:
         """`vllm_omni_extra_params` as a dict; `auto`: the preset's of the model ({} without one)."""
         if self.vllm_omni_extra_params.strip() == "auto":
-            return catalog.vllm_omni_preset(self.vllm_omni_model, self.model_rules())["extra_params"]
+            return catalog.vllm_omni_preset(self.vllm_omni_model, self._table_rules())["extra_params"]
         return _json_object("vllm_omni_extra_params", self.vllm_omni_extra_params)
 
     def sampling_preset(self) -> dict[str, Any]:
         """What a `vllm_omni` session samples with unless its start says otherwise: the preset of
         the model (its sampling fields), with `extra_params` from `vllm_omni_extra_params`."""
-        preset = catalog.vllm_omni_preset(self.vllm_omni_model, self.model_rules())
+        preset = catalog.vllm_omni_preset(self.vllm_omni_model, self._table_rules())
         return {**preset, "extra_params": self.extra_params()}
 
     def _check_model_rules(self) -> None:
@@ -193,7 +204,11 @@ class BackendSettings:
         rules = self.model_rules()
         if rules is None:
             return
-        problem = rules.size_problem(self.width, self.height) or rules.fps_problem(self.fps)
+        problem = (
+            (model_rules.pyramid_problem(rules.name, self.extra_params()) if rules.pyramid else None)
+            or rules.size_problem(self.width, self.height)
+            or rules.fps_problem(self.fps)
+        )
         if problem is None:
             steps = self.sampling_preset().get("num_inference_steps")
             if rules.steps is not None and steps is not None and steps != rules.steps:
@@ -245,7 +260,16 @@ class BackendSettings:
             sampling_defaults=self.sampling_preset() if engine else None,
             max_num_frames=self.vllm_omni_max_request_frames if engine else None,
             model_rules=rules.describe() if rules is not None else None,
+            interactions=self.interactions(),
         )
+
+    def interactions(self) -> InteractionSupport:
+        """The active generator's interactions (its catalog entry), with a known pipeline's kinds."""
+        support = catalog.GENERATORS[self.generator].interactions
+        rules = self.model_rules() if self.generator == "vllm_omni" else None
+        if rules is not None:
+            support = dataclasses.replace(support, kinds=tuple(sorted(rules.interactions)))
+        return support
 
 
 #: a served model name: what a Hugging Face id or a Triton model name looks like, and what a

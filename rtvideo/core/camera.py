@@ -206,6 +206,7 @@ class _Event:
     received_at: float
     elapsed_frames: int = 0
     source: Pose | None = None  # where a target started from
+    frame: int | None = None  # forced frame offset (a rebuild replays the recorded one)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,8 @@ class CameraChunk:
     active: tuple[str, ...] = ()
     completed: tuple[str, ...] = ()
     progress: dict[str, float] = field(default_factory=dict)
+    #: the frame at which each event started in this chunk took effect, when not frame 0
+    frame_offsets: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -228,26 +231,35 @@ class CameraTracker:
     _active: _Event | None = None
     _last_boundary_at: float | None = None
 
-    def admit(self, event_id: str, command: CameraCommand, transition_chunks: int | None, received_at: float) -> None:
-        """Queue a command for the next boundary (`transition_chunks` None: the default, 1)."""
-        chunks = DEFAULT_TRANSITION_CHUNKS if transition_chunks is None else int(transition_chunks)
+    def admit(
+        self, event_id: str, command: CameraCommand, chunks: int, received_at: float, frame: int | None = None
+    ) -> None:
+        """Queue a command for the next boundary. `chunks` is its N, resolved
+        (`rtvideo.core.interaction.resolve_chunks`: the camera's default is
+        `DEFAULT_TRANSITION_CHUNKS`); a velocity ignores it. `frame`: the frame of the next chunk
+        at which it takes effect (clamped to the chunk), instead of the one its receipt time gives
+        (a rebuild replays a recorded `event_frame_offsets`)."""
         if chunks < 0:
             raise ValueError("transition_chunks must be >= 0")
         if command.mode is CameraMode.VELOCITY:
             chunks = 0
-        self._pending.append(_Event(event_id, command, chunks, received_at))
+        self._pending.append(_Event(event_id, command, chunks, received_at, frame=frame))
 
     @property
     def active_event_id(self) -> str | None:
         return None if self._active is None else self._active.event_id
 
-    def next_chunk(self, num_frames: int, fps: float, boundary_at: float) -> CameraChunk:
+    def next_chunk(self, num_frames: int, fps: float, boundary_at: float | None) -> CameraChunk:
         """The poses of the chunk whose boundary is at `boundary_at` (one per frame), and its
-        lists as the protocol defines them (`chunk_lists`)."""
+        lists as the protocol defines them (`chunk_lists`). `boundary_at` None: unknown (a
+        rebuild's chunks), so the next chunk's events take effect at frame 0, as at a stream's start."""
         num_frames = max(int(num_frames), 1)
         by_frame: dict[int, list[_Event]] = {}
         for event in self._pending:
-            frame = frame_offset(event.received_at, self._last_boundary_at, num_frames, fps)
+            if event.frame is not None:
+                frame = min(max(int(event.frame), 0), num_frames - 1)
+            else:
+                frame = frame_offset(event.received_at, self._last_boundary_at, num_frames, fps)
             by_frame.setdefault(frame, []).append(event)
         self._pending = []
         for events in by_frame.values():
@@ -257,9 +269,12 @@ class CameraTracker:
         completed: list[str] = []
         ended_progress: dict[str, float] = {}  # an event's progress when it ended in this chunk
         poses: list[Pose] = []
+        offsets: dict[str, int] = {}
         for index in range(num_frames):
             for event in by_frame.get(index, ()):
                 started.append(event.event_id)
+                if index > 0:
+                    offsets[event.event_id] = index
                 if self._active is not None and self._active.event_id != event.event_id:
                     ended_progress[self._active.event_id] = self._alpha(self._active, num_frames)
                 replaced = self._activate(event)
@@ -275,7 +290,12 @@ class CameraTracker:
         progress = {**ended_progress, **self._progress(num_frames)}
         started_ids, active, completed_ids = chunk_lists(at_start, started, completed, at_end)
         return CameraChunk(
-            tuple(poses), started_ids, active, completed_ids, {event_id: progress[event_id] for event_id in active}
+            tuple(poses),
+            started_ids,
+            active,
+            completed_ids,
+            {event_id: progress[event_id] for event_id in active},
+            {event_id: frame for event_id, frame in offsets.items() if event_id in started_ids},
         )
 
     def _progress(self, num_frames: int) -> dict[str, float]:

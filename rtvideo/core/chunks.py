@@ -11,6 +11,9 @@ MEDIA = "media"
 TRAILER = "trailer"
 #: the initialisation payload (ftyp+moov) of a resumed connection or a watcher (docs/protocol.md §9)
 INIT = "init"
+#: `{event_id: frame}` of a media chunk: where in the chunk each event started in it took effect,
+#: for those after frame 0 (docs/protocol.md §6); what an exact rebuild replays
+EVENT_FRAME_OFFSETS = "event_frame_offsets"
 
 
 def _metadata(
@@ -43,10 +46,14 @@ def _metadata(
 def media_metadata(
     request_id: str, transport_chunk_index: int, plan: ChunkPlan, num_frames: int, byte_length: int
 ) -> dict[str, Any]:
-    """Metadata for the payload of one generation chunk, with the tracker's id lists."""
-    return _metadata(
+    """Metadata for the payload of one generation chunk, with the tracker's id lists, and
+    `event_frame_offsets` when an event started after the chunk's first frame (absent otherwise)."""
+    meta = _metadata(
         request_id, MEDIA, transport_chunk_index, plan.generation_chunk_index, num_frames, byte_length, plan
     )
+    if plan.frame_offsets:
+        meta[EVENT_FRAME_OFFSETS] = dict(plan.frame_offsets)
+    return meta
 
 
 def trailer_metadata(request_id: str, transport_chunk_index: int, byte_length: int) -> dict[str, Any]:
@@ -70,3 +77,25 @@ def mentioned_event_ids(metadata: dict[str, Any]) -> set[str]:
         "interrupted_event_ids",
     )
     return {event_id for key in keys for event_id in metadata.get(key, ())}
+
+
+def realtime_factor(frames: int, fps: float, generate_seconds: float, encode_seconds: float) -> float | None:
+    """A chunk's media seconds (frames / fps) per wall second spent making it (generation and
+    encoding, no pacing wait); below 1 the model cannot keep up with real-time playback. None
+    when nothing was made or no time was measured (a clock too coarse for the chunk is no
+    evidence of infinite speed)."""
+    spent = generate_seconds + encode_seconds
+    if frames <= 0 or fps <= 0 or spent <= 0:
+        return None
+    return (frames / fps) / spent
+
+
+def chunk_timing(frames: int, fps: float, generate_seconds: float, encode_seconds: float) -> dict[str, Any]:
+    """The `timing` of a media chunk's metadata, for a start that asked for `metrics`
+    (docs/protocol.md §6): seconds rounded to 0.1 ms, the factor to 3 decimals (null: unmeasured)."""
+    factor = realtime_factor(frames, fps, generate_seconds, encode_seconds)
+    return {
+        "generate_seconds": round(generate_seconds, 4),
+        "encode_seconds": round(encode_seconds, 4),
+        "realtime_factor": None if factor is None else round(factor, 3),
+    }

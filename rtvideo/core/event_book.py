@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rtvideo.core import protocol
+from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
 
 #: distinct event ids one session may admit: ~3 new events a second for the longest session
@@ -187,7 +187,7 @@ class EventBook:
     def done(self, request_id: str | None, *, chunks: int, stopped: bool, acked_only: bool = False) -> dict[str, Any]:
         """The `session.done` message: its lists are `outcome()`, the one definition of both."""
         outcome = self.outcome(acked_only=acked_only)
-        return protocol.done(
+        return server_messages.done(
             request_id,
             chunks=chunks,
             stopped=stopped,

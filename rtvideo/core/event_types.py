@@ -1,35 +1,36 @@
-"""The type of `interaction.event`: vLLM-Omni's `OmniInteractionEvent` when installed.
+"""The type of `interaction.event`: vLLM-Omni's `OmniInteractionEvent`, keys and all.
 
 One definition is used everywhere. In vllm-omni 0.30.0 the type lives in
 `vllm_omni.inputs.data` (an `OmniTextPrompt`, i.e. vLLM's `TextPrompt` plus the Omni
-additions, with `total=False`); the local fallback, used where vllm-omni is absent, has
-exactly its keys, so the validator accepts exactly the keys vLLM-Omni would
-(tests/unit/backend/test_vllm_omni_presets.py reads the real class from the pinned
-wheel and compares).
+additions, with `total=False`); this module's copy has exactly its keys, so the validator
+accepts exactly the keys vLLM-Omni would (tests/unit/backend/test_vllm_omni_presets.py reads
+the real class from the pinned wheel and compares). The copy is used even where vLLM-Omni is
+installed: importing it imports vLLM and torch, which the pure core, the proxy and the
+client must not pay for (nor fail on, as inside a stub whose text encoding is ASCII).
 """
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
-try:  # pragma: no cover - exercised only where vllm-omni (CUDA) is installed
-    from vllm_omni.inputs.data import OmniInteractionEvent
-except Exception:  # noqa: BLE001 - any import failure means "not available here"
+if TYPE_CHECKING:  # the module that defines the real type (the presets test reads it from here)
+    from vllm_omni.inputs.data import OmniInteractionEvent as _Real  # noqa: F401
 
-    class OmniInteractionEvent(TypedDict, total=False):  # type: ignore[no-redef]  # the stand-in where vllm-omni is absent
-        # vLLM's TextPrompt (vllm/inputs: `prompt` and its `_PromptOptions`)
-        prompt: str
-        multi_modal_data: dict[str, Any] | None
-        mm_processor_kwargs: dict[str, Any] | None
-        multi_modal_uuids: dict[str, Any]
-        cache_salt: str
-        # vLLM-Omni's OmniTextPrompt (vllm_omni/inputs/data.py)
-        negative_prompt: str
-        modalities: list[str]
-        prompt_embeds: Any
-        negative_prompt_embeds: Any
-        additional_information: dict[str, Any]
-        model_intermediate_buffer: dict[str, Any]
+
+class OmniInteractionEvent(TypedDict, total=False):
+    # vLLM's TextPrompt (vllm/inputs: `prompt` and its `_PromptOptions`)
+    prompt: str
+    multi_modal_data: dict[str, Any] | None
+    mm_processor_kwargs: dict[str, Any] | None
+    multi_modal_uuids: dict[str, Any]
+    cache_salt: str
+    # vLLM-Omni's OmniTextPrompt (vllm_omni/inputs/data.py)
+    negative_prompt: str
+    modalities: list[str]
+    prompt_embeds: Any
+    negative_prompt_embeds: Any
+    additional_information: dict[str, Any]
+    model_intermediate_buffer: dict[str, Any]
 
 
 #: Every key `interaction.event` may carry.
@@ -40,3 +41,7 @@ EVENT_FIELDS: frozenset[str] = frozenset(
 #: Which modalities of `multi_modal_data` apply is the active generator's to say
 #: (`rtvideo.backend.runtime.sources.source_modalities`).
 SUPPORTED_EVENT_FIELDS: frozenset[str] = frozenset({"prompt", "multi_modal_data"})
+#: Our additions to `interaction.event` (docs/protocol.md §2.2): `prompts`, a weighted blend in
+#: place of `prompt`. Kept apart from `EVENT_FIELDS` (which is exactly vLLM-Omni's type); which
+#: generator applies it is its `InteractionSupport`'s to say.
+BLEND_EVENT_FIELDS: frozenset[str] = frozenset({"prompts"})

@@ -9,8 +9,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from rtvideo.core.conditioning import LINEAR
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import MAX_SEED, SAMPLING_FIELDS, StartRequest
+from rtvideo.core.interaction.support import InteractionSupport
+from rtvideo.core.interaction.types import PROMPT, resolve_chunks
+from rtvideo.core.protocol import MAX_SEED
+from rtvideo.core.rebuild import Rebuild
+from rtvideo.core.start_request import SAMPLING_FIELDS, StartRequest
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,13 @@ class ModelCapabilities:
     frames_per_chunk: int
     default_transition_chunks: int
     limits: GeneratorLimits = GeneratorLimits()
-    #: `protocol.SAMPLING_FIELDS` the generator uses; the others are ignored when given
+    #: `start_request.SAMPLING_FIELDS` the generator uses; the others are ignored when given
     sampling_fields: frozenset[str] = frozenset()
     #: `extra_params` keys the generator uses; the others are ignored when given
     extra_params: frozenset[str] = frozenset()
     #: every `extra_params` key is used (passed on to an engine whose model reads what it knows)
     all_extra_params: bool = False
-    #: `protocol.REQUEST_FIELDS` the generator uses (merged into `sampling`); the others are ignored
+    #: `start_request.REQUEST_FIELDS` the generator uses (merged into `sampling`); the others are ignored
     start_fields: frozenset[str] = frozenset()
     #: the model's preset, for a generator that takes sampling (None: it takes none): sampling
     #: fields and `extra_params`, over which a start's own values are merged (`SessionConfig.sampling`)
@@ -78,6 +83,8 @@ class ModelCapabilities:
     max_num_frames: int | None = None
     #: the deployed model's own rules as a client is told them (`config.model_rules`), if it has any
     model_rules: Mapping[str, Any] | None = None
+    #: the interactions it takes (`config.interactions`; the catalog's entry for its generator)
+    interactions: InteractionSupport | None = None
 
     def ignored_fields(self, start: StartRequest) -> list[str]:
         """What `start` sets that this generator does not use, sorted (`extra_params.KEY` for extras)."""
@@ -136,21 +143,41 @@ class SessionConfig:
     reference_image: Any = field(default=None, repr=False, compare=False)
     #: `ModelCapabilities.model_rules`, sent as `config.model_rules` when the model has rules
     model_rules: Mapping[str, Any] | None = None
+    #: a blend start's `prompts`, normalised (then `prompt` is its heaviest text); sent when set
+    prompts: tuple[tuple[str, float], ...] | None = None
+    #: the session's default interpolation (an interaction without one uses it); always sent
+    interpolation: str = LINEAR
+    #: `ModelCapabilities.interactions`, sent as `config.interactions` when known
+    interactions: InteractionSupport | None = None
+    #: the start asked for in-band timing (`timing` on each media chunk); sent as `config.metrics`
+    #: only when true, so a client that did not ask sees nothing new
+    metrics: bool = False
+    #: the start's model-internal `rebuild` (`rtvideo.core.rebuild`), or None. Never sent (not in `to_json`)
+    rebuild: Rebuild | None = field(default=None, repr=False, compare=False)
 
     def transition_chunks(self, requested: int | None) -> int:
-        """An interaction's N (docs/protocol.md §5): its own `transition_chunks`, else this
-        session's default. The one place the default is applied: sources get an int."""
-        return self.default_transition_chunks if requested is None else requested
+        """A prompt's N (docs/protocol.md §5): its own `transition_chunks`, else this
+        session's default (`interaction.resolve_chunks`, where every kind's default is applied)."""
+        return resolve_chunks(PROMPT, requested, self.default_transition_chunks)
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(replace(self, reference_image=None))
+        out = asdict(replace(self, reference_image=None, rebuild=None))
         out.pop("reference_image")
+        out.pop("rebuild")
         out["ignored_fields"] = list(self.ignored_fields)
         out.pop("sampling")
         if self.sampling:
             out["sampling"] = copy.deepcopy(dict(self.sampling))
         if out.pop("model_rules") is not None:
             out["model_rules"] = copy.deepcopy(dict(self.model_rules or {}))
+        if not out["metrics"]:
+            del out["metrics"]
+        out.pop("prompts")
+        if self.prompts is not None:
+            out["prompts"] = [{"text": text, "weight": weight} for text, weight in self.prompts]
+        out.pop("interactions")
+        if self.interactions is not None:
+            out["interactions"] = self.interactions.describe()
         return out
 
 
@@ -169,6 +196,8 @@ def resolve_session_config(
     problem = (
         caps.limits.size_problem(width, height) or caps.limits.fps_problem(fps) or caps.limits.start_problem(start)
     )
+    if problem is None and caps.interactions is not None:
+        problem = caps.interactions.start_problem(blend=start.prompts is not None, interpolation=start.interpolation)
     if problem:
         raise ProtocolError(ErrorCode.INVALID_START, problem)
     num_frames = start.num_frames
@@ -192,4 +221,8 @@ def resolve_session_config(
         ignored_fields=tuple(caps.ignored_fields(start)),
         sampling=caps.sampling(start),
         model_rules=caps.model_rules,
+        metrics=start.metrics,
+        prompts=start.prompts,
+        interpolation=start.interpolation or (caps.interactions.interpolation[0] if caps.interactions else LINEAR),
+        interactions=caps.interactions,
     )

@@ -4,6 +4,7 @@
   ``PATH`` as in the NGC container, or the ``nvidia-pytriton`` wheel);
 - :mod:`.server`: running it (start, gRPC health polling, stop without leftover stubs or
   shared memory; the server dies with its launcher);
+- :mod:`.shm_files`: the Python backend's shared-memory files, named by launcher, and their removal;
 - :mod:`.logs`: its log (a file, or relayed to standard error), and what of it to show when it fails;
 - :mod:`.access`: its access key (``--grpc-restricted-protocol``), the clients' header, the
   per-session secret and the short hash that logs show instead of ids and secrets.
@@ -13,7 +14,8 @@ The names below are the public surface; import them from here.
 
 from rtvideo.triton.install import TritonInstall, find_tritonserver
 from rtvideo.triton.logs import STDERR, LogTarget, ServerLog
-from rtvideo.triton.server import TritonConfig, TritonServer, clean_stale_shm, free_port, is_ready
+from rtvideo.triton.server import TritonConfig, TritonServer, free_port, is_ready
+from rtvideo.triton.shm_files import clean_stale_shm
 
 __all__ = [
     "STDERR",

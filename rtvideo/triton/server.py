@@ -32,7 +32,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -42,33 +41,14 @@ from typing import Any
 
 from rtvideo.process import launch, shm
 from rtvideo.triton import access
+from rtvideo.triton.command import StubEnvironment, server_command, shown_command
 from rtvideo.triton.install import TritonInstall, find_tritonserver
 from rtvideo.triton.logs import LogTarget, ServerLog
+from rtvideo.triton.shm_files import SHM_DIR, clean_stale_shm, remove_shm_files, shm_prefix_of
 
-__all__ = ["FIXED_RELEASE", "TritonConfig", "TritonServer", "clean_stale_shm", "free_port", "is_affected", "is_ready"]
+__all__ = ["FIXED_RELEASE", "TritonConfig", "TritonServer", "free_port", "is_affected", "is_ready", "trace_args"]
 
 log = logging.getLogger(__name__)
-
-#: where POSIX shared memory lives on Linux
-SHM_DIR = Path("/dev/shm")
-#: Python-backend shared-memory names: ``rtvideo_n<PID namespace>_<launcher pid>_<8 hex>_<Triton's
-#: suffix>``; a name without ``n<...>_`` comes from an older rtvideo or a host whose namespace is unknown
-_SHM_NAME = re.compile(r"^rtvideo_(?:n([0-9a-f]+)_)?(\d+)_[0-9a-f]{8}_")
-
-
-def pid_namespace() -> str:
-    """This process's PID namespace (its inode, hex), '' where it cannot be told. Containers that
-    share /dev/shm (`--ipc=host`) see each other's files but not each other's pids."""
-    try:
-        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
-    except OSError:
-        return ""
-
-
-def shm_prefix_of(pid: int) -> str:
-    """The start of the shared-memory names of the servers a launcher `pid` (here) started."""
-    namespace = pid_namespace()
-    return f"rtvideo_n{namespace}_{pid}_" if namespace else f"rtvideo_{pid}_"
 
 
 @dataclass
@@ -96,6 +76,18 @@ class TritonConfig:
     #: mapped and unmapped, not kept in malloc's heaps once the request was refused (a 300 MiB
     #: request left hundreds of MB behind each time). None: glibc's default
     malloc_mmap_threshold: int | None = 64 * 1024
+    #: variables added to the environment of the server and its stubs (the model reads
+    #: ``RTVIDEO_OTLP_ENDPOINT`` there: docs/operations.md "Traces")
+    environment: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+def trace_args(url: str | None) -> list[str]:
+    """Triton's own OpenTelemetry tracing of every request, exported over OTLP/HTTP to `url`
+    (``HOST:PORT/v1/traces``; docs/operations.md "Traces"); none when `url` is None."""
+    if url is None:
+        return []
+    settings = ["mode=opentelemetry", "level=TIMESTAMPS", "rate=1", f"opentelemetry,url={url}"]
+    return [f"--trace-config={setting}" for setting in [*settings, "opentelemetry,resource=service.name=triton"]]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -137,49 +129,6 @@ def is_affected(version: str) -> bool:
     return numbers + (0,) * (3 - len(numbers)) < FIXED_RELEASE
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-def _remove_shm(names: list[str]) -> list[str]:
-    removed = []
-    for name in names:
-        try:
-            (SHM_DIR / name).unlink()
-            removed.append(name)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("could not remove %s: %s", SHM_DIR / name, exc)
-    return removed
-
-
-def clean_stale_shm() -> list[str]:
-    """Remove the Python backend's ``/dev/shm`` files whose launcher no longer runs; returns the
-    names removed. A stub killed with ``kill -9`` (or a launcher killed the same way) leaves its
-    regions behind. Only files of this PID namespace are judged: another's pids mean nothing here."""
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return []
-    here = pid_namespace()
-    stale = [
-        n
-        for n in names
-        if (m := _SHM_NAME.match(n)) and (m.group(1) or here) == here and not _pid_alive(int(m.group(2)))
-    ]
-    removed = _remove_shm(stale)
-    if removed:
-        log.info("removed %d stale shared-memory file(s) of launchers that are gone", len(removed))
-    return removed
-
-
 class TritonServer:
     """A ``tritonserver`` process for ``config``; a context manager (start on enter, stop on exit).
 
@@ -198,7 +147,7 @@ class TritonServer:
         #: prefix of the Python backend's shared-memory names for the current run
         self.shm_prefix: str | None = None
         self._spawned_at = 0.0
-        self._stub_env: Path | None = None  # the BASH_ENV file of the stubs (_server_environment)
+        self._env = StubEnvironment()  # the server's environment and its stubs' BASH_ENV file
 
     # -- endpoints ---------------------------------------------------------------------------
     @property
@@ -274,48 +223,15 @@ class TritonServer:
     def build_command(self, install: TritonInstall) -> list[str]:
         """The ``tritonserver`` command line for ``config`` with ``install``'s directories
         (and a new shared-memory prefix, ``shm_prefix``)."""
-        c = self.config
         # Python-backend shared-memory names are <prefix><uuid>: two servers on one host must not
         # share a prefix, and the launcher's pid in it lets a later start clean up after a crash.
         self.shm_prefix = f"{shm_prefix_of(os.getpid())}{secrets.token_hex(4)}_"
-        if c.http:
-            http = ["--allow-http=true", f"--http-address={c.host}", f"--http-port={c.http_port}"]
-        else:
-            http = ["--allow-http=false"]
-        cmd = [
-            str(install.binary),
-            f"--model-repository={Path(c.model_repository).resolve()}",
-            "--model-control-mode=none",  # load everything in the repository at start
-            "--exit-on-error=true",  # a model that fails to load ends the process: start() reports it
-            "--strict-readiness=true",  # ready only when every model is ready
-            f"--exit-timeout-secs={c.exit_timeout_secs}",
-            "--allow-grpc=true",
-            f"--grpc-address={c.host}",
-            f"--grpc-port={c.grpc_port}",
-            *http,
-            "--allow-metrics=true",
-            f"--metrics-address={c.host}",
-            f"--metrics-port={c.metrics_port}",
-            f"--log-verbose={c.log_verbose}",
-            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            f"--grpc-infer-allocation-pool-size={c.grpc_infer_allocation_pool_size}",
-        ]
-        if c.key is not None:
-            cmd.append(access.restricted_protocol_flag(c.key))
-            if c.http:
-                cmd.append(access.restricted_http_flag(c.key))
-        if install.backend_directory is not None:
-            cmd.append(f"--backend-directory={install.backend_directory}")
-        if install.cache_directory is not None:
-            cmd.append(f"--cache-directory={install.cache_directory}")
-        cmd.extend(c.extra_args)
-        return cmd
+        return server_command(self.config, install, self.shm_prefix)
 
     @property
     def shown_command(self) -> list[str]:
         """``command`` as it may be shown (in an error, a log): the key replaced by ``<key>``."""
-        key = self.config.key
-        return [arg.replace(key, "<key>") for arg in self.command] if key else list(self.command)
+        return shown_command(self.command, self.config.key)
 
     def start(self, timeout: float = 120.0, progress: Callable[[float, str], None] | None = None) -> None:
         """Spawn tritonserver and wait until it is ready (:meth:`spawn`, then :meth:`wait_ready`).
@@ -358,26 +274,13 @@ class TritonServer:
             )
         except BaseException:
             self.log.close()
-            self._remove_stub_env()
+            self._env.remove()
             raise
         self.log.spawned()
 
     def _server_environment(self, install: TritonInstall) -> dict[str, str]:
-        """The server's environment: `install`'s, with `config.malloc_mmap_threshold`. The stubs
-        must not inherit that (a fresh mapping for every frame-sized array is 10x slower): the
-        Python backend starts each with `bash -c "exec <stub> ..."`, and bash first runs the
-        file in ``BASH_ENV``, which gives them glibc's own behaviour back."""
-        env = install.environment()
-        threshold = self.config.malloc_mmap_threshold
-        if threshold is None or "MALLOC_MMAP_THRESHOLD_" in env or "BASH_ENV" in env:
-            return env
-        fd, path = tempfile.mkstemp(prefix="rtvideo-stub-env-", suffix=".sh")
-        with os.fdopen(fd, "w") as f:
-            f.write("unset MALLOC_MMAP_THRESHOLD_ BASH_ENV\n")
-        self._stub_env = Path(path)
-        env["MALLOC_MMAP_THRESHOLD_"] = str(threshold)
-        env["BASH_ENV"] = path
-        return env
+        """The server's environment (rtvideo.triton.command.StubEnvironment)."""
+        return self._env.build(install, self.config)
 
     def model_states(self) -> str:
         """The models' load states as Triton reports them (`name: STATE`, comma-separated), or
@@ -443,7 +346,7 @@ class TritonServer:
         and its shared-memory files are removed."""
         proc = self._proc
         if proc is None:
-            self._remove_stub_env()
+            self._env.remove()
             return
         pgid = proc.pid
         try:
@@ -460,12 +363,7 @@ class TritonServer:
         finally:
             self.log.close()
             self.remove_shm()
-            self._remove_stub_env()
-
-    def _remove_stub_env(self) -> None:
-        if self._stub_env is not None:
-            self._stub_env.unlink(missing_ok=True)
-            self._stub_env = None
+            self._env.remove()
 
     def restrict_shm(self) -> list[str]:
         """Make this run's shared-memory files readable by their owner only (the stubs create them
@@ -480,7 +378,7 @@ class TritonServer:
             names = [n for n in os.listdir(SHM_DIR) if n.startswith(self.shm_prefix)]
         except OSError:
             return []
-        return _remove_shm(names)
+        return remove_shm_files(names)
 
     def __enter__(self) -> TritonServer:
         self.start()

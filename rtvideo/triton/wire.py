@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rtvideo.core import protocol
+from rtvideo.core import server_messages
 from rtvideo.triton.access import SESSION_SECRET_PARAMETER
 
 #: input: one client message, UTF-8 JSON, BYTES [1]
@@ -28,6 +28,8 @@ END = "END"
 CORRID = "CORRID"
 #: request id the proxy gives `session.start`: its responses are the session's stream
 START_TAG = "start"
+#: request parameter with the W3C trace context of a traced session (docs/operations.md "Traces")
+TRACEPARENT_PARAMETER = "traceparent"
 
 
 @dataclass(frozen=True)
@@ -43,23 +45,37 @@ class Reply:
     received: float = 0.0
 
 
-def secret_parameters(secret: str | None) -> dict[str, str] | None:
-    """A request's parameters carrying the session's secret (docs/protocol.md §8): the
+def secret_parameters(secret: str | None, traceparent: str | None = None) -> dict[str, str] | None:
+    """A request's parameters carrying the session's secret (docs/protocol.md §8) and, when the
+    proxy traces the session, its W3C `traceparent` (docs/operations.md "Traces"): the
     `parameters=` of tritonclient's calls (None: no parameters, as for the health probe)."""
-    return {SESSION_SECRET_PARAMETER: secret} if secret is not None else None
+    parameters = {SESSION_SECRET_PARAMETER: secret} if secret is not None else {}
+    if traceparent is not None:
+        parameters[TRACEPARENT_PARAMETER] = traceparent
+    return parameters or None
+
+
+def request_traceparent(parameters: str | None) -> str | None:
+    """The W3C `traceparent` a request carries (its string parameter `traceparent`, read from
+    `request.parameters()` as for the secret); None when absent or not a string."""
+    return _string_parameter(parameters, TRACEPARENT_PARAMETER)
 
 
 def session_secret(parameters: str | None) -> str | None:
     """The session secret a request carries: the string parameter `rtvideo_session_secret` of
     the request's parameters as the Python backend gives them (`request.parameters()`, a JSON
     object as text); None when absent, not a string, or the text is not a JSON object."""
+    return _string_parameter(parameters, SESSION_SECRET_PARAMETER)
+
+
+def _string_parameter(parameters: str | None, name: str) -> str | None:
     if not parameters:
         return None
     try:
         values = json.loads(parameters)
     except ValueError:
         return None
-    value = values.get(SESSION_SECRET_PARAMETER) if isinstance(values, dict) else None
+    value = values.get(name) if isinstance(values, dict) else None
     return value if isinstance(value, str) else None
 
 
@@ -97,7 +113,7 @@ def _meta_bytes(message: Mapping[str, Any]) -> bytes:
     """UTF-8 JSON; never raises on text: the core refuses unpaired surrogates at the door, and
     should one come from elsewhere it travels as a JSON escape rather than failing the send."""
     try:
-        return protocol.encode(message).encode("utf-8")
+        return server_messages.encode(message).encode("utf-8")
     except UnicodeEncodeError:
         return json.dumps(message, separators=(",", ":")).encode("ascii")
 

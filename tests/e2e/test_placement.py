@@ -33,8 +33,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.proxy.addresses import parse_urls, split_address
 from rtvideo.proxy.bridge import BackendUnavailable
+from rtvideo.proxy.endpoints import capacity_of
 from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.placement import EndpointPool, PlacedStream, capacity_of
+from rtvideo.proxy.placed_stream import PlacedStream
+from rtvideo.proxy.placement import EndpointPool
 from rtvideo.proxy.supervisor import BackendState
 from rtvideo.triton.wire import START_TAG, Reply
 from tests.support.processes import RTVIDEO, alive, descendants
@@ -101,13 +103,15 @@ def test_model_py_gives_each_gpu_instance_its_device(monkeypatch: pytest.MonkeyP
 
         def increment(self, value: float) -> None: ...
 
+        def observe(self, value: float) -> None: ...
+
     class _Family:
-        GAUGE, COUNTER = "gauge", "counter"
+        GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
 
         def __init__(self, name: str, doc: str, kind: str) -> None:
             self.labels: list[dict] = []
 
-        def Metric(self, labels: dict) -> _Metric:
+        def Metric(self, labels: dict, buckets: list[float] | None = None) -> _Metric:
             self.labels.append(labels)
             return _Metric(labels)
 
@@ -123,6 +127,8 @@ def test_model_py_gives_each_gpu_instance_its_device(monkeypatch: pytest.MonkeyP
     built: list[Any] = []
 
     class _Manager:
+        active_sessions = 0  # read by the memory gauges at each metrics flush
+
         def on_request(self, *args: Any, **kwargs: Any) -> None: ...
 
         def serve_on(self, call_soon: Any) -> None: ...
@@ -524,9 +530,9 @@ class Host:
 
         async def read() -> dict[str, str]:
             return {
-                s.request_id: s._stream.endpoint.address
+                s.request_id: s.upstream.stream.endpoint.address
                 for s in server.context.sessions
-                if s.request_id and s._stream is not None and s._stream.endpoint is not None
+                if s.request_id and s.upstream.stream is not None and s.upstream.stream.endpoint is not None
             }
 
         return self.call(read())

@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rtvideo.core import protocol
+from rtvideo.core import protocol, server_messages
 from rtvideo.core.event_book import MAX_EVENTS_PER_SESSION
 from rtvideo.proxy import session as proxy_session
 from rtvideo.proxy.access import host_allowed, origin_allowed
@@ -486,10 +486,10 @@ def test_per_event_sets_are_bounded() -> None:
     order.stream("video.start", {"type": "video.start", "request_id": "r"}, 0.0)
     for i in range(MAX_EVENTS_PER_SESSION + 5):
         for message in (
-            protocol.queued("r", f"e{i}"),
-            protocol.error(protocol.ErrorCode.INTERACTION_FAILED, "x", event_id=f"e{i}"),
+            server_messages.queued("r", f"e{i}"),
+            server_messages.error(protocol.ErrorCode.INTERACTION_FAILED, "x", event_id=f"e{i}"),
         ):
-            ledger.taken(Frame(protocol.encode(message), message))
+            ledger.taken(Frame(server_messages.encode(message), message))
         order.answer(f"ack e{i}", 10, ack=f"e{i}")
     assert len(ledger.book) == len(order._acked) == MAX_EVENTS_PER_SESSION
     assert "e0" not in order._acked and f"e{MAX_EVENTS_PER_SESSION + 4}" in order._acked

@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.triton import clean_stale_shm, free_port, wire
-from rtvideo.triton.server import shm_prefix_of
+from rtvideo.triton.shm_files import shm_prefix_of
 from tests.support.processes import alive, descendants, stop_serve
 from tests.support.proxy_client import NO_KEEPALIVE
 from tests.support.serve_session import Served, cmdline, serve, triton_pids

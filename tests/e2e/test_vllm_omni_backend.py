@@ -40,8 +40,11 @@ MODEL, DYING = "omni_video", "omni_video_dies"
 NO_PROMPT = "omni_video_no_prompt"
 #: LingBot-World (its rules: 832x480 only, a first frame on every request, 4 steps)
 LINGBOT = "omni_lingbot"
+#: Helios (not distilled): sides on a 16-pixel grid
+HELIOS_BASE = "omni_helios"
 PIPELINES = {
     MODEL: "HeliosPyramidPipeline",
+    HELIOS_BASE: "HeliosPipeline",
     DYING: "HeliosPyramidPipeline",
     NO_PROMPT: "WanPipeline",
     LINGBOT: "LingBotWorldCausalDMDPipeline",
@@ -78,12 +81,13 @@ def omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[s
 
     repo = tmp_path_factory.mktemp("omni_repository")
     engines = {}
-    for name in (MODEL, DYING, NO_PROMPT, LINGBOT):
+    for name in PIPELINES:
         record = repo / f"{name}.calls.jsonl"
         engines[name] = Engine(record)
         engine_args = {
             "record": str(record),
-            "frames_per_chunk": FPC,
+            # LingBot-World yields its own chunks (9 frames, then 12), as its pipeline does
+            **({} if name == LINGBOT else {"frames_per_chunk": FPC}),
             "chunk_seconds": 0.05,
             "first_chunk_seconds": 0.8,
             "model_class_name": PIPELINES[name],
@@ -96,12 +100,12 @@ def omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[s
                 "width": str(SIZES.get(name, (W, H))[0]),
                 "height": str(SIZES.get(name, (W, H))[1]),
                 "fps": "16",
-                "frames_per_chunk": str(FPC),
+                "frames_per_chunk": str(LINGBOT_WORLD.frames_per_chunk if name == LINGBOT else FPC),
                 "default_transition_chunks": "2",
                 "max_sessions": "4",
                 "vllm_omni_engine": f"{STANDIN}:StandInAsyncOmni",
                 "vllm_omni_engine_args": json.dumps(engine_args),
-                "vllm_omni_extra_params": "auto" if name == LINGBOT else json.dumps(PRESET),
+                "vllm_omni_extra_params": "auto" if name in (LINGBOT, HELIOS_BASE) else json.dumps(PRESET),
                 "vllm_omni_health_seconds": "0.2",
             },
         )
@@ -151,7 +155,7 @@ def test_updates_before_and_after_the_first_output_then_stop(omni) -> None:
     done = t.messages[-1]
     assert done["stopped"] is True and done["unapplied_event_ids"] == [] and done["unfinished_event_ids"] == []
     assert t.pairs[-1][0]["kind"] == "trailer"
-    # what reached the engine: the session's values, the preset, and no interaction before the first output
+    # what reached the engine: the session's values, the preset, and no interaction before admission
     generate = engine.wait_for("generate", request_id=request_id)
     assert (generate["width"], generate["height"], generate["fps"], generate["seed"]) == (W, H, 16, 11)
     assert generate["extra_args"] == PRESET and generate["guidance_scale"] == 1.0  # Helios-Distilled's preset
@@ -159,10 +163,10 @@ def test_updates_before_and_after_the_first_output_then_stop(omni) -> None:
     assert generate["num_frames"] == config["num_frames"] == DEFAULT_MAX_REQUEST_FRAMES
     assert config["ignored_fields"] == [] and config["sampling"] == {"guidance_scale": 1.0, "extra_params": PRESET}
     submits = engine.calls("submit", request_id=request_id)
-    assert [(c["event_id"], c["transition_chunks"], c["before_first_output"]) for c in submits] == [
-        ("early", 0, False),
-        ("late", 2, False),
-    ]
+    assert [(c["event_id"], c["transition_chunks"]) for c in submits] == [("early", 0), ("late", 2)]
+    # each forwarded once the engine had admitted the request (its start notice), never before
+    assert engine.wait_for("start_notice", request_id=request_id)["t"] < submits[0]["t"]
+    assert submits[1]["before_first_output"] is False
     # the transition as the wire says it: N = 2 reaches the target in the second affected chunk
     late = [m for m in t.media if "late" in m["active_event_ids"]]
     assert [m["transition_progress"]["late"] for m in late] == [0.5, 1.0]
@@ -243,6 +247,51 @@ def test_engine_error_on_one_event_is_interaction_failed_and_the_session_goes_on
     engine = engines[NO_PROMPT]
     assert engine.calls("submit", request_id=request_id) == []  # it never reached the engine
     assert engine.calls("engine_abort", request_id=request_id) == []
+
+
+def test_a_blend_or_slerp_is_acked_then_interaction_failed_and_never_forwarded(omni) -> None:
+    """vLLM-Omni 0.30's engine takes only `prompt` and interpolates linearly: a blend (or slerp)
+    is acked, then `interaction_failed` naming the field; a plain prompt still reaches the
+    engine as before, and a start with `prompts` is `invalid_start` naming it."""
+    proxies, engines = omni
+    blend = [{"text": "a reef", "weight": 1}, {"text": "a desert", "weight": 2}]
+
+    async def body() -> tuple[Transcript, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        async with ws(proxies.url(model=MODEL)) as conn:
+            s = Ws(conn)
+            await s.send({"type": "session.start", "prompts": blend})
+            refused = await s.next()
+        async with ws(proxies.url(model=MODEL)) as conn:
+            s = Ws(conn)
+            start = await s.start("a bridge")
+            await s.next_media()
+            interaction = {"event_id": "blend", "event": {"prompts": blend}}
+            await s.send({"type": "session.interaction", "interaction": interaction})
+            slerp = {"event_id": "slerp", "event": {"prompt": "fog"}, "interpolation": "slerp"}
+            await s.send({"type": "session.interaction", "interaction": slerp})
+            failures = [await s.until(is_error("interaction_failed")), await s.until(is_error("interaction_failed"))]
+            await s.interact("a plain prompt", "plain", 1)
+            await s.until(lambda m: m["type"] == "video.chunk_metadata" and "plain" in m["completed_event_ids"])
+            await s.send({"type": "session.stop"})
+            return await s.finish(), start, failures, refused
+
+    t, start, failures, refused = run(body())
+    assert refused["code"] == "invalid_start" and refused["message"].startswith("prompts")
+    check_stream_rules(t)
+    assert start["config"]["interactions"] == {
+        "kinds": ["prompt"],
+        "event_fields": ["prompt", "multi_modal_data"],
+        "interpolation": ["linear"],
+    }
+    acked = [m["event_id"] for m in t.of_type("session.interaction.queued")]
+    assert acked == ["blend", "slerp", "plain"]
+    by_id = {f["event_id"]: f["message"] for f in failures}
+    assert "event field(s) prompts not supported" in by_id["blend"]
+    assert "interpolation 'slerp'" in by_id["slerp"]
+    named = {e for m in t.media for e in m["started_event_ids"] + m["active_event_ids"]}
+    assert "blend" not in named and "slerp" not in named and "plain" in named
+    sent = engines[MODEL].calls("submit", request_id=start["request_id"])
+    assert [(c["event_id"], c["prompt"], c["transition_chunks"]) for c in sent] == [("plain", "a plain prompt", 1)]
 
 
 def test_a_refusal_only_the_engine_detects_ends_the_session_naming_the_event(omni) -> None:
@@ -358,14 +407,30 @@ def test_finalize_aborts_shuts_the_engine_down_and_stops_the_loop(tmp_path) -> N
 
 
 @pytest.mark.parametrize(
-    "fields,words",
+    "model,fields,words",
     [
-        ({"width": 640, "height": 384}, "LingBot-World renders 832×480 only, not 640×384"),
-        ({"drop_image": True}, "image_reference is required by LingBot-World (its first frame)"),
-        ({"num_inference_steps": 8}, "LingBot-World runs exactly 4 inference steps, not 8"),
+        (LINGBOT, {"width": 640, "height": 384}, "LingBot-World renders 832×480 only, not 640×384"),
+        (LINGBOT, {"drop_image": True}, "image_reference is required by LingBot-World (its first frame)"),
+        (LINGBOT, {"num_inference_steps": 8}, "LingBot-World runs exactly 4 inference steps, not 8"),
+        (
+            MODEL,
+            {"width": 832, "height": 480},
+            "Helios-Distilled: height 480 is not supported: use a multiple of 64 from 128 to 1280 (e.g. 128×128)",
+        ),
+        (
+            HELIOS_BASE,
+            {"width": 200, "height": 128},
+            "Helios: width 200 is not supported: use a multiple of 16 from 128 to 1280 (e.g. 128×128)",
+        ),
+        (HELIOS_BASE, {"fps": 30}, "Helios: fps 30 is not supported: use 1 to 24"),
+        (
+            MODEL,
+            {"extra_params": {"pyramid_num_inference_steps_list": [1, 1]}},
+            "Helios-Distilled: pyramid_num_inference_steps_list needs one step count per stage (3), not [1, 1]",
+        ),
     ],
 )
-def test_a_start_that_breaks_lingbots_rules_is_refused_before_video_start(omni, fields, words) -> None:
+def test_a_start_that_breaks_a_models_rules_is_refused_before_video_start(omni, model, fields, words) -> None:
     """Through the proxy and over direct gRPC: `invalid_start` naming the rule, no `video.start`,
     and nothing reaches the engine (the pipeline would have refused it after `video.start`)."""
     from client.triton_stream import TritonStreamSession
@@ -374,17 +439,17 @@ def test_a_start_that_breaks_lingbots_rules_is_refused_before_video_start(omni, 
     start: dict[str, Any] = {"image_reference": {"image_url": PIXEL}, **fields}
     if start.pop("drop_image", False):
         del start["image_reference"]
-    generated = len(engines[LINGBOT].calls("generate"))
+    generated = len(engines[model].calls("generate"))
 
     async def body() -> dict[str, Any]:
-        async with ws(proxies.url(model=LINGBOT)) as conn:
+        async with ws(proxies.url(model=model)) as conn:
             s = Ws(conn)
             await s.send({"type": "session.start", "prompt": "a street", **start})
             return await s.next()
 
     refused = run(body())
     assert refused["type"] == "error" and refused["code"] == "invalid_start" and refused["message"] == words
-    stream = TritonStreamSession(proxies.triton_url, model=LINGBOT)
+    stream = TritonStreamSession(proxies.triton_url, model=model)
     try:
         stream.start("a street", **start)
         reply = stream.next()
@@ -392,22 +457,23 @@ def test_a_start_that_breaks_lingbots_rules_is_refused_before_video_start(omni, 
         assert reply.message["code"] == "invalid_start" and reply.message["message"] == words
     finally:
         stream.close()
-    assert len(engines[LINGBOT].calls("generate")) == generated
+    assert len(engines[model].calls("generate")) == generated
 
 
 def test_a_lingbot_session_by_its_rules_reaches_the_engine_with_a_count_it_runs(omni) -> None:
     proxies, engines = omni
 
-    async def body() -> dict[str, Any]:
+    async def body() -> tuple[dict[str, Any], Transcript]:
         async with ws(proxies.url(model=LINGBOT)) as conn:
             s = Ws(conn)
             start = await s.start("a street", num_frames=20, image_reference={"image_url": PIXEL})
-            await s.next_media()
-            await s.send({"type": "session.stop"})
-            await s.finish()
-            return start
+            return start, await s.finish()
 
-    start = run(body())
+    start, transcript = run(body())
+    check_stream_rules(transcript)
+    # the pipeline's chunks: 9 frames (its opening latent decodes to one), then 12, cut to the session's 20
+    assert [m["num_frames"] for m in transcript.media] == [9, 11]
+    assert transcript.of_type("session.done")[0]["stopped"] is False
     rules = start["config"]["model_rules"]
     assert rules["sizes"] == [[832, 480]] and rules["interactions"] == ["camera"]
     assert rules["image_reference"] == "required" and rules["num_inference_steps"] == 4
@@ -425,3 +491,38 @@ def test_models_lists_each_models_rules(omni) -> None:
             body = json.loads(response.read())
         assert body["data"][0]["id"] == model
         assert all(entry["model_rules"] == expected.describe() for entry in body["data"])
+
+
+# --- randomised steering: the chunk-list invariants on every chunk (docs/protocol.md §6) ----------
+@pytest.mark.parametrize(
+    "model,kinds,seed",
+    [(MODEL, ("prompt",), 11), (LINGBOT, ("target", "velocity", "home"), 12)],
+)
+def test_random_steering_through_the_proxy_and_over_grpc(omni, model, kinds, seed) -> None:
+    """Helios-Distilled's prompt updates (translated from the engine's metadata) and LingBot-World's
+    camera events (the engine's own lists, passed through), each through the proxy and over direct
+    gRPC: every chunk obeys the lifetimes, every acked event reaches exactly one end."""
+    from client.triton_stream import TritonStreamSession
+    from tests.support.steering_script import check_steered, random_script, run_over_grpc, run_through_proxy
+
+    proxies, _ = omni
+    start: dict[str, Any] = {"num_frames": 9 + 12 * 12} if model == LINGBOT else {"num_frames": 40 * FPC}
+    if model == LINGBOT:
+        start["image_reference"] = {"image_url": PIXEL}
+    script = random_script(seed, kinds, steps=10, max_delay=0.1)
+
+    async def body() -> Transcript:
+        async with ws(proxies.url(model=model)) as conn:
+            s = Ws(conn)
+            await s.start("a street", **start)
+            return await run_through_proxy(s, script, settle=1.0)
+
+    through_proxy = check_steered(run(body()), script)
+    stream = TritonStreamSession(proxies.triton_url, model=model)
+    try:
+        stream.start("a street", **start)
+        grpc_script = random_script(seed + 100, kinds, steps=10, max_delay=0.1)
+        over_grpc = check_steered(run_over_grpc(stream, grpc_script, settle=1.0), grpc_script)
+    finally:
+        stream.close()
+    assert through_proxy["chunks"] >= 2 and over_grpc["chunks"] >= 2, (through_proxy, over_grpc)

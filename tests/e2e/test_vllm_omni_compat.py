@@ -25,8 +25,8 @@ from websockets.asyncio.client import connect
 from rtvideo import cli
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import SAMPLING_FIELDS, parse_start
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
+from rtvideo.core.start_request import SAMPLING_FIELDS, parse_start
 from rtvideo.triton.model_repo import derive_model, read_parameters
 from tests.support.omni_example_client import play_example_client
 from tests.support.proxy_client import first_message_answers

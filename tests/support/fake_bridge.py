@@ -136,8 +136,8 @@ def session(**settings: Any) -> tuple[proxy_session.ProxySession, FakeConnection
 
 async def ended(s: proxy_session.ProxySession, conn: FakeConnection) -> None:
     """Wait for the session's own close, then for every task it started."""
-    await asyncio.wait_for(s._closed.wait(), 5)
-    await asyncio.wait_for(asyncio.gather(*list(s._tasks)), 5)
+    await asyncio.wait_for(s.closed.wait(), 5)
+    await asyncio.wait_for(asyncio.gather(*list(s.tasks)), 5)
 
 
 def kinds(frames: list[Any]) -> list[Any]:

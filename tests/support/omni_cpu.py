@@ -11,9 +11,9 @@ directory, starts `vllm_omni.AsyncOmni` on it as the Triton model does (`EngineH
 `EngineChunkSource` (events admitted as the session admits them) and writes what it saw as JSON.
 
 vLLM-Omni 0.30 has no CPU platform: without a GPU it resolves `UnspecifiedOmniPlatform`, which
-raises `NotImplementedError` for what the diffusion worker needs. `patch_cpu_platform` is the
-least that lets the engine run (each patch names the line that stopped it); it is not the GPU
-path, so what this proves is the engine's own request, interaction and output code, not its
+raises `NotImplementedError` for what the diffusion worker needs. `patch_cpu_platform` turns on
+tests/real_engine/cpu_platform.py, the least that lets the engine run (each patch names the line
+that stopped it); it is not the GPU path, so what this proves is the engine's own request, interaction and output code, not its
 kernels or its speed. The engine's warm-up dummy run (512x512, most of a two-minute start on a
 CPU) is skipped.
 """
@@ -21,6 +21,7 @@ CPU) is skipped.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -31,6 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `rtvideo` and `tests` from this checkout
 
+from tests.real_engine import cpu_platform  # after the checkout is on the path
+
 PIPELINE = "HeliosPyramidPipeline"
 WIDTH = HEIGHT = 64
 FRAMES_PER_CHUNK = 33
@@ -39,23 +42,19 @@ CHUNKS = 6
 EXTRA = {"is_enable_stage2": True, "pyramid_num_stages": 3, "pyramid_num_inference_steps_list": [1, 1, 1]}
 
 
-def write_tiny_helios(out: Path) -> Path:
-    """A randomly initialised Helios in the diffusers layout vLLM-Omni loads (`model_index.json`
-    with `_class_name` HeliosPyramidPipeline, tokenizer, text_encoder, vae, transformer, scheduler)."""
-    import torch
+def write_text_and_vae(out: Path, text_dim: int, max_length: int) -> None:
+    """The parts the tiny Helios and the tiny LingBot-World share: a character tokenizer, a
+    1-layer UMT5 text encoder of `text_dim`, and a base_dim-8 Wan VAE (random, from the
+    caller's seed)."""
     from diffusers import AutoencoderKLWan
-    from diffusers.models.transformers.transformer_helios import HeliosTransformer3DModel
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 
-    torch.manual_seed(0)
-    out.mkdir(parents=True, exist_ok=True)
-    text_dim = 32
     words = ["<pad>", "</s>", "<unk>", " "] + [chr(c) for c in range(97, 123)]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=64
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=max_length
     ).save_pretrained(out / "tokenizer")
     UMT5EncoderModel(
         UMT5Config(
@@ -72,6 +71,18 @@ def write_tiny_helios(out: Path) -> Path:
     AutoencoderKLWan(
         base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
     ).save_pretrained(out / "vae")
+
+
+def write_tiny_helios(out: Path) -> Path:
+    """A randomly initialised Helios in the diffusers layout vLLM-Omni loads (`model_index.json`
+    with `_class_name` HeliosPyramidPipeline, tokenizer, text_encoder, vae, transformer, scheduler)."""
+    import torch
+    from diffusers.models.transformers.transformer_helios import HeliosTransformer3DModel
+
+    torch.manual_seed(0)
+    out.mkdir(parents=True, exist_ok=True)
+    text_dim = 32
+    write_text_and_vae(out, text_dim, max_length=64)
     HeliosTransformer3DModel(
         patch_size=(1, 2, 2),
         num_attention_heads=2,
@@ -96,7 +107,9 @@ def write_tiny_helios(out: Path) -> Path:
                 "shift": 1.0,
                 "stages": 3,
                 "stage_range": [0, 1 / 3, 2 / 3, 1],
-                "gamma": 1 / 3,
+                # Helios' own 1/3 makes the stage-2 block-noise covariance (1+g)I - g*11^T singular
+                # (its eigenvalue 1-3g is 0, plus 1e-8): float32 Cholesky on a CPU refuses it
+                "gamma": 0.3,
                 "scheduler_type": "dmd",
                 "use_flow_sigmas": True,
                 "use_dynamic_shifting": False,
@@ -121,46 +134,10 @@ def write_tiny_helios(out: Path) -> Path:
 
 
 def patch_cpu_platform() -> None:
-    """A minimal out-of-tree CPU platform, patched onto the classes vLLM-Omni and vLLM resolve
-    without a GPU (every holder of `current_omni_platform` sees it)."""
-    from vllm.platforms.interface import UnspecifiedPlatform
-    from vllm_omni.diffusion import diffusion_engine
-    from vllm_omni.diffusion.attention.backends.sdpa import SDPAImpl
-    from vllm_omni.platforms.interface import UnspecifiedOmniPlatform as cpu
-
-    memory = (16 * 2**30, 24 * 2**30)
-    # diffusion/worker/diffusion_worker.py:332 set_device: NotImplementedError (vllm/platforms/interface.py:538)
-    cpu.set_device = classmethod(lambda cls, device: None)
-    # diffusion/distributed/parallel_state.py:414 init_process_group: "Unknown backend type" (dist_backend "")
-    cpu.dist_backend = "gloo"
-    cpu.get_device_count = classmethod(lambda cls: 1)
-    cpu.get_diffusion_attn_backend_cls = classmethod(
-        lambda cls, *a, **k: "vllm_omni.diffusion.attention.backends.sdpa.SDPABackend"
-    )
-    cpu.supports_torch_inductor = classmethod(lambda cls: False)
-    cpu.synchronize = classmethod(lambda cls: None)
-    cpu.get_free_memory = classmethod(lambda cls, device=None: memory[0])
-    cpu.get_device_memory = classmethod(lambda cls, device=None: memory)
-    cpu.get_device_version = classmethod(lambda cls: None)
-    for platform in (cpu, UnspecifiedPlatform):
-        # diffusion_model_runner.py:343 -> vllm/utils/mem_utils.py:88 get_current_memory_usage: NotImplementedError;
-        # diffusion_model_runner.py:1381 reset_peak_memory_stats: None (unknown names go to torch.cpu)
-        for name in (
-            "get_current_memory_usage",
-            "reset_peak_memory_stats",
-            "max_memory_allocated",
-            "memory_allocated",
-            "max_memory_reserved",
-            "memory_reserved",
-        ):
-            setattr(platform, name, classmethod(lambda cls, *a, **k: 0))
-        platform.empty_cache = classmethod(lambda cls: None)
-        platform.mem_get_info = classmethod(lambda cls, device=None: memory)
-    # diffusion/attention/backends/abstract.py:299 forward dispatches on rocm/cuda/npu/xpu/musa only:
-    # "No forward implementation for platform"; SDPA's CUDA path is plain torch SDPA
-    SDPAImpl.forward = SDPAImpl.forward_cuda
-    # the 512x512 warm-up request (diffusion_engine.py `_dummy_run`): num_frames 0 skips it
-    diffusion_engine.get_dummy_run_num_frames = lambda *a, **k: 0
+    """vLLM-Omni's CPU patches (tests/real_engine/cpu_platform.py, the one copy), on in this process
+    and, through the environment, in the engine's workers where that environment installs them."""
+    os.environ[cpu_platform.SWITCH] = "1"
+    cpu_platform.install()
 
 
 class _Encoder:
@@ -185,7 +162,7 @@ def run_session(model: Path) -> dict[str, Any]:
     from vllm_omni import AsyncOmni
 
     from rtvideo.backend.runtime.sources import FailedEvent, Interaction
-    from rtvideo.backend.vllm_omni.engine import EngineHost
+    from rtvideo.backend.vllm_omni.engine import EngineHost, is_start_notice
     from rtvideo.backend.vllm_omni.source import EngineSources
     from rtvideo.core.session_config import SessionConfig
 
@@ -196,6 +173,9 @@ def run_session(model: Path) -> dict[str, Any]:
 
         async def generate(self, *args: Any, **kwargs: Any) -> Any:
             async for output in super().generate(*args, **kwargs):
+                if is_start_notice(output):  # the engine admitted the request: no frames, no chunk
+                    yield output
+                    continue
                 image = np.asarray(output.images[0]) if output.images else None
                 raw.append(
                     {
@@ -238,7 +218,7 @@ def run_session(model: Path) -> dict[str, Any]:
         source = sources.open(config, "cpu-session")
         source.admit_event(
             Interaction.prompt_update("early", "lanterns", 1)
-        )  # before the first output: held, forwarded at it
+        )  # before the first output: held by the host until the engine admits the request
         source.admit_event(
             Interaction.prompt_update("empty", "", 1)
         )  # refused before forwarding, with the engine's own words
@@ -259,15 +239,17 @@ def run_session(model: Path) -> dict[str, Any]:
                     "progress": dict(plan.progress),
                 }
             )
+            if plan.generation_chunk_index == 0:
+                # what AsyncOmni.submit_interaction_async itself refuses (interaction_rules says the
+                # same), asked while the request runs: a finished one is refused by the host first
+                try:
+                    host.interact("cpu-session", {"event_id": "raw", "event": {"prompt": ""}}).result(30)
+                except Exception as exc:  # noqa: BLE001 - reported
+                    refusal = f"{type(exc).__name__}: {exc}"
             if "early" in plan.started:
                 source.admit_event(
                     Interaction.prompt_update("late", "snow", 0)
                 )  # reaches the engine during the next chunk
-        # what AsyncOmni.submit_interaction_async itself refuses (interaction_rules says the same)
-        try:
-            host.interact("cpu-session", {"event_id": "raw", "event": {"prompt": ""}}).result(30)
-        except Exception as exc:  # noqa: BLE001 - reported
-            refusal = f"{type(exc).__name__}: {exc}"
         source.close()
     finally:
         sources.close()

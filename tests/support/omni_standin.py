@@ -17,7 +17,8 @@ the interaction path is vLLM-Omni's own code, loaded from the pinned wheel
   then `InteractionMixin.apply_interaction_at_chunk_boundary` (the wheel's mixin) after each
   chunk but the last, its metadata reported on the next chunk's output;
 - each output is what the output formatter makes of a Helios chunk: `images=[float32 array
-  (1, T, H, W, 3) in [0, 1]]` (T = `frames_per_chunk`, 33 by default) and
+  (1, T, H, W, 3) in [0, 1]]` (T: the `frames_per_chunk` engine argument, else the model's own
+  chunks from the rule table, e.g. LingBot-World's 9 then 12) and
   `multimodal_output["metadata"]["stream"]` laid out by the wheel's
   `_stream_metadata_from_diffusion_output`; each chunk's colour is the blended conditioning,
   so a transition is visible in the video;
@@ -28,7 +29,9 @@ the interaction path is vLLM-Omni's own code, loaded from the pinned wheel
 The Triton model loads it through the `vllm_omni_engine` parameter
 (`/path/to/tests/support/omni_standin.py:StandInAsyncOmni`); its engine arguments configure it:
 `record` (a JSON-lines file of every call, for the test to read), `chunk_seconds`,
-`first_chunk_seconds`, `frames_per_chunk`, `model_class_name`.
+`first_chunk_seconds`, `frames_per_chunk`, `model_class_name`. Requests the configured
+pipeline would refuse (its size, frame count, steps, pyramid, first frame: the rule table's
+`request_problem`) fail inside `generate()`, as the pipeline's `ValueError` does.
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ class StandInSamplingParams:
     extra_args: dict[str, Any] = field(default_factory=dict)
     lora_request: Any = None
     lora_scale: float | None = None
+    #: as vLLM-Omni 0.30's: asks for the start notice (an output with no frames) at admission
+    emit_request_lifecycle: bool = False
 
 
 @dataclass
@@ -87,6 +92,7 @@ class StandInOutput:
     images: list[Any] = field(default_factory=list)
     error: str | None = None
     finished: bool = False
+    custom_output: dict[str, Any] = field(default_factory=dict)
 
 
 def _image_summary(image: Any) -> dict[str, Any]:
@@ -136,7 +142,12 @@ class StandInAsyncOmni:
         self._record = kwargs.get("record")
         self._chunk_seconds = float(kwargs.get("chunk_seconds", 0.05))
         self._first_chunk_seconds = float(kwargs.get("first_chunk_seconds", self._chunk_seconds))
-        self._frames_per_chunk = int(kwargs.get("frames_per_chunk", 33))
+        self._rules = model_rules.find(model, kwargs.get("model_class_name", "HeliosPyramidPipeline"))
+        # the pipeline's own chunks (LingBot-World: 9 frames, then 12), unless a test sets a size
+        self._frames_per_chunk = int(
+            kwargs.get("frames_per_chunk", self._rules.frames_per_chunk if self._rules else 33)
+        )
+        self._own_chunks = "frames_per_chunk" not in kwargs and self._rules is not None
         wheel = load_interaction()
         self._stream_metadata = stream_metadata_function()
         self._pipeline = _pipeline_class(wheel["mixin"].InteractionMixin, wheel["types"], 16.0)(self._frames_per_chunk)
@@ -152,17 +163,25 @@ class StandInAsyncOmni:
 
     def _pipeline_refusal(self, image: Any, params: Any) -> str | None:
         """What the configured pipeline refuses of a request, by the rule table that
-        tests/unit/backend/test_vllm_omni_model_rules.py checks against the wheel's pipelines."""
-        rules = model_rules.find(self.model, self.kwargs.get("model_class_name", "HeliosPyramidPipeline"))
+        tests/unit/backend/test_vllm_omni_model_rules.py checks against the wheel's pipelines:
+        its size (Helios: the grid of the pyramid in the request's `extra_args`), frame count,
+        step count (None: the pipeline's default), pyramid and first frame; and a first frame in
+        `extra_args["image"]` that is not the [1, 3, H, W] tensor in [-1, 1] Helios' VAE takes."""
+        rules = self._rules
         if rules is None:
             return None
-        problem = rules.size_problem(params.width, params.height)
-        if problem is None and not rules.valid_frames(params.num_frames):
-            problem = f"num_frames {params.num_frames} is not a count {rules.name} runs"
-        if problem is None and rules.steps is not None and params.num_inference_steps != rules.steps:
-            problem = f"num_inference_steps must be {rules.steps}, got {params.num_inference_steps}"
-        if problem is None and rules.first_frame is model_rules.FirstFrame.REQUIRED and image is None:
-            problem = f"{rules.name} requires exactly one image in multi_modal_data.image."
+        extra = dict(params.extra_args or {})
+        at_extra_args = rules.first_frame_at is model_rules.FirstFrameAt.EXTRA_ARGS
+        given = extra.pop("image", None) if at_extra_args else image
+        problem = rules.request_problem(
+            params.width, params.height, params.num_frames, params.num_inference_steps, extra, given is not None
+        )
+        if problem is None and at_extra_args and given is not None:
+            array = np.asarray(given)
+            if array.shape != (1, 3, params.height, params.width) or array.min() < -1 or array.max() > 1:
+                problem = (
+                    f"extra_args image must be [1, 3, {params.height}, {params.width}] in [-1, 1], not {array.shape}"
+                )
         return problem
 
     def _log(self, call: str, **fields: Any) -> None:
@@ -212,7 +231,8 @@ class StandInAsyncOmni:
                 message = await messages.get()
                 if isinstance(message, BaseException):
                     raise message  # as `_process_orchestrator_results` raises an ErrorMessage
-                self._produced.add(request_id)
+                if message.images:  # the start notice carries no frames
+                    self._produced.add(request_id)
                 yield message
                 if message.finished:
                     return
@@ -233,14 +253,21 @@ class StandInAsyncOmni:
             state.prompt_embeds = colour(text)  # prepare_encode
             state.chunk_index = 0
             meta = self._coordinator.maybe_prepare_initial_session(state, self._pipeline)
-            chunks = math.ceil(params.num_frames / self._frames_per_chunk)
-            for index in range(chunks):
+            if params.emit_request_lifecycle:  # `_emit_request_started_outputs`, once admitted
+                notice = {"_diffusion_request_lifecycle": "started"}
+                self._log("start_notice", request_id=state.request_id)
+                await messages.put(StandInOutput(state.request_id, {}, custom_output=notice))
+            sizes = [self._frames_per_chunk] * math.ceil(params.num_frames / self._frames_per_chunk)
+            if self._own_chunks and self._rules is not None:
+                sizes = self._rules.chunk_frames(params.num_frames)
+            chunks = len(sizes)
+            for index, size in enumerate(sizes):
                 state.interaction_chunk_metadata = meta
                 await asyncio.sleep(self._first_chunk_seconds if index == 0 else self._chunk_seconds)
                 while self._dead:  # a dead engine produces nothing more
                     await asyncio.sleep(3600)
                 rgb = state.prompt_embeds.clamp(0, 1).numpy().astype(np.float32)
-                video = np.broadcast_to(rgb, (1, self._frames_per_chunk, params.height, params.width, 3)).copy()
+                video = np.broadcast_to(rgb, (1, size, params.height, params.width, 3)).copy()
                 chunk_meta = state.interaction_chunk_metadata  # `_attach_stepwise_metadata`
                 state.interaction_chunk_metadata = None
                 finished = index == chunks - 1

@@ -93,6 +93,7 @@ def check_stream_rules(t: Transcript) -> None:
         assert set(meta["transition_progress"]) == set(meta["active_event_ids"])
     media = t.media
     assert [m["generation_chunk_index"] for m in media] == list(range(len(media)))
+    check_event_lifetimes(media)
     if t.pairs and t.pairs[-1][0]["kind"] == "trailer":
         assert t.pairs[-1][0]["generation_chunk_index"] is None and t.pairs[-1][0]["num_frames"] == 0
     assert all(m["kind"] == "media" for m, _ in t.pairs[:-1])
@@ -100,6 +101,30 @@ def check_stream_rules(t: Transcript) -> None:
         assert t.pairs[0][1][4:8] == b"ftyp"
     done = t.messages[-1]
     assert done["type"] == "session.done" and done["chunks"] == len(t.pairs)
+
+
+def check_event_lifetimes(media: list[dict[str, Any]]) -> None:
+    """The chunk lists of every kind of event (docs/protocol.md §6): started and completed events
+    are active in that chunk; an event starts once and completes once; it is active in every
+    chunk from its start to its completion, with no gap, and never listed after its end
+    (completed, superseded or interrupted)."""
+    started_at: dict[str, int] = {}
+    last_active: dict[str, int] = {}
+    ended: set[str] = set()
+    for m in media:
+        i, active = m["generation_chunk_index"], set(m["active_event_ids"])
+        lists = {k: m[k] for k in ("started_event_ids", "active_event_ids", "completed_event_ids")}
+        assert set(m["started_event_ids"]) <= active, (i, lists)
+        assert set(m["completed_event_ids"]) <= active, (i, lists)
+        for e in m["started_event_ids"]:
+            assert e not in started_at, (f"{e} started twice", i, lists)
+            started_at[e] = i
+        for e in active:
+            assert e in started_at, (f"{e} active before it started", i, lists)
+            assert e not in ended, (f"{e} listed after its end", i, lists)
+            assert started_at[e] == i or last_active.get(e) == i - 1, (f"{e} active with a gap", i, lists)
+            last_active[e] = i
+        ended |= set(m["completed_event_ids"]) | set(m["superseded_event_ids"]) | set(m["interrupted_event_ids"])
 
 
 def decode(video: bytes) -> np.ndarray:

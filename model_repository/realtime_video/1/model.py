@@ -23,8 +23,9 @@ import triton_python_backend_utils as pb_utils
 from rtvideo import logsetup
 from rtvideo.backend.assembly import build_manager
 from rtvideo.backend.builtin.devices import device_from_args
-from rtvideo.backend.runtime import metrics
+from rtvideo.backend.runtime import metrics, tracing
 from rtvideo.backend.runtime.dispatch import RequestDispatcher
+from rtvideo.backend.runtime.memory import MemoryProbe
 from rtvideo.backend.runtime.metrics import BufferedMetrics
 from rtvideo.backend.runtime.priority_lock import PriorityLock
 from rtvideo.backend.settings import BackendSettings
@@ -94,6 +95,17 @@ class TritonMetricsPublisher:
         }
         self._metrics: dict[tuple[str, str, str], Any] = {}
         self._metric(metrics.ACTIVE_SESSIONS).set(0)
+        # Per-chunk histograms (generation, encoding, realtime factor), exported from the start.
+        self._histograms = {
+            name: pb_utils.MetricFamily(name, doc, pb_utils.MetricFamily.HISTOGRAM)
+            for name, (doc, _) in metrics.HISTOGRAMS.items()
+        }
+        self._observers = {
+            name: family.Metric(labels=self._labels, buckets=list(metrics.HISTOGRAMS[name][1]))
+            for name, family in self._histograms.items()
+        }
+        #: called before each flush (the model sets it: the generator's memory gauges)
+        self.sample: Callable[[], None] = lambda: None
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(interval,), name="metrics", daemon=True)
         self._thread.start()
@@ -108,14 +120,18 @@ class TritonMetricsPublisher:
     def flush(self) -> None:
         if self.alive():
             self._source.heartbeat(time.time())
+        self.sample()
         snapshot = self._source.drain()
-        if not snapshot.increments and not snapshot.gauges:
+        if not snapshot.increments and not snapshot.gauges and not snapshot.observations:
             return
         with _IPC.hold():
             for key, amount in snapshot.increments.items():
                 self._metric(*key).increment(amount)
             for key, value in snapshot.gauges.items():
                 self._metric(*key).set(value)
+            for name, values in snapshot.observations.items():
+                for value in values:
+                    self._observers[name].observe(value)
 
     def _run(self, interval: float) -> None:
         while not self._closing.wait(interval):
@@ -160,6 +176,7 @@ class TritonPythonModel:
         self._dispatcher = RequestDispatcher(self._manager.on_request)
         self._manager.serve_on(self._dispatcher.call_soon)  # a remote image_reference is fetched off this thread
         self._publisher.alive = self._dispatcher.moving
+        self._publisher.sample = memory_sampler(MemoryProbe(settings.device), self._manager, buffered)
         # torch, PyAV and numpy leave ~10^5 objects that live as long as the model: frozen, no full
         # garbage collection walks them (each walk would pause every session's thread).
         gc.freeze()
@@ -167,19 +184,34 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             start = bool(_control(request, wire.START))
+            parameters = request.parameters()
+            channel = TritonChannel(request.get_response_sender(), urgent=not start)
             self._dispatcher.submit(
                 _control(request, wire.CORRID),
                 wire.request_payload(_input(request, wire.REQUEST)),
                 start=start,
                 end=bool(_control(request, wire.END)),
-                channel=TritonChannel(request.get_response_sender(), urgent=not start),
-                secret=wire.session_secret(request.parameters()),
+                # a traced session's start stream records its chunks' spans (docs/operations.md "Traces")
+                channel=tracing.traced(channel, wire.request_traceparent(parameters)) if start else channel,
+                secret=wire.session_secret(parameters),
             )
 
     def finalize(self) -> None:
         self._dispatcher.close()
         self._manager.shutdown()
         self._publisher.close()
+        tracing.shutdown()
+
+
+def memory_sampler(probe: MemoryProbe, manager: Any, buffered: BufferedMetrics) -> Callable[[], None]:
+    """The generator's memory gauges, read at each metrics flush (rtvideo/backend/runtime/memory.py)."""
+
+    def sample() -> None:
+        reading = probe.read(manager.active_sessions)
+        if reading is not None:
+            buffered.set_memory(*reading)
+
+    return sample
 
 
 def sequence_idle_seconds(config: Mapping[str, Any]) -> float | None:

@@ -6,9 +6,13 @@ of concept phrases (embedded once at start-up), which picks the light, the groun
 the elements of the scene, its palette and an accent colour (`rtvideo.backend.builtin.scene`).
 Those become one RGB coefficient per feature image (sky, sun, clouds, water, trees,
 flames, snowflakes, ...); the session's seed fixes the geometry. A chunk that mixes
-prompts (a transition) mixes their coefficient matrices with the mix weights, and every
-pixel is affine in the coefficients before a clip, so a transition moves every pixel
-monotonically from one scene to the other. Rendering is a few small matrix products
+prompts (a transition, a blend) mixes their coefficient matrices with the mix weights, and
+every pixel is affine in the coefficients before a clip, so a linear transition moves every
+pixel monotonically from one scene to the other and a 50/50 blend shows both halfway. A
+recipe with slerp (`rtvideo.core.conditioning`) resolves to coefficients over its prompts
+(`builtin.conditioning.resolve`) whose sum may exceed 1: the named scene parameters take them
+normalised (a convex mix, as above), the embedding-driven texture takes them as they are, so
+the conditioning's norm (slerp keeps it, a linear blend shrinks it) shows in the texture. Rendering is a few small matrix products
 at a reduced resolution, upsampled bilinearly: far above real time on one CPU core.
 """
 
@@ -25,9 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from rtvideo.backend import catalog
+from rtvideo.backend.builtin import conditioning as resolved
 from rtvideo.backend.builtin import scene
 from rtvideo.backend.builtin.text_encoder import EMBEDDING_DIM, PromptEncoder
 from rtvideo.backend.runtime.ports import GeneratorSession, VideoGenerator
+from rtvideo.core.conditioning import Conditioning, Interp
 from rtvideo.core.pose import Pose
 
 MIX_TOLERANCE = 1e-4
@@ -144,7 +150,7 @@ class BuiltinSession(GeneratorSession):
         return state.layout
 
     @torch.inference_mode()
-    def generate(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> np.ndarray:
+    def generate(self, mix: Conditioning, num_frames: int, poses: Sequence[Pose] | None = None) -> np.ndarray:
         """The next `num_frames` frames; the cursor advances so the next chunk continues smoothly.
         `poses` (one per frame, or None for the start pose throughout) place the camera
         (`scene.SceneLayout.render`); start poses render exactly the frames of a fixed camera."""
@@ -164,6 +170,19 @@ class BuiltinSession(GeneratorSession):
             frames = self._from_image(frames, state.image)
             state.image = None
         return frames
+
+    def skip(self, num_frames: int) -> None:
+        """Move the time cursor over `num_frames` frames without rendering them (a rebuild):
+        the next chunk is the one a session that rendered them would show. The cursor and the
+        reference image (shown only by the first chunk) are all the state a chunk leaves."""
+        state = self._state
+        if state.closed:
+            raise RuntimeError("session is closed")
+        if num_frames < 0:
+            raise ValueError(f"num_frames must be >= 0, got {num_frames}")
+        if num_frames:
+            state.frame_cursor += num_frames
+            state.image = None
 
     def _from_image(self, frames: np.ndarray, image: np.ndarray) -> np.ndarray:
         """The first chunk with a reference image: its first frame is the image (resized to the
@@ -225,14 +244,21 @@ class BuiltinGenerator(VideoGenerator):
         """The prompt's MiniLM embedding (LRU-cached by the text encoder)."""
         return self.text_encoder.encode(prompt)
 
-    def blend(self, mix: Mapping[str, float]) -> torch.Tensor:
-        """The exact convex blend of the prompts' embeddings, sum(w * embed(prompt))."""
-        validate_mix(mix)
+    def blend(self, mix: Conditioning) -> torch.Tensor:
+        """The conditioning's embedding: sum(c * embed(prompt)) over its coefficients (a mix: the
+        exact convex blend of the prompts' embeddings)."""
         blended = torch.zeros(EMBEDDING_DIM, device=self.device)
-        for prompt, weight in mix.items():
+        for prompt, weight in self.coefficients(mix).items():
             if weight > 0:  # a finished transition may still name its old prompt
                 blended += weight * self.embed(prompt)
         return blended
+
+    def coefficients(self, mix: Conditioning) -> dict[str, float]:
+        """A mix as it is (validated); a recipe with slerp resolved against the embeddings."""
+        if not isinstance(mix, Interp):
+            validate_mix(mix)
+            return dict(mix)
+        return resolved.resolve(mix, lambda prompt: self.embed(prompt).cpu().numpy())
 
     def scene_weights(self, prompt: str) -> scene.SceneWeights:
         """What the renderer understands of `prompt` (light, ground, elements, accent)."""
@@ -255,15 +281,21 @@ class BuiltinGenerator(VideoGenerator):
                 self._params.popitem(last=False)
         return params.clone()
 
-    def scene_parameters(self, mix: Mapping[str, float]) -> torch.Tensor:
-        """The chunk's coefficients: the exact convex mix sum(w * prompt_parameters(prompt))."""
-        validate_mix(mix)
+    def scene_parameters(self, mix: Conditioning) -> torch.Tensor:
+        """The chunk's coefficients: for a mix the exact convex mix sum(w * prompt_parameters(prompt));
+        for a recipe the named part mixed with its coefficients normalised, the texture with them
+        as they are (the module docstring)."""
+        weights = self.coefficients(mix)
+        total = sum(weights.values()) if isinstance(mix, Interp) else 1.0
+        textures = self.config.texture_components
         mixed: torch.Tensor | None = None
-        for prompt, weight in mix.items():
+        for prompt, weight in weights.items():
             if weight > 0:  # a finished transition may still name its old prompt
                 term = self.prompt_parameters(prompt) * weight
+                if total != 1.0:
+                    term[:, :-textures] /= total
                 mixed = term if mixed is None else mixed + term
-        assert mixed is not None  # validate_mix: the weights sum to 1
+        assert mixed is not None  # validated: at least one positive weight
         return mixed
 
     def open_session(

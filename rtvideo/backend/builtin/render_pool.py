@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from typing import IO, Any
 
 from rtvideo.backend.runtime.sources import GeneratorChunkSource, RenderedChunk
+from rtvideo.core.conditioning import Conditioning
 from rtvideo.core.pose import Pose
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.process import launch
@@ -268,10 +269,17 @@ class RemoteSession:
         self._pool, self._worker, self._opened = pool, worker, opened
         self._open = True
 
-    def render(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> RenderedChunk:
-        """One chunk; `poses` as in `GeneratorSession.generate` (None: the start pose throughout)."""
+    def render(self, mix: Conditioning, num_frames: int, poses: Sequence[Pose] | None = None) -> RenderedChunk:
+        """One chunk; `poses` as in `GeneratorSession.generate` (None: the start pose throughout).
+        A slerp recipe (`conditioning.Interp`, a frozen core dataclass) pickles as it is: the
+        worker runs this same code."""
         wire = None if poses is None else poses_to_wire(poses)
-        return self._worker.call("render", self._opened.result(), dict(mix), num_frames, wire).result()
+        mix = dict(mix) if isinstance(mix, Mapping) else mix
+        return self._worker.call("render", self._opened.result(), mix, num_frames, wire).result()
+
+    def skip(self, num_frames: int) -> None:
+        """Move the worker session's time cursor over frames it never renders (a rebuild)."""
+        self._worker.call("skip", self._opened.result(), num_frames).result()
 
     def close(self) -> bytes:
         """The encoder's trailer; frees the session in the worker. Later calls return b''."""
@@ -291,6 +299,9 @@ class RemoteSession:
 class PooledSources:
     """`ChunkSourceFactory` over a `RenderPool`: each session's chunks are rendered and encoded
     in one of the pool's worker processes."""
+
+    #: its sources take a start's `rebuild` (docs/triton-model.md "Rebuilding a session")
+    rebuilds = True
 
     def __init__(self, pool: RenderPool) -> None:
         self.pool = pool

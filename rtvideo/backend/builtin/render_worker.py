@@ -14,6 +14,7 @@ from typing import Any
 
 from rtvideo.backend.builtin.render_pool import WirePoses, poses_from_wire, read_message, write_message
 from rtvideo.backend.runtime.sources import LocalRenderer, RenderedChunk
+from rtvideo.core.conditioning import Conditioning
 
 
 class Worker:
@@ -43,12 +44,15 @@ class Worker:
         return session_id
 
     def render(
-        self, session_id: int, mix: dict[str, float], num_frames: int, poses: WirePoses | None = None
+        self, session_id: int, mix: Conditioning, num_frames: int, poses: WirePoses | None = None
     ) -> RenderedChunk:
         renderer = self._sessions[session_id]
         if poses is None:
             return renderer.render(mix, num_frames)
         return renderer.render(mix, num_frames, poses_from_wire(poses))
+
+    def skip(self, session_id: int, num_frames: int) -> None:
+        self._sessions[session_id].skip(num_frames)
 
     def close(self, session_id: int) -> bytes:
         return self._sessions.pop(session_id).close()
@@ -62,6 +66,7 @@ def main() -> None:
         "init": worker.init,
         "open": worker.open,
         "render": worker.render,
+        "skip": worker.skip,
         "close": worker.close,
     }
     while True:

@@ -17,9 +17,10 @@ from rtvideo.backend.image_reference import MediaPolicy, load_image_reference, r
 from rtvideo.backend.runtime.ports import Channel, Metrics, NullMetrics
 from rtvideo.backend.runtime.session import EndReason, Limits, Session, ended_error
 from rtvideo.backend.runtime.sources import ChunkSourceFactory
-from rtvideo.core import protocol
+from rtvideo.core import protocol, server_messages, start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import InteractionRequest, PingRequest, PlaybackReport, StopRequest
+from rtvideo.core.protocol import InteractionRequest, PingRequest, PlaybackReport, RevokeSteering, StopRequest
+from rtvideo.core.rebuild import Rebuild, check_rebuild, split_start
 from rtvideo.core.session_config import ModelCapabilities, SessionConfig, resolve_session_config
 from rtvideo.logsetup import prompt_summary
 from rtvideo.triton.access import SESSION_SECRET_PARAMETER, short_hash
@@ -162,7 +163,9 @@ class SessionManager:
                 if start:  # the start stream must still end with session.done
                     self._refuse(channel, ErrorCode.GENERATION_FAILED, f"the session could not start: {exc}")
                 else:
-                    channel.send(protocol.error(ErrorCode.GENERATION_FAILED, f"internal error: {exc}"), final=True)
+                    channel.send(
+                        server_messages.error(ErrorCode.GENERATION_FAILED, f"internal error: {exc}"), final=True
+                    )
             except Exception:  # noqa: BLE001 - the response may already be final
                 pass
 
@@ -199,7 +202,7 @@ class SessionManager:
                     self._ended_ids.pop(corrid, None)
         if foreign:
             log.info("sequence=%s a request without its session's secret was refused", short_hash(corrid))
-            channel.send(protocol.error(ErrorCode.INVALID_MESSAGE, NOT_YOURS), final=True)
+            channel.send(server_messages.error(ErrorCode.INVALID_MESSAGE, NOT_YOURS), final=True)
             return
         if session is None or session.ended:
             if protocol.is_stop(payload) or _is_playback(payload):
@@ -210,7 +213,7 @@ class SessionManager:
         try:
             message = protocol.parse_message(payload)
         except ProtocolError as exc:
-            channel.send(protocol.error_from(exc, session.request_id), final=True)
+            channel.send(server_messages.error_from(exc, session.request_id), final=True)
             if end:
                 session.request_stop()
             return
@@ -221,7 +224,7 @@ class SessionManager:
                 session.touch()
             if message.pause is not None:  # the proxy's pause of a detached session (docs/triton-model.md)
                 session.set_paused(message.pause)
-            channel.send(protocol.pong(), final=True)
+            channel.send(server_messages.pong(), final=True)
         elif isinstance(message, StopRequest):
             session.request_stop()
             channel.send(None, final=True)
@@ -229,6 +232,8 @@ class SessionManager:
         elif isinstance(message, PlaybackReport):  # a playhead report: kept for the pacing, never answered
             session.playback(message, received)
             channel.send(None, final=True)
+        elif isinstance(message, RevokeSteering):  # steer links are the proxy's: over Triton there are none
+            channel.send(server_messages.steering_revoked(session.request_id, 0), final=True)
         if end:
             session.request_stop()
 
@@ -271,9 +276,9 @@ class SessionManager:
         takes the model for down."""
         self._stop(corrid)
         if self._broken is not None:
-            channel.send(protocol.error(ErrorCode.BACKEND_UNAVAILABLE, self._broken), final=True)
+            channel.send(server_messages.error(ErrorCode.BACKEND_UNAVAILABLE, self._broken), final=True)
             return
-        channel.send(protocol.pong(), final=True)
+        channel.send(server_messages.pong(), final=True)
 
     def backend_failed(self, reason: str) -> None:
         """The generator can no longer work (a failed engine health check): every live session
@@ -293,8 +298,12 @@ class SessionManager:
     ) -> None:
         """`image`: the start's image_reference already fetched (`_fetched`), else None."""
         try:
-            start = protocol.parse_start(payload)
+            # `rebuild` is the model's own (rtvideo/core/rebuild.py): taken off before the start's schema
+            fields, rebuild = split_start(start_request.check_first_message(payload))
+            start = start_request.validate_start(fields)
             config = resolve_session_config(start, self._caps)
+            if rebuild is not None:
+                config = self._rebuilt(rebuild, config)
             if start.image_reference is not None:  # invalid_start before video.start (docs/protocol.md §2.1)
                 if image is None and self._call_soon is not None and not start.image_reference.startswith("data:"):
                     self._pending_starts[corrid] = _PendingStart(stop_after)
@@ -349,6 +358,19 @@ class SessionManager:
             session.abandon()
             raise
 
+    def _rebuilt(self, rebuild: Rebuild, config: SessionConfig) -> SessionConfig:
+        """The session of a start's `rebuild`, if this generator can rebuild one exactly (else
+        `invalid_start`): its stream carries what is left from chunk N on, so `num_frames` is
+        the recorded one less the N chunks before."""
+        if not getattr(self._sources, "rebuilds", False):
+            raise ProtocolError(
+                ErrorCode.INVALID_START, "rebuild is not supported by this generator: its state cannot be rebuilt"
+            )
+        check_rebuild(rebuild, frames_per_chunk=config.frames_per_chunk, num_frames=config.num_frames)
+        skipped = rebuild.generation_chunk_index * config.frames_per_chunk
+        left = None if config.num_frames is None else config.num_frames - skipped
+        return replace(config, rebuild=rebuild, num_frames=left)
+
     def _fetch(self, corrid: int, payload: bytes, channel: Channel, secret: str, url: str) -> None:
         """The fetch thread: bounded by the media policy's timeout and size; its outcome goes
         back to the request thread, where the start goes on."""
@@ -385,7 +407,7 @@ class SessionManager:
     def _new_session(self, corrid: int, config: SessionConfig, channel: Channel) -> Session:
         """A session and its chunk source. Runs on the request path under the manager's lock, so
         anything slow (an encoder, a render worker's open) happens later on the session's thread."""
-        request_id = protocol.new_request_id()
+        request_id = server_messages.new_request_id()
         return Session(
             request_id=request_id,
             config=config,
@@ -399,9 +421,9 @@ class SessionManager:
     def _refuse(self, channel: Channel, code: ErrorCode, message: str) -> None:
         log.info("start refused: %s: %s", code.value, message)
         self._metrics.count_session_end(code.value)
-        channel.send(protocol.error(code, message))
+        channel.send(server_messages.error(code, message))
         channel.send(
-            protocol.done(None, chunks=0, stopped=False, unapplied_event_ids=[], unfinished_event_ids=[]),
+            server_messages.done(None, chunks=0, stopped=False, unapplied_event_ids=[], unfinished_event_ids=[]),
             final=True,
         )
 

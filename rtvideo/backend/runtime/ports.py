@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rtvideo.core.conditioning import Conditioning
 from rtvideo.core.pose import Pose
 from rtvideo.core.session_config import GeneratorLimits
 
@@ -41,7 +42,9 @@ class Metrics(Protocol):
 
     def set_paused_sessions(self, count: int) -> None: ...
 
-    def observe_chunk(self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int) -> None: ...
+    def observe_chunk(
+        self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int, fps: float
+    ) -> None: ...
 
     def count_interaction(self, outcome: str) -> None: ...
 
@@ -59,7 +62,9 @@ class NullMetrics:
     def set_paused_sessions(self, count: int) -> None:
         pass
 
-    def observe_chunk(self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int) -> None:
+    def observe_chunk(
+        self, generate_seconds: float, encode_seconds: float, frames: int, nbytes: int, fps: float
+    ) -> None:
         pass
 
     def count_interaction(self, outcome: str) -> None:
@@ -75,8 +80,9 @@ class NullMetrics:
 class GeneratorSession(Protocol):
     """One video stream: owns its time cursor so motion carries across chunks."""
 
-    def generate(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> np.ndarray:
-        """The next `num_frames` frames, uint8 [num_frames, H, W, 3] RGB. `poses`: the camera
+    def generate(self, mix: Conditioning, num_frames: int, poses: Sequence[Pose] | None = None) -> np.ndarray:
+        """The next `num_frames` frames, uint8 [num_frames, H, W, 3] RGB, conditioned on `mix`
+        (a `{prompt: weight}` mix, or a recipe with slerp: `rtvideo.core.conditioning`). `poses`: the camera
         pose of each frame (relative to the session's start pose); None = the start pose."""
         ...
 

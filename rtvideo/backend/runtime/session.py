@@ -18,20 +18,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtvideo.backend.runtime.playback_clock import PlaybackClock
 from rtvideo.backend.runtime.ports import Channel, Metrics
 from rtvideo.backend.runtime.sources import (
     ChunkSource,
     FailedEvent,
     Interaction,
     SourceChunk,
-    event_modalities,
     source_modalities,
 )
-from rtvideo.core import protocol
-from rtvideo.core.chunks import media_metadata, trailer_metadata
+from rtvideo.backend.runtime.tracing import chunk_sent
+from rtvideo.core import server_messages
+from rtvideo.core.chunks import chunk_timing, media_metadata, trailer_metadata
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.event_book import EventBook
-from rtvideo.core.event_types import SUPPORTED_EVENT_FIELDS
 from rtvideo.core.pacing import PacingPolicy, PlayheadPacer, ReportClamp
 from rtvideo.core.protocol import InteractionRequest, PlaybackReport
 from rtvideo.core.session_config import SessionConfig
@@ -48,8 +48,8 @@ PAUSE_POLL_SECONDS = 0.2
 def ended_error(request_id: str | None) -> dict[str, Any]:
     """The answer to a request that arrives after the session ended (or never started)."""
     if request_id is None:
-        return protocol.error(ErrorCode.INVALID_MESSAGE, "this sequence has no running session")
-    return protocol.error(ErrorCode.INVALID_MESSAGE, "the session has ended", request_id=request_id)
+        return server_messages.error(ErrorCode.INVALID_MESSAGE, "this sequence has no running session")
+    return server_messages.error(ErrorCode.INVALID_MESSAGE, "the session has ended", request_id=request_id)
 
 
 class EndReason(enum.Enum):
@@ -86,10 +86,6 @@ class Limits:
     stall_timeout_seconds: float
     #: pace to the player's `session.playback` reports (False: the fixed lead only)
     playback_pacing: bool = True
-
-
-#: while reports pace a session, its pacing wait recomputes the due this often (a report moves it)
-REPACE_SECONDS = 0.05
 
 
 @dataclass
@@ -147,16 +143,19 @@ class Session:
         self._paused_since: float | None = None
         self._unpaused = threading.Event()  # set when a pause is lifted (the pause wait wakes on it)
         self._thread = threading.Thread(target=self._run, name=f"session-{request_id[-8:]}", daemon=True)
-        # pacing to the player's reports (rtvideo/core/pacing.py); None: today's fixed lead only
-        self._pacer = self._new_pacer()
-        self._pacing_lock = threading.Lock()  # the pacer: reports (request path) vs the worker; taken alone
-        self._playback_zero: float | None = None  # when the first chunk went out (the worker's clock)
-        self._held = 0.0  # how much later than the fixed lead's due reports released the last chunk
+        self._clock = PlaybackClock(
+            chunk_seconds=config.frames_per_chunk / config.fps,
+            fps=config.fps,
+            lead_chunks=limits.pacing_lead_chunks if source.pacing else None,
+            pacer=self._new_pacer(),
+            wake=self._wake,
+            touch=self.touch,
+        )
 
     # --- request path -------------------------------------------------------------------
     def start(self) -> None:
         with self._stream_lock:
-            self.channel.send(protocol.video_start(self.request_id, self.config.format, self.config.to_json()))
+            self.channel.send(server_messages.video_start(self.request_id, self.config.format, self.config.to_json()))
         self._thread.start()
 
     def abandon(self) -> None:
@@ -188,8 +187,7 @@ class Session:
         request = request.with_event_id()
         event_id = request.event_id
         assert event_id is not None
-        unsupported = sorted(set(request.event) - SUPPORTED_EVENT_FIELDS)
-        missing = self._missing_modalities(request)
+        refusal = self._refusal(request)
         with self._state_lock:
             if self._ended:
                 reply.send(ended_error(self.request_id), final=True)
@@ -198,11 +196,11 @@ class Session:
                 new = self._book.admit(event_id, request.fingerprint)
             except ProtocolError as exc:
                 self._metrics.count_interaction(exc.code.value)
-                reply.send(protocol.error_from(exc, self.request_id), final=True)
+                reply.send(server_messages.error_from(exc, self.request_id), final=True)
                 log.info("request_id=%s event_id=%s rejected: %s", self.request_id, event_id, exc)
                 return
             try:
-                reply.send(protocol.queued(self.request_id, event_id), final=True)
+                reply.send(server_messages.queued(self.request_id, event_id), final=True)
                 self._book.acked(event_id)
             except Exception:  # noqa: BLE001 - admitted ids must be applied, or a retry would skip them
                 log.warning("request_id=%s event_id=%s ack not delivered", self.request_id, event_id)
@@ -212,48 +210,48 @@ class Session:
                 self._metrics.count_interaction("retry")
                 log.info("request_id=%s event_id=%s retry acked again", self.request_id, event_id)
                 return
-            if not unsupported and not missing:
-                chunks = self.config.transition_chunks(request.transition_chunks)
-                self._admit_to_source(request, event_id, chunks, received)
+            if refusal is None:
+                interaction = Interaction.admitted(
+                    request,
+                    event_id,
+                    prompt_default=self.config.default_transition_chunks,
+                    received_at=received,
+                    interpolation_default=self.config.interpolation,
+                )
+                self._source.admit_event(interaction)  # the one way every source takes events
                 self._metrics.count_interaction("queued")
                 log.info(
                     "request_id=%s event_id=%s queued transition_chunks=%s ack_ms=%.2f",
                     self.request_id,
                     event_id,
-                    chunks,
+                    dict(interaction.chunks),
                     ack_seconds * 1e3,
                 )
                 return
-        if missing and not unsupported:
-            log.info("request_id=%s event_id=%s unsupported modalities %s", self.request_id, event_id, missing)
-            accepted = source_modalities(self._source) or frozenset()
-            self._event_failed(
-                FailedEvent(
-                    event_id,
-                    f"interaction modality {', '.join(map(repr, missing))} is not supported by the active model "
-                    f"(it registers {', '.join(sorted(accepted)) or 'none'}); nothing of this event was applied",
-                )
-            )
-            return
-        log.info("request_id=%s event_id=%s unsupported fields %s", self.request_id, event_id, unsupported)
-        self._event_failed(
-            FailedEvent(
-                event_id,
+        log.info("request_id=%s event_id=%s refused: %s", self.request_id, event_id, refusal)
+        self._event_failed(FailedEvent(event_id, refusal))
+
+    def _refusal(self, request: InteractionRequest) -> str | None:
+        """Why the active model applies nothing of `request` (acked, then `interaction_failed`),
+        or None: an `OmniTextPrompt` field no model applies, a field or interpolation this
+        generator does not take (`config.interactions`: a blend, slerp), a modality its source
+        does not register (none when only its engine knows)."""
+        unsupported = request.unsupported_fields
+        if unsupported:
+            return (
                 f"event field(s) {', '.join(unsupported)} not supported by the active model; "
-                "nothing of this event was applied",
+                "nothing of this event was applied"
             )
-        )
-
-    def _missing_modalities(self, request: InteractionRequest) -> list[str]:
-        """The event's modalities the source does not apply (none when only its engine knows)."""
+        support = self.config.interactions
+        refusal = support.refusal(request) if support is not None else None
         accepted = source_modalities(self._source)
-        if accepted is None:
-            return []
-        return [m for m in event_modalities(request.event) if m not in accepted]
-
-    def _admit_to_source(self, request: InteractionRequest, event_id: str, chunks: int, received: float) -> None:
-        """Hand an acked event to the source, the one way every source takes events."""
-        self._source.admit_event(Interaction.from_request(request, event_id, chunks, received))
+        missing = [] if accepted is None else [kind for kind in request.kinds if kind not in accepted]
+        if refusal is None and missing:
+            return (
+                f"interaction modality {', '.join(map(repr, missing))} is not supported by the active model "
+                f"(it registers {', '.join(sorted(accepted or ())) or 'none'}); nothing of this event was applied"
+            )
+        return refusal
 
     def fail(self, reason: EndReason, message: str) -> None:
         """End the session from any thread with `reason`'s error, then `session.done`."""
@@ -290,8 +288,6 @@ class Session:
     def _generate(self, started: float) -> EndReason | None:
         """Stream chunks until an end; None when another thread ended the session (`fail`)."""
         cfg = self.config
-        chunk_seconds = cfg.frames_per_chunk / cfg.fps
-        playback_zero: float | None = None
         while True:
             if self._ended:
                 return None
@@ -307,18 +303,8 @@ class Session:
                 continue  # the checks above again: a stop or the end may have come meanwhile
             if time.monotonic() - started >= self._limits.max_session_seconds:
                 return EndReason.LIMIT
-            lead = self._limits.pacing_lead_chunks if self._source.pacing else None
-            if playback_zero is not None and lead is not None:
-                due = playback_zero + (self.stats.chunks_sent - lead) * chunk_seconds
-                behind = time.monotonic() - due - self._held  # a report's deliberate hold is no pause
-                if behind > chunk_seconds:
-                    # A pause (a starved CPU, a stopped process) also stalled the client's playback:
-                    # re-base the clock instead of bursting the missed chunks out at once.
-                    playback_zero += behind
-                    due += behind
-                self._playback_zero = playback_zero
-                if not self._wait_paced(due, playback_zero):
-                    continue  # woken by a stop, a cancellation or the end: the checks above say which
+            if not self._clock.wait_turn(self.stats.chunks_sent, self.stats.frames_sent):
+                continue  # woken by a stop, a cancellation or the end: the checks above say which
             frames_wanted = cfg.frames_per_chunk if remaining is None else min(cfg.frames_per_chunk, remaining)
             boundary = time.monotonic()
             item = self._source.next_chunk(frames_wanted)
@@ -329,9 +315,7 @@ class Session:
                 continue
             if not self._send_chunk(item):
                 continue  # ended or cancelled meanwhile
-            self._chunk_timed(time.monotonic() - boundary)
-            if playback_zero is None:
-                playback_zero = self._playback_zero = time.monotonic()
+            self._clock.chunk_sent(time.monotonic() - boundary)
 
     # --- pause (a detached proxy session: docs/triton-model.md "Pausing a session") ----------
     @property
@@ -379,72 +363,21 @@ class Session:
     def playback(self, report: PlaybackReport, received: float | None = None) -> ReportClamp | None:
         """A playhead report from the request path: kept for the pacing (clamped, never an
         error); None when this session does not pace to reports."""
-        pacer = self._pacer
-        if pacer is None:
-            return None
         now = time.monotonic() if received is None else received
-        with self._pacing_lock:
-            clamp = pacer.report(
-                report.position_seconds,
-                now=now,
-                sent_seconds=self.stats.frames_sent / self.config.fps,
-                playback_zero=self._playback_zero,
-            )
-        if clamp is not ReportClamp.NONE:
+        clamp = self._clock.report(report.position_seconds, now, self.stats.frames_sent / self.config.fps)
+        if clamp is not None and clamp is not ReportClamp.NONE:
             log.debug("request_id=%s playback report clamped: %s", self.request_id, clamp.value)
         return clamp
-
-    def _add_playback_lead(self, meta: dict[str, Any], frames: int) -> None:
-        """`playback_lead_seconds` (docs/protocol.md §6): the server's view of the player's
-        buffer once this chunk is out, only while fresh reports pace the session."""
-        if self._pacer is None:
-            return
-        with self._pacing_lock:
-            lead = self._pacer.lead(time.monotonic(), (self.stats.frames_sent + frames) / self.config.fps)
-        if lead is not None:
-            meta["playback_lead_seconds"] = round(lead, 3)
-
-    def _chunk_timed(self, seconds: float) -> None:
-        if self._pacer is not None:
-            with self._pacing_lock:
-                self._pacer.observe_chunk(seconds)
-
-    def _wait_paced(self, fixed_due: float, playback_zero: float) -> bool:
-        """Today's wait until `fixed_due`, unless fresh reports pace the session later
-        (`PlayheadPacer.due`); then the due is recomputed every `REPACE_SECONDS`, so a new
-        report moves it. The hold beyond `fixed_due` is kept (`_held`): the re-base after a
-        pause must not take it for one, else each re-base would let a frozen player's reports
-        hold the stream back by `max_behind_seconds` once more. False when a stop, a
-        cancellation or the end came first."""
-        pacer = self._pacer
-        if pacer is None:
-            return self._wait_until(fixed_due)
-        while True:
-            now = time.monotonic()
-            with self._pacing_lock:
-                reporting = pacer.reporting(now)
-                media_start = self.stats.frames_sent / self.config.fps
-                due = pacer.due(fixed_due, media_start=media_start, playback_zero=playback_zero, now=now)
-            if not reporting or due <= now:
-                self._held = max(0.0, due - fixed_due)
-                return self._wait_until(due)
-            if self._wake.wait(min(due - now, REPACE_SECONDS)):
-                return False
-            self.touch()  # pacing is deliberate waiting, not a stall
-
-    def _wait_until(self, due: float) -> bool:
-        """Sleep until `due`; False when a stop, a cancellation or the end came first."""
-        left = due - time.monotonic()
-        if left > 0 and self._wake.wait(left):
-            return False
-        self.touch()  # pacing is deliberate waiting, not a stall
-        return True
 
     def _send_chunk(self, chunk: SourceChunk) -> bool:
         """Send one chunk and enter its event lists in the book; False once ended or cancelled."""
         plan, media = chunk.plan, chunk.media
         meta = media_metadata(self.request_id, self.stats.chunks_sent, plan, media.frames, len(media.payload))
-        self._add_playback_lead(meta, media.frames)
+        lead = self._clock.lead_seconds((self.stats.frames_sent + media.frames) / self.config.fps)
+        if lead is not None:
+            meta["playback_lead_seconds"] = round(lead, 3)
+        if self.config.metrics:  # asked for in-band timing (docs/protocol.md §6, `timing`)
+            meta["timing"] = chunk_timing(media.frames, self.config.fps, media.generate_seconds, media.encode_seconds)
         with self._stream_lock:
             if self._ended or self._cancelled:
                 return False
@@ -459,7 +392,10 @@ class Session:
             self.stats.chunks_sent += 1
             self.stats.frames_sent += media.frames
         self.touch()
-        self._metrics.observe_chunk(media.generate_seconds, media.encode_seconds, media.frames, len(media.payload))
+        chunk_sent(self.channel, meta, media.generate_seconds + media.encode_seconds)  # a traced session's span
+        self._metrics.observe_chunk(
+            media.generate_seconds, media.encode_seconds, media.frames, len(media.payload), self.config.fps
+        )
         if plan.started or plan.completed or plan.superseded or plan.interrupted:
             log.info(
                 "request_id=%s chunk=%d started=%s completed=%s superseded=%s interrupted=%s",
@@ -485,7 +421,7 @@ class Session:
             self._metrics.count_interaction("interaction_failed")
             log.info("request_id=%s event_id=%s failed: %s", self.request_id, failure.event_id, failure.why)
             self.channel.send(
-                protocol.error(
+                server_messages.error(
                     ErrorCode.INTERACTION_FAILED, failure.why, request_id=self.request_id, event_id=failure.event_id
                 )
             )
@@ -520,7 +456,7 @@ class Session:
             else:
                 try:
                     if reason.error is not None:
-                        self.channel.send(protocol.error(reason.error, message, request_id=self.request_id))
+                        self.channel.send(server_messages.error(reason.error, message, request_id=self.request_id))
                     if trailer:
                         meta = trailer_metadata(self.request_id, self.stats.chunks_sent, len(trailer))
                         self.channel.send(meta, trailer)

@@ -22,16 +22,28 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, cast
 
 import numpy as np
 
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory, GeneratorSession, VideoGenerator
-from rtvideo.core import camera
+from rtvideo.core import camera, conditioning
+from rtvideo.core.conditioning import Conditioning
+from rtvideo.core.interaction import (
+    BLEND,
+    CAMERA,
+    PROMPT,
+    BlendPart,
+    CameraPart,
+    HandlerRegistry,
+    Interaction,
+    Part,
+    PromptPart,
+)
 from rtvideo.core.pose import Pose
-from rtvideo.core.protocol import InteractionRequest
+from rtvideo.core.rebuild import ScriptedEvent
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.transitions import ChunkPlan, TransitionTracker
 
@@ -64,61 +76,8 @@ class FailedEvent:
     why: str
 
 
-@dataclass(frozen=True)
-class Interaction:
-    """An acked event, as every source receives it (`ChunkSource.admit_event`).
-
-    `prompt_chunks` is the prompt part's N, resolved by the session's config; the other
-    modalities resolve `transition_chunks` (as the client sent it, or None) themselves (the
-    camera's default is 1, as vLLM-Omni's). `received_at` (monotonic) places the event in
-    its chunk (`rtvideo.core.camera.frame_offset`); `event` is the event as validated, for an
-    engine that takes it unchanged."""
-
-    event_id: str
-    event: Mapping[str, Any]
-    prompt_chunks: int
-    transition_chunks: int | None
-    received_at: float
-    multi_modal_data: Mapping[str, Any] = field(default_factory=dict)
-    #: the camera part, parsed once with the message (`InteractionRequest.camera`), or None
-    camera: camera.CameraCommand | None = None
-
-    @property
-    def prompt(self) -> str | None:
-        value = self.event.get("prompt")
-        return value if isinstance(value, str) else None
-
-    @classmethod
-    def from_request(
-        cls, request: InteractionRequest, event_id: str, prompt_chunks: int, received_at: float
-    ) -> Interaction:
-        """The acked `session.interaction` as a source receives it (`prompt_chunks`: its prompt's
-        N, resolved by the session's config)."""
-        return cls(
-            event_id=event_id,
-            event=request.event,
-            prompt_chunks=prompt_chunks,
-            transition_chunks=request.transition_chunks,
-            received_at=received_at,
-            multi_modal_data=dict(request.event.get("multi_modal_data") or {}),
-            camera=request.camera,
-        )
-
-    @classmethod
-    def prompt_update(cls, event_id: str, prompt: str, chunks: int, received_at: float = 0.0) -> Interaction:
-        """A prompt-only event with its N resolved (what most callers outside a session admit)."""
-        return cls(event_id, {"prompt": prompt}, chunks, chunks, received_at)
-
-
 #: what a source applies when it does not say (`ChunkSource.modalities`)
 PROMPT_ONLY: frozenset[str] = frozenset({"prompt"})
-
-
-def event_modalities(event: Mapping[str, Any]) -> list[str]:
-    """An event's parts in vLLM-Omni's order (`DiffusionModelRunner.submit_interaction`):
-    the prompt first, then each `multi_modal_data` key."""
-    parts = ["prompt"] if event.get("prompt") is not None else []
-    return parts + [str(modality) for modality in event.get("multi_modal_data") or {}]
 
 
 def source_modalities(source: object) -> frozenset[str] | None:
@@ -193,12 +152,16 @@ class LazyEncoder:
 class Renderer(Protocol):
     """Renders and encodes one session's chunks: a `LocalRenderer`, or a render worker's session."""
 
-    def render(
-        self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None
-    ) -> RenderedChunk: ...
+    def render(self, mix: Conditioning, num_frames: int, poses: Sequence[Pose] | None = None) -> RenderedChunk: ...
 
     def close(self) -> bytes:
         """Free the generator state; the trailer once, then b''."""
+
+
+class SkippingRenderer(Renderer, Protocol):
+    """A renderer that can skip frames without rendering them (a rebuild: `GeneratorChunkSource`)."""
+
+    def skip(self, num_frames: int) -> None: ...
 
 
 class LocalRenderer:
@@ -209,13 +172,17 @@ class LocalRenderer:
         self._encoder = LazyEncoder(open_encoder)
         self._open = True
 
-    def render(self, mix: Mapping[str, float], num_frames: int, poses: Sequence[Pose] | None = None) -> RenderedChunk:
+    def render(self, mix: Conditioning, num_frames: int, poses: Sequence[Pose] | None = None) -> RenderedChunk:
         t0 = time.perf_counter()
         if poses is None:
             frames = self._session.generate(mix, num_frames)
         else:
             frames = self._session.generate(mix, num_frames, poses)
         return self._encoder.encode(frames, time.perf_counter() - t0)
+
+    def skip(self, num_frames: int) -> None:
+        """Move the generator's time cursor over `num_frames` frames it never renders."""
+        self._session.skip(num_frames)  # type: ignore[attr-defined]  # the built-in session's
 
     def close(self) -> bytes:
         if not self._open:
@@ -235,35 +202,101 @@ class GeneratorChunkSource:
     Both interaction kinds of vLLM-Omni 0.30 apply here, alone or in one event; a chunk's event
     lists are the two trackers' merged as vLLM-Omni's `merge_interaction_metadata` merges its
     handlers' (prompt first). Until a camera event arrives the renderer gets no poses (the
-    start pose), so a session without camera events renders exactly as before."""
+    start pose), so a session without camera events renders exactly as before.
+
+    `config.rebuild` (`rtvideo.core.rebuild`): its events are admitted just before their chunk's
+    boundary, camera ones at their recorded frame; the chunks before its `generation_chunk_index`
+    are resolved without rendering (the renderer skips their frames), and the stream starts
+    there. The rebuilt events are history: no list of this stream names them."""
 
     pacing = True  # the generator renders only when asked
-    modalities = frozenset({"prompt", camera.MODALITY})
 
     def __init__(self, renderer: Renderer, config: SessionConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._renderer = renderer
-        self._tracker = TransitionTracker(config.prompt)
+        initial = config.prompt if config.prompts is None else conditioning.blend(config.prompts, config.interpolation)
+        self._tracker = TransitionTracker(initial)
         self._camera = camera.CameraTracker()
         self._camera_used = False
         self._fps = float(config.fps)
         self._clock = clock
         self._lock = threading.Lock()  # admit (request path) vs next_chunk (worker)
+        self._handlers = HandlerRegistry(
+            {PROMPT: self._admit_prompt, BLEND: self._admit_blend, CAMERA: self._admit_camera}
+        )
+        self.modalities = self._handlers.kinds
+        self._config = config
+        rebuild = config.rebuild
+        self._script: dict[int, list[ScriptedEvent]] = {}
+        for event in rebuild.events if rebuild is not None else ():
+            self._script.setdefault(event.chunk, []).append(event)
+        self._history = rebuild.event_ids if rebuild is not None else frozenset()
+        self._skip_to = rebuild.generation_chunk_index if rebuild is not None else 0
+        self._skipped_frames = 0  # frames resolved without rendering, not yet skipped by the renderer
+        self._next_index = 0  # the generation chunk of the next boundary
+        self._forced_frame: int | None = None  # while a scripted camera event is admitted
 
     def admit_event(self, interaction: Interaction) -> None:
-        """Every part of one event (parsed with its message, before its ack)."""
-        command = interaction.camera
+        """Every part of one event (parsed with its message, before its ack), under one lock
+        so a boundary sees all of it or none."""
         with self._lock:
-            if interaction.prompt is not None:
-                self._tracker.admit(interaction.event_id, interaction.prompt, interaction.prompt_chunks)
-            if command is not None:
-                self._camera_used = True
-                self._camera.admit(
-                    interaction.event_id, command, interaction.transition_chunks, interaction.received_at
-                )
+            self._fast_forward()  # a rebuilt state, and its events due next, come before any live event
+            self._handlers.admit(interaction)
+
+    def _admit_due(self) -> None:
+        """The scripted events of the next boundary, in the order received (call holding the lock)."""
+        for event in self._script.pop(self._next_index, ()):
+            interaction = Interaction.admitted(
+                event.request,
+                event.event_id,
+                prompt_default=self._config.default_transition_chunks,
+                received_at=float(self._next_index),
+                interpolation_default=self._config.interpolation,
+            )
+            self._forced_frame = event.frame_offset
+            try:
+                self._handlers.admit(interaction)
+            finally:
+                self._forced_frame = None
+
+    def _fast_forward(self) -> None:
+        """Resolve the chunks before the rebuild's target without rendering (call holding the lock)."""
+        frames = self._config.frames_per_chunk
+        while self._next_index < self._skip_to:
+            self._admit_due()
+            self._tracker.next_chunk()
+            self._camera.next_chunk(frames, self._fps, None)
+            self._next_index += 1
+            self._skipped_frames += frames
+        self._admit_due()
+
+    def _admit_prompt(self, interaction: Interaction, part: Part) -> None:
+        assert isinstance(part, PromptPart)
+        self._tracker.admit(interaction.event_id, part.text, interaction.chunks[PROMPT], interaction.interpolation)
+
+    def _admit_blend(self, interaction: Interaction, part: Part) -> None:
+        """A blend takes the prompt's slot: the same tracker, so either supersedes the other."""
+        assert isinstance(part, BlendPart)
+        method = interaction.interpolation
+        target = conditioning.blend(part.prompts, method)
+        self._tracker.admit(interaction.event_id, target, interaction.chunks[BLEND], method)
+
+    def _admit_camera(self, interaction: Interaction, part: Part) -> None:
+        assert isinstance(part, CameraPart)
+        self._camera_used = True
+        self._camera.admit(
+            interaction.event_id,
+            part.command,
+            interaction.chunks[CAMERA],
+            interaction.received_at,
+            frame=self._forced_frame,
+        )
 
     def next_chunk(self, max_frames: int) -> SourceChunk:
         with self._lock:
+            self._fast_forward()
+            skipped, self._skipped_frames = self._skipped_frames, 0
             plan = self._tracker.next_chunk()
+            self._next_index += 1
             # every boundary, as vLLM-Omni applies its (non-lazy) camera handler from chunk 0:
             # an event's frame is its receipt time since the previous boundary
             shot = self._camera.next_chunk(max_frames, self._fps, self._clock())
@@ -271,6 +304,10 @@ class GeneratorChunkSource:
             if self._camera_used:
                 poses = shot.poses
                 plan = merge_camera(plan, shot)
+            if self._history:
+                plan = without_events(plan, self._history)
+        if skipped:
+            cast(SkippingRenderer, self._renderer).skip(skipped)
         return SourceChunk(plan, self._renderer.render(plan.mix, max_frames, poses))
 
     def interrupt(self) -> None:
@@ -292,11 +329,34 @@ def merge_camera(plan: ChunkPlan, shot: camera.CameraChunk) -> ChunkPlan:
         active=camera.merge_ids(plan.active, shot.active),
         completed=camera.merge_ids(plan.completed, shot.completed),
         progress=progress,
+        frame_offsets={**plan.frame_offsets, **shot.frame_offsets},
+    )
+
+
+def without_events(plan: ChunkPlan, history: frozenset[str]) -> ChunkPlan:
+    """A plan whose lists leave out a rebuild's events: they are history, never acked on this
+    stream (its mix, the render, keeps their effect)."""
+
+    def keep(ids: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(event_id for event_id in ids if event_id not in history)
+
+    return replace(
+        plan,
+        started=keep(plan.started),
+        active=keep(plan.active),
+        completed=keep(plan.completed),
+        superseded=keep(plan.superseded),
+        interrupted=keep(plan.interrupted),
+        progress={k: v for k, v in plan.progress.items() if k not in history},
+        frame_offsets={k: v for k, v in plan.frame_offsets.items() if k not in history},
     )
 
 
 class GeneratorSources:
     """`ChunkSourceFactory` over a `VideoGenerator` in this process (the built-in one, or a test's stand-in)."""
+
+    #: its sources take a start's `rebuild` (docs/triton-model.md "Rebuilding a session")
+    rebuilds = True
 
     def __init__(self, generator: VideoGenerator, encoder_factory: EncoderFactory) -> None:
         self.generator = generator

@@ -15,8 +15,8 @@ Hosted the way Triton's `vllm_backend` hosts vLLM:
   loop and frees the GPU.
 
 Transitions belong to the engine in this mode: each acked interaction is forwarded with
-`submit_interaction_async`, held until the engine produced its first output (it refuses
-them before), and its per-chunk stream metadata is translated into our chunk metadata by
+`submit_interaction_async` as soon as the engine can take it (`_Request`), and its per-chunk
+stream metadata is translated into our chunk metadata by
 `rtvideo.core.stream_translation.EngineStreamTranslator`.
 
 The engine class is a parameter (`vllm_omni_engine`, `module:callable`): the real
@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt
+from rtvideo.backend.vllm_omni.model_rules import STEP_MODE_DEFAULT_STEPS, FirstFrameAt
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue, output_bytes
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.process import interpreter
@@ -62,7 +62,11 @@ class EngineError(RuntimeError):
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
-    """`module:callable` or `path/to/file.py:callable` → the callable (the engine class)."""
+    """`module:callable` or `path/to/file.py:callable` → the callable (the engine class).
+
+    Imports the engine's module in UTF-8 text mode (`interpreter.utf8_text`): inside Triton's
+    stub vLLM's import fails otherwise."""
+    interpreter.utf8_text()
     module_name, _, attr = spec.rpartition(":")
     if not module_name or not attr:
         raise ValueError(f"engine factory {spec!r}: use module:callable")
@@ -139,6 +143,57 @@ def apply_lora(params: Any, lora: Mapping[str, Any]) -> None:
         params.lora_scale = scale
 
 
+#: `vllm_omni.diffusion.data`: the key and value of the `custom_output` of the output a request
+#: with `emit_request_lifecycle` yields when the scheduler admits it (no frames)
+LIFECYCLE_KEY = "_diffusion_request_lifecycle"
+LIFECYCLE_STARTED = "started"
+
+
+def is_start_notice(output: Any) -> bool:
+    """The engine's notice that it admitted the request (`is_diffusion_request_started_output`)."""
+    custom = getattr(output, "custom_output", None)
+    return isinstance(custom, dict) and custom.get(LIFECYCLE_KEY) == LIFECYCLE_STARTED
+
+
+def ask_for_start_notice(engine_params: Any) -> bool:
+    """Ask the engine to say when it admits the request (`emit_request_lifecycle`, as vLLM-Omni's
+    own video endpoint does); False for params without that field (then the first output is the
+    first sign)."""
+    if not hasattr(engine_params, "emit_request_lifecycle"):
+        return False
+    engine_params.emit_request_lifecycle = True
+    return True
+
+
+class _Request:
+    """One live engine request on the loop.
+
+    vLLM-Omni refuses an interaction the worker cannot apply yet, and a refusal aborts the request
+    (`generate()` raises it): the runner has no state for a request the scheduler has not admitted
+    ("No active request state"), and a prompt update needs the prompt encoded by the request's
+    first step (`prepare_encode`). The engine's busy loop runs an interaction between scheduler
+    steps, after the step that admitted the request and ran `prepare_encode`; the start notice is
+    put out just before that step, so whatever is submitted once it has arrived is taken. Without
+    a notice the first output is the sign.
+
+    Invariants: `order` is held by at most one interaction at a time, in the order they were
+    submitted (asyncio locks are FIFO), and by it across `ready.wait()` and the engine call, so
+    interactions reach the engine in submission order; `ready` is set once the engine can take
+    interactions or the request is over (`over`), so no waiter sleeps past either; nothing is
+    submitted once `over` is set.
+    """
+
+    def __init__(self) -> None:
+        self.order = asyncio.Lock()
+        self.ready = asyncio.Event()
+        self.over = False  # ended by us, or its stream finished or failed
+        self.task: asyncio.Task | None = None
+
+    def finish(self) -> None:
+        self.over = True
+        self.ready.set()
+
+
 def _report_dead(callback: Callable[[str], None], reason: str) -> None:
     """The callback ends sessions (Triton sends): on a thread of its own, never on the loop."""
     threading.Thread(target=callback, args=(reason,), name="engine-dead", daemon=True).start()
@@ -168,10 +223,9 @@ class EngineHost:
         self._engine: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
-        self._tasks: dict[str, asyncio.Task] = {}  # request id -> its streaming task
-        # request id -> keeps its interactions in order; made by `_start`, removed by `_end`, so
-        # a live request has exactly one and an ended one none (an interaction then fails)
-        self._order: dict[str, asyncio.Lock] = {}
+        # request id -> its state; made by `_start`, removed by `_end`, so a live request has
+        # exactly one and an ended one none (an interaction then fails)
+        self._requests: dict[str, _Request] = {}
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self.dead: str | None = None
@@ -198,7 +252,7 @@ class EngineHost:
         health = asyncio.create_task(self._watch_health())
         await self._stopping.wait()
         health.cancel()
-        for request_id in list(self._tasks):
+        for request_id in list(self._requests):
             await self._end(request_id)
         try:
             self._engine.shutdown()
@@ -231,14 +285,19 @@ class EngineHost:
         preset: Mapping[str, Any],
         sink: OutputQueue,
         image_at: FirstFrameAt,
+        request: _Request,
     ) -> None:
         try:
             params = self._sampling_params(config, num_frames, preset)
             if config.reference_image is not None and image_at is FirstFrameAt.EXTRA_ARGS:
                 params.extra_args = {**params.extra_args, "image": extra_args_image(config.reference_image)}
+            ask_for_start_notice(params)
             prompt = engine_prompt(prompt, config, image_at)
             outputs = self._engine.generate(prompt=dict(prompt), request_id=request_id, sampling_params_list=[params])
             async for output in outputs:
+                request.ready.set()  # admitted (the notice) or past its first step (an output)
+                if is_start_notice(output):
+                    continue  # carries no frames
                 sink.put("output", output, time.monotonic(), output_bytes(output))
                 await sink.wait_for_room()  # a session behind holds its own request back, not the loop
             sink.put("end", None, time.monotonic())
@@ -246,6 +305,8 @@ class EngineHost:
             raise
         except BaseException as exc:  # noqa: BLE001 - the session reports it
             sink.put("error", exc, time.monotonic())
+        finally:
+            request.finish()  # the engine has no such request any more: waiting interactions fail
 
     def _sampling_params(self, config: SessionConfig, num_frames: int, preset: Mapping[str, Any]) -> Any:
         """The engine's own default diffusion params, with this session's values set as vLLM-Omni's
@@ -263,6 +324,8 @@ class EngineHost:
         sampling = config.sampling
         if sampling.get("num_inference_steps") is not None:
             params.num_inference_steps = sampling["num_inference_steps"]
+        if params.num_inference_steps is None:  # the step scheduler refuses a request without a count
+            params.num_inference_steps = STEP_MODE_DEFAULT_STEPS
         if sampling.get("guidance_scale") is not None:  # the engine marks it provided (request.py)
             params.guidance_scale = sampling["guidance_scale"]
         if sampling.get("guidance_scale_2") is not None:
@@ -281,19 +344,25 @@ class EngineHost:
         return params
 
     async def _interact(self, request_id: str, interaction: Mapping[str, Any]) -> None:
-        order = self._order.get(request_id)
-        if order is None:  # ended (or never started): a new lock would order nothing and never go
+        request = self._requests.get(request_id)
+        if request is None or request.over:  # ended (or never started): nothing to order it after
             raise EngineError(f"request {request_id} is not running")
-        async with order:
+        async with request.order:
+            await request.ready.wait()
+            # checked after every wait: the request may have ended while this one queued behind
+            # another interaction or waited for the engine to take interactions
+            if request.over:
+                raise EngineError(f"request {request_id} ended before the interaction reached the engine")
             await self._engine.submit_interaction_async(request_id, interaction=dict(interaction))
 
     async def _end(self, request_id: str) -> None:
         """Stop consuming a request's outputs and abort it in the engine unless it finished."""
-        self._order.pop(request_id, None)
-        task = self._tasks.pop(request_id, None)
-        if task is None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
             return
-        if not task.done():
+        request.finish()
+        task = request.task
+        if task is not None and not task.done():
             task.cancel()
             try:
                 await asyncio.wait_for(self._engine.abort(request_id), _ABORT_TIMEOUT)
@@ -310,9 +379,10 @@ class EngineHost:
         sink: OutputQueue,
         image_at: FirstFrameAt,
     ) -> None:
-        self._order[request_id] = asyncio.Lock()
-        self._tasks[request_id] = asyncio.get_running_loop().create_task(
-            self._stream(request_id, prompt, config, num_frames, preset, sink, image_at)
+        request = _Request()
+        self._requests[request_id] = request
+        request.task = asyncio.get_running_loop().create_task(
+            self._stream(request_id, prompt, config, num_frames, preset, sink, image_at, request)
         )
 
     # --- any thread ---------------------------------------------------------------------
@@ -350,7 +420,8 @@ class EngineHost:
         self._submit(start()).result(_ABORT_TIMEOUT)
 
     def interact(self, request_id: str, interaction: Mapping[str, Any]) -> concurrent.futures.Future[Any]:
-        """Forward one interaction; the future fails when the engine refuses it."""
+        """Forward one interaction, after those forwarded before it, as soon as the engine can
+        take it; the future fails when the engine refuses it or the request ends first."""
         return self._submit(self._interact(request_id, interaction))
 
     def end_request(self, request_id: str) -> None:

@@ -18,10 +18,13 @@ engine can detect ends the session.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from rtvideo.core.interaction import kinds_of
 
 #: `vllm_omni.diffusion.interaction.registry.STRUCTURED_HANDLER_REGISTRY` of the pinned wheel:
 #: pipeline class -> the interaction modalities it has a handler for (a unit test compares it)
@@ -64,25 +67,52 @@ def pipeline_class(model: str, engine_args: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def deploy_config_class(path: Any) -> str | None:
-    """`model_class_name` of the first stage that names one in a vLLM-Omni deploy YAML, or None
-    (no path, an unreadable file, or no such key). A malformed file is the engine's to report."""
+def _deploy_stages(path: Any) -> tuple[dict[str, Any], ...]:
+    """The stages of a vLLM-Omni deploy YAML; () for no path, an unreadable file or no stages
+    (a malformed file is the engine's to report). Read once per version of the file: the
+    model's settings ask for it several times at load."""
     if not isinstance(path, str) or not path:
-        return None
+        return ()
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return ()
+    return _read_stages(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_stages(path: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], ...]:
+    """`_deploy_stages` of one version of the file (its modification time and size are the key;
+    callers only read what it returns)."""
     try:
         import yaml  # vllm-omni's own dependency: present wherever its deploy configs are read
     except ImportError:
-        return None
+        return ()
     try:
         config = yaml.safe_load(Path(path).read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
+        return ()
     stages = config.get("stages") if isinstance(config, dict) else None
-    for stage in stages if isinstance(stages, list) else ():
-        name = stage.get("model_class_name") if isinstance(stage, dict) else None
+    return tuple(s for s in stages if isinstance(s, dict)) if isinstance(stages, list) else ()
+
+
+def deploy_config_class(path: Any) -> str | None:
+    """`model_class_name` of the first stage that names one in a vLLM-Omni deploy YAML, or None."""
+    for stage in _deploy_stages(path):
+        name = stage.get("model_class_name")
         if isinstance(name, str) and name:
             return name
     return None
+
+
+def deploy_model_config(path: Any) -> dict[str, Any]:
+    """`model_config` of the first stage that has one in a vLLM-Omni deploy YAML, or {}: what the
+    pipeline reads at load (LingBot-World sizes its AR cache from it)."""
+    for stage in _deploy_stages(path):
+        config = stage.get("model_config")
+        if isinstance(config, dict):
+            return config
+    return {}
 
 
 def modalities(pipeline: str | None) -> frozenset[str] | None:
@@ -101,7 +131,7 @@ def refusal(event: Mapping[str, Any], transition_chunks: int | None, pipeline: s
         return "transition_chunks must be >= 0"
     accepted = modalities(pipeline)
     if accepted is not None:
-        parts = (["prompt"] if prompt is not None else []) + list(event.get("multi_modal_data") or {})
+        parts = kinds_of(event)
         if not parts:
             return "interaction event requires prompt and/or multi_modal_data"
         for modality in parts:

@@ -10,32 +10,46 @@ Where each value comes from (vllm-omni 0.30.0; tests/unit/backend/test_vllm_omni
 reads every one of them in the wheel):
 
 - Helios (`diffusion/models/helios/pipeline_helios.py`): sides are floored to a multiple of 16
-  (`// 16) * 16`), and stage 2 halves the latent `pyramid_num_stages - 1` times before the
-  transformer's 2x2 patches, so the distilled preset (3 stages) needs sides on a 64 grid;
-  a chunk is `(num_latent_frames_per_chunk - 1) * 4 + 1` = 33 frames and a request runs whole
-  chunks (`ceil(num_frames / 33)`); the first frame is read from `extra_args["image"]`.
+  (`// 16) * 16`), and stage 2 (`is_enable_stage2`, off by default) halves the latent
+  `pyramid_num_stages - 1` times (3 by default) before the transformer's 2x2 patches, so the
+  grid is the request's pyramid's (`pyramid_grid`): 64 for the distilled preset, 16 without
+  stage 2; stage 2 runs `pyramid_num_inference_steps_list[stage]` steps per stage and counts
+  the whole list, so it needs one count per stage; a chunk is
+  `(num_latent_frames_per_chunk - 1) * 4 + 1` = 33 frames and a request runs whole chunks
+  (`ceil(num_frames / 33)`); the first frame is read from `extra_args["image"]`.
 - LingBot-World (`diffusion/models/lingbot_world/pipeline.py`, `LingBotWorldCausalDMDPipeline`):
   the AR-Diffusion cache is built at load for `ar_diffusion_width` x `ar_diffusion_height`
   (832 x 480; the wheel's `deploy/lingbot_world_v2_stepwise.yaml` says a client must ask for
   that size), exactly 4 steps (`LINGBOT_DMD_TIMESTEPS`), `(num_frames - 1) % 4 == 0` and a
   whole number of 3-frame latent blocks (so num_frames % 12 == 9), and one image in
-  `multi_modal_data.image` on every request.
+  `multi_modal_data.image` on every request; a chunk is one block, 9 frames first (the
+  opening latent decodes to one frame) and 12 after (`_chunk_media_frame_count`).
 - Interaction kinds: `diffusion/interaction/registry.py` (`STRUCTURED_HANDLER_REGISTRY`).
 - fps is not read by either pipeline (any positive value passes); the cap is the rate each
   model was trained at, above which the viewer gets stretched motion.
+
+The API, for code that needs a model's rules (the model, the stand-in engine, scripts):
+`find(model, pipeline_class)` gives the table entry (`MODELS` lists them); on an entry,
+`size_problem(w, h)`, `fps_problem(fps)` and `start_problem(start)` give the sentence a
+refused start gets (None when allowed); `request_problem(...)` what the pipeline itself
+refuses of an engine request; `valid_frames(n)`, `request_frames(wanted, cap)` and
+`frame_cap(w, h, cap)` the frame-count rule; `chunk_frames(n)` the chunks a request yields;
+`for_deployment(extra, (w, h))` the entry as a deployment's `extra_params` and default size
+make it; `describe()` what a client is told.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rtvideo.core.protocol import StartRequest
 from rtvideo.core.session_config import GeneratorLimits
+from rtvideo.core.start_request import StartRequest
 
 #: float32 RGB: what a step-mode pipeline keeps on the GPU per decoded frame
 FLOAT32_RGB_BYTES = 3 * 4
@@ -74,6 +88,8 @@ class ModelRules(GeneratorLimits):
     default_size: tuple[int, int] = (640, 384)
     default_fps: int = 16
     frames_per_chunk: int = 33
+    #: the first chunk's frames when it differs (LingBot-World: its opening latent decodes to one frame)
+    first_chunk_frames: int | None = None
     frame_modulus: int = 1
     frame_remainder: int = 0
     #: the only step count the pipeline runs (None: any)
@@ -82,6 +98,11 @@ class ModelRules(GeneratorLimits):
     #: where the pipeline reads the first frame (the engine adapter puts it there)
     first_frame_at: FirstFrameAt = FirstFrameAt.PROMPT
     interactions: frozenset[str] = frozenset()
+    #: the grid follows the pyramid a request runs (`pyramid_grid`, Helios), else `grid` is fixed
+    pyramid: bool = False
+    #: the deploy config's `model_config` keys (width, height) the one size comes from
+    #: (`for_model_config`; LingBot-World sizes its AR cache from them at load)
+    size_keys: tuple[str, str] | None = None
     #: the real-time preset: sampling fields and `extra_params` (the engine's `extra_args`)
     preset: Mapping[str, Any] = field(default_factory=dict)
     #: the longest time to the first chunk a deployment of this model passes its GPU check with
@@ -132,7 +153,68 @@ class ModelRules(GeneratorLimits):
             steps = self.preset.get("num_inference_steps")
         if self.steps is not None and steps is not None and steps != self.steps:
             return f"{self.name} runs exactly {self.steps} inference steps, not {steps}"
+        if self.pyramid and start.extra_params:  # the start changes the pyramid its size must fit
+            extra = {**self.preset.get("extra_params", {}), **start.extra_params}
+            problem = pyramid_problem(self.name, extra)
+            if problem is None:
+                width, height = start.width or self.default_size[0], start.height or self.default_size[1]
+                problem = self.for_deployment(extra).size_problem(width, height)
+            return problem
         return None
+
+    def request_problem(
+        self, width: int, height: int, num_frames: int, steps: int | None, extra: Mapping[str, Any], image: bool
+    ) -> str | None:
+        """What the pipeline refuses of an engine request (its `sampling_params` and whether it
+        carries a first frame), in our words; None when the pipeline runs it. The stand-in
+        engine refuses by this, as the pipeline would inside the engine."""
+        problem = pyramid_problem(self.name, extra) if self.pyramid else None
+        rules = self.for_deployment(extra) if problem is None else self
+        problem = problem or rules.size_problem(width, height)
+        if problem is None and not self.valid_frames(num_frames):
+            problem = f"{self.name}: num_frames {num_frames} is not a count it runs ({self.frames_rule()})"
+        if problem is None and self.steps is not None and steps is not None and steps != self.steps:
+            problem = f"{self.name} runs exactly {self.steps} inference steps, not {steps}"
+        if problem is None and self.first_frame is FirstFrame.REQUIRED and not image:
+            problem = f"image_reference is required by {self.name} (its first frame)"
+        return problem
+
+    def chunk_frames(self, num_frames: int) -> list[int]:
+        """The frames of each chunk the pipeline yields for a request of `num_frames` (a count it
+        runs): whole chunks, the first `first_chunk_frames` long where that is set."""
+        first = self.first_chunk_frames or self.frames_per_chunk
+        rest = math.ceil(max(0, num_frames - first) / self.frames_per_chunk)
+        return [first] + [self.frames_per_chunk] * rest
+
+    def frames_rule(self) -> str:
+        if self.frame_modulus == 1:
+            return f"any, in whole {self.frames_per_chunk}-frame chunks"
+        return f"n % {self.frame_modulus} == {self.frame_remainder}"
+
+    def for_deployment(self, extra: Mapping[str, Any], size: tuple[int, int] | None = None) -> ModelRules:
+        """These rules as a deployment (or a request) runs them: the grid of the pyramid its
+        `extra` (the engine's `extra_args`) runs, `extra` as the preset's, and its default `size`
+        as the example a refusal gives."""
+        if not self.pyramid:
+            return self
+        preset = {**self.preset, "extra_params": dict(extra)}
+        return dataclasses.replace(
+            self, grid=pyramid_grid(extra), preset=preset, default_size=size or self.default_size
+        )
+
+    def for_model_config(self, model_config: Mapping[str, Any]) -> ModelRules:
+        """These rules with the one size a deploy config's `model_config` sets (`size_keys`)."""
+        if self.size_keys is None:
+            return self
+        width, height = (model_config.get(key) for key in self.size_keys)
+        if (
+            not (isinstance(width, int) and isinstance(height, int))
+            or isinstance(width, bool)
+            or isinstance(height, bool)
+        ):
+            return self  # absent (the pipeline's defaults, as in the table) or malformed (the engine's to report)
+        size = (width, height)
+        return dataclasses.replace(self, exact_sizes=(size,), default_size=size, min_side=min(size), max_side=max(size))
 
     def frame_cap(self, width: int, height: int, cap: int) -> int:
         return min(self.largest_frames(cap), self.memory_cap(width, height))
@@ -185,6 +267,55 @@ class ModelRules(GeneratorLimits):
         return preset
 
 
+#: Helios' pipeline defaults for stage 2 (`pipeline_helios.py` `prepare_encode`): off, 3 stages
+HELIOS_STAGE2_DEFAULT = False
+HELIOS_STAGES_DEFAULT = 3
+#: a Helios side stays whole through the VAE (8) and the transformer's 2x2 patches
+HELIOS_BASE_GRID = 16
+#: the stages Helios' scheduler has timesteps for (`scheduling_helios.py`, `stages: int = 3`, as
+#: the checkpoints' scheduler configs keep it): stage 2 cannot run more
+HELIOS_SCHEDULER_STAGES = 3
+
+
+def _stages(extra: Mapping[str, Any]) -> int | None:
+    stages = extra.get("pyramid_num_stages", HELIOS_STAGES_DEFAULT)
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        return None
+    return stages
+
+
+def pyramid_grid(extra: Mapping[str, Any]) -> int:
+    """The side multiple a Helios request needs with `extra` (its `extra_args`): 16, doubled for
+    each halving stage 2 makes before the 2x2 patches (`pyramid_num_stages - 1`)."""
+    if not extra.get("is_enable_stage2", HELIOS_STAGE2_DEFAULT):
+        return HELIOS_BASE_GRID
+    return HELIOS_BASE_GRID * 2 ** ((_stages(extra) or 1) - 1)
+
+
+def pyramid_problem(name: str, extra: Mapping[str, Any]) -> str | None:
+    """Why Helios' stage 2 cannot run `extra`: a stage count outside its scheduler's, or a step
+    list without one count per stage (it indexes the list by stage and counts all of it)."""
+    if not extra.get("is_enable_stage2", HELIOS_STAGE2_DEFAULT):
+        return None
+    stages = _stages(extra)
+    if stages is None or stages > HELIOS_SCHEDULER_STAGES:
+        return (
+            f"{name}: pyramid_num_stages must be 1 to {HELIOS_SCHEDULER_STAGES} (its scheduler's stages), "
+            f"not {extra.get('pyramid_num_stages')!r}"
+        )
+    steps = extra.get("pyramid_num_inference_steps_list", [10] * HELIOS_STAGES_DEFAULT)
+    if not isinstance(steps, list) or len(steps) != stages:
+        return f"{name}: pyramid_num_inference_steps_list needs one step count per stage ({stages}), not {steps!r}"
+    return None
+
+
+#: the step count a request gets when neither the start, the model's preset nor the engine's
+#: defaults give one: streaming runs the step scheduler, which asserts a count
+#: (`sched/step_scheduler.py` `_get_total_steps`); the Helios pipelines' own fallback
+#: (`extra.get("num_inference_steps", 50)`). Helios-Distilled's pyramid list sets its real steps.
+STEP_MODE_DEFAULT_STEPS = 50
+
+
 #: Helios-Distilled's real-time preset, as vLLM-Omni's streaming example runs it
 HELIOS_DISTILLED_PRESET: dict[str, Any] = {
     "guidance_scale": 1.0,
@@ -203,7 +334,8 @@ HELIOS_DISTILLED = ModelRules(
     min_side=128,
     max_side=1280,
     max_fps=24,
-    grid=16 * 2 ** (HELIOS_DISTILLED_PRESET["extra_params"]["pyramid_num_stages"] - 1),
+    grid=pyramid_grid(HELIOS_DISTILLED_PRESET["extra_params"]),
+    pyramid=True,
     default_size=(640, 384),
     frames_per_chunk=33,
     first_frame_at=FirstFrameAt.EXTRA_ARGS,
@@ -220,7 +352,8 @@ HELIOS = ModelRules(
     min_side=128,
     max_side=1280,
     max_fps=24,
-    grid=16,
+    grid=pyramid_grid({}),
+    pyramid=True,
     default_size=(640, 384),
     frames_per_chunk=33,
     first_frame_at=FirstFrameAt.EXTRA_ARGS,
@@ -239,7 +372,9 @@ LINGBOT_WORLD = ModelRules(
     max_fps=16,
     exact_sizes=((832, 480),),
     default_size=(832, 480),
+    size_keys=("ar_diffusion_width", "ar_diffusion_height"),
     frames_per_chunk=12,
+    first_chunk_frames=9,
     frame_modulus=12,
     frame_remainder=9,
     steps=4,

@@ -26,6 +26,7 @@ from rtvideo.backend.vllm_omni.interaction_rules import modalities, refusal
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OutputQueue
 from rtvideo.core.camera import CameraMode, chunk_lists, merge_ids
+from rtvideo.core.interaction import PROMPT
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import ACTIVE, COMPLETED, STARTED, EngineStreamTranslator
 from rtvideo.core.transitions import ChunkPlan
@@ -57,11 +58,10 @@ class EngineChunkSource:
         self._config = config
         self._request_id = request_id
         self._translator = EngineStreamTranslator()
-        self._waiting: dict[str, tuple[Mapping[str, Any], int | None]] = {}  # held event -> (event, N)
+        self._waiting: dict[str, Interaction] = {}  # acked, being forwarded (under `_lock`)
         # events without a prompt (camera only): the engine's own lists, passed through (`_camera_plan`)
         self._passthrough: dict[str, _PassThrough] = {}
         self._running: tuple[str, ...] = ()  # pass-through events running at the last chunk's end
-        self._first_output = False
         self._closed = False
         self._lock = threading.Lock()  # translator + forwarding (request path vs worker)
         self._queue = OutputQueue(output_queue_bytes)
@@ -81,43 +81,36 @@ class EngineChunkSource:
         event is forwarded and the engine decides."""
         return modalities(self._pipeline)
 
-    def _admit_prompt(self, event_id: str, prompt: str, transition_chunks: int) -> None:
-        with self._lock:
-            self._translator.admit(event_id, transition_chunks)
-            self._waiting[event_id] = ({"prompt": prompt}, transition_chunks)
-            if self._first_output:  # before it, the engine refuses interactions: hold them
-                self._forward(event_id)
-
     def admit_event(self, interaction: Interaction) -> None:
-        """Any event, forwarded unchanged (`multi_modal_data` as sent). One with a prompt is
+        """Any event, forwarded as sent (`multi_modal_data` unchanged). One with a prompt is
         translated as a prompt update (its N resolved); one without (a camera command) keeps
-        the engine's own lists and its `transition_chunks` as sent (the engine's default when
-        absent)."""
-        if interaction.prompt is not None and not interaction.multi_modal_data:
-            self._admit_prompt(interaction.event_id, interaction.prompt, interaction.prompt_chunks)
-            return
+        the engine's own lists."""
         event_id = interaction.event_id
         with self._lock:
             if interaction.prompt is not None:
                 self._translator.admit(event_id, interaction.prompt_chunks)
-                self._waiting[event_id] = (dict(interaction.event), interaction.prompt_chunks)
             else:
-                held = interaction.camera is not None and interaction.camera.mode is CameraMode.VELOCITY
-                self._passthrough[event_id] = _PassThrough(held, interaction.transition_chunks)
-                self._waiting[event_id] = (dict(interaction.event), interaction.transition_chunks)
-            if self._first_output:
-                self._forward(event_id)
+                command = interaction.camera
+                held = command is not None and command.mode is CameraMode.VELOCITY
+                self._passthrough[event_id] = _PassThrough(held, interaction.chunks[interaction.kinds[0]])
+            self._waiting[event_id] = interaction
+            # at once: the host holds it, in order, until the engine can take interactions
+            self._forward(event_id)
 
     def _forward(self, event_id: str) -> None:
         """Hand one held event to the engine (under the lock, so forwards keep admission order)."""
-        event, n = self._waiting.pop(event_id)
+        held = self._waiting.pop(event_id)
         if event_id not in self._passthrough:
             self._translator.forwarded(event_id)
-        prompt = event.get("prompt")
+        event = held.event
+        # with a prompt, its N as resolved here (the session's default, not the engine's); without
+        # one, as sent: absent, the engine applies its handler's default
+        n = held.prompt_chunks if PROMPT in held.chunks else held.transition_chunks
+        prompt = held.prompt
         interaction: dict[str, Any]
-        if set(event) == {"prompt"}:  # a prompt update: the shape every engine takes
+        if held.kinds == (PROMPT,):  # a prompt update: the shape every engine takes
             interaction = {"event_id": event_id, "event": {"prompt": prompt}, "transition_chunks": n}
-        else:  # the event unchanged; `transition_chunks` only when given (else the engine's default)
+        else:  # the event unchanged
             interaction = {"event_id": event_id, "event": dict(event)}
             if n is not None:
                 interaction["transition_chunks"] = n
@@ -183,10 +176,6 @@ class EngineChunkSource:
             for event_id in (*plan.started, *plan.superseded):
                 if event_id in self._unstarted:
                     self._unstarted.remove(event_id)
-            if not self._first_output:
-                self._first_output = True
-                for event_id in list(self._waiting):  # admission order, as the translator holds them
-                    self._forward(event_id)
         if self._frames_left is not None:
             frames = frames[: self._frames_left]
             self._frames_left -= len(frames)
@@ -239,9 +228,9 @@ class _PassThrough:
     """An event the engine reports by itself (a camera command): how far along it is, for
     `transition_progress` (a held velocity: 1.0; a target: its chunks active over its N)."""
 
-    def __init__(self, held: bool, transition_chunks: int | None) -> None:
+    def __init__(self, held: bool, chunks: int) -> None:
         self.held = held
-        self.chunks = 1 if transition_chunks is None else transition_chunks  # the camera handler's default
+        self.chunks = chunks  # resolved (`rtvideo.core.interaction.resolve_chunks`)
         self.elapsed = 0
 
     def step(self) -> float:

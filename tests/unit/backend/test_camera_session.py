@@ -18,8 +18,9 @@ from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorChunkSource, Interaction, RenderedChunk
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.pose import IDENTITY, Pose
-from rtvideo.core.protocol import InteractionRequest, parse_message, parse_start
+from rtvideo.core.protocol import InteractionRequest, parse_message
 from rtvideo.core.session_config import resolve_session_config
+from rtvideo.core.start_request import parse_start
 from tests.support.recorder import Recorder
 from tests.support.runtime_standins import SECRET
 

@@ -158,21 +158,27 @@ def _model_module(monkeypatch: pytest.MonkeyPatch) -> Any:
     class _Metric:
         def __init__(self, family: str, labels: dict) -> None:
             self.family, self.labels, self.value = family, labels, None
+            self.observed: list[float] = []
+            self.buckets: list | None = None
 
         def set(self, value: float) -> None:
             self.value = value
 
         def increment(self, value: float) -> None: ...
 
+        def observe(self, value: float) -> None:
+            self.observed.append(value)
+
     class _Family:
-        GAUGE, COUNTER = "gauge", "counter"
+        GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
 
         def __init__(self, name: str, doc: str, kind: str) -> None:
             self.name = name
             self.metrics: list[_Metric] = []
 
-        def Metric(self, labels: dict) -> _Metric:
+        def Metric(self, labels: dict, buckets: list | None = None) -> _Metric:
             self.metrics.append(_Metric(self.name, labels))
+            self.metrics[-1].buckets = buckets
             return self.metrics[-1]
 
     fake = types.ModuleType("triton_python_backend_utils")
@@ -202,6 +208,28 @@ def test_the_flush_beats_only_while_the_request_path_moves(monkeypatch: pytest.M
         publisher.alive = lambda: True
         publisher.flush()
         assert heartbeat.value > last
+    finally:
+        publisher.close()
+
+
+def test_the_flush_observes_each_chunk_in_the_histograms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-chunk times and the realtime factor go to Triton histograms, one observation per chunk."""
+    from rtvideo.backend.runtime import metrics
+
+    module = _model_module(monkeypatch)
+    buffered = BufferedMetrics()
+    publisher = module.TritonMetricsPublisher("realtime_video", buffered, interval=60.0)
+    try:
+        buffered.observe_chunk(0.5, 0.25, 9, 1000, 16)  # 9/16 s of video in 0.75 s: 0.75
+        buffered.observe_chunk(0.1, 0.0, 16, 1000, 16)  # 1 s in 0.1 s: 10
+        publisher.flush()
+        factor = publisher._observers[metrics.REALTIME_FACTOR]
+        assert factor.observed == pytest.approx([0.75, 10.0])
+        assert factor.buckets == list(metrics.FACTOR_BUCKETS)
+        assert publisher._observers[metrics.GENERATE_DURATION].observed == [0.5, 0.1]
+        assert publisher._observers[metrics.ENCODE_DURATION].observed == [0.25, 0.0]
+        publisher.flush()  # drained: nothing twice
+        assert len(factor.observed) == 2
     finally:
         publisher.close()
 

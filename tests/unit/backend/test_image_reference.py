@@ -32,7 +32,7 @@ from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorSources
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import validate_start
+from rtvideo.core.start_request import validate_start
 from tests.support.recorder import Recorder
 from tests.support.runtime_standins import SECRET
 

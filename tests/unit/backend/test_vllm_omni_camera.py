@@ -21,9 +21,11 @@ import pytest
 from rtvideo.backend.runtime.sources import FailedEvent, Interaction, SourceChunk, source_modalities
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
+from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED
 from rtvideo.backend.vllm_omni.source import EngineChunkSource
-from rtvideo.core.protocol import InteractionRequest, parse_message, parse_start
+from rtvideo.core.protocol import InteractionRequest, parse_message
 from rtvideo.core.session_config import resolve_session_config
+from rtvideo.core.start_request import parse_start
 from tests.support.omni_standin import StandInAsyncOmni, StandInSamplingParams
 
 VELOCITY = {"mode": "velocity", "data": {"translation": [0.0, 0.0, 0.05], "rotation": [0.0, 0.0, 0.0, 1.0]}}
@@ -199,6 +201,7 @@ def test_the_standin_refuses_what_the_pipelines_refuse() -> None:
     lingbot = StandInAsyncOmni(model="m", model_class_name="LingBotWorldCausalDMDPipeline")
     helios = StandInAsyncOmni(model="m", model_class_name="HeliosPyramidPipeline")
     image = np.zeros((480, 832, 3), np.uint8)
+    stage2 = HELIOS_DISTILLED.preset["extra_params"]
 
     def params(**fields: Any) -> StandInSamplingParams:
         return StandInSamplingParams(
@@ -206,14 +209,24 @@ def test_the_standin_refuses_what_the_pipelines_refuse() -> None:
         )
 
     assert lingbot._pipeline_refusal(image, params()) is None
+    assert lingbot._pipeline_refusal(image, params(num_inference_steps=None)) is None  # the pipeline's 4
     assert "832×480 only" in (lingbot._pipeline_refusal(image, params(width=640, height=384)) or "")
     assert "num_frames 40" in (lingbot._pipeline_refusal(image, params(num_frames=40)) or "")
-    assert "num_inference_steps must be 4" in (lingbot._pipeline_refusal(image, params(num_inference_steps=8)) or "")
-    assert "requires exactly one image" in (lingbot._pipeline_refusal(None, params()) or "")
-    assert "multiple of 64" in (helios._pipeline_refusal(None, params()) or "")
+    assert "exactly 4 inference steps" in (lingbot._pipeline_refusal(image, params(num_inference_steps=8)) or "")
+    assert "image_reference is required" in (lingbot._pipeline_refusal(None, params()) or "")
+    # Helios' grid is the request's pyramid's: 64 with the distilled preset's stage 2, 16 without
+    assert "multiple of 64" in (helios._pipeline_refusal(None, params(extra_args=dict(stage2))) or "")
+    assert helios._pipeline_refusal(None, params()) is None
+    two_steps = {**stage2, "pyramid_num_inference_steps_list": [1, 1]}
+    assert "one step count per stage (3)" in (helios._pipeline_refusal(None, params(extra_args=two_steps)) or "")
     assert (
-        helios._pipeline_refusal(None, params(width=640, height=384, num_frames=40, num_inference_steps=None)) is None
+        helios._pipeline_refusal(
+            None, params(width=640, height=384, num_frames=40, num_inference_steps=None, extra_args=dict(stage2))
+        )
+        is None
     )
+    flat = {**stage2, "image": np.zeros((384, 640, 3), np.float32)}  # not the [1, 3, H, W] its VAE takes
+    assert "[1, 3, 384, 640]" in (helios._pipeline_refusal(None, params(width=640, height=384, extra_args=flat)) or "")
 
 
 def test_an_interaction_after_the_request_ended_never_reaches_the_engine(tmp_path: Path) -> None:

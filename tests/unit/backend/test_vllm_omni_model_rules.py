@@ -20,8 +20,8 @@ from rtvideo.backend.vllm_omni import interaction_rules, model_rules
 from rtvideo.backend.vllm_omni.model_rules import HELIOS, HELIOS_DISTILLED, LINGBOT_WORLD, FirstFrame, FirstFrameAt
 from rtvideo.backend.vllm_omni.source import EngineSources
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import parse_start
 from rtvideo.core.session_config import resolve_session_config
+from rtvideo.core.start_request import parse_start
 from tests.support.vllm_omni_wheel import wheel_source
 
 HELIOS_PIPELINE = "vllm_omni/diffusion/models/helios/pipeline_helios.py"
@@ -66,6 +66,31 @@ def test_helios_sizes_floor_to_16_and_stage2_halves_the_latent_per_extra_stage()
         assert (HELIOS.size_problem(width, height) is None) == (height % 16 == 0)
 
 
+def test_helios_grid_is_the_requests_pyramids_and_stage2_needs_a_step_count_per_stage() -> None:
+    source = wheel_source(HELIOS_PIPELINE)
+    # the pipeline's own defaults: stage 2 off, 3 stages
+    assert '"is_enable_stage2": bool(extra.get("is_enable_stage2", False))' in source
+    assert '"pyramid_num_stages": int(extra.get("pyramid_num_stages", 3))' in source
+    assert (model_rules.HELIOS_STAGE2_DEFAULT, model_rules.HELIOS_STAGES_DEFAULT) == (False, 3)
+    # stage 2 counts the whole step list and indexes it by stage; the scheduler has 3 stages
+    assert 'for num_steps in extra["pyramid_num_inference_steps_list"]' in source
+    assert 'extra["pyramid_num_inference_steps_list"][stage_index]' in source
+    scheduler = wheel_source("vllm_omni/diffusion/models/helios/scheduling_helios.py")
+    assert f"stages: int = {model_rules.HELIOS_SCHEDULER_STAGES}," in scheduler
+    assert "stage_timesteps = self.timesteps_per_stage[stage_index]" in scheduler
+    grid = model_rules.pyramid_grid
+    assert grid({}) == 16 and grid({"is_enable_stage2": True}) == 64
+    assert grid({"is_enable_stage2": True, "pyramid_num_stages": 2}) == 32
+    stage2 = HELIOS_DISTILLED.preset["extra_params"]
+    assert model_rules.pyramid_problem("H", stage2) is None
+    assert "one step count per stage (3)" in (
+        model_rules.pyramid_problem("H", {**stage2, "pyramid_num_inference_steps_list": [1, 1]}) or ""
+    )
+    assert "1 to 3" in (model_rules.pyramid_problem("H", {**stage2, "pyramid_num_stages": 4}) or "")
+    # a deployment or a request that turns stage 2 on or off moves the grid with it
+    assert HELIOS.for_deployment(stage2).grid == 64 and HELIOS_DISTILLED.for_deployment({}).grid == 16
+
+
 def test_helios_chunks_are_33_frames_and_a_request_runs_whole_chunks() -> None:
     source = wheel_source(HELIOS_PIPELINE)
     latent = int(re.search(r'extra\.get\("num_latent_frames_per_chunk", (\d+)\)', source).group(1))  # type: ignore[union-attr]
@@ -77,6 +102,7 @@ def test_helios_chunks_are_33_frames_and_a_request_runs_whole_chunks() -> None:
         assert rules.frame_modulus == 1  # any count: the engine rounds up to whole chunks
     # so the cap is whole chunks: 1456 would run 45 chunks, past the memory bound
     assert HELIOS_DISTILLED.largest_frames(1456) == 1452 == catalog.DEFAULT_MAX_REQUEST_FRAMES
+    assert HELIOS_DISTILLED.chunk_frames(1452) == [33] * 44 and HELIOS_DISTILLED.chunk_frames(1456) == [33] * 45
 
 
 def test_helios_reads_its_first_frame_from_extra_args_in_step_mode() -> None:
@@ -85,6 +111,15 @@ def test_helios_reads_its_first_frame_from_extra_args_in_step_mode() -> None:
     assert "def prepare_image_latents(" in source and "image = image.unsqueeze(2)" in source  # [B, C, H, W]
     for rules in (HELIOS, HELIOS_DISTILLED):
         assert rules.first_frame_at is FirstFrameAt.EXTRA_ARGS and rules.first_frame is FirstFrame.OPTIONAL
+
+
+def test_a_streaming_request_always_carries_a_step_count() -> None:
+    """The step scheduler (streaming runs it) asserts a count; where nothing gives one the engine
+    host sends the Helios pipelines' own fallback."""
+    scheduler = wheel_source("vllm_omni/diffusion/sched/step_scheduler.py")
+    assert "assert sampling.num_inference_steps is not None" in scheduler
+    fallback = f'extra.get("num_inference_steps", {model_rules.STEP_MODE_DEFAULT_STEPS})'
+    assert fallback in wheel_source(HELIOS_PIPELINE)
 
 
 # --- LingBot-World ------------------------------------------------------------------------------
@@ -100,6 +135,30 @@ def test_lingbot_renders_its_cache_size_only() -> None:
     assert LINGBOT_WORLD.size_problem(640, 384) == "LingBot-World renders 832×480 only, not 640×384"
 
 
+def test_lingbots_size_is_the_deploy_configs_cache_size(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The pipeline sizes its AR cache from the deploy config's `model_config` (the keys read
+    above): a deployment that sets another size renders that size only, and says so."""
+    assert LINGBOT_WORLD.size_keys == ("ar_diffusion_width", "ar_diffusion_height")
+    deploy = tmp_path / "small.yaml"
+    deploy.write_text(
+        yaml.safe_dump(
+            {
+                "stages": [
+                    {
+                        "model_class_name": "LingBotWorldCausalDMDPipeline",
+                        "model_config": {"ar_diffusion_width": 64, "ar_diffusion_height": 48},
+                    }
+                ]
+            }
+        )
+    )
+    small = LINGBOT_WORLD.for_model_config(interaction_rules.deploy_model_config(str(deploy)))
+    assert small.exact_sizes == ((64, 48),) and small.size_problem(64, 48) is None
+    assert small.size_problem(832, 480) == "LingBot-World renders 64×48 only, not 832×480"
+    assert LINGBOT_WORLD.for_model_config({}) is LINGBOT_WORLD  # no keys: the pipeline's default size
+    assert HELIOS_DISTILLED.for_model_config({"ar_diffusion_width": 64, "ar_diffusion_height": 48}) is HELIOS_DISTILLED
+
+
 def test_lingbot_steps_frames_first_frame_and_class() -> None:
     source = wheel_source(LINGBOT_PIPELINE)
     timesteps = ast.literal_eval(re.search(r"^LINGBOT_DMD_TIMESTEPS = (.+)$", source, re.M).group(1))  # type: ignore[union-attr]
@@ -112,6 +171,12 @@ def test_lingbot_steps_frames_first_frame_and_class() -> None:
     valid = [n for n in range(1, 200) if (n - 1) % temporal == 0 and ((n - 1) // temporal + 1) % block == 0]
     assert valid == [n for n in range(1, 200) if LINGBOT_WORLD.valid_frames(n)]
     assert (LINGBOT_WORLD.frame_modulus, LINGBOT_WORLD.frame_remainder) == (12, 9)
+    # a chunk is one block: the opening latent decodes to one frame, every later one to `temporal`
+    assert "return (block_frames - 1) * self.vae_scale_factor_temporal + 1" in source
+    assert "return block_frames * self.vae_scale_factor_temporal" in source
+    assert LINGBOT_WORLD.first_chunk_frames == (block - 1) * temporal + 1 == 9
+    assert LINGBOT_WORLD.frames_per_chunk == block * temporal == 12
+    assert LINGBOT_WORLD.chunk_frames(21) == [9, 12] and LINGBOT_WORLD.chunk_frames(885) == [9] + [12] * 73
     assert 'raise ValueError("LingBot World requires exactly one image in multi_modal_data.image.")' in source
     assert LINGBOT_WORLD.first_frame is FirstFrame.REQUIRED and LINGBOT_WORLD.first_frame_at is FirstFrameAt.PROMPT
     deploy = yaml.safe_load(wheel_source(LINGBOT_DEPLOY))
@@ -209,6 +274,52 @@ def test_a_helios_start_off_its_grid_is_refused_and_on_it_accepted() -> None:
     assert config.to_json()["model_rules"] == HELIOS_DISTILLED.describe()
     assert config.to_json()["model_rules"]["size_multiple"] == 64
     assert config.num_frames == HELIOS_DISTILLED.memory_cap(1280, 704) < 1452  # the bound at its own size
+
+
+@pytest.mark.parametrize(
+    "extra,size,words",
+    [
+        ({"pyramid_num_stages": 2, "pyramid_num_inference_steps_list": [1, 1]}, (640, 384), None),
+        ({"pyramid_num_inference_steps_list": [1, 1]}, (640, 384), "one step count per stage (3), not [1, 1]"),
+        ({"pyramid_num_stages": 4, "pyramid_num_inference_steps_list": [1] * 4}, (640, 384), "must be 1 to 3"),
+        # a deployment that runs stage 1 only (the 16 grid): a start turning stage 2 on needs 64
+        ({"is_enable_stage2": True}, (832, 480), "height 480 is not supported: use a multiple of 64"),
+    ],
+)
+def test_a_helios_start_that_changes_the_pyramid_is_checked_against_it(extra, size, words) -> None:
+    deployed = {"is_enable_stage2": False} if "is_enable_stage2" in extra else HELIOS_DISTILLED.preset["extra_params"]
+    settings = BackendSettings.from_parameters(
+        {
+            "generator": "vllm_omni",
+            "vllm_omni_extra_params": json.dumps(deployed),
+            "width": str(size[0]),
+            "height": str(size[1]),
+        }
+    )
+    start = parse_start(json.dumps(_start(width=size[0], height=size[1], extra_params=extra)))
+    if words is None:
+        assert resolve_session_config(start, settings.capabilities("m")).width == size[0]
+        return
+    with pytest.raises(ProtocolError) as caught:
+        resolve_session_config(start, settings.capabilities("m"))
+    assert caught.value.code is ErrorCode.INVALID_START and words in str(caught.value.message)
+
+
+def test_a_deployments_own_pyramid_sets_its_grid() -> None:
+    def helios(extra: dict, width: int, height: int) -> BackendSettings:
+        return BackendSettings.from_parameters(
+            {
+                "generator": "vllm_omni",
+                "vllm_omni_extra_params": json.dumps(extra),
+                "width": str(width),
+                "height": str(height),
+            }
+        )
+
+    flat = helios({"is_enable_stage2": False}, 832, 480)  # stage 1 only: Helios' 16 grid
+    assert flat.capabilities("m").model_rules["size_multiple"] == 16  # type: ignore[index]
+    with pytest.raises(ValueError, match="one step count per stage"):
+        helios({"is_enable_stage2": True, "pyramid_num_inference_steps_list": [1]}, 640, 384)
 
 
 def test_a_deployment_that_breaks_its_models_rules_fails_at_load() -> None:

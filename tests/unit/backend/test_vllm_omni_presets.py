@@ -19,8 +19,8 @@ from rtvideo.backend.vllm_omni.engine import EngineHost, engine_prompt
 from rtvideo.backend.vllm_omni.source import EngineSources
 from rtvideo.core import event_types
 from rtvideo.core.event_types import EVENT_FIELDS
-from rtvideo.core.protocol import SAMPLING_FIELDS, parse_start
 from rtvideo.core.session_config import SessionConfig, resolve_session_config
+from rtvideo.core.start_request import SAMPLING_FIELDS, parse_start
 from rtvideo.triton.model_repo import read_parameters
 from tests.support.omni_standin import StandInSamplingParams
 from tests.support.vllm_omni_wheel import wheel_source

@@ -27,8 +27,8 @@ from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineError
 from rtvideo.backend.vllm_omni.interaction_rules import INTERACTION_MODALITIES, pipeline_class, refusal
 from rtvideo.backend.vllm_omni.source import EngineChunkSource
-from rtvideo.core.protocol import parse_start
 from rtvideo.core.session_config import resolve_session_config
+from rtvideo.core.start_request import parse_start
 from tests.support.omni_standin import StandInAsyncOmni, StandInSamplingParams
 from tests.support.vllm_omni_wheel import Sampling, StepRequestState, load_interaction, wheel_source
 

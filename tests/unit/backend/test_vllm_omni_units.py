@@ -13,8 +13,8 @@ from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineError
 from rtvideo.backend.vllm_omni.frames import rgb_frames, stream_metadata
 from rtvideo.core.errors import ProtocolError
-from rtvideo.core.protocol import parse_start
 from rtvideo.core.session_config import resolve_session_config
+from rtvideo.core.start_request import parse_start
 from rtvideo.triton.model_repo import derive_model, read_parameters
 from tests.support.processes import RTVIDEO
 

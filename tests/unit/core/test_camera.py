@@ -30,6 +30,7 @@ from rtvideo.core.camera import (
     parse_camera,
 )
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.interaction import CAMERA, resolve_chunks
 from rtvideo.core.pose import IDENTITY, Pose
 from rtvideo.core.protocol import InteractionRequest, parse_message
 from tests.support.streams import schema_errors
@@ -166,7 +167,7 @@ def test_the_tracker_is_the_handler(chunks: list[tuple[int, list[Any]]], fps: fl
             received = boundary - chunk_seconds + where * chunk_seconds
             handler.enqueue(state, event_id=event_id, received_at=received, payload=payload, transition_chunks=n)
             command = parse_camera(payload)
-            ours.admit(event_id, command, n, received)
+            ours.admit(event_id, command, resolve_chunks(CAMERA, n, 0), received)
             if command.mode is CameraMode.TARGET:
                 targets.setdefault(frame_offset(received, previous, frames, fps), []).append(command.pose)
         before = ours.pose
@@ -217,12 +218,12 @@ def test_target_reaches_its_pose_on_the_last_frame_and_back_to_start() -> None:
 
 def test_a_velocity_is_held_until_replaced_and_the_replaced_one_completes() -> None:
     t = CameraTracker()
-    t.admit("v", parse_camera({"mode": "velocity", "data": {"translation": [0.1, 0, 0]}}), None, 0.0)
+    t.admit("v", parse_camera({"mode": "velocity", "data": {"translation": [0.1, 0, 0]}}), 1, 0.0)
     a = t.next_chunk(3, 10.0, 0.0)
     assert [round(p.translation[0], 9) for p in a.poses] == [0.1, 0.2, 0.3] and a.active == ("v",)
     b = t.next_chunk(3, 10.0, 0.3)
     assert round(b.poses[-1].translation[0], 9) == 0.6 and b.started == () and b.active == ("v",)
-    t.admit("stop", parse_camera({"mode": "velocity", "data": {}}), None, 0.3 + 0.15)  # frame 1 of the next
+    t.admit("stop", parse_camera({"mode": "velocity", "data": {}}), 1, 0.3 + 0.15)  # frame 1 of the next
     c = t.next_chunk(3, 10.0, 0.6)
     assert c.started == ("stop",) and c.completed == ("v",) and c.active == ("v", "stop")
     assert c.progress == {"v": 1.0, "stop": 1.0}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rtvideo.core import protocol
+from rtvideo.core import protocol, server_messages, start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import (
     MAX_MESSAGE_BYTES,
@@ -17,8 +17,8 @@ from rtvideo.core.protocol import (
     PingRequest,
     StopRequest,
     parse_message,
-    parse_start,
 )
+from rtvideo.core.start_request import parse_start
 
 
 def inter(interaction=None, **extra) -> str:
@@ -230,16 +230,22 @@ def test_start_fields() -> None:
 
 # --- server messages ------------------------------------------------------------------------
 def test_server_messages() -> None:
-    rid = protocol.new_request_id()
+    rid = server_messages.new_request_id()
     assert rid.startswith("video_stream-") and len(rid) == len("video_stream-") + 32
-    assert protocol.queued(rid, "e") == {"type": "session.interaction.queued", "request_id": rid, "event_id": "e"}
-    assert protocol.pong() == {"type": "session.pong"}
-    done = protocol.done(rid, chunks=3, stopped=True, unapplied_event_ids=["a"], unfinished_event_ids=[])
+    assert server_messages.queued(rid, "e") == {
+        "type": "session.interaction.queued",
+        "request_id": rid,
+        "event_id": "e",
+    }
+    assert server_messages.pong() == {"type": "session.pong"}
+    done = server_messages.done(rid, chunks=3, stopped=True, unapplied_event_ids=["a"], unfinished_event_ids=[])
     assert done["type"] == "session.done" and done["chunks"] == 3 and done["stopped"] is True
-    err = protocol.error(ErrorCode.EVENT_ID_CONFLICT, "m", request_id=rid, event_id="e")
+    err = server_messages.error(ErrorCode.EVENT_ID_CONFLICT, "m", request_id=rid, event_id="e")
     assert err == {"type": "error", "code": "event_id_conflict", "message": "m", "request_id": rid, "event_id": "e"}
-    assert "request_id" not in protocol.error(ErrorCode.INVALID_START, "m")
-    assert json.loads(protocol.encode(protocol.video_start(rid, "m4s", {"width": 1})))["config"] == {"width": 1}
+    assert "request_id" not in server_messages.error(ErrorCode.INVALID_START, "m")
+    assert json.loads(server_messages.encode(server_messages.video_start(rid, "m4s", {"width": 1})))["config"] == {
+        "width": 1
+    }
 
 
 start_values = st.one_of(
@@ -254,7 +260,11 @@ start_values = st.one_of(
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.dictionaries(st.sampled_from([*sorted(protocol.START_FIELDS - {"type"}), "other"]), start_values, max_size=8))
+@given(
+    st.dictionaries(
+        st.sampled_from([*sorted(start_request.START_FIELDS - {"type"}), "other"]), start_values, max_size=8
+    )
+)
 def test_start_validation_never_raises_anything_else(fields: dict) -> None:
     try:
         parse_start(json.dumps({"type": "session.start", **fields}))
@@ -262,7 +272,7 @@ def test_start_validation_never_raises_anything_else(fields: dict) -> None:
         assert isinstance(exc.code, ErrorCode) and exc.message
 
 
-# --- hostile text (issue: lone surrogates, huge prompts) -------------------------------------
+# --- hostile text (lone surrogates, huge prompts) --------------------------------------------
 SURROGATE_MESSAGES = [
     ("event_id", r'{"type":"session.interaction","interaction":{"event_id":"\ud800","event":{"prompt":"a"}}}'),
     ("prompt", r'{"type":"session.interaction","interaction":{"event":{"prompt":"a\udfffb"}}}'),
@@ -295,7 +305,7 @@ def test_accepted_text_always_encodes_as_utf8() -> None:
         r'{"type":"session.interaction","interaction":{"event_id":"\u00e9\ud83d\ude00\u2028","event":{"prompt":"a"}}}'
     )
     assert isinstance(req, InteractionRequest)
-    protocol.encode(protocol.queued("r", req.event_id)).encode("utf-8")
+    server_messages.encode(server_messages.queued("r", req.event_id)).encode("utf-8")
 
 
 def test_prompt_length_is_capped() -> None:

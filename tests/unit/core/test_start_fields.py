@@ -17,15 +17,16 @@ import pytest
 
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import apply_lora
-from rtvideo.core import protocol
+from rtvideo.core import start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import parse_start
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
+from rtvideo.core.start_request import parse_start
 from tests.support.vllm_omni_wheel import wheel_source
 
 #: fields of the request model the streaming endpoint takes out before building it, or that
 #: our start names otherwise: `format` (popped), `type`, `sampling_params` (lifted)
-OURS_ONLY = {"type", "format", "sampling_params"}
+OURS_ONLY = {"type", "format", "sampling_params", "prompts", "interpolation"}
+OURS_ONLY |= {"metrics"}  # beyond vLLM-Omni: in-band timing (docs/protocol.md §3.5)
 
 
 def wheel_request_fields() -> set[str]:
@@ -37,13 +38,13 @@ def wheel_request_fields() -> set[str]:
 def test_every_field_of_the_wheels_request_is_a_start_field() -> None:
     real = wheel_request_fields()
     assert {"lora", "user", "quality", "prompt", "extra_params"} <= real  # the parse found the class
-    assert real - protocol.START_FIELDS == set()
-    assert protocol.START_FIELDS - real <= OURS_ONLY
+    assert real - start_request.START_FIELDS == set()
+    assert start_request.START_FIELDS - real <= OURS_ONLY
 
 
 def test_the_quality_levels_are_the_wheels() -> None:
     source = wheel_source("vllm_omni/inputs/data.py")
-    levels = ", ".join(f'"{level}"' for level in protocol.QUALITY_LEVELS)
+    levels = ", ".join(f'"{level}"' for level in start_request.QUALITY_LEVELS)
     assert f"DIFFUSION_QUALITY_LEVELS: tuple[str, ...] = ({levels})" in source
 
 
@@ -73,7 +74,7 @@ def builtin_caps() -> ModelCapabilities:
 
 
 def test_each_field_is_accepted_and_reported_as_ignored_by_the_builtin_generator() -> None:
-    assert set(EXAMPLES) == set(protocol.REQUEST_FIELDS)
+    assert set(EXAMPLES) == set(start_request.REQUEST_FIELDS)
     start = parse_start(json.dumps({"type": "session.start", "prompt": "x", **EXAMPLES}))
     config = resolve_session_config(start, builtin_caps())
     assert config.to_json()["ignored_fields"] == sorted(EXAMPLES)
@@ -117,7 +118,7 @@ def test_malformed_values_are_invalid_start(name: str, value: Any, fragment: str
 
 
 def test_video_start_with_them_matches_the_server_schema() -> None:
-    from rtvideo.core import protocol as p
+    from rtvideo.core import server_messages as p
     from tests.support.streams import check_server_message
 
     start = parse_start(json.dumps({"type": "session.start", "prompt": "x", **EXAMPLES}))

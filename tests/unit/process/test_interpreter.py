@@ -77,3 +77,41 @@ def test_the_interpreter_is_found_without_a_python_sys_executable(monkeypatch) -
     assert interpreter.worker_python() == str(Path(sys.prefix) / "bin" / "python3")
     monkeypatch.setenv(interpreter.ENV, "/usr/bin/python3.12")
     assert interpreter.worker_python() == "/usr/bin/python3.12"
+
+
+UTF8_READ = textwrap.dedent(
+    """
+    import locale, sys
+    locale.setlocale(locale.LC_CTYPE, "C")  # the stub's state: the locale never set, ASCII text
+    def read():
+        try:
+            return open(sys.argv[1]).read()
+        except UnicodeDecodeError:
+            return "refused"
+    before = read()
+    from rtvideo.process.interpreter import utf8_text
+    print(before, utf8_text(), read())
+    """
+)
+
+
+def test_utf8_text_lets_open_read_utf8_where_the_locale_was_never_set(tmp_path: Path) -> None:
+    """torch's inductor templates (imported with vLLM) are UTF-8 read by `open()` with no encoding:
+    in the stub that read failed until the locale was set."""
+    data = tmp_path / "template.py.jinja"
+    data.write_text("# a template — with a dash\n", encoding="utf-8")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONUTF8"))},
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    done = subprocess.run(
+        [sys.executable, "-X", "utf8=0", "-c", UTF8_READ, str(data)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    assert done.stdout.split(" ", 2)[:2] == ["refused", "utf-8"], done.stdout
+    assert done.stdout.rstrip("\n").endswith("— with a dash"), done.stdout

@@ -14,7 +14,7 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from rtvideo.client.session import RealtimeVideoClient, camera_payload, image_data_url
-from rtvideo.core import protocol
+from rtvideo.core import protocol, start_request
 
 
 def test_camera_events_and_an_image_reference_go_out_as_the_protocol_says(tmp_path: Path) -> None:
@@ -52,7 +52,7 @@ def test_camera_events_and_an_image_reference_go_out_as_the_protocol_says(tmp_pa
     start, camera, both = received
     url = start["image_reference"]["image_url"]
     assert url.startswith("data:image/png;base64,") and base64.b64decode(url.split(",", 1)[1]) == picture.read_bytes()
-    assert protocol.validate_start(start).image_reference == url
+    assert start_request.validate_start(start).image_reference == url
     assert camera["interaction"]["event"] == {
         "multi_modal_data": {
             "camera": {"mode": "velocity", "data": {"translation": [0.0, 0.0, 0.05], "rotation": [0, 0, 0, 1]}}

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
-from rtvideo.core import protocol
+from rtvideo.core import protocol, server_messages
 from rtvideo.proxy.acks import Answer, ProxyAcks
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.outbox import Frame
@@ -65,7 +65,7 @@ def test_what_only_the_model_may_answer_is_not_acked_nor_recorded() -> None:
     acks.book.max_events = 1
     assert decide(acks, interaction("e2")) is None  # the session's limit
     acks = ProxyAcks()
-    acks.book.observe(protocol.queued("r", "seen"))  # the model's ack for one the proxy left to it
+    acks.book.observe(server_messages.queued("r", "seen"))  # the model's ack for one the proxy left to it
     assert decide(acks, interaction("seen")) is None  # its payload is unknown here: the model judges a retry
 
 
@@ -85,16 +85,16 @@ def test_a_missing_event_id_is_generated_here_and_sent_on_to_the_model() -> None
 def test_an_id_that_would_take_a_message_over_the_size_limit_is_left_to_the_model() -> None:
     acks = ProxyAcks()
     message = {**interaction(None), "padding": ""}  # other top-level keys are ignored, and passed on
-    message["padding"] = "x" * (protocol.MAX_MESSAGE_BYTES - len(protocol.encode(message)) - 10)
-    raw = protocol.encode(message).encode()
+    message["padding"] = "x" * (protocol.MAX_MESSAGE_BYTES - len(server_messages.encode(message)) - 10)
+    raw = server_messages.encode(message).encode()
     assert len(raw) <= protocol.MAX_MESSAGE_BYTES  # within the limit as sent, not with a UUID added
     assert acks.decide(message, raw) is None and len(acks.book) == 0
     message["interaction"]["event_id"] = "mine"
-    assert acks.decide(message, protocol.encode(message).encode()) is not None  # as sent: acked here
+    assert acks.decide(message, server_messages.encode(message).encode()) is not None  # as sent: acked here
 
 
 def frame(message: dict[str, Any], data: bytes | None = None) -> Frame:
-    return Frame(protocol.encode(message), message, data)
+    return Frame(server_messages.encode(message), message, data)
 
 
 def test_an_event_the_model_never_admitted_is_in_its_done() -> None:
@@ -105,20 +105,22 @@ def test_an_event_the_model_never_admitted_is_in_its_done() -> None:
     for tag, event_id in (("m1", "shown"), ("m2", "listed"), ("m3", "late"), ("m4", "admitted")):
         ack = decide(acks, interaction(event_id))
         acks.forwarded(tag, ack)
-        ledger.taken(frame(protocol.queued("r", event_id)))  # its ack, handed to the socket
+        ledger.taken(frame(server_messages.queued("r", event_id)))  # its ack, handed to the socket
     assert acks.answered("m9", {"type": "session.pong"}) is Answer.NOT_ACKED_HERE
-    assert acks.answered("m4", protocol.queued("r", "admitted")) is Answer.ADMITTED
+    assert acks.answered("m4", server_messages.queued("r", "admitted")) is Answer.ADMITTED
     meta = {
         "type": "video.chunk_metadata",
         "started_event_ids": ["shown", "admitted"],
         "completed_event_ids": ["shown"],
     }
     ledger.taken(frame(meta, b"x"))
-    done = protocol.done("r", chunks=1, stopped=True, unapplied_event_ids=["listed"], unfinished_event_ids=["admitted"])
+    done = server_messages.done(
+        "r", chunks=1, stopped=True, unapplied_event_ids=["listed"], unfinished_event_ids=["admitted"]
+    )
     completed = ledger.taken(frame(done)).message
     assert completed["unapplied_event_ids"] == ["listed", "late"]
     assert completed["unfinished_event_ids"] == ["admitted"] and done["unapplied_event_ids"] == ["listed"]
-    refused = protocol.error(protocol.ErrorCode.INVALID_MESSAGE, "the session has ended", request_id="r")
+    refused = server_messages.error(protocol.ErrorCode.INVALID_MESSAGE, "the session has ended", request_id="r")
     assert acks.answered("m3", refused) is Answer.REFUSED
     agreeing = {**done, "unapplied_event_ids": ["listed", "late"]}
     assert ledger.taken(same := frame(agreeing)) is same  # a done that lists every one already goes as sent
@@ -132,12 +134,12 @@ def test_a_done_names_no_event_whose_ack_never_reached_the_client() -> None:
     for event_id in ("told", "untold"):
         acks.forwarded(event_id, decide(acks, interaction(event_id)))
     ledger.taken(frame({"type": "video.start", "request_id": "r"}))
-    ledger.taken(frame(protocol.queued("r", "told")))
-    model_done = protocol.done(
+    ledger.taken(frame(server_messages.queued("r", "told")))
+    model_done = server_messages.done(
         "r", chunks=0, stopped=False, unapplied_event_ids=["told", "untold"], unfinished_event_ids=[]
     )
     assert ledger.taken(frame(model_done)).message["unapplied_event_ids"] == ["told"]
-    assert ledger.done() == protocol.done(
+    assert ledger.done() == server_messages.done(
         "r", chunks=0, stopped=False, unapplied_event_ids=["told"], unfinished_event_ids=[]
     )
 
@@ -191,7 +193,7 @@ def test_the_proxy_acks_exactly_what_the_model_acks(manager: Any, messages: list
             )
             got = answer.sent[0][0]
             if ack is not None:
-                assert got == protocol.queued(request_id, ack.event_id)
+                assert got == server_messages.queued(request_id, ack.event_id)
             else:
                 assert got["type"] == "error" and got["code"] in ("invalid_interaction", "event_id_conflict")
     finally:
@@ -217,16 +219,18 @@ def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() ->
             "session.interaction.queued",
             "session.interaction.queued",
         ]
-        s._on_reply(reply("m2", protocol.queued("r", "early")))  # the model's identical acks: dropped
-        s._on_reply(reply("m3", protocol.queued("r", "e1")))
+        s._on_reply(reply("m2", server_messages.queued("r", "early")))  # the model's identical acks: dropped
+        s._on_reply(reply("m3", server_messages.queued("r", "e1")))
         s._on_reply(
-            reply("m4", protocol.error(protocol.ErrorCode.EVENT_ID_CONFLICT, "used", request_id="r", event_id="e1"))
+            reply(
+                "m4", server_messages.error(protocol.ErrorCode.EVENT_ID_CONFLICT, "used", request_id="r", event_id="e1")
+            )
         )
         s._on_reply(reply(START_TAG, model_done))  # the model's end, listing both as the real one does
         await ended(s, conn)
         return conn.texts()
 
-    model_done = protocol.done(
+    model_done = server_messages.done(
         "r", chunks=0, stopped=False, unapplied_event_ids=["early", "e1"], unfinished_event_ids=[]
     )
     texts = run_unit(body())
@@ -250,7 +254,7 @@ def test_an_interaction_that_raced_the_end_is_unapplied_in_the_done() -> None:
         s.on_frame(START, False)
         s._on_reply(VIDEO_START)
         s.on_frame(json.dumps(interaction("applied")), False)
-        s._on_reply(reply("m2", protocol.queued("r", "applied")))
+        s._on_reply(reply("m2", server_messages.queued("r", "applied")))
         s.on_frame(json.dumps(interaction("late")), False)
         s._on_reply(
             reply(
@@ -269,7 +273,8 @@ def test_an_interaction_that_raced_the_end_is_unapplied_in_the_done() -> None:
         )
         s._on_reply(
             reply(
-                START_TAG, protocol.done("r", chunks=1, stopped=False, unapplied_event_ids=[], unfinished_event_ids=[])
+                START_TAG,
+                server_messages.done("r", chunks=1, stopped=False, unapplied_event_ids=[], unfinished_event_ids=[]),
             )
         )
         s._on_reply(

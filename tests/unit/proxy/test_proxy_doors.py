@@ -154,7 +154,7 @@ def test_a_connection_waiting_for_its_start_can_be_displaced() -> None:
         started.on_frame(START, False)
         assert not started.awaiting_start  # a start accepted: no longer waiting, and not displaced
         started.displace()
-        assert not started._closed.is_set()
+        assert not started.closed.is_set()
         started.on_disconnect()
         return waiting, kinds(conn.frames)
 

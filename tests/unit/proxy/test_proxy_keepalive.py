@@ -55,7 +55,7 @@ def test_a_quiet_live_sequence_gets_keepalives_whose_pongs_never_reach_the_clien
     assert not any(k == ("error", "rate_limited") for k in kinds(frames))
     assert all(not start and not end for raw, start, end in sent if raw == KEEPALIVE)
     assert (STOP, False, True) in sent
-    assert not s._keepalive_tags
+    assert not s.upstream.keepalives_unanswered
 
 
 def test_forwarded_requests_put_the_keepalive_off(monkeypatch: pytest.MonkeyPatch) -> None:

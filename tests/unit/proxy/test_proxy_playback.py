@@ -8,7 +8,8 @@ import json
 from typing import Any
 
 from rtvideo.core import protocol
-from rtvideo.proxy.metrics import MAX_TRACKED_EVENTS, PlayheadTiming, ProxyMetrics
+from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.session_timing import MAX_TRACKED_EVENTS, PlayheadTiming
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import START, chunk, ended, kinds, reply, run, session, settle
 
@@ -26,10 +27,10 @@ def test_reports_are_forwarded_never_answered_and_not_in_flight() -> None:
             s.on_frame(playback(n * 0.25, buffered_seconds=0.5), False)
         s.on_frame(playback(-1), False)  # malformed: the only report answered
         await settle()
-        in_flight = len(s._in_flight)
+        in_flight = s.upstream.in_flight
         s.on_frame(json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
-        return conn.frames, bridge.streams[0].sent, in_flight, s._metrics.reported_lead_count
+        return conn.frames, bridge.streams[0].sent, in_flight, s.metrics.reported_lead_count
 
     frames, sent, in_flight, leads = run(body())
     forwarded = [json.loads(raw) for raw, _, _ in sent if b"session.playback" in raw]

@@ -1,4 +1,4 @@
-"""The replay buffer (rtvideo.proxy.replay) and resume tokens (rtvideo.proxy.resume), alone."""
+"""The replay buffer (rtvideo.proxy.replay) and resume tokens (rtvideo.proxy.tokens), alone."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ import struct
 
 import pytest
 
-from rtvideo.core import protocol
+from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import init_metadata
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.resume import ResumeRequest, is_resume, parse_resume
+from rtvideo.proxy.features import take_options
 from rtvideo.proxy.outbox import Frame
+from rtvideo.proxy.participants import Parked
 from rtvideo.proxy.replay import ReplayBuffer, ReplayGap, init_segment, strip_init
-from rtvideo.proxy.resume import PAUSE, UNPAUSE, Parked, ResumeRefused, TokenBook, take_options
+from rtvideo.proxy.tokens import ResumeRefused, TokenBook
+from rtvideo.proxy.upstream import PAUSE, UNPAUSE
 
 
 def _pair(index: int, size: int = 100) -> Frame:
@@ -21,7 +25,7 @@ def _pair(index: int, size: int = 100) -> Frame:
 
 
 def _ack(event_id: str) -> Frame:
-    message = protocol.queued("r", event_id)
+    message = server_messages.queued("r", event_id)
     return Frame(json.dumps(message), message)
 
 
@@ -30,7 +34,7 @@ def test_a_resume_gets_every_frame_after_its_pair_acks_included() -> None:
     frames = [_pair(0), _ack("a"), _pair(1), _pair(2), _ack("b")]
     for frame in frames:
         buffer.record(frame)
-    buffer.record(Frame(json.dumps(protocol.pong()), protocol.pong()))  # never replayed
+    buffer.record(Frame(json.dumps(server_messages.pong()), server_messages.pong()))  # never replayed
     assert buffer.after(-1) == frames
     assert buffer.after(0) == frames[1:]
     assert buffer.after(2) == [frames[4]]  # the ack the old connection may have lost
@@ -97,8 +101,8 @@ def test_tokens_are_long_random_single_use_and_tell_why() -> None:
 
 def test_session_resume_is_validated() -> None:
     raw = json.dumps({"type": "session.resume", "resume_token": "t", "last_transport_chunk_index": -1})
-    assert protocol.is_resume(raw) and not protocol.is_resume(b"x", binary=True)
-    assert protocol.parse_resume(raw) == protocol.ResumeRequest("t", -1)
+    assert is_resume(raw) and not is_resume(b"x", binary=True)
+    assert parse_resume(raw) == ResumeRequest("t", -1)
     for bad in (
         {"type": "session.resume", "resume_token": "", "last_transport_chunk_index": 0},
         {"type": "session.resume", "resume_token": "t", "last_transport_chunk_index": -2},
@@ -106,7 +110,7 @@ def test_session_resume_is_validated() -> None:
         {"type": "session.resume", "resume_token": "t", "last_transport_chunk_index": 0, "extra": 1},
     ):
         with pytest.raises(ProtocolError) as exc:
-            protocol.parse_resume(json.dumps(bad))
+            parse_resume(json.dumps(bad))
         assert exc.value.code is ErrorCode.INVALID_RESUME
 
 
@@ -133,7 +137,7 @@ def test_the_pause_is_a_keepalive_ping_and_parked_frames_are_bounded() -> None:
     assert [f.message["transport_chunk_index"] for f in parked.take_unsent()] == [0, 1]
 
 
-RID = protocol.new_request_id()
+RID = server_messages.new_request_id()
 
 
 def test_the_new_messages_validate() -> None:
@@ -151,7 +155,7 @@ def test_the_new_messages_validate() -> None:
         {**start, "resumed": True, "resume_token": "rv1.a.c"},
         {**start, "watcher": True},
         {**init_metadata(RID, 100)},
-        {**protocol.error(ErrorCode.INVALID_RESUME, "older than the buffer"), "oldest_resumable_index": 3},
+        {**server_messages.error(ErrorCode.INVALID_RESUME, "older than the buffer"), "oldest_resumable_index": 3},
     ):
         server.validate(message)
     resume = {"type": "session.resume", "resume_token": "rv1.a.b", "last_transport_chunk_index": -1}

@@ -5,11 +5,14 @@ instead of silently turning a bad text frame back into a dropped connection."""
 from __future__ import annotations
 
 import inspect
+from unittest import mock
 
 import tornado
+from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+from tornado.web import Application
 from tornado.websocket import WebSocketHandler, WebSocketProtocol13
 
-from rtvideo.proxy.handler import _StrictTextProtocol
+from rtvideo.proxy.handler import RealtimeVideoHandler, _StrictTextProtocol
 
 
 def test_the_pinned_major_version_is_the_one_installed() -> None:
@@ -31,9 +34,46 @@ def test_the_attributes_the_override_reads_exist() -> None:
     assert "self._frame_compressed" in inspect.getsource(WebSocketProtocol13._receive_frame)
 
 
-def test_the_protocol_tornado_builds_is_the_one_swapped() -> None:
+def test_the_protocol_is_built_with_the_parameters_tornado_chose() -> None:
     source = inspect.getsource(WebSocketHandler.get_websocket_protocol)
-    assert "WebSocketProtocol13(" in source
+    assert "WebSocketProtocol13(self, False, params)" in source
+    assert list(inspect.signature(WebSocketProtocol13.__init__).parameters) == [
+        "self",
+        "handler",
+        "mask_outgoing",
+        "params",
+    ]
     assert _StrictTextProtocol.__mro__[1] is WebSocketProtocol13
     added = {name for name in vars(_StrictTextProtocol) if not name.startswith("__") and name != "_abc_impl"}
-    assert added == {"_handle_message"}  # no state of its own: swapping a built protocol's class is safe
+    assert added == {"_handle_message"}
+
+    protocol = _handler().get_websocket_protocol()
+    assert type(protocol) is _StrictTextProtocol
+    assert protocol.mask_outgoing is False  # a server never masks
+    assert (protocol.params.max_message_size, protocol.params.ping_interval) == (1234, 7)
+
+
+def test_a_bad_text_frame_goes_to_the_handler_and_others_take_tornados_path() -> None:
+    handler = _handler()
+    protocol = handler.get_websocket_protocol()
+    assert protocol is not None
+    seen: list[object] = []
+    handler.on_invalid_text = lambda: seen.append("invalid")
+    handler.on_message = seen.append
+
+    assert protocol._handle_message(0x1, b"\xff\xfe") is None
+    protocol._handle_message(0x1, "é".encode())
+    protocol._handle_message(0x2, b"\xff")
+    assert seen == ["invalid", "é", b"\xff"]
+    assert not protocol.client_terminated  # the handler closes with 1007; nothing aborted the stream
+
+
+def _handler() -> RealtimeVideoHandler:
+    """A handler as Tornado builds it for an upgrade request, before the upgrade runs."""
+    app = Application(websocket_max_message_size=1234, websocket_ping_interval=7)
+    request = HTTPServerRequest(
+        start_line=RequestStartLine("GET", "/v1/realtime/video", "HTTP/1.1"),
+        headers=HTTPHeaders({"Host": "localhost", "Sec-WebSocket-Version": "13"}),
+        connection=mock.Mock(),
+    )
+    return RealtimeVideoHandler(app, request, context=mock.Mock())

@@ -1,0 +1,123 @@
+"""A session that starts from a recording (docs/recordings.md "Branching").
+
+`session.start` with `"from_recording": {"recording_id": ID, "generation_chunk_index": N}`
+starts a new session whose chunk N is the recorded session's chunk N: the recorded start (its
+seed pinned) goes to the model with `rebuild` (docs/triton-model.md), every event that took
+effect at chunks 0..N with where it did, read from the recording's event log
+(rtvideo.core.session_log). The model rebuilds its state without encoding and streams from
+chunk N.
+
+Rules: the start's `prompt` may be omitted; every other session field it gives must equal the
+recording's (`invalid_start` naming the first that differs); the proxy's own options
+(`record`, `watchable`, `resumable`, `steerable`) and `metrics` are the new session's. A
+client never sends `rebuild` itself (`invalid_start`): it is how the proxy talks to the model.
+Only a built-in-generator recording branches, exactly; another generator's engine state
+cannot be rebuilt (`invalid_start` says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from rtvideo.core import server_messages
+from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.session_log import SessionLog, SessionLogError, parse_lines, read_log
+from rtvideo.proxy.recordings import ids
+from rtvideo.proxy.recordings.service import Recordings
+from rtvideo.proxy.recordings.store import EVENTS
+
+FROM_RECORDING = "from_recording"
+REBUILD = "rebuild"
+#: start fields a branch may set for itself (the proxy's options, and in-band metrics)
+OWN_FIELDS = frozenset({"type", "record", "watchable", "resumable", "steerable", "metrics"})
+MAX_CHUNK_INDEX = 1_000_000
+
+
+@dataclass(frozen=True)
+class Branch:
+    recording_id: str
+    generation_chunk_index: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"recording_id": self.recording_id, "generation_chunk_index": self.generation_chunk_index}
+
+
+def _invalid(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.INVALID_START, message)
+
+
+def take_branch(first: dict[str, Any]) -> Branch | None:
+    """`from_recording`, checked and taken out of the start (None when absent); a client's
+    `rebuild` is refused."""
+    if REBUILD in first:
+        raise _invalid("rebuild is not a session.start field (branch with from_recording)")
+    if FROM_RECORDING not in first:
+        return None
+    spec = first.pop(FROM_RECORDING)
+    if not isinstance(spec, dict) or set(spec) != {"recording_id", "generation_chunk_index"}:
+        raise _invalid("from_recording must be {recording_id, generation_chunk_index}")
+    try:
+        rid = ids.check(spec["recording_id"])
+    except ids.MalformedId as exc:
+        raise _invalid(f"from_recording.recording_id: {exc}") from None
+    index = spec["generation_chunk_index"]
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_CHUNK_INDEX:
+        raise _invalid(f"from_recording.generation_chunk_index must be an integer 0-{MAX_CHUNK_INDEX}")
+    return Branch(rid, index)
+
+
+def _read(recordings: Recordings, branch: Branch) -> tuple[dict[str, Any], str]:
+    """The manifest and the event log (blocking: run in an executor)."""
+    manifest = recordings.store.manifest(branch.recording_id)
+    opened = recordings.store.open(branch.recording_id, EVENTS) if manifest is not None else None
+    if manifest is None or opened is None:
+        raise _invalid(f"from_recording: no recording {branch.recording_id}")
+    f, _ = opened
+    try:
+        return manifest, f.read().decode("utf-8")
+    finally:
+        f.close()
+
+
+def _check(log: SessionLog, branch: Branch, given: dict[str, Any]) -> None:
+    if not log.built_in():
+        raise _invalid(
+            "from_recording: this recording's generator cannot rebuild a session (only the built-in one can)"
+        )
+    if log.branched_from is not None:  # its earlier events are in another recording's log
+        raise _invalid("from_recording: this recording is itself a branch; branch its parent instead")
+    if branch.generation_chunk_index >= log.chunks:
+        raise _invalid(
+            f"from_recording.generation_chunk_index {branch.generation_chunk_index}: "
+            f"the recording has chunks 0-{log.chunks - 1}"
+        )
+    recorded = log.start_message()
+    for name, value in given.items():
+        if name in OWN_FIELDS:
+            continue
+        if recorded.get(name) != value:
+            raise _invalid(f"{name}: a branch keeps the recording's value ({recorded.get(name)!r}); got {value!r}")
+
+
+async def branch_start(recordings: Recordings | None, branch: Branch, given: dict[str, Any]) -> bytes:
+    """The start to send the model for `branch` (`given`: the client's start without the proxy's
+    options). ProtocolError (`invalid_start`) when it cannot be branched."""
+    if recordings is None:
+        raise _invalid("from_recording: recordings are off on this server (rtvideo serve --recordings DIR)")
+    manifest, text = await asyncio.get_running_loop().run_in_executor(None, _read, recordings, branch)
+    if manifest.get("status") == "recording":
+        raise _invalid(f"from_recording: recording {branch.recording_id} is still being recorded")
+    try:
+        log = read_log(parse_lines(text))
+    except SessionLogError as exc:
+        raise _invalid(f"from_recording: recording {branch.recording_id} cannot be read: {exc}") from None
+    _check(log, branch, given)
+    start = log.start_message()
+    for name in OWN_FIELDS - {"type"}:
+        start.pop(name, None)
+        if name in given:
+            start[name] = given[name]
+    start[REBUILD] = log.rebuild(branch.generation_chunk_index).to_json()
+    return server_messages.encode(start).encode("utf-8", "surrogatepass")

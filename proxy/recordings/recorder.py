@@ -1,0 +1,285 @@
+"""One session's recording: what the session hands its owner (a `RecordingSink`) and what its
+participants send, written off the event loop.
+
+- `video.mp4`: every binary payload handed to the owner, in transport order (the init segment
+  first, the trailer last): the stream exactly as sent. A replayed frame (a resumed owner's,
+  a watcher's) is never written twice: only first hand-outs reach a sink.
+- `events.jsonl`: one line per JSON message, `{"t": seconds since the start was received,
+  "dir": "in" | "out", "message": ...}`: what the owner sent and was handed, and what a guest
+  steerer sent and was answered alone (those lines name the `participant`: `owner`,
+  `steerer-1`, ... in the order they first spoke); a binary payload appears as its metadata
+  message only. Every `*_token` field is left out:
+  a recording is shared, a token is a key.
+- `manifest.json`: the session (request id, model, the video.start config with its seed),
+  times, counts and how it ended (`Manifest`).
+
+Writing never delays the stream: the loop only queues; one writer thread per store does the
+I/O. A recording whose queue grows past `MAX_PENDING_BYTES` (a slow disk) or whose write fails
+(a full disk), or that alone outgrows `--recordings-max-bytes`, is dropped: logged, counted,
+its files removed, a manifest saying why left; the session goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any
+
+from rtvideo.proxy.outbox import Frame
+from rtvideo.proxy.recordings.metrics import RecordingMetrics
+from rtvideo.proxy.recordings.store import EVENTS, VIDEO, RecordingStore
+
+log = logging.getLogger(__name__)
+
+#: bytes queued for the writer before the disk is deemed too slow and the recording dropped
+MAX_PENDING_BYTES = 64 * 1024 * 1024
+#: how often (in bytes written) a live recording makes room in the store by evicting old ones
+EVICT_EVERY_BYTES = 16 * 1024 * 1024
+
+
+class RecordingState(Enum):
+    RECORDING = "recording"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+def without_tokens(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The message with no `*_token` field (at its top level, where every token of the protocol is)."""
+    return {k: v for k, v in message.items() if not k.endswith("_token")}
+
+
+class Manifest:
+    """What `manifest.json` says; built from the messages as they pass (pure)."""
+
+    def __init__(self, rid: str, started_at: float) -> None:
+        self.fields: dict[str, Any] = {
+            "recording_id": rid,
+            "status": RecordingState.RECORDING.value,
+            "request_id": None,
+            "model": None,
+            "config": None,
+            "started_at": started_at,
+            "ended_at": None,
+            "chunks": 0,
+            "frames": 0,
+            "bytes": 0,
+            "ended": None,
+        }
+
+    def saw_out(self, message: Mapping[str, Any], payload: int) -> None:
+        kind = message.get("type")
+        if kind == "video.start":
+            config = message.get("config") or {}
+            self.fields.update(request_id=message.get("request_id"), model=config.get("model"), config=dict(config))
+        elif kind == "video.chunk_metadata" and message.get("kind") == "media":
+            self.fields["chunks"] += 1
+            self.fields["frames"] += int(message.get("num_frames") or 0)
+        elif kind == "session.done":
+            self.fields["ended"] = {k: v for k, v in message.items() if not isinstance(v, list) and k != "type"}
+        elif kind == "error" and self.fields["ended"] is None:
+            self.fields["last_error"] = message.get("code")
+        self.fields["bytes"] += payload
+
+    def add_bytes(self, n: int) -> None:
+        self.fields["bytes"] += n
+
+    def snapshot(self, state: RecordingState, **extra: Any) -> dict[str, Any]:
+        return {**self.fields, "status": state.value, **extra}
+
+
+class SessionRecorder:
+    """Records one session into `store` (see the module docstring). Called on the event loop;
+    every write runs on `writer` (a one-thread executor shared by the store's recorders)."""
+
+    def __init__(
+        self,
+        store: RecordingStore,
+        rid: str,
+        writer: Executor,
+        metrics: RecordingMetrics,
+        *,
+        received_at: float,
+        on_end: Callable[[SessionRecorder], None] | None = None,
+    ) -> None:
+        self.rid = rid
+        self._store = store
+        self._writer = writer
+        self._metrics = metrics
+        self._t0 = received_at  # monotonic: when the session.start arrived
+        self._manifest = Manifest(rid, time.time())
+        self.state = RecordingState.RECORDING
+        self._pending = 0  # bytes queued, not yet written (loop side; the lock guards it)
+        self._lock = threading.Lock()
+        self._files: dict[str, IO[bytes]] = {}
+        self._spool: Path | None = None
+        self._written_since_evict = 0
+        self._closed = False  # writer side: finished or abandoned, nothing more to do
+        self._on_end = on_end
+        self._names: dict[int, str] = {}  # id(guest) → its name in the log (the guest outlives no session)
+        self._guests: list[object] = []  # keeps each named guest alive, so its id is never reused
+        self._submit(self._open)
+
+    @property
+    def request_id(self) -> str | None:
+        return self._manifest.fields["request_id"]
+
+    # --- the loop side -----------------------------------------------------------------------
+    def received(self, message: Mapping[str, Any], sender: object | None) -> None:
+        """A JSON message a participant sent (None: the owner), after the proxy parsed it."""
+        entry = {"t": self._t(), "dir": "in", "participant": self._name(sender), "message": without_tokens(message)}
+        self._line(entry)
+
+    def told(self, message: Mapping[str, Any], guest: object) -> None:
+        """A message written to a guest steerer alone (its ack, its error, its pong)."""
+        self._line({"t": self._t(), "dir": "out", "participant": self._name(guest), "message": without_tokens(message)})
+
+    def _name(self, sender: object | None) -> str:
+        if sender is None:
+            return "owner"
+        name = self._names.get(id(sender))
+        if name is None:
+            self._guests.append(sender)
+            name = self._names[id(sender)] = f"steerer-{len(self._names) + 1}"
+        return name
+
+    def handed_out(self, frame: Frame) -> None:
+        """A frame handed to the owner (`RecordingSink`)."""
+        if self.state is not RecordingState.RECORDING:
+            return
+        message = without_tokens(frame.message)
+        payload = len(frame.data) if frame.data is not None else 0
+        self._manifest.saw_out(message, payload)
+        self._line({"t": self._t(), "dir": "out", "message": message})
+        if frame.data is not None:
+            data = frame.data
+            self._queue(len(data), lambda: self._append(VIDEO, data))
+
+    def session_ended(self) -> None:
+        if self.state is not RecordingState.RECORDING:
+            return
+        self.state = RecordingState.COMPLETE
+        manifest = self._manifest.snapshot(RecordingState.COMPLETE, ended_at=time.time())
+        self._submit(lambda: self._finish(manifest))
+
+    def _t(self) -> float:
+        return round(time.monotonic() - self._t0, 6)
+
+    def _line(self, entry: dict[str, Any]) -> None:
+        if self.state is not RecordingState.RECORDING:
+            return
+        line = (json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+        self._manifest.add_bytes(len(line))
+        self._queue(len(line), lambda: self._append(EVENTS, line))
+
+    def _queue(self, size: int, write: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending += size
+            over = self._pending > MAX_PENDING_BYTES
+        if over:
+            self._drop(f"the store is too slow: more than {MAX_PENDING_BYTES} bytes wait to be written")
+            return
+
+        def job() -> None:
+            try:
+                write()
+            finally:
+                with self._lock:
+                    self._pending -= size
+
+        self._submit(job)
+
+    def _drop(self, reason: str) -> None:
+        if self.state is not RecordingState.RECORDING:
+            return
+        self.state = RecordingState.FAILED
+        log.error("recording_id=%s request_id=%s recording dropped: %s", self.rid, self.request_id, reason)
+        self._metrics.failed(reason.split(":")[0])
+        manifest = self._manifest.snapshot(RecordingState.FAILED, ended_at=time.time(), reason=reason)
+        self._submit(lambda: self._abandon(manifest))
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        try:
+            self._writer.submit(self._guarded, job)
+        except RuntimeError:  # the writer is shut down (the proxy stops): nothing more is written
+            self.state = RecordingState.FAILED
+
+    # --- the writer thread ---------------------------------------------------------------------
+    def _guarded(self, job: Callable[[], None]) -> None:
+        try:
+            job()
+        except Exception as exc:  # noqa: BLE001 - a failed write drops the recording, never the session
+            if self._closed:
+                log.error("recording_id=%s: after the end: %s", self.rid, exc)
+                return
+            self.state = RecordingState.FAILED
+            reason = f"write failed: {type(exc).__name__}: {exc}"
+            log.error("recording_id=%s request_id=%s recording dropped: %s", self.rid, self.request_id, reason)
+            self._metrics.failed("write failed")
+            try:
+                self._abandon(self._manifest.snapshot(RecordingState.FAILED, ended_at=time.time(), reason=reason))
+            except Exception as again:  # noqa: BLE001 - the store is gone: nothing is left to clean
+                log.error("recording_id=%s: could not clean up: %s", self.rid, again)
+
+    def _open(self) -> None:
+        self._spool = self._store.begin(self.rid)
+        self._store.update_live(self.rid, self._manifest.snapshot(RecordingState.RECORDING))
+
+    def _append(self, name: str, data: bytes) -> None:
+        if self._spool is None or self.state is RecordingState.FAILED:
+            return
+        f = self._files.get(name)
+        if f is None:
+            f = self._files[name] = (self._spool / name).open("ab")
+        f.write(data)
+        self._written_since_evict += len(data)
+        if self._written_since_evict >= EVICT_EVERY_BYTES:
+            self._written_since_evict = 0
+            self._flush_files()
+            self._store.update_live(self.rid, self._manifest.snapshot(RecordingState.RECORDING))
+            if self._manifest.fields["bytes"] > self._store.limits.max_bytes:
+                raise OSError(f"the recording alone is over --recordings-max-bytes ({self._store.limits.max_bytes})")
+            self._store.evict()
+
+    def _flush_files(self) -> None:
+        for f in self._files.values():
+            f.flush()
+
+    def _close_files(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def _finish(self, manifest: dict[str, Any]) -> None:
+        if self._closed or self.state is RecordingState.FAILED or self._spool is None:
+            return
+        self._close_files()
+        if manifest["bytes"] > self._store.limits.max_bytes:
+            raise OSError(f"the recording alone is over --recordings-max-bytes ({self._store.limits.max_bytes})")
+        self._store.finish(self.rid, manifest)
+        self._closed = True
+        self._metrics.written(int(manifest["bytes"]))
+        log.info(
+            "recording_id=%s request_id=%s recorded: %d chunks, %d bytes",
+            self.rid,
+            manifest["request_id"],
+            manifest["chunks"],
+            manifest["bytes"],
+        )
+        self._store.evict()
+        if self._on_end is not None:
+            self._on_end(self)
+
+    def _abandon(self, manifest: dict[str, Any]) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._close_files()
+        self._store.abandon(self.rid, manifest)
+        if self._on_end is not None:
+            self._on_end(self)

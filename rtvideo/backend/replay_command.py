@@ -1,0 +1,50 @@
+"""`rtvideo replay`'s command line, importable without the backend's packages: the work
+(`rtvideo.backend.replay`, torch and PyAV) is imported only when the command runs, so a
+client-only install lists it and says what it needs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DESCRIPTION = (
+    "Re-generate a built-in generator's recording in this process (no Triton): each interaction "
+    "takes effect exactly where its event log says; the output is the recorded video.mp4 again "
+    "(docs/recordings.md)."
+)
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument(
+        "recording",
+        help="a recording directory (manifest.json, events.jsonl), or http(s)://HOST/v1/recordings/ID",
+    )
+    parser.add_argument("-o", "--output", required=True, type=Path, help="the MP4 to write")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("RTVIDEO_TOKEN"),
+        help="the proxy's bearer token, for a recording URL (default: $RTVIDEO_TOKEN)",
+    )
+    parser.add_argument("--device", default="cpu", help="the built-in generator's device (default cpu)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch's CPU threads: the model's `torch_threads` (default 1); the prompt embeddings, "
+        "and so the frames, are exact only with the same count",
+    )
+
+
+def main(args: Any) -> int:
+    try:
+        from rtvideo.backend import replay
+    except ImportError as exc:
+        print(
+            f"rtvideo replay: error: it needs the backend's packages ({exc.name} is missing): "
+            "pip install 'rtvideo[backend]'",
+            file=sys.stderr,
+        )
+        return 1
+    return replay.main(args)

@@ -1,0 +1,109 @@
+"""What a reading of the source tree must show: every package ships, no import circle, no
+oversized file (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tomllib
+
+from tests.support.paths import REPO_ROOT
+
+#: the source folders and the package each is installed as (pyproject.toml's package-dir)
+ROOTS = {"rtvideo": "rtvideo", "proxy": "rtvideo.proxy", "client": "rtvideo.client"}
+#: the size a file is split at (tests and the static page aside)
+MAX_LINES = 500
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for folder, package in ROOTS.items():
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            if "__pycache__" in path.parts or "static" in path.parts:
+                continue
+            parts = path.relative_to(REPO_ROOT / folder).with_suffix("").parts
+            name = ".".join([package, *parts])
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The modules of ours `path` imports when it is loaded (not under TYPE_CHECKING, not inside
+    functions: a deferred import cannot make a circle at load)."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in ast.walk(node) if isinstance(node, (ast.Import, ast.ImportFrom, ast.Try, ast.If)) else ():
+            if isinstance(sub, ast.Import):
+                targets = [a.name for a in sub.names]
+            elif isinstance(sub, ast.ImportFrom):
+                base = sub.module or ""
+                if sub.level:
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - sub.level + 1] + ([base] if base else [])
+                    )
+                targets = [f"{base}.{a.name}" for a in sub.names] + [base]
+            else:
+                continue
+            out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def test_every_package_folder_is_installed() -> None:
+    """A folder missing from pyproject's packages imports from a checkout but not from the
+    image's `pip install .`."""
+    listed = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {name for name, path in modules().items() if path.name == "__init__.py"}
+    assert sorted(folders - listed) == []
+
+
+def test_no_import_circle() -> None:
+    mods = modules()
+    graph = {name: imports_of(path, name, set(mods)) for name, path in mods.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    # a package's __init__ re-exporting its own modules is not a circle between concerns
+    circles = [c for c in circles if not all(m.startswith(min(c, key=len) + ".") or m == min(c, key=len) for m in c)]
+    assert circles == []
+
+
+def test_the_pure_core_imports_nothing_of_ours_outside_it() -> None:
+    mods = modules()
+    for name, path in mods.items():
+        if name.startswith("rtvideo.core"):
+            outside = {m for m in imports_of(path, name, set(mods)) if not m.startswith("rtvideo.core")}
+            assert outside == set(), name
+
+
+def test_no_source_file_is_oversized() -> None:
+    sizes = {str(p.relative_to(REPO_ROOT)): len(p.read_text().splitlines()) for p in modules().values()}
+    assert {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
