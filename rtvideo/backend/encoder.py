@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import struct
-from dataclasses import dataclass, field
 from fractions import Fraction
 
 import av
@@ -22,6 +21,7 @@ import numpy as np
 from av.video.frame import PictureType
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
+from rtvideo.core.fmp4 import FragmentIndex, boxes, fragment_header
 from rtvideo.core.session_config import GeneratorLimits
 
 _MUX_OPTIONS = {
@@ -41,51 +41,6 @@ _TV_RANGE = 1  # AVCOL_RANGE_MPEG
 _DEFAULT_LIMITS = GeneratorLimits()
 
 
-@dataclass(frozen=True)
-class _Box:
-    type: bytes
-    start: int
-    end: int
-
-
-def _boxes(data: bytes | bytearray, start: int = 0, end: int | None = None) -> list[_Box]:
-    """The ISO-BMFF boxes laid end to end in data[start:end] (32-bit sizes only, as movenc writes)."""
-    end = len(data) if end is None else end
-    boxes = []
-    while start < end:
-        size, kind = struct.unpack_from(">I4s", data, start)
-        if size < 8 or start + size > end:
-            raise ValueError(f"malformed box {kind!r} at {start}")
-        boxes.append(_Box(kind, start, start + size))
-        start += size
-    return boxes
-
-
-def _child(data: bytes | bytearray, parent: _Box, kind: bytes) -> _Box:
-    for box in _boxes(data, parent.start + 8, parent.end):
-        if box.type == kind:
-            return box
-    raise ValueError(f"no {kind!r} in {parent.type!r}")
-
-
-@dataclass
-class _FragmentIndex:
-    """What the closing `mfra` needs: where each fragment starts and at what time."""
-
-    track_id: int = 0
-    entries: list[tuple[int, int]] = field(default_factory=list)  # (decode time, moof offset)
-
-    def to_mfra(self) -> bytes:
-        """`mfra` = `tfra` (one entry per fragment; each starts with an IDR) + `mfro`."""
-        body = b"".join(struct.pack(">QQBBB", t, offset, 1, 1, 1) for t, offset in self.entries)
-        # tfra version 1 (64-bit time and offset); traf/trun/sample numbers stored in 1 byte each.
-        tfra_payload = struct.pack(">I I I I", 1 << 24, self.track_id, 0, len(self.entries)) + body
-        tfra = struct.pack(">I4s", 8 + len(tfra_payload), b"tfra") + tfra_payload
-        mfra_size = 8 + len(tfra) + 16
-        mfro = struct.pack(">I4sII", 16, b"mfro", 0, mfra_size)
-        return struct.pack(">I4s", mfra_size, b"mfra") + tfra + mfro
-
-
 class FragmentedMp4Encoder:
     """RGB chunks in, one self-contained fMP4 fragment per chunk out, with zero frame lag."""
 
@@ -100,7 +55,7 @@ class FragmentedMp4Encoder:
         self._reformatter = VideoReformatter()  # reusing its scaler context halves RGB->YUV cost
         self._init_segment = b""
         self._bytes_out = 0
-        self._index = _FragmentIndex()
+        self._index = FragmentIndex()
         self._closed = False
 
     def _open_codec(self) -> av.VideoCodecContext:
@@ -159,26 +114,18 @@ class FragmentedMp4Encoder:
 
     def _fragment(self, muxed: bytes) -> bytes:
         """Keep the init segment once, renumber the fragment, and index it for the trailer."""
-        boxes = _boxes(muxed)
-        moofs = [box for box in boxes if box.type == b"moof"]
-        if len(moofs) != 1 or boxes[-1].type != b"mdat":
-            raise RuntimeError(f"unexpected muxer output: {[box.type for box in boxes]}")
+        laid = boxes(muxed)
+        moofs = [box for box in laid if box.type == b"moof"]
+        if len(moofs) != 1 or laid[-1].type != b"mdat":
+            raise RuntimeError(f"unexpected muxer output: {[box.type for box in laid]}")
         moof = moofs[0]
         head = b"" if self._init_segment else muxed[: moof.start]
         fragment = bytearray(muxed[moof.start :])
-        moof = _Box(b"moof", 0, moof.end - moof.start)
-
+        header = fragment_header(fragment)
         # Every fresh muxer numbers its fragment 1; sequence numbers should increase.
-        mfhd = _child(fragment, moof, b"mfhd")
-        struct.pack_into(">I", fragment, mfhd.start + 12, len(self._index.entries) + 1)
-
-        traf = _child(fragment, moof, b"traf")
-        tfhd = _child(fragment, traf, b"tfhd")
-        tfdt = _child(fragment, traf, b"tfdt")
-        (self._index.track_id,) = struct.unpack_from(">I", fragment, tfhd.start + 12)
-        version = fragment[tfdt.start + 8]
-        (decode_time,) = struct.unpack_from(">Q" if version == 1 else ">I", fragment, tfdt.start + 12)
-        self._index.entries.append((decode_time, self._bytes_out + len(head)))
+        struct.pack_into(">I", fragment, header.sequence_at, len(self._index.entries) + 1)
+        self._index.track_id = header.track_id
+        self._index.entries.append((header.decode_time, self._bytes_out + len(head)))
 
         if head:
             self._init_segment = head

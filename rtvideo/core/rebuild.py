@@ -7,8 +7,13 @@ within that chunk (`event_frame_offsets`). A `rebuild` lists those; the source a
 just before its chunk's boundary with its frame forced, steps its trackers through the chunks
 before `generation_chunk_index` without rendering, and streams from there.
 
+An event is history (the default: a branch's recorded events, never named on the new stream)
+or `named`: the session's own, which the new stream names in its chunk lists as the old one
+would have and whose id a retry finds known (a session moved to another Triton, whose events
+keep their place).
+
 Not a client field: the proxy strips it from what clients send; only a trusted caller of the
-model (the proxy's branching, a direct gRPC client holding Triton's key) sends it.
+model (the proxy's branching and moves, a direct gRPC client holding Triton's key) sends it.
 
 Pure: decoded JSON in, dataclasses out; every failure is a `ProtocolError` (`invalid_start`).
 """
@@ -41,6 +46,7 @@ class ScriptedEvent:
     chunk: int
     frame_offset: int
     request: InteractionRequest
+    named: bool = False  # the session's own event (module docstring); else history
 
     @property
     def event_id(self) -> str:
@@ -57,15 +63,25 @@ class Rebuild:
     events: tuple[ScriptedEvent, ...] = ()
 
     @property
-    def event_ids(self) -> frozenset[str]:
-        return frozenset(event.event_id for event in self.events)
+    def history_ids(self) -> frozenset[str]:
+        """The events no list of the new stream names."""
+        return frozenset(event.event_id for event in self.events if not event.named)
+
+    @property
+    def named(self) -> tuple[ScriptedEvent, ...]:
+        return tuple(event for event in self.events if event.named)
 
     def to_json(self) -> dict[str, Any]:
         """The `rebuild` field that parses back to this."""
         return {
             "generation_chunk_index": self.generation_chunk_index,
             "events": [
-                {"chunk": e.chunk, "frame_offset": e.frame_offset, "interaction": interaction_json(e.request)}
+                {
+                    "chunk": e.chunk,
+                    "frame_offset": e.frame_offset,
+                    "interaction": interaction_json(e.request),
+                    **({"named": True} if e.named else {}),
+                }
                 for e in self.events
             ],
         }
@@ -110,11 +126,14 @@ def parse_rebuild(value: Any) -> Rebuild:
         name = f"rebuild.events[{index}]"
         if not isinstance(raw, dict):
             raise ProtocolError(_BAD, f"{name} must be an object, not {json_kind(raw)}")
-        unknown = sorted(set(raw) - {"chunk", "frame_offset", "interaction"})
+        unknown = sorted(set(raw) - {"chunk", "frame_offset", "interaction", "named"})
         if unknown:
             raise ProtocolError(_BAD, f"unknown {name} field(s): {', '.join(unknown)}")
         chunk = as_int(raw.get("chunk"), f"{name}.chunk", 0, target, _BAD)
         frame = as_int(raw.get("frame_offset", 0), f"{name}.frame_offset", 0, MAX_REBUILD_CHUNK, _BAD)
+        named = raw.get("named", False)
+        if not isinstance(named, bool):
+            raise ProtocolError(_BAD, f"{name}.named must be a boolean, not {json_kind(named)}")
         try:
             request = parse_interaction({"interaction": raw.get("interaction")})
         except ProtocolError as exc:
@@ -124,7 +143,7 @@ def parse_rebuild(value: Any) -> Rebuild:
         if request.event_id in seen:
             raise ProtocolError(_BAD, f"{name}: event_id {request.event_id!r} appears twice")
         seen.add(request.event_id)
-        events.append(ScriptedEvent(chunk, frame, request))
+        events.append(ScriptedEvent(chunk, frame, request, named))
     events.sort(key=lambda e: e.chunk)  # stable: the order received within a chunk
     return Rebuild(target, tuple(events))
 

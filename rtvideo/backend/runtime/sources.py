@@ -207,7 +207,8 @@ class GeneratorChunkSource:
     `config.rebuild` (`rtvideo.core.rebuild`): its events are admitted just before their chunk's
     boundary, camera ones at their recorded frame; the chunks before its `generation_chunk_index`
     are resolved without rendering (the renderer skips their frames), and the stream starts
-    there. The rebuilt events are history: no list of this stream names them."""
+    there. The rebuilt history events are named by no list of this stream; its named ones (a
+    moved session's own) are, as the old stream would have named them."""
 
     pacing = True  # the generator renders only when asked
 
@@ -229,7 +230,7 @@ class GeneratorChunkSource:
         self._script: dict[int, list[ScriptedEvent]] = {}
         for event in rebuild.events if rebuild is not None else ():
             self._script.setdefault(event.chunk, []).append(event)
-        self._history = rebuild.event_ids if rebuild is not None else frozenset()
+        self._history = rebuild.history_ids if rebuild is not None else frozenset()
         self._skip_to = rebuild.generation_chunk_index if rebuild is not None else 0
         self._skipped_frames = 0  # frames resolved without rendering, not yet skipped by the renderer
         self._next_index = 0  # the generation chunk of the next boundary
