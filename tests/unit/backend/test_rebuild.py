@@ -17,7 +17,7 @@ from rtvideo.backend.runtime.sources import GeneratorChunkSource
 from rtvideo.core.chunks import media_metadata
 from rtvideo.core.interaction import Interaction
 from rtvideo.core.protocol import validate_interaction
-from rtvideo.core.rebuild import Rebuild
+from rtvideo.core.rebuild import Rebuild, parse_rebuild
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.session_log import read_log
 
@@ -158,6 +158,27 @@ def test_rebuilt_events_are_history_and_live_ones_after_them_win(generator: Buil
     assert plan.started == ("u",) and plan.active == ("u",) and plan.superseded == ()  # p2, c1: history
     assert set(plan.progress) == {"u"}
     assert plan.mix == {"a snowy street at night": 2 / 3, "fog": 1 / 3} or "fog" in plan.mix
+    source.close()
+
+
+@pytest.mark.parametrize("at", [3, 6, 7])
+def test_named_events_keep_their_place_in_the_lists_of_the_new_stream(generator: BuiltinGenerator, at: int) -> None:
+    """A moved session's own events (`named`): from chunk N on, the rebuilt stream's lists are
+    the straight run's, an event in progress included (p1 at 3, c1 and p2 at 6 and 7)."""
+    _, lines = straight(generator)
+    metas = [line["message"] for line in lines if line["message"]["type"] == "video.chunk_metadata"]
+    log = read_log(lines)
+    own = Rebuild(at, tuple(replace(e, named=True) for e in log.rebuild(at).events))
+    assert Rebuild(at, own.events).to_json() == parse_rebuild(own.to_json()).to_json()  # `named` round-trips
+    assert own.history_ids == frozenset() and {e.event_id for e in own.named} == {e.event_id for e in own.events}
+    session = generator.open_session(width=64, height=48, seed=CONFIG.seed, fps=FPS)
+    source = GeneratorChunkSource(FrameRenderer(session), replace(CONFIG, rebuild=own))
+    keys = ("started_event_ids", "active_event_ids", "completed_event_ids", "superseded_event_ids")
+    for index in range(at, CHUNKS):
+        if index > at and any(c == index - 1 for c, _, _ in SCRIPT):
+            break  # a live event of the straight run is not in this rebuild: the lists part there
+        meta = media_metadata("r", index, source.next_chunk(FPC).plan, FPC, 0)
+        assert {k: meta[k] for k in keys} == {k: metas[index][k] for k in keys}, index
     source.close()
 
 

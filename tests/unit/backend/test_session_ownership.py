@@ -121,7 +121,8 @@ def test_requests_without_the_session_s_secret_change_nothing() -> None:
         request_id = _message(owner, 0)["request_id"]
         frames.running.clear()  # no chunk refreshes the session's clock meanwhile
         time.sleep(0.2)
-        session = mgr._sessions[7]
+        session = mgr.session_for(7)
+        assert session is not None
         session.stats.last_progress = clock = time.monotonic() - 30.0  # so a refresh would show
         for secret in (None, OTHER, OWNER[:-1], OWNER + "x", "é" * 20):
             for payload, end in ((_interaction("injected"), False), (PING, False), (STOP, True), (PING, True)):

@@ -146,7 +146,7 @@ def test_backend_settings_parse() -> None:
 def test_interaction_after_the_end_is_refused_not_lost() -> None:
     mgr, _ = manager("stall", stall_timeout_seconds=60.0)
     ch = start(mgr)
-    session = next(iter(mgr._sessions.values()))
+    (session,) = mgr.live_sessions()
     session.fail(EndReason.GENERATION_FAILED, "boom")
     late = Recorder()
     session.interact(InteractionRequest(event={"prompt": "late"}, event_id="late"), late)
