@@ -21,6 +21,7 @@ from rtvideo.proxy.connections import BoundedHTTPServer, fd_room
 from rtvideo.proxy.endpoints import Resolver
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.moves import http as drain_http
 from rtvideo.proxy.placement import EndpointPool
 from rtvideo.proxy.recordings.http import routes as recording_routes
 from rtvideo.proxy.recordings.service import Recordings
@@ -272,6 +273,11 @@ def make_app(
         *health_routes(context),
         (r"/v1/models", ModelsHandler, {"context": context}),
         *recording_routes(context.features.recordings, settings.token),
+        (
+            drain_http.PATH,
+            drain_http.DrainHandler,
+            {"drain": pool.drain, "sessions": lambda: list(context.sessions), "token": settings.token},
+        ),
         (
             r"/(|rtvideo\.js|recordings\.html)",
             tornado.web.StaticFileHandler,

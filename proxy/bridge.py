@@ -253,7 +253,8 @@ class TritonBridge:
             self._client = InferenceServerClient(self.url, channel_args=channel_args())
         return self._client
 
-    def open_stream(self) -> TritonStream:
+    def open_stream(self, patience: float = 0.0) -> TritonStream:
+        """`patience` is a pool's: one server has no other to wait for."""
         return TritonStream(self.client, self.model, self._endings, self.headers)
 
     async def readiness(self, timeout: float = 2.0) -> dict[str, bool]:

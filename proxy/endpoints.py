@@ -79,6 +79,7 @@ class Endpoint:
         self.capacity: int | None = None  # unknown until the model config is read
         self.streams: set[SlotHolder] = set()  # this proxy's sessions there (placed or being placed)
         self.leaving = False  # no longer resolved: no new session; gone once its sessions end
+        self.draining = False  # drained by the operator: no new session; its live ones move
         self.refused_at = -math.inf  # when it last answered server_busy
 
     @property
@@ -87,7 +88,7 @@ class Endpoint:
 
     @property
     def admitting(self) -> bool:
-        return not self.leaving and self.supervisor.admitting
+        return not self.leaving and not self.draining and self.supervisor.admitting
 
     @property
     def has_free_slot(self) -> bool:
@@ -105,6 +106,7 @@ class Endpoint:
             "state": self.supervisor.state.value,
             "admitting": self.admitting,
             "leaving": self.leaving,
+            "draining": self.draining,
             "sessions": len(self.streams),
             "capacity": self.capacity,
             "free": self.free,

@@ -32,6 +32,7 @@ from rtvideo.proxy.delivery_metrics import (
     VISIBLE_BUCKETS,
     DeliveryMetrics,
 )
+from rtvideo.proxy.moves.metrics import MoveMetrics
 from rtvideo.proxy.playback_metrics import PlaybackMetrics
 
 __all__ = [
@@ -65,6 +66,8 @@ class ProxyMetrics:
         self.backend = BackendMetrics(r)
         #: the same per Triton endpoint (rtvideo.proxy.placement)
         self.endpoints = EndpointMetrics(r)
+        #: live sessions moved between Tritons (rtvideo.proxy.moves)
+        self.moves = MoveMetrics(r)
 
     # --- sessions, resume and attachments (docs/operations.md) ----------------------------
     def session_opened(self) -> None:

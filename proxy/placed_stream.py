@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from typing import Any, Protocol
 
@@ -21,6 +22,9 @@ from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.bridge import END_GRACE_SECONDS, STOP, BackendUnavailable, TritonStream
 from rtvideo.proxy.endpoints import Endpoint
 from rtvideo.triton.wire import START_TAG, Reply
+
+#: how often a patient stream asks the pool again for an endpoint
+PATIENCE_POLL_SECONDS = 0.25
 
 
 def _is_busy(reply: Reply) -> bool:
@@ -46,6 +50,8 @@ class StreamPool(Protocol):
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
+    def candidates(self) -> list[Endpoint]: ...
+
 
 # --- one session's stream ------------------------------------------------------------------------
 class Placement(enum.Enum):
@@ -55,7 +61,7 @@ class Placement(enum.Enum):
 
     PLACING = enum.auto()  # an attempt is open on one endpoint; what the session sent is kept for the next
     PLACED = enum.auto()  # its model answered session.start: bound to that endpoint for good
-    EXHAUSTED = enum.auto()  # no candidate left: `replies` raises BackendUnavailable
+    EXHAUSTED = enum.auto()  # no candidate left: `replies` raises BackendUnavailable (a patient one waits first)
     CANCELLED = enum.auto()  # the session ended it
 
 
@@ -63,8 +69,11 @@ class PlacedStream:
     """One session's stream over the pool, a `SessionStream`; bound to one endpoint for good once
     its model answers session.start."""
 
-    def __init__(self, pool: StreamPool, candidates: list[Endpoint]) -> None:
+    def __init__(self, pool: StreamPool, candidates: list[Endpoint], patience: float = 0.0) -> None:
+        """`patience`: seconds it waits for an endpoint to take it when none can now (a session
+        moving off a lost Triton waits for one to come back); 0: it gives up at once."""
         self._pool = pool
+        self._patient_until = time.monotonic() + patience
         self._candidates = list(candidates)  # not tried yet, best first
         self._sent: list[tuple[bytes, bool, bool]] = []  # replayed on the next attempt until placed
         self._count = 0
@@ -94,7 +103,7 @@ class PlacedStream:
     def send(self, raw: bytes, *, start: bool = False, end: bool = False) -> str:
         """Queue one client message; returns the tag its replies carry (the same on every attempt)."""
         self._count += 1
-        if self.state is Placement.PLACING:
+        if self.state in (Placement.PLACING, Placement.EXHAUSTED):  # a patient one may yet be placed
             self._sent.append((raw, start, end))
         if self._stream is not None:
             return self._stream.send(raw, start=start, end=end)
@@ -106,7 +115,9 @@ class PlacedStream:
         while True:
             stream, endpoint = self._stream, self.endpoint
             if stream is None or endpoint is None:
-                raise BackendUnavailable(self._why)
+                if not await self._wait_for_endpoint():
+                    raise BackendUnavailable(self._why)
+                continue
             held: list[Reply] = []  # answers to later requests, before the start's first answer
             iterator = stream.replies()
             failure: str | None = None
@@ -165,7 +176,7 @@ class PlacedStream:
                 stream.cancel()
                 await iterator.aclose()
             self._leave()
-            if not self._next_attempt():
+            if not self._next_attempt() and time.monotonic() >= self._patient_until:
                 raise BackendUnavailable(self._why)
 
     def cancel(self) -> None:
@@ -177,10 +188,23 @@ class PlacedStream:
 
     # --- the pool's side ---------------------------------------------------------------------
     def lost(self, reason: str) -> None:
-        """The endpoint is down: a placed session ends (backend_unavailable); one not yet placed moves on."""
+        """The endpoint is down: a placed session's stream breaks (the session moves or ends); one
+        not yet placed tries the next endpoint."""
         if self._lost is None and self._stream is not None and self.state is not Placement.CANCELLED:
             self._lost = reason
             self._stream.cancel()
+
+    async def _wait_for_endpoint(self) -> bool:
+        """Within its patience, wait until the pool offers an endpoint and an attempt begins there."""
+        while self.state is Placement.EXHAUSTED and time.monotonic() < self._patient_until:
+            await asyncio.sleep(PATIENCE_POLL_SECONDS)
+            if self.state is not Placement.EXHAUSTED:
+                break  # cancelled meanwhile
+            self.state = Placement.PLACING
+            self._candidates = self._pool.candidates()
+            if self._next_attempt():
+                return True
+        return False
 
     def _next_attempt(self) -> bool:
         while self._candidates:

@@ -220,10 +220,12 @@ class EndpointPool:
         self._metrics.set_backend_up(any(e.supervisor.ready for e in self.endpoints.values()))
 
     def _down(self, endpoint: Endpoint, reason: str) -> None:
-        """The endpoint's model stopped answering: its sessions end (backend_unavailable); one
-        not placed yet moves on to another endpoint."""
+        """The endpoint's model stopped answering: its sessions move to another endpoint, or end
+        (backend_unavailable) when they cannot (rtvideo.proxy.moves); one not placed yet moves on."""
         if endpoint.streams:
-            log.warning("triton endpoint %s down: ending %d session(s) there", endpoint.address, len(endpoint.streams))
+            log.warning(
+                "triton endpoint %s down: %d session(s) there move or end", endpoint.address, len(endpoint.streams)
+            )
         for stream in list(endpoint.streams):
             stream.lost(reason)
 
@@ -271,9 +273,10 @@ class EndpointPool:
         with_room = [e for e in ordered if e.free is None or e.free > 0]
         return with_room or ordered[:1]
 
-    def open_stream(self) -> PlacedStream:
-        """A new session's stream (the `open_stream` of `TritonBridge`, placed)."""
-        return PlacedStream(self, self.candidates())
+    def open_stream(self, patience: float = 0.0) -> PlacedStream:
+        """A new session's stream (the `open_stream` of `TritonBridge`, placed); `patience`: how
+        long it waits for an endpoint when none takes it now (a moving session's)."""
+        return PlacedStream(self, self.candidates(), patience)
 
     # --- what a placed stream tells the pool -------------------------------------------------
     def attach(self, endpoint: Endpoint, stream: PlacedStream) -> None:
@@ -318,6 +321,17 @@ class EndpointPool:
     def stream_failed(self, endpoint: Endpoint, reason: str) -> None:
         """A placed session's stream at `endpoint` broke (the session ends with backend_unavailable)."""
         endpoint.supervisor.suspect(f"a session's stream failed: {reason}")
+
+    def drain(self, address: str, draining: bool = True) -> list[object] | None:
+        """Drain the endpoint at `address` (no new session there; the caller moves its live ones)
+        or take it back; its sessions' streams, or None when no endpoint is at `address`."""
+        endpoint = self.endpoints.get(address)
+        if endpoint is None:
+            return None
+        endpoint.draining = draining
+        log.warning("triton endpoint %s %s", address, "drained" if draining else "taken back after a drain")
+        self._health_changed()
+        return list(endpoint.streams)
 
     # --- what the proxy asks -------------------------------------------------------------------
     @property

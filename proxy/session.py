@@ -6,7 +6,7 @@ dropped connection or a move to another Triton, each part in its own module:
 
 - its `Lifecycle` (rtvideo.proxy.lifecycle): the `Phase`, and the model's request_id;
 - its `Upstream` (rtvideo.proxy.upstream): the Triton stream and what is in flight on it;
-  a move between Tritons replaces the stream (`replace_stream`), nothing else;
+  a move to another Triton (`move`, rtvideo.proxy.moves) takes the stream over, nothing else;
 - its event book, kept by its `Ledger` (rtvideo.proxy.ledger) and decided on by its
   `ProxyAcks`: every `session.done` a client gets has that book's lists;
 - its `Dispatch` (rtvideo.proxy.dispatch): the order in which replies reach the owner;
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from rtvideo.core import start_request
@@ -51,6 +51,7 @@ from rtvideo.proxy.invitations import Invitations
 from rtvideo.proxy.ledger import Ledger
 from rtvideo.proxy.lifecycle import LIVE, Lifecycle, Phase
 from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.moves.mover import Mover, MoveReason
 from rtvideo.proxy.outbox import Frame
 from rtvideo.proxy.participants import Connection, Link, Owner, Steerer
 from rtvideo.proxy.seat import OwnerSeat
@@ -59,7 +60,7 @@ from rtvideo.proxy.session_timing import PlayheadTiming, StreamTiming
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.steerers import GuestSteerer
 from rtvideo.proxy.steering import Steering, raw_bytes
-from rtvideo.proxy.streams import SessionStream, StreamSource
+from rtvideo.proxy.streams import StreamSource
 from rtvideo.proxy.tasks import TaskSet
 from rtvideo.proxy.tracing import session_trace
 from rtvideo.proxy.upstream import Upstream, UpstreamTimes
@@ -112,7 +113,10 @@ class ProxySession:
             self._life, ACK_WAIT_SECONDS, bound, self._seat, self._acks, metrics, self._playhead, hooks
         )
         times = UpstreamTimes(KEEPALIVE_SECONDS, PING_FORWARD_SECONDS, END_GRACE_SECONDS)
-        self._upstream = Upstream(self._life, settings, times, self._tasks, self._on_reply, self._stream_broke)
+        self._mover = Mover(bridge, settings.move_patience_seconds, metrics.moves)  # rtvideo.proxy.moves
+        self._upstream = Upstream(
+            self._life, settings, times, self._tasks, self._on_reply, self._stream_broke, self._mover.forwarded
+        )
         self._inband = InbandMetrics(  # session.metrics, when the start asks (rtvideo.proxy.session_metrics)
             self._dispatch.answer,
             lambda: self._life.request_id,
@@ -241,6 +245,7 @@ class ProxySession:
             stream = self._bridge.open_stream()
             self._timing.started()
             stream.send(start, start=True)
+            self._mover.opened(start)
             self._life.open_sequence()
             self._upstream.open(stream)
 
@@ -248,10 +253,21 @@ class ProxySession:
         if self.awaiting_start:
             self._ending.fail(ErrorCode.START_TIMEOUT, f"no session.start within {self._settings.start_timeout:g} s")
 
-    def replace_stream(self, stream: SessionStream) -> None:
-        """A move to another Triton: `stream`, on which the caller has started the sequence again,
-        carries this session from now on; its participants, event book and replay buffer stay."""
-        self._upstream.replace(stream)
+    def move(self, reason: MoveReason) -> bool:
+        """Go on on another Triton (rtvideo.proxy.moves.mover); its participants, event book and
+        replay buffer stay. False when it cannot: it is not live, or its state cannot be rebuilt."""
+        if self._life.phase not in (Phase.STREAMING, Phase.DETACHED):
+            return False
+        unstarted = self.ledger.book.outcome(acked_only=True).unapplied
+        if not self._mover.move(reason, self._upstream, self.request_id, unstarted):
+            return False
+        if self.detached:
+            self._upstream.pause(True)
+        return True
+
+    def streams_on(self, streams: Collection[object]) -> bool:
+        """Whether this session's Triton stream is one of `streams` (an endpoint's, to drain it)."""
+        return self._upstream.stream in streams
 
     def record_to(self, sink: RecordingSink) -> None:
         """`sink` follows every frame the owner is handed from now on, and hears the end."""
@@ -259,12 +275,19 @@ class ProxySession:
 
     # --- Triton → the owner -------------------------------------------------------------------
     def _on_reply(self, reply: Reply) -> None:
-        if self._upstream.received(reply):  # not flags-only, nor the answer to a request of the proxy's own
-            self._inband.arrived(reply.message)
-            self._dispatch.received(reply, answers_stop=self._upstream.answers_stop(reply.tag))
+        if not self._upstream.received(reply):  # flags-only, or the answer to a request of the proxy's own
+            return
+        spliced = self._mover.arrived(reply)  # in the session's coordinates after a move
+        if spliced is not None:
+            self._inband.arrived(spliced.message)
+            self._dispatch.received(spliced, answers_stop=self._upstream.answers_stop(spliced.tag))
 
     def _stream_broke(self, reason: str) -> None:
-        """The stream failed (or fell silent) while the session is live: backend_unavailable."""
+        """The stream failed (or fell silent) while the session is live: it moves to another
+        Triton, or when it cannot, ends with backend_unavailable."""
+        if self.move(MoveReason.LOSS):
+            log.warning("request_id=%s peer=%s moving after a backend failure: %s", self.request_id, self.peer, reason)
+            return
         log.warning("request_id=%s peer=%s backend failure: %s", self.request_id, self.peer, reason)
         self._ending.fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
 

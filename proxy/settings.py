@@ -110,6 +110,11 @@ class ProxySettings:
     backend_silence_seconds: float = setting(
         90.0, "end a live session with backend_unavailable when Triton sends nothing this long"
     )
+    move_patience_seconds: float = setting(
+        60.0,
+        "a live session whose Triton is lost or drained waits this long for an endpoint to take it "
+        "(the same one after a restart included) before it ends with backend_unavailable (0: moves off)",
+    )
     resume_grace_seconds: float = setting(
         30.0,
         "a resumable session whose connection drops stays detached (its generator paused) this many "
@@ -188,8 +193,8 @@ class ProxySettings:
             raise ValueError("recordings_max_bytes must be positive, recordings_max_age >= 0")
         if self.record_all and not self.recordings:
             raise ValueError("--record-all needs --recordings (where to store them)")
-        if self.resolve_interval < 0 or self.drain_seconds < 0:
-            raise ValueError("resolve_interval and drain_seconds must be >= 0")
+        if self.resolve_interval < 0 or self.drain_seconds < 0 or self.move_patience_seconds < 0:
+            raise ValueError("resolve_interval, drain_seconds and move_patience_seconds must be >= 0")
         parse_urls(self.triton_url)  # HOST:PORT, each one
         if self.ping_interval and self.ping_timeout > self.ping_interval:
             raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")

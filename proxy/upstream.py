@@ -8,13 +8,17 @@ detached session, and takes a stream that fell silent or broke for broken. The a
 its own requests (keep-alives, pauses, forwarded pings) are dropped here: the session sees
 only what is for a client.
 
-A move to another Triton is `replace`: the new stream carries the session from then on,
-and nothing above this class changes.
+A move to another Triton is `take_over`: the new stream carries the session from then on,
+what goes up is put in its coordinates (`report`), and nothing above this class changes. A
+new stream numbers its requests' tags from 1 again; each stream after the first has its tags
+(but the start's) marked with its epoch here, both ways, so a tag names one request for the
+whole session and a late answer can never be taken for another's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +31,7 @@ from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.streams import SessionStream
 from rtvideo.proxy.tasks import TaskSet
 from rtvideo.triton.access import short_hash
-from rtvideo.triton.wire import Reply
+from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ class Upstream:
         tasks: TaskSet,
         on_reply: Callable[[Reply], None],
         on_broken: Callable[[str], None],
+        on_sent: Callable[[bytes], None] = lambda raw: None,
     ) -> None:
         self._life = life
         self._settings = settings
@@ -63,6 +68,9 @@ class Upstream:
         self._tasks = tasks
         self._on_reply = on_reply  # every reply the pump reads, in arrival order
         self._on_broken = on_broken  # the current stream broke while the session is live
+        self._on_sent = on_sent  # every later request, as it goes to Triton (a move's log)
+        self._report: Callable[[bytes], bytes] = lambda raw: raw  # a report, into the stream's media time
+        self._epoch = 0  # streams taken over so far (the current stream's tag mark)
         self._stream: SessionStream | None = None  # while there is a sequence to end
         self._over = asyncio.Event()  # the current stream's call ended (or broke, or was cancelled)
         self._stop_tag: str | None = None  # the request that carried sequence_end
@@ -102,27 +110,45 @@ class Upstream:
         self._watch_silence()
         self._keep_alive()
 
-    def replace(self, stream: SessionStream) -> None:
-        """A move to another Triton: `stream`, its sequence started there, carries the session from
-        now on. The old stream is cancelled with whatever was in flight on it: those answers never
-        come, so they count against no bound and are awaited by nobody."""
+    def take_over(self, stream: SessionStream, report: Callable[[bytes], bytes]) -> None:
+        """A move to another Triton: `stream` carries the session from now on (the caller starts
+        its sequence there); `report` puts a playhead report in its media time. The old stream,
+        if it still runs (a drain), is cancelled with whatever was in flight on it: those answers
+        never come, so they count against no bound and are awaited by nobody."""
         old, self._stream = self._stream, None
-        assert old is not None, "only an open sequence moves"
-        old.cancel()
+        if old is not None:
+            old.cancel()
         self._in_flight.clear()
         self._keepalive_tags.clear()
         self._ping_tag = None
+        self._report = report
+        self._epoch += 1
+        self.stop_timers()
         self._attach(stream)
+        self._watch_silence()
+        self._keep_alive()
 
     def _attach(self, stream: SessionStream) -> None:
         self._stream = stream
         self._heard = self._forwarded = time.monotonic()
         self._over = asyncio.Event()
-        self._tasks.spawn(self._pump(stream, self._over))
+        self._tasks.spawn(self._pump(stream, self._over, self._epoch))
 
-    async def _pump(self, stream: SessionStream, over: asyncio.Event) -> None:
+    def _tag(self, tag: str, epoch: int | None = None) -> str:
+        """A stream's tag as the session knows it (module docstring)."""
+        epoch = self._epoch if epoch is None else epoch
+        return tag if epoch == 0 or tag == START_TAG else f"{tag}~{epoch}"
+
+    def _send(self, stream: SessionStream, raw: bytes, *, end: bool = False) -> str:
+        return self._tag(stream.send(raw, end=end))
+
+    async def _pump(self, stream: SessionStream, over: asyncio.Event, epoch: int) -> None:
         try:
             async for reply in stream.replies():
+                if self._stream is not stream:
+                    break  # taken over: what the old stream still says is nobody's
+                if epoch:
+                    reply = dataclasses.replace(reply, tag=self._tag(reply.tag, epoch))
                 self._on_reply(reply)
             if self._life.live and self._stream is stream and not self._life.done_while_detached:
                 raise BackendUnavailable("Triton ended the stream before session.done")
@@ -159,16 +185,17 @@ class Upstream:
     def send(self, raw: bytes) -> str:
         """One later request; it counts as in flight until its one answer arrives."""
         assert self._stream is not None  # STREAMING
-        tag = self._stream.send(raw)
+        tag = self._send(self._stream, raw)
         self._in_flight.add(tag)
         self._forwarded = time.monotonic()
+        self._on_sent(raw)
         return tag
 
     def send_report(self, raw: bytes) -> None:
         """A request the model completes flags-only and answers nothing (a playhead report):
         never in flight; sent while the sequence is open to the client's messages."""
         if self._life.phase is Phase.STREAMING and self._stream is not None:
-            self._stream.send(raw)
+            self._stream.send(self._report(raw))
             self._forwarded = time.monotonic()
 
     def send_stop(self) -> None:
@@ -176,7 +203,7 @@ class Upstream:
         counted in flight)."""
         if self._life.phase is Phase.STREAMING:
             assert self._stream is not None
-            self._stop_tag = self._stream.send(STOP, end=True)
+            self._stop_tag = self._send(self._stream, STOP, end=True)
             self._life.stop_sent()
 
     def forward_ping(self) -> None:
@@ -194,7 +221,7 @@ class Upstream:
     def pause(self, paused: bool) -> None:
         """Pause (or go on with) the model's generator: a keep-alive of the proxy's own."""
         if self._stream is not None:
-            self._keepalive_tags.add(self._stream.send(PAUSE if paused else UNPAUSE))
+            self._keepalive_tags.add(self._send(self._stream, PAUSE if paused else UNPAUSE))
             self._forwarded = time.monotonic()
 
     # --- timers ---------------------------------------------------------------------------------
@@ -209,7 +236,7 @@ class Upstream:
             return
         quiet = time.monotonic() - self._forwarded
         if quiet >= self._times.keepalive:
-            self._keepalive_tags.add(stream.send(KEEPALIVE))
+            self._keepalive_tags.add(self._send(stream, KEEPALIVE))
             self._forwarded, quiet = time.monotonic(), 0.0
         delay = self._times.keepalive - quiet
         self._keepalive_timer = asyncio.get_running_loop().call_later(delay, self._keep_alive)
@@ -244,7 +271,7 @@ class Upstream:
             return  # never opened, or broken
         self._stream = None
         if self._stop_tag is None:
-            self._stop_tag = stream.send(STOP, end=True)
+            self._stop_tag = self._send(stream, STOP, end=True)
         stream.close_requests()
         try:
             await asyncio.wait_for(self._over.wait(), self._times.end_grace)

@@ -1,10 +1,12 @@
 """One real tritonserver for the whole test session, serving models derived from the real one,
-real proxies in front of it (`proxies`, one host per module), and the markers that say what a
+real proxies in front of it (`proxies`, one host per module), two more tritonservers for the
+tests of many endpoints (`pair`, `host`), and the markers that say what a
 test needs (registered in pyproject.toml)."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from rtvideo.triton.model_repo import derive_model
 from tests.support.proxy_host import ProxyHost
 from tests.support.streams import FAST_MODEL, FAST_MODEL_NAMES, PACED_MODEL
+from tests.support.triton_pair import Host, Pair
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +83,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.browser)
         if any(folder in parts for folder in _TRITON_FOLDERS) or "triton" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.triton)
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """Two real tritonservers (tests/support/triton_pair.py), started once for the modules that use them."""
+    p = Pair(tmp_path_factory.mktemp("pair"))
+    try:
+        t0 = time.monotonic()
+        p.start()
+        print(f"two tritonservers ready in {time.monotonic() - t0:.1f} s")
+        yield p
+    finally:
+        p.stop()
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    h = Host()
+    try:
+        yield h
+    finally:
+        h.close()

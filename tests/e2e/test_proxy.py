@@ -713,7 +713,8 @@ def test_unreachable_triton(proxies) -> None:
 
 
 def test_triton_dying_mid_session(proxies, tmp_path) -> None:
-    """A second, throwaway tritonserver is killed under a live session: the client gets
+    """A second, throwaway tritonserver is killed under a live session and no endpoint takes the
+    session within the move patience (docs/recordings.md "Moves"): the client gets
     backend_unavailable, then a session.done that still counts what it received, then 1000."""
     from rtvideo.triton import TritonConfig, TritonServer
     from rtvideo.triton.model_repo import derive_model
@@ -725,7 +726,7 @@ def test_triton_dying_mid_session(proxies, tmp_path) -> None:
     )
     doomed.start(timeout=300)
     try:
-        server = proxies.server(triton_url=doomed.grpc_url)
+        server = proxies.server(triton_url=doomed.grpc_url, move_patience_seconds=1.0)
 
         async def body() -> Ws:
             async with ws(server.url) as conn:

@@ -96,7 +96,7 @@ class FakeBridge:
     def __init__(self) -> None:
         self.streams: list[FakeStream] = []
 
-    def open_stream(self) -> FakeStream:
+    def open_stream(self, patience: float = 0.0) -> FakeStream:
         self.streams.append(FakeStream())
         return self.streams[-1]
 

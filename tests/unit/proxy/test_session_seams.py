@@ -83,7 +83,7 @@ def test_a_replaced_stream_carries_the_session_on() -> None:
         s.on_frame(json.dumps({"type": "session.interaction", "interaction": {"prompt": "x"}}), False)
         assert s.upstream.in_flight == 1
         moved = bridge.open_stream()
-        s.replace_stream(moved)
+        s.upstream.take_over(moved, lambda raw: raw)
         in_flight = s.upstream.in_flight
         await moved._replies.put(chunk(0, 10))
         await settle()

@@ -1,0 +1,73 @@
+"""`/v1/endpoints/{endpoint}/drain` (docs/recordings.md "Moves"): the operator drains a Triton.
+
+- `POST`: the endpoint takes no new session, and each live session there moves to another
+  endpoint with room; `{"endpoint", "draining": true, "sessions", "moving"}`. A session that
+  cannot move (another generator) runs on there until it ends.
+- `DELETE`: the endpoint takes new sessions again; `{"endpoint", "draining": false}`.
+
+An unknown endpoint is 404. Behind `--token` when one is set; without one, only a loopback
+peer may drain (403 otherwise): an operator's action, never an anonymous client's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import tornado.web
+
+from rtvideo.proxy.access import refused_without_token
+from rtvideo.proxy.moves.mover import MoveReason
+
+log = logging.getLogger(__name__)
+
+PATH = r"/v1/endpoints/([^/]+)/drain"
+
+
+class Movable(Protocol):
+    def streams_on(self, streams: Any) -> bool: ...
+
+    def move(self, reason: MoveReason) -> bool: ...
+
+
+class DrainHandler(tornado.web.RequestHandler):
+    def initialize(
+        self,
+        drain: Callable[[str, bool], list[object] | None],
+        sessions: Callable[[], Iterable[Movable]],
+        token: str | None,
+    ) -> None:
+        self._drain = drain
+        self._sessions = sessions
+        self._token = token
+
+    def prepare(self) -> None:
+        self.set_header("Cache-Control", "no-store")
+        if self._token is not None:
+            refused_without_token(self, self._token)
+        elif not ipaddress.ip_address(self.request.remote_ip or "0.0.0.0").is_loopback:
+            self._json(403, {"error": "draining needs --token, or a request from this machine"})
+
+    def _json(self, status: int, body: dict[str, Any]) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))
+
+    def post(self, endpoint: str) -> None:
+        streams = self._drain(endpoint, True)
+        if streams is None:
+            self._json(404, {"error": f"no Triton endpoint {endpoint}"})
+            return
+        there = [s for s in self._sessions() if s.streams_on(streams)]
+        moving = sum(s.move(MoveReason.DRAIN) for s in there)
+        log.warning("endpoint %s drained: %d of %d session(s) there moving", endpoint, moving, len(there))
+        self._json(200, {"endpoint": endpoint, "draining": True, "sessions": len(there), "moving": moving})
+
+    def delete(self, endpoint: str) -> None:
+        if self._drain(endpoint, False) is None:
+            self._json(404, {"error": f"no Triton endpoint {endpoint}"})
+            return
+        self._json(200, {"endpoint": endpoint, "draining": False})

@@ -1,0 +1,105 @@
+"""What a move needs to start a session again on another Triton: its start, its seed, and each
+of its events with the chunk and frame where it took effect (docs/recordings.md "Moves").
+
+The built-in generator's session is a pure function of those (rtvideo.core.rebuild), so the
+model rebuilds it at the next chunk the proxy has not received and streams on from there. The
+log is fed on the proxy's side of the sequence: the start as sent to the model, each
+interaction as forwarded (its id filled in), and what Triton answered (the `video.start`
+config with its seed, each media chunk's started events and their frame offsets). It keeps
+only that: an event's first forwarded payload (the one admitted: a different payload under the
+same id is refused) and the chunk it started in, so it grows with events, not with chunks.
+
+Pure (no I/O): the session feeds it and asks it for a start.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rtvideo.core import protocol, server_messages
+from rtvideo.core.chunks import EVENT_FRAME_OFFSETS, MEDIA
+from rtvideo.core.errors import ProtocolError
+from rtvideo.core.interaction import parse_interaction
+from rtvideo.core.interaction.types import InteractionRequest
+from rtvideo.core.rebuild import REBUILD, Rebuild, ScriptedEvent, interaction_json, parse_rebuild
+
+#: `config` fields only a generator whose state cannot be rebuilt reports (docs/protocol.md §3.2)
+_ENGINE_CONFIG = ("sampling", "model_rules")
+
+
+class Unmovable(Exception):
+    """The session cannot be started again elsewhere; the message says why."""
+
+
+class MoveLog:
+    """One session's start and effective events, as a move needs them (module docstring)."""
+
+    def __init__(self, start: Mapping[str, Any]) -> None:
+        self._start = {k: v for k, v in start.items() if k != REBUILD}
+        # a branch's recorded events: history on every stream of this session
+        self._history = parse_rebuild(start[REBUILD]).events if REBUILD in start else ()
+        self._sent: dict[str, InteractionRequest] = {}  # event id -> its first forwarded payload
+        self._started: dict[str, tuple[int, int]] = {}  # event id -> (generation chunk, frame offset)
+        self.config: dict[str, Any] | None = None
+
+    def forwarded(self, raw: bytes) -> None:
+        """A request as it went to the model; interactions are kept."""
+        if protocol.INTERACTION.encode() not in raw:
+            return  # a ping, a stop, a report: cheap to skip unparsed
+        try:
+            message = json.loads(raw)
+            request = parse_interaction(message)
+        except (ValueError, ProtocolError):
+            return  # refused by the model: it changed nothing
+        if request.event_id is not None:
+            self._sent.setdefault(request.event_id, request)
+
+    def arrived(self, message: Mapping[str, Any]) -> None:
+        """A message from Triton, on the session's coordinates (after any splice)."""
+        kind = message.get("type")
+        if kind == protocol.VIDEO_START and self.config is None and isinstance(message.get("config"), dict):
+            self.config = dict(message["config"])
+        elif kind == protocol.CHUNK_METADATA and message.get("kind") == MEDIA:
+            index = message.get("generation_chunk_index")
+            if not isinstance(index, int):
+                return
+            offsets = message.get(EVENT_FRAME_OFFSETS) or {}
+            for event_id in message.get("started_event_ids") or ():
+                self._started.setdefault(event_id, (index, int(offsets.get(event_id, 0))))
+
+    def movable(self) -> str | None:
+        """Why this session cannot be rebuilt elsewhere, or None."""
+        if self.config is None or "seed" not in self.config:
+            return "the model has not started the session"
+        if any(name in self.config for name in _ENGINE_CONFIG):
+            return "its generator's state cannot be rebuilt (only the built-in generator's can)"
+        return None
+
+    def start_at(self, generation_chunk_index: int) -> dict[str, Any]:
+        """The `session.start` that rebuilds the session at chunk N (the seed it ran with pinned):
+        a branch's history, then the session's own events, named. Raises `Unmovable`."""
+        why = self.movable()
+        if why is not None:
+            raise Unmovable(why)
+        assert self.config is not None
+        own = []
+        for event_id, (chunk, frame) in self._started.items():
+            request = self._sent.get(event_id)
+            if request is None:
+                raise Unmovable(f"event {event_id!r} started, but its payload is unknown here (a server-made id)")
+            own.append(ScriptedEvent(chunk, frame, request, named=True))
+        own.sort(key=lambda event: event.chunk)  # stable: the order they started within a chunk
+        rebuild = Rebuild(generation_chunk_index, (*self._history, *own))
+        return {**self._start, "seed": self.config["seed"], REBUILD: rebuild.to_json()}
+
+    def resend(self, event_ids: Iterable[str]) -> list[bytes]:
+        """The interactions to send again on the new stream: acked events that no chunk started."""
+        out = []
+        for event_id in event_ids:
+            request = self._sent.get(event_id)
+            if request is not None and event_id not in self._started:
+                message = {"type": protocol.INTERACTION, "interaction": interaction_json(request)}
+                out.append(server_messages.encode(message).encode("utf-8", "surrogatepass"))
+        return out
