@@ -69,6 +69,8 @@ class Splice:
         if reply.tag in self._dropped:
             self._dropped.discard(reply.tag)
             return None
+        if self.state is SpliceState.REFUSED:
+            return None  # the refused sequence's end: the session ends as it would have without a move
         message = reply.message
         if message is None:
             return reply

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import json
 import queue
 import socket
@@ -255,7 +256,7 @@ class LiveClient(Client):
     @property
     def longest_wait(self) -> float:
         """The longest time between two media chunks' arrivals."""
-        return max(b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False))
+        return max(b - a for a, b in itertools.pairwise(self.arrivals))
 
 
 def run(coro: Awaitable[T], timeout: float = 180.0) -> T:

@@ -1,0 +1,172 @@
+"""What recordings and branches cost (docs/recordings.md): figures from one run, nothing asserted.
+
+Starts its own tritonserver (256x256, 9 frames per chunk) and two proxies with
+`--recordings` (one process each: `python -m rtvideo.cli serve --triton-url …`), then measures:
+
+- branch latency by N: a recording of `--chunks` chunks (prompt updates and camera moves all
+  along) is branched at chunk N; time from `session.start` with `from_recording` to
+  `video.start` and to the first payload, median over `--repeats`, against a plain start's in
+  the same run (the ratio is what rebuilding to chunk N adds);
+- recording overhead on chunk lead: paced sessions with and without `"record": true`, in A-B-B-A
+  order; the lead is how far the stream runs ahead of a player that started at the first
+  payload (media seconds received minus wall seconds since), p50 and minimum over every chunk.
+
+    .venv/bin/python benchmarks/bench_recordings.py [--chunks 120] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from bench_common import PACED_PARAMS, UNPACED_PARAMS, bench_triton, percentile
+from bench_proxy import ProxyProcess
+from websockets.asyncio.client import connect
+
+UNPACED, PACED = "realtime_video_unpaced", "realtime_video_paced"
+OPEN: dict[str, Any] = {"max_size": None, "ping_interval": None, "proxy": None, "compression": None}
+FPS, FRAMES_PER_CHUNK = 24, 9
+
+
+def _interaction(k: int) -> dict[str, Any]:
+    """The k-th interaction of the recorded session: prompts and camera moves alternate."""
+    move = {"mode": "target", "data": {"translation": [0.1 * (k % 4), 0.05, 0.3]}}
+    event = {"prompt": f"a landscape, variation {k}"} if k % 2 == 0 else {"multi_modal_data": {"camera": move}}
+    return {"type": "session.interaction", "interaction": {"event_id": f"e{k}", "event": event}}
+
+
+async def record(url: str, chunks: int) -> str:
+    """A recorded session of `chunks` chunks with an interaction every 5 chunks; its recording id."""
+    async with connect(url, **OPEN) as ws:
+        start = {"type": "session.start", "prompt": "a landscape", "seed": 7, "record": True}
+        await ws.send(json.dumps({**start, "num_frames": chunks * FRAMES_PER_CHUNK}))
+        rid, payloads = "", 0
+        async for frame in ws:
+            if isinstance(frame, bytes):
+                payloads += 1
+                if payloads % 5 == 0 and payloads < chunks - 5:
+                    await ws.send(json.dumps(_interaction(payloads // 5)))
+                continue
+            message = json.loads(frame)
+            if message["type"] == "video.start":
+                rid = message["recording_id"]
+            elif message["type"] == "error":
+                raise RuntimeError(f"the recorded session failed: {message}")
+            elif message["type"] == "session.done":
+                break
+        return rid
+
+
+def manifest(url: str, rid: str) -> dict[str, Any]:
+    """The recording's manifest ({} until the store has one)."""
+    http = url.replace("ws://", "http://", 1).split("/v1/")[0]
+    try:
+        with urllib.request.urlopen(f"{http}/v1/recordings/{rid}", timeout=10) as reply:
+            return json.load(reply)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return {}
+        raise
+
+
+async def first_payload(url: str, start: dict[str, Any]) -> tuple[float, float]:
+    """Seconds from sending `start` to `video.start` and to the first payload; then stops."""
+    async with connect(url, **OPEN) as ws:
+        t0 = time.perf_counter()
+        await ws.send(json.dumps(start))
+        started = 0.0
+        async for frame in ws:
+            if isinstance(frame, bytes):
+                if started:  # the init segment rides with the first chunk's pair
+                    first = time.perf_counter() - t0
+                    await ws.send(json.dumps({"type": "session.stop"}))
+                    break
+                continue
+            message = json.loads(frame)
+            if message["type"] == "video.start":
+                started = time.perf_counter() - t0
+            elif message["type"] in ("error", "session.done"):
+                raise RuntimeError(f"the start was refused: {message}")
+        async for _ in ws:  # drain to session.done
+            pass
+    return started, first
+
+
+async def leads(url: str, record_it: bool, chunks: int) -> list[float]:
+    """A paced session of `chunks` chunks: its lead over a player started at the first payload, per chunk."""
+    out: list[float] = []
+    async with connect(url, **OPEN) as ws:
+        start = {"type": "session.start", "prompt": "a harbour", "num_frames": chunks * FRAMES_PER_CHUNK}
+        await ws.send(json.dumps({**start, **({"record": True} if record_it else {})}))
+        first, media, frames = 0.0, 0.0, 0
+        async for frame in ws:
+            now = time.perf_counter()
+            if isinstance(frame, bytes):
+                if frames:
+                    first = first or now
+                    media += frames / FPS
+                    out.append(media - (now - first))
+                continue
+            message = json.loads(frame)
+            frames = message.get("num_frames", 0) if message["type"] == "video.chunk_metadata" else 0
+            if message["type"] == "session.done":
+                break
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=120, help="chunks of the recorded session")
+    parser.add_argument("--repeats", type=int, default=5, help="starts per branch point")
+    parser.add_argument("--lead-chunks", type=int, default=40, help="chunks per paced session (lead)")
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        bench_triton({UNPACED: UNPACED_PARAMS, PACED: PACED_PARAMS}) as server,
+        ProxyProcess(server.grpc_url, UNPACED, ("--recordings", f"{tmp}/fast")) as fast,
+        ProxyProcess(server.grpc_url, PACED, ("--recordings", f"{tmp}/paced")) as paced,
+    ):
+        print(f"tritonserver ready in {server.startup_seconds:.1f} s (256x256, {FRAMES_PER_CHUNK} frames per chunk)")
+        t0 = time.perf_counter()
+        rid = asyncio.run(record(fast.url, args.chunks))
+        while (stored := manifest(fast.url, rid)).get("status") in (None, "recording"):
+            time.sleep(0.2)
+        took = time.perf_counter() - t0
+        print(f"recorded {stored.get('chunks')} chunks in {took:.1f} s (unpaced), status {stored['status']}")
+
+        plain = {"type": "session.start", "prompt": "a landscape", "seed": 7}
+        asyncio.run(first_payload(fast.url, plain))  # warm-up
+        print("\nbranch latency (ms, median): start sent -> video.start, -> first payload; ratio to a plain start")
+        print(f"{'start':<12} {'video.start':>11} {'first':>8} {'ratio':>6}")
+        base: float | None = None
+        points = [n for n in (1, 10, 50, 100, args.chunks - 1) if n < args.chunks]
+        for label, start in [("plain", plain)] + [
+            (f"N={n}", {"type": "session.start", "from_recording": {"recording_id": rid, "generation_chunk_index": n}})
+            for n in sorted(set(points))
+        ]:
+            runs = [asyncio.run(first_payload(fast.url, start)) for _ in range(args.repeats)]
+            started = statistics.median(r[0] for r in runs)
+            first = statistics.median(r[1] for r in runs)
+            base = base or first
+            print(f"{label:<12} {started * 1e3:11.1f} {first * 1e3:8.1f} {first / base:6.2f}")
+
+        print("\nchunk lead of a paced session (s): media received minus wall time since the first payload")
+        print(f"{'recorded':<9} {'chunks':>6} {'p50':>7} {'min':>7}")
+        results: dict[bool, list[float]] = {False: [], True: []}
+        for record_it in (False, True, True, False):  # A-B-B-A
+            results[record_it] += asyncio.run(leads(paced.url, record_it, args.lead_chunks))
+        for record_it, values in results.items():
+            print(f"{record_it!s:<9} {len(values):>6} {percentile(values, 0.5):7.3f} {min(values):7.3f}")
+        off, on = percentile(results[False], 0.5), percentile(results[True], 0.5)
+        print(f"recording changes the p50 lead by {on - off:+.3f} s (ratio {on / off:.3f})")
+
+
+if __name__ == "__main__":
+    main()

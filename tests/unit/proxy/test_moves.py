@@ -1,0 +1,122 @@
+"""A session moving to another Triton, driven by hand (rtvideo.proxy.moves): what the new model is
+sent, how its stream is spliced onto the old one, and what happens when it refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+
+from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.proxy.moves.mover import MoveReason
+from rtvideo.triton.wire import START_TAG
+from tests.support.fake_bridge import FakeConnection, ended, reply, run, session
+
+START = json.dumps({"type": "session.start", "prompt": "a harbour", "width": 64, "height": 48})
+CONFIG = {"seed": 7, "fps": 16, "width": 64, "height": 48, "frames_per_chunk": 9}
+
+
+def frames(k: int) -> np.ndarray:
+    return np.full((9, 48, 64, 3), 10 * k, np.uint8)
+
+
+def media(rid: str, transport: int, generation: int, payload: bytes, started: tuple[str, ...] = ()) -> Any:
+    meta = {
+        "type": "video.chunk_metadata",
+        "request_id": rid,
+        "kind": "media",
+        "transport_chunk_index": transport,
+        "generation_chunk_index": generation,
+        "num_frames": 9,
+        "byte_length": len(payload),
+        "started_event_ids": list(started),
+        "active_event_ids": list(started),
+        "completed_event_ids": [],
+        "superseded_event_ids": [],
+        "interrupted_event_ids": [],
+        "transition_progress": {e: 0.5 for e in started},
+    }
+    return reply(START_TAG, meta, payload)
+
+
+def interaction(event_id: str, prompt: str) -> str:
+    return json.dumps(
+        {"type": "session.interaction", "interaction": {"event_id": event_id, "event": {"prompt": prompt}}}
+    )
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def moved_session() -> tuple[Any, FakeConnection, Any]:
+    """A session with one chunk (p1 started in it) and p2 acked, whose stream then breaks."""
+    s, conn, bridge = session()
+    s.on_frame(START, False)
+    s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
+    s.on_frame(interaction("p1", "a storm"), False)
+    s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "p1"}))
+    s._on_reply(media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",)))
+    s.on_frame(interaction("p2", "a desert"), False)
+    await settle()
+    bridge.streams[0].cancel()  # the stream ends under the live session: Triton is gone
+    await settle()
+    return s, conn, bridge
+
+
+def test_the_new_model_rebuilds_the_session_and_its_stream_continues_the_old() -> None:
+    async def body() -> tuple[list[Any], list[Any], float]:
+        s, conn, bridge = await moved_session()
+        assert len(bridge.streams) == 2, "the session moved to a new stream"
+        new = bridge.streams[1]
+        start = json.loads(new.sent[0][0])
+        assert new.sent[0][1] is True and start["seed"] == 7 and start["prompt"] == "a harbour"
+        assert start["rebuild"]["generation_chunk_index"] == 1
+        assert [(e["chunk"], e["named"], e["interaction"]["event_id"]) for e in start["rebuild"]["events"]] == [
+            (0, True, "p1")
+        ]
+        assert [json.loads(raw)["interaction"]["event_id"] for raw, _, _ in new.sent[1:]] == ["p2"]  # sent again
+        fresh = FragmentedMp4Encoder(64, 48, 16)  # the new model's encoder
+        new._replies.put_nowait(reply(START_TAG, {"type": "video.start", "request_id": "r2", "config": CONFIG}))
+        new._replies.put_nowait(
+            reply("m2", {"type": "session.interaction.queued", "request_id": "r2", "event_id": "p2"})
+        )
+        new._replies.put_nowait(media("r2", 0, 1, fresh.encode_chunk(frames(1)), ("p2",)))
+        await settle()
+        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        await ended(s, conn)
+        return conn.frames, conn.texts(), s.metrics.moves  # type: ignore[return-value]
+
+    frames_out, texts, _ = run(body())
+    kinds = [t["type"] for t in texts]
+    assert kinds.count("video.start") == 1 and kinds.count("session.interaction.queued") == 2  # p1, p2 once each
+    assert "error" not in kinds and kinds[-1] == "session.done"
+    chunks = [t for t in texts if t["type"] == "video.chunk_metadata"]
+    assert [(c["request_id"], c["transport_chunk_index"], c["generation_chunk_index"]) for c in chunks] == [
+        ("r", 0, 0),
+        ("r", 1, 1),
+    ]
+    payloads = [f for f in frames_out if isinstance(f, bytes)]
+    assert payloads[0][4:8] == b"ftyp" and payloads[1][4:8] == b"moof"  # one init segment, first
+    assert chunks[1]["byte_length"] == len(payloads[1])
+
+
+def test_a_refused_rebuild_ends_the_session_as_before() -> None:
+    async def body() -> list[dict[str, Any]]:
+        s, conn, bridge = await moved_session()
+        new = bridge.streams[1]
+        refusal = {"type": "error", "code": "invalid_start", "message": "rebuild is not supported"}
+        new._replies.put_nowait(reply(START_TAG, refusal))
+        new._replies.put_nowait(reply(START_TAG, {"type": "session.done", "request_id": None, "chunks": 0}))
+        new._replies.put_nowait(None)  # the model ends the refused sequence
+        await ended(s, conn)
+        assert len(bridge.streams) == 2  # one try: a refusal is not moved again
+        assert not s.move(MoveReason.DRAIN)
+        return conn.texts()
+
+    texts = run(body())
+    assert [t.get("code") for t in texts if t["type"] == "error"] == ["backend_unavailable"]
+    assert texts[-1]["type"] == "session.done" and "invalid_start" not in json.dumps(texts)
