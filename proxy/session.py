@@ -93,10 +93,10 @@ class ProxySession:
     ) -> None:
         self._bridge = bridge
         self._settings = settings
-        self._metrics = metrics
+        self.metrics = metrics
         self._on_closed = on_closed
         self._life = Lifecycle()
-        self._tasks = TaskSet()
+        self.tasks = TaskSet()
         self.ledger = Ledger()  # what the owner was handed; holds the session's EventBook
         self._acks = ProxyAcks(self.ledger.book)
         self._seat = OwnerSeat(Owner(conn, peer, settings, metrics), metrics, self._taken)
@@ -114,8 +114,8 @@ class ProxySession:
         )
         times = UpstreamTimes(KEEPALIVE_SECONDS, PING_FORWARD_SECONDS, END_GRACE_SECONDS)
         self._mover = Mover(bridge, settings.move_patience_seconds, metrics.moves)  # rtvideo.proxy.moves
-        self._upstream = Upstream(
-            self._life, settings, times, self._tasks, self._on_reply, self._stream_broke, self._mover.forwarded
+        self.upstream = Upstream(
+            self._life, settings, times, self.tasks, self._on_reply, self._stream_broke, self._mover.forwarded
         )
         self._inband = InbandMetrics(  # session.metrics, when the start asks (rtvideo.proxy.session_metrics)
             self._dispatch.answer,
@@ -126,7 +126,7 @@ class ProxySession:
         self._steering = Steering(
             self._life,
             settings,
-            self._upstream,
+            self.upstream,
             self._acks,
             self._dispatch,
             self._playhead,
@@ -136,16 +136,16 @@ class ProxySession:
         )
         self._ending = Ending(  # the ends the proxy reports itself (rtvideo.proxy.ending)
             self._life,
-            self._tasks,
+            self.tasks,
             self._seat,
             self.ledger,
-            self._upstream,
+            self.upstream,
             lambda: self._life.request_id,
             self.on_disconnect,
         )
         ends = SessionEnds(self.on_disconnect, self._ending.finish_soon)
         self._attachments = Attachments(
-            self, self._life, self._seat, self._invites, self._handouts, self._upstream, ends
+            self, self._life, self._seat, self._invites, self._handouts, self.upstream, ends
         )
         self._start_timer = asyncio.get_running_loop().call_later(settings.start_timeout, self._start_timed_out)
         metrics.session_opened()
@@ -160,21 +160,8 @@ class ProxySession:
         return self._life.request_id
 
     @property
-    def metrics(self) -> ProxyMetrics:
-        return self._metrics
-
-    @property
     def owner(self) -> Owner:
         return self._seat.owner
-
-    @property
-    def upstream(self) -> Upstream:
-        return self._upstream
-
-    @property
-    def tasks(self) -> TaskSet:
-        """Its background tasks (the pump, the end); each is bounded, and shutdown waits for them."""
-        return self._tasks
 
     @property
     def closed(self) -> asyncio.Event:
@@ -227,7 +214,7 @@ class ProxySession:
             self._ending.fail(exc.code, exc.message)
             return None
         if self._invites.branching:
-            return self._tasks.spawn(self._open_branch(first))
+            return self.tasks.spawn(self._open_branch(first))
         self._open(start)
         return None
 
@@ -247,7 +234,7 @@ class ProxySession:
             stream.send(start, start=True)
             self._mover.opened(start)
             self._life.open_sequence()
-            self._upstream.open(stream)
+            self.upstream.open(stream)
 
     def _start_timed_out(self) -> None:
         if self.awaiting_start:
@@ -256,18 +243,11 @@ class ProxySession:
     def move(self, reason: MoveReason) -> bool:
         """Go on on another Triton (rtvideo.proxy.moves.mover); its participants, event book and
         replay buffer stay. False when it cannot: it is not live, or its state cannot be rebuilt."""
-        if self._life.phase not in (Phase.STREAMING, Phase.DETACHED):
-            return False
-        unstarted = self.ledger.book.outcome(acked_only=True).unapplied
-        if not self._mover.move(reason, self._upstream, self.request_id, unstarted):
-            return False
-        if self.detached:
-            self._upstream.pause(True)
-        return True
+        return self._mover.move(reason, self._life, self.upstream, self.ledger.book)
 
     def streams_on(self, streams: Collection[object]) -> bool:
         """Whether this session's Triton stream is one of `streams` (an endpoint's, to drain it)."""
-        return self._upstream.stream in streams
+        return self.upstream.stream in streams
 
     def record_to(self, sink: RecordingSink) -> None:
         """`sink` follows every frame the owner is handed from now on, and hears the end."""
@@ -275,12 +255,12 @@ class ProxySession:
 
     # --- Triton → the owner -------------------------------------------------------------------
     def _on_reply(self, reply: Reply) -> None:
-        if not self._upstream.received(reply):  # flags-only, or the answer to a request of the proxy's own
+        if not self.upstream.received(reply):  # flags-only, or the answer to a request of the proxy's own
             return
         spliced = self._mover.arrived(reply)  # in the session's coordinates after a move
         if spliced is not None:
             self._inband.arrived(spliced.message)
-            self._dispatch.received(spliced, answers_stop=self._upstream.answers_stop(spliced.tag))
+            self._dispatch.received(spliced, answers_stop=self.upstream.answers_stop(spliced.tag))
 
     def _stream_broke(self, reason: str) -> None:
         """The stream failed (or fell silent) while the session is live: it moves to another
@@ -345,11 +325,11 @@ class ProxySession:
             return
         self._start_timer.cancel()
         self._dispatch.stop()
-        self._upstream.stop_timers()
+        self.upstream.stop_timers()
         self._seat.owner.close_outbox()
         if left in LIVE:  # no end was claimed: the sequence is still open
-            self._tasks.spawn(self._upstream.end())
-        self._metrics.session_closed()
+            self.tasks.spawn(self.upstream.end())
+        self.metrics.session_closed()
         self._playhead.finish()
         self._trace.end()
         self._invites.close()
@@ -398,5 +378,5 @@ class ProxySession:
         """This connection's owner was attached to the session its resume named: this one never was."""
         self._start_timer.cancel()
         self._life.mark_closed()
-        self._metrics.session_closed()
+        self.metrics.session_closed()
         self._on_closed(self)

@@ -26,8 +26,10 @@ from typing import Any
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import MEDIA, TRAILER
 from rtvideo.core.errors import ProtocolError
+from rtvideo.core.event_book import EventBook
 from rtvideo.core.fmp4 import Continuation, ContinuationError, FragmentCursor
 from rtvideo.proxy.bridge import BackendUnavailable
+from rtvideo.proxy.lifecycle import Lifecycle, Phase
 from rtvideo.proxy.moves.log import MoveLog, Unmovable
 from rtvideo.proxy.moves.metrics import MoveMetrics
 from rtvideo.proxy.moves.splice import Coordinates, Splice, SpliceState
@@ -141,13 +143,17 @@ class Mover:
             self._moving = None
             self._metrics.moved(reason.value, time.monotonic() - since)
 
-    def move(self, reason: MoveReason, upstream: Upstream, request_id: str | None, unstarted: Iterable[str]) -> bool:
+    def move(self, reason: MoveReason, life: Lifecycle, upstream: Upstream, book: EventBook) -> bool:
         """Go on with a new stream, placed on an endpoint with room (waiting up to the patience
-        for one); False, the reason logged and counted, when the session cannot move."""
+        for one); False, the reason logged and counted, when the session cannot move. A
+        detached session's generator is paused there too."""
+        if life.phase not in (Phase.STREAMING, Phase.DETACHED):
+            return False  # not started, ending or ended: nothing to move
+        unstarted = book.outcome(acked_only=True).unapplied
         try:
-            start, resend = self._plan(reason, request_id, unstarted)
+            start, resend = self._plan(reason, life.request_id, unstarted)
         except Unmovable as exc:
-            log.warning("request_id=%s cannot move (%s): %s", request_id, reason.value, exc)
+            log.warning("request_id=%s cannot move (%s): %s", life.request_id, reason.value, exc)
             self._metrics.failed(reason.value)
             return False
         stream = self._streams.open_stream(patience=self._patience)
@@ -155,6 +161,8 @@ class Mover:
         stream.send(start, start=True)
         for raw in resend:
             self.drop_answer(upstream.send(raw))
+        if life.phase is Phase.DETACHED:
+            upstream.pause(True)
         return True
 
     def _plan(self, reason: MoveReason, request_id: str | None, unstarted: Iterable[str]) -> tuple[bytes, list[bytes]]:
