@@ -296,6 +296,8 @@ def test_stub_kill_is_recovered_and_the_live_session_goes_on(served: Served) -> 
         with pytest.raises(InvalidStatus) as refused:  # refused before the upgrade while down
             await connect(served.url)
         assert refused.value.response.status_code == 503
+        during = {"type": "session.interaction", "interaction": {"event_id": "during", "event": {"prompt": "dusk"}}}
+        await conn.send(json.dumps(during))  # while no Triton takes the session: acked, applied once it is back
         while not [t for t in media_after if t > t0 + timings["readyz 503"]][2:]:  # it goes on once Triton is back
             assert time.monotonic() - t0 < 90 and not reader.done(), "the session did not go on:\n" + served.tail()
             await asyncio.sleep(0.1)
@@ -310,8 +312,12 @@ def test_stub_kill_is_recovered_and_the_live_session_goes_on(served: Served) -> 
 
     messages = asyncio.run(body())
     print("from the stub's kill -9:", ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
-    assert [m["type"] for m in messages if m["type"] != "video.chunk_metadata"] == ["session.done"], messages
+    kinds = [m["type"] for m in messages if m["type"] != "video.chunk_metadata"]
+    assert kinds == ["session.interaction.queued", "session.done"], messages
+    assert "during" in {e for m in messages if m["type"] == "video.chunk_metadata" for e in m["started_event_ids"]}
     chunks = [m["transport_chunk_index"] for m in messages if m["type"] == "video.chunk_metadata"]
+    media = [m for m in messages if m["type"] == "video.chunk_metadata" and m["kind"] == "media"]
+    assert [m["generation_chunk_index"] for m in media] == [m["transport_chunk_index"] for m in media]
     assert chunks == list(range(1, len(chunks) + 1))  # chunk 0 was read before the kill
     assert messages[-1]["chunks"] == len(chunks) + 1
 
