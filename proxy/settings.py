@@ -193,8 +193,10 @@ class ProxySettings:
             raise ValueError("recordings_max_bytes must be positive, recordings_max_age >= 0")
         if self.record_all and not self.recordings:
             raise ValueError("--record-all needs --recordings (where to store them)")
-        if self.resolve_interval < 0 or self.drain_seconds < 0 or self.move_patience_seconds < 0:
-            raise ValueError("resolve_interval, drain_seconds and move_patience_seconds must be >= 0")
+        if self.resolve_interval < 0 or self.drain_seconds < 0:
+            raise ValueError("resolve_interval and drain_seconds must be >= 0")
+        if self.move_patience_seconds < 0:
+            raise ValueError("move_patience_seconds must be >= 0 (0: moves off)")
         parse_urls(self.triton_url)  # HOST:PORT, each one
         if self.ping_interval and self.ping_timeout > self.ping_interval:
             raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")

@@ -701,6 +701,7 @@ def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_
         (["--triton-url", "127.0.0.1:8001", "--triton-url", "http://b:8001"], {}, "Triton URL 'http://b:8001'"),
         ([], {"RTVIDEO_TRITON_URL": "127.0.0.1:8001,nope"}, "Triton URL 'nope'"),
         (["--triton-url", "127.0.0.1:8001", "--drain-seconds", "-1"], {}, "drain_seconds must be >= 0"),
+        (["--triton-url", "127.0.0.1:8001", "--move-patience-seconds", "-1"], {}, "move_patience_seconds must be >= 0"),
     ],
 )
 def test_bad_triton_urls_give_one_line_and_exit_2(args: list[str], env: dict[str, str], fragment: str) -> None:
