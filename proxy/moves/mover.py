@@ -20,8 +20,7 @@ import enum
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import MEDIA, TRAILER
@@ -78,16 +77,6 @@ class Mover:
     def forwarded(self, raw: bytes) -> None:
         if self._log is not None:
             self._log.forwarded(raw)
-
-    @property
-    def moving(self) -> bool:
-        """A move is under way: the new model has not answered its start."""
-        return self._splice is not None and self._splice.state is SpliceState.AWAITING
-
-    @property
-    def refusal(self) -> Mapping[str, Any] | None:
-        """What the new model answered instead of video.start, when it refused the move."""
-        return self._splice.refusal if self._splice is not None else None
 
     def report(self, raw: bytes) -> bytes:
         """A playhead report on its way up, in the current stream's media time."""

@@ -4,13 +4,16 @@ sent, how its stream is spliced onto the old one, and what happens when it refus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
 import numpy as np
 
 from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.proxy.bridge import BackendUnavailable
 from rtvideo.proxy.moves.mover import MoveReason
+from rtvideo.proxy.placed_stream import PlacedStream
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import FakeConnection, ended, reply, run, session
 
@@ -120,3 +123,49 @@ def test_a_refused_rebuild_ends_the_session_as_before() -> None:
     texts = run(body())
     assert [t.get("code") for t in texts if t["type"] == "error"] == ["backend_unavailable"]
     assert texts[-1]["type"] == "session.done" and "invalid_start" not in json.dumps(texts)
+
+
+class _NoEndpoints:
+    """A pool with no endpoint that takes a session (every Triton is down)."""
+
+    def attach(self, *args: Any) -> None: ...
+    def detach(self, *args: Any) -> None: ...
+    def start_answered(self, *args: Any) -> None: ...
+    def start_refused(self, *args: Any, **kwargs: Any) -> None: ...
+    def start_failed(self, *args: Any) -> None: ...
+    def stream_failed(self, *args: Any) -> None: ...
+    def spawn(self, coro: Any) -> None:
+        coro.close()
+
+    def candidates(self) -> list[Any]:
+        return []
+
+
+def test_a_moving_stream_waits_within_its_patience_and_a_cancel_ends_the_wait() -> None:
+    """A move waits for an endpoint (the client's requests kept meanwhile); its patience over,
+    it gives up; the session ending (a dropped client) ends the wait at once: nothing hangs."""
+
+    async def read_one(stream: PlacedStream) -> None:
+        async for _ in stream.replies():
+            pass
+
+    async def body() -> tuple[float, float]:
+        patient = PlacedStream(_NoEndpoints(), [], patience=0.6)  # type: ignore[arg-type]
+        patient.send(b"start", start=True)
+        patient.send(b"an interaction sent meanwhile")
+        t0 = asyncio.get_running_loop().time()
+        with contextlib.suppress(BackendUnavailable):
+            await asyncio.wait_for(read_one(patient), 5)
+        gave_up = asyncio.get_running_loop().time() - t0
+        waiting = PlacedStream(_NoEndpoints(), [], patience=60)  # type: ignore[arg-type]
+        reader = asyncio.create_task(read_one(waiting))
+        await asyncio.sleep(0.4)
+        assert not reader.done()
+        t1 = asyncio.get_running_loop().time()
+        waiting.cancel()
+        with contextlib.suppress(BackendUnavailable):
+            await asyncio.wait_for(reader, 5)
+        return gave_up, asyncio.get_running_loop().time() - t1
+
+    gave_up, cancelled = run(body())
+    assert 0.6 <= gave_up < 5 and cancelled < 5
