@@ -149,6 +149,29 @@ def measure(generator: BuiltinGenerator, width: int, height: int, seconds: float
     return figures
 
 
+def chunks_rendered(generator: BuiltinGenerator, width: int, height: int, chunks: int = 6) -> np.ndarray:
+    """A transition with the camera moving, `chunks` chunks of raw frames."""
+    mixes, poses = transition_mixes(), moving_poses()
+    session = generator.open_session(width=width, height=height, seed=7)
+    return np.concatenate([session.generate(next(mixes), CHUNK_FRAMES, next(poses)) for _ in range(chunks)])
+
+
+def against_cpu(generator: BuiltinGenerator, width: int, height: int) -> str:
+    """The device's frames against themselves and against the CPU's: a recording made on one
+    replays exactly only on the same kind of device (docs/recordings.md)."""
+    frames = chunks_rendered(generator, width, height)
+    again = chunks_rendered(generator, width, height)
+    cpu = chunks_rendered(BuiltinGenerator(device="cpu", fps=FPS), width, height)
+    diff = np.abs(frames.astype(np.int16) - cpu.astype(np.int16))
+    mse = (diff.astype(np.float64) ** 2).reshape(len(frames), -1).mean(axis=1)
+    worst = min(99.0 if m == 0 else 10 * math.log10(255**2 / m) for m in mse)
+    return (
+        f"same frames twice on this device: {'yes' if np.array_equal(frames, again) else 'NO'}; "
+        f"against the CPU: {np.mean(diff == 0) * 100:.2f}% of values equal, max |diff| {int(diff.max())}, "
+        f"worst frame {worst:.1f} dB ({len(frames)} frames)"
+    )
+
+
 def new_prompt_ms(generator: BuiltinGenerator, tag: str, count: int = 20) -> float:
     """Milliseconds to embed a prompt the cache has not seen."""
     start = time.perf_counter()
@@ -191,6 +214,8 @@ def main() -> None:
         if real_embeddings:
             embed_ms = new_prompt_ms(generator, tag=f"threads={threads}")
             print(f"{threads:>13} | {'new prompt embed':<18} | {'':>9} | {'':>11} | {embed_ms:8.2f}")
+    if args.device != "cpu":
+        print(against_cpu(generator, args.width, args.height))
     print(f"(x264 runs single-threaded in every row; numpy {np.__version__}, torch {torch.__version__})")
 
 

@@ -8,7 +8,9 @@
 # builtin (needs only Python with PyTorch and numpy; no tritonserver, no package registry): the
 #   built-in generator rendering on the device, frames per second at each size of SIZES
 #   (benchmarks/bench_generator.py; its encoder rows need PyAV, its new-prompt row the MiniLM
-#   wheel: those rows are skipped, and said so, when missing). On `--device cuda` (the default)
+#   wheel: those rows are skipped, and said so, when missing), and rebuilds at chunk N frame-exact
+#   on the device (tests/unit/backend/test_rebuild.py: needs pytest; replays and branches rely on
+#   it), with the device's frames against the CPU's printed. On `--device cuda` (the default)
 #   it needs a CUDA device; `--device cpu` runs it on the CPU (the check's own tests; never a
 #   GPU figure).
 # vllm-omni (needs a CUDA device, tritonserver, vLLM + vllm-omni of one major.minor, and the
@@ -93,6 +95,14 @@ for part in "${parts[@]}"; do
         break
       fi
     done
+    # replays and branches are exact only if rendering on the device is deterministic: the rebuild
+    # tests on it (their one test that needs the test harness is left out; --noconftest likewise)
+    if [ $ok = 1 ] && ! RTVIDEO_TEST_DEVICE=$DEVICE "$PY" -m pytest -q -p no:cacheprovider --noconftest \
+        -k "not cannot_rebuild" tests/unit/backend/test_rebuild.py; then
+      echo "gpu_check: part builtin FAILED: rebuilds on $DEVICE are not frame-exact (tests/unit/backend/test_rebuild.py)" >&2
+      failed+=("builtin: rebuilds not exact on $DEVICE")
+      ok=0
+    fi
     [ $ok = 1 ] && passed+=("builtin on $DEVICE")
     ;;
   vllm-omni)

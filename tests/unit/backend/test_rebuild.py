@@ -1,10 +1,16 @@
 """Rebuilding a built-in session at chunk N equals generating it straight (raw frames, bit for bit),
 before, during and after a prompt transition and a camera move with a mid-chunk frame offset;
-the straight run admits its events live, placed by receipt time, as a session does."""
+the straight run admits its events live, placed by receipt time, as a session does.
+
+`RTVIDEO_TEST_DEVICE=cuda` runs them on a GPU (scripts/gpu_check.sh does, with `--noconftest`):
+replays and branches are exact only if rendering on that device is deterministic. Where the
+bundled MiniLM is not installed (a bare GPU machine) prompts get the benchmark's fixed
+pseudo-random embeddings: what is checked is rendering, not embedding."""
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -67,7 +73,15 @@ SCRIPT: list[tuple[int, float, dict[str, Any]]] = [
 
 @pytest.fixture(scope="module")
 def generator() -> BuiltinGenerator:
-    return BuiltinGenerator(device="cpu", fps=FPS)
+    device = os.environ.get("RTVIDEO_TEST_DEVICE", "cpu")
+    from benchmarks.bench_generator import HashedPromptEncoder, text_encoder_available
+    from rtvideo.backend.builtin import generator as generator_module
+
+    if text_encoder_available():
+        return BuiltinGenerator(device=device, fps=FPS)
+    with pytest.MonkeyPatch.context() as patch:  # a stand-in, patched in (a bare GPU machine)
+        patch.setattr(generator_module, "PromptEncoder", HashedPromptEncoder)
+        return BuiltinGenerator(device=device, fps=FPS)
 
 
 def straight(generator: BuiltinGenerator) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
