@@ -105,7 +105,8 @@ class Invitations:
         """The model's start for the branch (rtvideo.proxy.recordings.branch); ProtocolError when
         the recording cannot be branched so."""
         assert self._branch is not None and self._features is not None
-        return await branch_start(self._features.recordings, self._branch, given)
+        start, self._branch = await branch_start(self._features.recordings, self._branch, given)
+        return start
 
     def heard(self, message: Mapping[str, Any], guest: Guest | None) -> None:
         """A message a participant sent (None: the owner), parsed: into the recording."""
@@ -142,9 +143,9 @@ class Invitations:
             handouts.tap(self._steer_hub.publish)
             self._steer_token = features.steer_tokens.issue(session)
         out["config"] = config
-        if self._branch is not None:  # the built-in generator's rebuild is exact (branch.py)
+        if self._branch is not None:  # only the built-in generator's rebuild is exact (branch.py)
             out["branched_from"] = self._branch.as_json()
-            out["branch_exact"] = True
+            out["branch_exact"] = self._branch.exact
         handouts.keep_start(out)
         if self._recorder is not None:  # the owner's alone, as the tokens are
             out["recording_id"] = self._recorder.rid

@@ -2,7 +2,10 @@
 of its events with the chunk and frame where it took effect (docs/recordings.md "Moves").
 
 The built-in generator's session is a pure function of those (rtvideo.core.rebuild), so the
-model rebuilds it at the next chunk the proxy has not received and streams on from there. The
+model rebuilds it at the next chunk the proxy has not received and streams on from there. An
+engine's (vLLM-Omni's) cannot be rebuilt: its move is the approximation of
+rtvideo.core.approximation, from the last frame sent, with the events in progress at the cut
+(the last chunk's active ones it did not complete) marked `open`. The
 log is fed on the proxy's side of the sequence: the start as sent to the model, each
 interaction as forwarded (its id filled in), and what Triton answered (the `video.start`
 config with its seed, each media chunk's started events and their frame offsets). It keeps
@@ -19,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rtvideo.core import protocol, server_messages
+from rtvideo.core.approximation import approximate_start
 from rtvideo.core.chunks import EVENT_FRAME_OFFSETS, MEDIA
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.interaction import parse_interaction
@@ -42,6 +46,7 @@ class MoveLog:
         self._history = parse_rebuild(start[REBUILD]).events if REBUILD in start else ()
         self._sent: dict[str, InteractionRequest] = {}  # event id -> its first forwarded payload
         self._started: dict[str, tuple[int, int]] = {}  # event id -> (generation chunk, frame offset)
+        self._open: tuple[str, ...] = ()  # in progress at the end of the last chunk received
         self.config: dict[str, Any] | None = None
 
     def forwarded(self, raw: bytes) -> None:
@@ -68,18 +73,26 @@ class MoveLog:
             offsets = message.get(EVENT_FRAME_OFFSETS) or {}
             for event_id in message.get("started_event_ids") or ():
                 self._started.setdefault(event_id, (index, int(offsets.get(event_id, 0))))
+            completed = set(message.get("completed_event_ids") or ())
+            self._open = tuple(e for e in message.get("active_event_ids") or () if e not in completed)
 
     def movable(self) -> str | None:
-        """Why this session cannot be rebuilt elsewhere, or None."""
+        """Why this session cannot be started elsewhere, or None."""
         if self.config is None or "seed" not in self.config:
             return "the model has not started the session"
-        if any(name in self.config for name in _ENGINE_CONFIG):
-            return "its generator's state cannot be rebuilt (only the built-in generator's can)"
         return None
 
-    def start_at(self, generation_chunk_index: int) -> dict[str, Any]:
-        """The `session.start` that rebuilds the session at chunk N (the seed it ran with pinned):
-        a branch's history, then the session's own events, named. Raises `Unmovable`."""
+    @property
+    def exact(self) -> bool:
+        """Whether the model rebuilds it exactly (the built-in generator), else approximately."""
+        return not any(name in (self.config or {}) for name in _ENGINE_CONFIG)
+
+    def start_at(
+        self, generation_chunk_index: int, image_url: str | None = None, frames_before: int = 0
+    ) -> dict[str, Any]:
+        """The `session.start` that goes on at chunk N (the seed it ran with pinned): exactly, a
+        branch's history, then the session's own events, named; or approximately (not `exact`),
+        from `image_url` (the last frame sent) after `frames_before` frames. Raises `Unmovable`."""
         why = self.movable()
         if why is not None:
             raise Unmovable(why)
@@ -91,8 +104,20 @@ class MoveLog:
                 raise Unmovable(f"event {event_id!r} started, but its payload is unknown here (a server-made id)")
             own.append(ScriptedEvent(chunk, frame, request, named=True))
         own.sort(key=lambda event: event.chunk)  # stable: the order they started within a chunk
+        seed = self.config["seed"]
+        if not self.exact:
+            return approximate_start(
+                self._start,
+                seed=seed,
+                at=generation_chunk_index,
+                events=own,
+                image_url=image_url,
+                frames_before=frames_before,
+                named=True,
+                open_ids=self._open,
+            )
         rebuild = Rebuild(generation_chunk_index, (*self._history, *own))
-        return {**self._start, "seed": self.config["seed"], REBUILD: rebuild.to_json()}
+        return {**self._start, "seed": seed, REBUILD: rebuild.to_json()}
 
     def resend(self, event_ids: Iterable[str]) -> list[bytes]:
         """The interactions to send again on the new stream: acked events that no chunk started."""

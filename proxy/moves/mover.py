@@ -9,9 +9,11 @@ again the acked events no chunk started, and the new stream is spliced onto the 
 `video.start`, no gap or repeat in the indices.
 
 A session moves only while it streams (or is detached), after the model's `video.start` and
-before its trailer, at most `MAX_MOVES` times. When it cannot (another generator, nothing left
-to continue) or no endpoint takes it within the move patience, it ends as it would have
-without moves: `backend_unavailable`, then `session.done`.
+before its trailer, at most `MAX_MOVES` times. When it cannot (nothing left to continue) or no
+endpoint takes it within the move patience, it ends as it would have without moves:
+`backend_unavailable`, then `session.done`. A vLLM-Omni session moves approximately, from the
+last frame sent (rtvideo.core.approximation): the last media payload is kept for that, and
+decoded (a few milliseconds) when the move is planned.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import MEDIA, TRAILER
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.event_book import EventBook
-from rtvideo.core.fmp4 import Continuation, ContinuationError, FragmentCursor
+from rtvideo.core.fmp4 import Continuation, ContinuationError, FragmentCursor, split_init
 from rtvideo.proxy.bridge import BackendUnavailable
+from rtvideo.proxy.first_frame import NoFrame, image_url, last_frame
 from rtvideo.proxy.lifecycle import Lifecycle, Phase
 from rtvideo.proxy.moves.log import MoveLog, Unmovable
 from rtvideo.proxy.moves.metrics import MoveMetrics
@@ -59,6 +62,7 @@ class Mover:
         self._metrics = metrics
         self._log: MoveLog | None = None
         self._cursor = FragmentCursor()
+        self._last_media = b""  # the last media payload sent: an approximate move starts from its last frame
         self._next_transport = 0
         self._next_generation = 0
         self._ended = False  # the trailer or session.done came: nothing is left to move
@@ -105,6 +109,7 @@ class Mover:
             follows = splice is None or not splice.continues  # else the continuation fed the cursor
             if message.get("kind") == MEDIA:
                 self._next_generation = int(message.get("generation_chunk_index") or 0) + 1
+                self._last_media = reply.data or self._last_media
                 if follows and reply.data:
                     self._follow(reply.data, int(message.get("num_frames") or 0))
                 self._first_chunk()
@@ -171,7 +176,7 @@ class Mover:
             raise Unmovable(f"its stream cannot be followed: {self._unreadable}")
         if self.moves >= MAX_MOVES:
             raise Unmovable(f"it moved {MAX_MOVES} times already")
-        start = self._log.start_at(self._next_generation)
+        start = self._log.start_at(self._next_generation, *self._last_frame())
         fps = int((self._log.config or {}).get("fps") or 0)
         try:
             continuation = Continuation(self._cursor, fps) if self._cursor.init else None
@@ -192,6 +197,18 @@ class Mover:
         )
         encoded = server_messages.encode(start).encode("utf-8", "surrogatepass")
         return encoded, resend
+
+    def _last_frame(self) -> tuple[str | None, int]:
+        """What an approximate move starts from: the last frame sent as a data URL (None before
+        the first chunk), and the frames sent. Raises `Unmovable`."""
+        assert self._log is not None
+        if self._log.exact or not self._last_media:
+            return None, self._cursor.frames
+        try:
+            _, fragment = split_init(self._last_media)
+            return image_url(last_frame(self._cursor.init, fragment)), self._cursor.frames
+        except (ContinuationError, NoFrame) as exc:
+            raise Unmovable(f"its last frame cannot be read: {exc}") from None
 
     def drop_answer(self, tag: str) -> None:
         """The new model's answer to `tag` (an interaction sent again) is not the client's."""

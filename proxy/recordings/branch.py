@@ -11,22 +11,26 @@ Rules: the start's `prompt` may be omitted; every other session field it gives m
 recording's (`invalid_start` naming the first that differs); the proxy's own options
 (`record`, `watchable`, `resumable`, `steerable`) and `metrics` are the new session's. A
 client never sends `rebuild` itself (`invalid_start`): it is how the proxy talks to the model.
-Only a built-in-generator recording branches, exactly; another generator's engine state
-cannot be rebuilt (`invalid_start` says so).
+Only a built-in-generator recording branches exactly. Another generator's (vLLM-Omni's)
+engine state cannot be rebuilt: its branch is the approximation of rtvideo.core.approximation,
+from the recording's last frame before chunk N (read from its `video.mp4`) and the prompt in
+effect there; `video.start` says `branch_exact: false`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rtvideo.core import server_messages
+from rtvideo.core.approximation import approximate_start
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.session_log import SessionLog, SessionLogError, parse_lines, read_log
+from rtvideo.proxy import first_frame
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.service import Recordings
-from rtvideo.proxy.recordings.store import EVENTS
+from rtvideo.proxy.recordings.store import EVENTS, VIDEO
 
 FROM_RECORDING = "from_recording"
 REBUILD = "rebuild"
@@ -39,6 +43,8 @@ MAX_CHUNK_INDEX = 1_000_000
 class Branch:
     recording_id: str
     generation_chunk_index: int
+    #: whether chunk N is the recording's exactly (the built-in generator) or approximated
+    exact: bool = True
 
     def as_json(self) -> dict[str, Any]:
         return {"recording_id": self.recording_id, "generation_chunk_index": self.generation_chunk_index}
@@ -68,24 +74,31 @@ def take_branch(first: dict[str, Any]) -> Branch | None:
     return Branch(rid, index)
 
 
-def _read(recordings: Recordings, branch: Branch) -> tuple[dict[str, Any], str]:
-    """The manifest and the event log (blocking: run in an executor)."""
+def _read(recordings: Recordings, branch: Branch, name: str = EVENTS) -> tuple[dict[str, Any], bytes]:
+    """The manifest and one file of the recording (blocking: run in an executor)."""
     manifest = recordings.store.manifest(branch.recording_id)
-    opened = recordings.store.open(branch.recording_id, EVENTS) if manifest is not None else None
+    opened = recordings.store.open(branch.recording_id, name) if manifest is not None else None
     if manifest is None or opened is None:
         raise _invalid(f"from_recording: no recording {branch.recording_id}")
     f, _ = opened
     try:
-        return manifest, f.read().decode("utf-8")
+        return manifest, f.read()
     finally:
         f.close()
 
 
+def _frame_before(recordings: Recordings, branch: Branch) -> str:
+    """The recording's last frame before chunk N as a data URL (blocking). Its video holds one
+    fragment per media chunk in order, chunk k the k-th (a branch of a branch is refused)."""
+    _, video = _read(recordings, branch, VIDEO)
+    try:
+        init, fragment = first_frame.fragment_of(video, branch.generation_chunk_index - 1)
+        return first_frame.image_url(first_frame.last_frame(init, fragment))
+    except first_frame.NoFrame as exc:
+        raise _invalid(f"from_recording: recording {branch.recording_id}'s video: {exc}") from None
+
+
 def _check(log: SessionLog, branch: Branch, given: dict[str, Any]) -> None:
-    if not log.built_in():
-        raise _invalid(
-            "from_recording: this recording's generator cannot rebuild a session (only the built-in one can)"
-        )
     if log.branched_from is not None:  # its earlier events are in another recording's log
         raise _invalid("from_recording: this recording is itself a branch; branch its parent instead")
     if branch.generation_chunk_index >= log.chunks:
@@ -101,17 +114,19 @@ def _check(log: SessionLog, branch: Branch, given: dict[str, Any]) -> None:
             raise _invalid(f"{name}: a branch keeps the recording's value ({recorded.get(name)!r}); got {value!r}")
 
 
-async def branch_start(recordings: Recordings | None, branch: Branch, given: dict[str, Any]) -> bytes:
+async def branch_start(recordings: Recordings | None, branch: Branch, given: dict[str, Any]) -> tuple[bytes, Branch]:
     """The start to send the model for `branch` (`given`: the client's start without the proxy's
-    options). ProtocolError (`invalid_start`) when it cannot be branched."""
+    options), and the branch with its exactness. ProtocolError (`invalid_start`) when it cannot
+    be branched."""
     if recordings is None:
         raise _invalid("from_recording: recordings are off on this server (rtvideo serve --recordings DIR)")
-    manifest, text = await asyncio.get_running_loop().run_in_executor(None, _read, recordings, branch)
+    loop = asyncio.get_running_loop()
+    manifest, raw = await loop.run_in_executor(None, _read, recordings, branch)
     if manifest.get("status") == "recording":
         raise _invalid(f"from_recording: recording {branch.recording_id} is still being recorded")
     try:
-        log = read_log(parse_lines(text))
-    except SessionLogError as exc:
+        log = read_log(parse_lines(raw.decode("utf-8")))
+    except (SessionLogError, UnicodeDecodeError) as exc:
         raise _invalid(f"from_recording: recording {branch.recording_id} cannot be read: {exc}") from None
     _check(log, branch, given)
     start = log.start_message()
@@ -119,5 +134,16 @@ async def branch_start(recordings: Recordings | None, branch: Branch, given: dic
         start.pop(name, None)
         if name in given:
             start[name] = given[name]
-    start[REBUILD] = log.rebuild(branch.generation_chunk_index).to_json()
-    return server_messages.encode(start).encode("utf-8", "surrogatepass")
+    at = branch.generation_chunk_index
+    if log.built_in():
+        start[REBUILD] = log.rebuild(at).to_json()
+        exact = True
+    else:
+        image = await loop.run_in_executor(None, _frame_before, recordings, branch) if at > 0 else None
+        frames_before = sum(frames for index, frames in log.chunk_frames.items() if index < at)
+        start = approximate_start(
+            start, seed=log.seed, at=at, events=log.events, image_url=image, frames_before=frames_before
+        )
+        exact = False
+    encoded = server_messages.encode(start).encode("utf-8", "surrogatepass")
+    return encoded, replace(branch, exact=exact)

@@ -12,6 +12,11 @@ or `named`: the session's own, which the new stream names in its chunk lists as 
 would have and whose id a retry finds known (a session moved to another Triton, whose events
 keep their place).
 
+A generator whose state cannot be rebuilt (vLLM-Omni's engine) takes a rebuild as an
+approximation (rtvideo.core.approximation): the start carries the last frame as its
+`image_reference` and the prompt in effect; the source only numbers its chunks from N on and
+lists the named events marked `open` (in progress at the cut) as completed in its first chunk.
+
 Not a client field: the proxy strips it from what clients send; only a trusted caller of the
 model (the proxy's branching and moves, a direct gRPC client holding Triton's key) sends it.
 
@@ -47,6 +52,9 @@ class ScriptedEvent:
     frame_offset: int
     request: InteractionRequest
     named: bool = False  # the session's own event (module docstring); else history
+    #: in progress when the old stream stopped: an approximate rebuild (a generator whose state
+    #: cannot be rebuilt, docs/triton-model.md) lists it completed in its first chunk
+    open: bool = False
 
     @property
     def event_id(self) -> str:
@@ -81,6 +89,7 @@ class Rebuild:
                     "frame_offset": e.frame_offset,
                     "interaction": interaction_json(e.request),
                     **({"named": True} if e.named else {}),
+                    **({"open": True} if e.open else {}),
                 }
                 for e in self.events
             ],
@@ -126,14 +135,15 @@ def parse_rebuild(value: Any) -> Rebuild:
         name = f"rebuild.events[{index}]"
         if not isinstance(raw, dict):
             raise ProtocolError(_BAD, f"{name} must be an object, not {json_kind(raw)}")
-        unknown = sorted(set(raw) - {"chunk", "frame_offset", "interaction", "named"})
+        unknown = sorted(set(raw) - {"chunk", "frame_offset", "interaction", "named", "open"})
         if unknown:
             raise ProtocolError(_BAD, f"unknown {name} field(s): {', '.join(unknown)}")
         chunk = as_int(raw.get("chunk"), f"{name}.chunk", 0, target, _BAD)
         frame = as_int(raw.get("frame_offset", 0), f"{name}.frame_offset", 0, MAX_REBUILD_CHUNK, _BAD)
-        named = raw.get("named", False)
-        if not isinstance(named, bool):
-            raise ProtocolError(_BAD, f"{name}.named must be a boolean, not {json_kind(named)}")
+        named, is_open = raw.get("named", False), raw.get("open", False)
+        for flag, given in (("named", named), ("open", is_open)):
+            if not isinstance(given, bool):
+                raise ProtocolError(_BAD, f"{name}.{flag} must be a boolean, not {json_kind(given)}")
         try:
             request = parse_interaction({"interaction": raw.get("interaction")})
         except ProtocolError as exc:
@@ -143,7 +153,7 @@ def parse_rebuild(value: Any) -> Rebuild:
         if request.event_id in seen:
             raise ProtocolError(_BAD, f"{name}: event_id {request.event_id!r} appears twice")
         seen.add(request.event_id)
-        events.append(ScriptedEvent(chunk, frame, request, named))
+        events.append(ScriptedEvent(chunk, frame, request, named, is_open))
     events.sort(key=lambda e: e.chunk)  # stable: the order received within a chunk
     return Rebuild(target, tuple(events))
 

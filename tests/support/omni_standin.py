@@ -96,9 +96,17 @@ class StandInOutput:
 
 
 def _image_summary(image: Any) -> dict[str, Any]:
-    """A first frame passed in `extra_args["image"]`, for the record: its shape, dtype and range."""
+    """A first frame passed in `extra_args["image"]`, for the record: its shape, dtype, range and
+    mean colour ([1, 3, H, W]: one mean per channel)."""
     array = np.asarray(image)
-    return {"shape": list(array.shape), "dtype": str(array.dtype), "min": float(array.min()), "max": float(array.max())}
+    mean = array.reshape(array.shape[0] * array.shape[1], -1).mean(axis=1) if array.ndim == 4 else [array.mean()]
+    return {
+        "shape": list(array.shape),
+        "dtype": str(array.dtype),
+        "min": float(array.min()),
+        "max": float(array.max()),
+        "mean": [float(v) for v in mean],
+    }
 
 
 def colour(prompt: str) -> torch.Tensor:

@@ -151,8 +151,13 @@ class Starts:
     def _rebuilt(self, rebuild: Rebuild, config: SessionConfig) -> SessionConfig:
         """The session of a start's `rebuild`, if this generator can rebuild one exactly (else
         `invalid_start`): its stream carries what is left from chunk N on, so `num_frames` is
-        the recorded one less the N chunks before."""
+        the recorded one less the N chunks before. A generator that `approximates` takes it as
+        is (rtvideo.core.rebuild)."""
         if not getattr(self._sources, "rebuilds", False):
+            if getattr(self._sources, "approximates", False):
+                # the start is the approximation already (rtvideo.core.approximation): its frame,
+                # its prompt, its remaining frames; the source numbers chunks from N on
+                return replace(config, rebuild=rebuild)
             raise ProtocolError(
                 ErrorCode.INVALID_START, "rebuild is not supported by this generator: its state cannot be rebuilt"
             )

@@ -9,6 +9,7 @@ the session's worker takes from it, so every wait wakes on what it waits for.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import math
@@ -69,6 +70,11 @@ class EngineChunkSource:
         # the engine renders whole chunks: its last one may run past a bounded session's frames
         self._frames_left = config.num_frames
         self._last = time.monotonic()
+        # an approximate rebuild (rtvideo.core.rebuild): chunks numbered from N on, and the
+        # session's events in progress at the cut listed completed in the first chunk
+        rebuild = config.rebuild
+        self._first_index = rebuild.generation_chunk_index if rebuild is not None else 0
+        self._cut_open = tuple(e.event_id for e in rebuild.named if e.open) if rebuild is not None else ()
         host.start_request(request_id, {"prompt": config.prompt}, config, num_frames, preset, self._queue, image_at)
 
     #: every event reaches `admit_event`: what the pipeline does not register is refused here, at
@@ -172,7 +178,7 @@ class EngineChunkSource:
                 f"the session is {self._config.width}x{self._config.height}"
             )
         with self._lock:
-            plan = self._plan(stream_metadata(output))
+            plan = self._closing_cut(self._plan(stream_metadata(output)))
             for event_id in (*plan.started, *plan.superseded):
                 if event_id in self._unstarted:
                     self._unstarted.remove(event_id)
@@ -215,6 +221,18 @@ class EngineChunkSource:
             progress=progress,
         )
 
+    def _closing_cut(self, plan: ChunkPlan) -> ChunkPlan:
+        """`plan` numbered from the rebuild's N; the first one also completes the events in
+        progress at the cut (their effect is in the first frame, or ended with it)."""
+        opened, self._cut_open = self._cut_open, ()
+        return dataclasses.replace(
+            plan,
+            generation_chunk_index=plan.generation_chunk_index + self._first_index,
+            active=merge_ids(opened, plan.active),
+            completed=merge_ids(opened, plan.completed),
+            progress={**dict.fromkeys(opened, 1.0), **plan.progress},
+        )
+
     def close(self) -> bytes:
         with self._lock:
             if self._closed:
@@ -242,6 +260,9 @@ class _PassThrough:
 
 class EngineSources:
     """`ChunkSourceFactory` of the `vllm_omni` generator: one engine request per session."""
+
+    #: a `rebuild` is taken as the approximation it comes with (rtvideo.core.approximation)
+    approximates = True
 
     def __init__(
         self,

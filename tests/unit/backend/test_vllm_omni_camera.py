@@ -194,7 +194,13 @@ def test_helios_takes_the_reference_image_where_its_step_mode_reads_it(tmp_path:
         host.shutdown()
     (generate,) = records(record, "generate")
     assert generate["image_shape"] is None  # not in the prompt, where Helios would never read it
-    assert generate["extra_args_image"] == {"shape": [1, 3, 128, 128], "dtype": "float32", "min": -1.0, "max": 1.0}
+    assert generate["extra_args_image"] == {
+        "shape": [1, 3, 128, 128],
+        "dtype": "float32",
+        "min": -1.0,
+        "max": 1.0,
+        "mean": [0.0, 0.0, 0.0],  # half black, half white
+    }
 
 
 def test_the_standin_refuses_what_the_pipelines_refuse() -> None:

@@ -1,0 +1,87 @@
+"""The frame an approximate start begins from (rtvideo.core.approximation): the last frame of an
+fMP4 fragment the viewer was sent, as an `image_reference` data URL.
+
+Every fragment our encoder writes starts with an IDR frame (rtvideo.backend.encoder), so the
+init segment and that one fragment decode on their own. The image is PNG (lossless: the new
+session starts from exactly what the viewer saw), or JPEG at quality 95 when the PNG would be
+over the model's image limit (rtvideo.backend.image_reference.MAX_IMAGE_BYTES, base64 counted).
+
+Blocking (PyAV): call it in an executor where the event loop must not wait.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import cast
+
+import av
+import numpy as np
+from av.video.codeccontext import VideoCodecContext
+
+from rtvideo.core.fmp4 import ContinuationError, boxes, split_init
+
+#: the model's bound on an image_reference, as sent (rtvideo.backend.image_reference.MAX_IMAGE_BYTES)
+MAX_URL_BYTES = 3 * 1024 * 1024
+
+
+class NoFrame(ValueError):
+    """The bytes hold no decodable frame; the message says why."""
+
+
+def last_frame(init: bytes, fragment: bytes) -> np.ndarray:
+    """The last frame of `fragment` (decoded with `init`), uint8 RGB [H, W, 3]."""
+    frame = None
+    try:
+        with av.open(io.BytesIO(init + fragment), mode="r", format="mp4") as container:
+            for decoded in container.decode(video=0):
+                frame = decoded
+    except (av.FFmpegError, ValueError) as exc:
+        raise NoFrame(f"the fragment does not decode: {exc}") from None
+    if frame is None:
+        raise NoFrame("the fragment holds no frame")
+    return np.asarray(frame.to_ndarray(format="rgb24"))
+
+
+def fragment_of(video: bytes, position: int) -> tuple[bytes, bytes]:
+    """The init segment of a whole fMP4 stream (a recording's `video.mp4`) and its fragment
+    number `position` (0: the first media payload's)."""
+    try:
+        init, _ = split_init(video)
+        laid = boxes(video, len(init))
+    except ContinuationError as exc:
+        raise NoFrame(f"the stream is no fMP4: {exc}") from None
+    found = 0
+    moof = None
+    for box in laid:
+        if box.type == b"moof":
+            moof = box
+        elif box.type == b"mdat" and moof is not None:
+            if found == position:
+                return init, bytes(video[moof.start : box.end])
+            found += 1
+            moof = None
+    raise NoFrame(f"the stream has {found} fragments, not {position + 1}")
+
+
+def image_url(rgb: np.ndarray) -> str:
+    """`rgb` as a data URL the model takes as `image_reference`."""
+    for codec, mime, options in (("png", "image/png", {}), ("mjpeg", "image/jpeg", {"qscale": "2"})):
+        encoded = _encode(rgb, codec, options)
+        url = f"data:{mime};base64," + base64.b64encode(encoded).decode("ascii")
+        if len(url) <= MAX_URL_BYTES:
+            return url
+    raise NoFrame(f"a {rgb.shape[1]}x{rgb.shape[0]} frame is over the image limit even as JPEG")
+
+
+def _encode(rgb: np.ndarray, codec: str, options: dict[str, str]) -> bytes:
+    context = cast(VideoCodecContext, av.CodecContext.create(codec, "w"))
+    context.width, context.height = rgb.shape[1], rgb.shape[0]
+    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+    if codec == "png":
+        context.pix_fmt = "rgb24"
+    else:
+        context.pix_fmt = "yuvj444p"
+        frame = frame.reformat(format="yuvj444p")
+    context.options = options
+    return b"".join(bytes(packet) for packet in (*context.encode(frame), *context.encode(None)))
