@@ -1,13 +1,15 @@
 """The proxy's own `session.interaction.queued` (docs/protocol.md §3.1, §4).
 
 The proxy acks a valid interaction at once, as the model would, forwards it, and drops the
-model's identical ack: the ack does not wait for the two extra hops through Triton. The
+model's identical ack: the ack does not wait for the two extra hops through Triton. A retry of
+an event acked here (`Ack.new` false) is acked again and not forwarded: the model would apply
+nothing, and after a move the new model may never have heard of it. The
 decision is the model's rule on the model's inputs: validation is the one core parser
 (`rtvideo.core.interaction.parse_interaction`) and admission is the session's `EventBook.admit` (the
-idempotency rule and the event bound), fed the same interactions in the same order, since
-every one goes on to the model. What the proxy cannot decide alone (an invalid interaction,
-a conflict, the session's event limit, an id the book knows only from an ack it observed)
-is forwarded unacked and answered by the model.
+idempotency rule and the event bound), fed the same interactions in the same order (a retry
+changes neither book). What the proxy cannot decide alone (an invalid interaction, a conflict,
+the session's event limit, an id the book knows only from an ack it observed) is forwarded
+unacked and answered by the model.
 
 An interaction acked here that the model refuses (it raced the session's end) needs no
 repair: it is an acked event that no chunk started, so every `session.done` the client gets

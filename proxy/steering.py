@@ -130,7 +130,9 @@ class Steering:
 
     def _interact(self, message: Mapping[str, Any], raw: bytes, guest: Guest | None = None) -> None:
         """Acked here at once when the proxy can decide it like the model (rtvideo.proxy.acks);
-        forwarded either way, in order."""
+        forwarded in order, but for a retry of an event acked here: the model has its first copy
+        (or, after a move, knows it as named or got it again), and would apply nothing, so a
+        superseded or failed event retried after a move is never applied by the new model."""
         received = time.perf_counter()
         ack = self._acks.decide(message, raw)
         if ack is None:
@@ -140,10 +142,11 @@ class Steering:
                 guest.forwarded(tag)
             self._trace.interaction(event_id_in(message), received)
             return
-        tag = self._upstream.send(ack.raw)
-        self._acks.forwarded(tag, ack)
-        if guest is not None:
-            guest.forwarded(tag)  # its model ack is dropped, but it counts in flight until it comes
+        if ack.new:
+            tag = self._upstream.send(ack.raw)
+            self._acks.forwarded(tag, ack)
+            if guest is not None:
+                guest.forwarded(tag)  # its model ack is dropped, but it counts in flight until it comes
         event_id = ack.event_id
         self._trace.interaction(event_id, received)
         life = self._life

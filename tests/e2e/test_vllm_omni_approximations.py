@@ -55,7 +55,9 @@ def test_a_branch_starts_from_the_recorded_frame_with_the_prompt_in_effect(omni,
     async def branch(n: int) -> Transcript:
         async with ws(url) as conn:
             s = Ws(conn)
-            await s.send({"type": "session.start", "from_recording": {"recording_id": rid, "generation_chunk_index": n}})
+            await s.send(
+                {"type": "session.start", "from_recording": {"recording_id": rid, "generation_chunk_index": n}}
+            )
             return await s.finish()
 
     for n in (0, late + 2):

@@ -169,3 +169,43 @@ def test_a_moving_stream_waits_within_its_patience_and_a_cancel_ends_the_wait() 
 
     gave_up, cancelled = run(body())
     assert 0.6 <= gave_up < 5 and cancelled < 5
+
+
+def test_a_superseded_event_retried_after_a_move_is_acked_and_never_reaches_the_new_model() -> None:
+    """p0 was acked and superseded before any chunk started it; after the move its retry (and one
+    of p1, which started) is acked again by the proxy and not sent: the new model, which never
+    heard of p0, would apply it."""
+
+    async def body() -> tuple[list[Any], list[Any], list[Any]]:
+        s, conn, bridge = session()
+        s.on_frame(START, False)
+        s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
+        s.on_frame(interaction("p0", "a fog"), False)
+        s.on_frame(interaction("p1", "a storm"), False)
+        chunk = media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",))
+        s._on_reply(reply(START_TAG, {**chunk.message, "superseded_event_ids": ["p0"]}, chunk.data))
+        await settle()
+        old_sent = list(bridge.streams[0].sent)
+        bridge.streams[0].cancel()
+        await settle()
+        new = bridge.streams[1]
+        before = list(new.sent)
+        s.on_frame(interaction("p0", "a fog"), False)
+        s.on_frame(interaction("p1", "a storm"), False)
+        await settle()
+        after = list(new.sent)
+        assert after == before, "a retry went to the new model"
+        new._replies.put_nowait(reply(START_TAG, {"type": "video.start", "request_id": "r2", "config": CONFIG}))
+        await settle()
+        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        await ended(s, conn)
+        return old_sent, before, conn.texts()
+
+    old_sent, new_sent, texts = run(body())
+    forwarded = [json.loads(raw).get("interaction", {}).get("event_id") for raw, _, _ in old_sent]
+    assert forwarded.count("p0") == 1 and forwarded.count("p1") == 1
+    start = json.loads(new_sent[0][0])
+    assert [e["interaction"]["event_id"] for e in start["rebuild"]["events"]] == ["p1"]  # p0 never started
+    assert len(new_sent) == 1  # nothing sent again: no acked event was left unstarted
+    acks = [t["event_id"] for t in texts if t["type"] == "session.interaction.queued"]
+    assert acks == ["p0", "p1", "p0", "p1"]  # each retry acked again
