@@ -9,9 +9,12 @@ Starts its own tritonserver (256x256, 9 frames per chunk) and two proxies with
   the same run (the ratio is what rebuilding to chunk N adds);
 - recording overhead on chunk lead: paced sessions with and without `"record": true`, in A-B-B-A
   order; the lead is how far the stream runs ahead of a player that started at the first
-  payload (media seconds received minus wall seconds since), p50 and minimum over every chunk.
+  payload (media seconds received minus wall seconds since), p50 and minimum over every chunk;
+- the vLLM-Omni approximation's own cost (no Triton): finding and decoding the last frame of a
+  fragment and making it a data URL (`rtvideo.proxy.first_frame`), at the models' sizes, against
+  encoding one chunk of the same frames (the baseline every chunk pays).
 
-    .venv/bin/python benchmarks/bench_recordings.py [--chunks 120] [--repeats 5]
+    .venv/bin/python benchmarks/bench_recordings.py [--chunks 120] [--repeats 5] [--approximation-only]
 """
 
 from __future__ import annotations
@@ -121,12 +124,52 @@ async def leads(url: str, record_it: bool, chunks: int) -> list[float]:
     return out
 
 
+def approximation_costs(repeats: int) -> None:
+    """What an approximate branch or move spends on its first frame, by size (module docstring)."""
+    import numpy as np
+
+    from rtvideo.backend.builtin.generator import BuiltinGenerator
+    from rtvideo.backend.encoder import FragmentedMp4Encoder
+    from rtvideo.proxy import first_frame
+
+    generator = BuiltinGenerator(device="cpu", fps=16)
+    print("\nthe approximation's first frame (ms, median): fragment found and decoded, data URL made;")
+    print("against encoding one 9-frame chunk of the same frames")
+    print(f"{'size':<9} {'decode':>7} {'url':>7} {'url KiB':>8} {'encode':>7} {'ratio':>6}")
+    for width, height in ((640, 384), (832, 480), (1280, 704)):
+        session = generator.open_session(width=width, height=height, seed=3)
+        chunks = [session.generate({"a harbour at dusk with boats": 1.0}, FRAMES_PER_CHUNK) for _ in range(2)]
+        encoder = FragmentedMp4Encoder(width, height, 16)
+        video = encoder.encode_chunk(chunks[0])
+        t0 = time.perf_counter()
+        video += encoder.encode_chunk(chunks[1])
+        encode = time.perf_counter() - t0
+        decodes, urls = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            rgb = first_frame.last_frame(*first_frame.fragment_of(video, 1))
+            t1 = time.perf_counter()
+            url = first_frame.image_url(rgb)
+            decodes.append(t1 - t0)
+            urls.append(time.perf_counter() - t1)
+        assert np.abs(rgb.astype(int) - chunks[1][-1]).mean() < 3  # the frame the viewer saw
+        cost = statistics.median(decodes) + statistics.median(urls)
+        print(
+            f"{width}x{height:<5} {statistics.median(decodes) * 1e3:7.1f} {statistics.median(urls) * 1e3:7.1f} "
+            f"{len(url) / 1024:8.0f} {encode * 1e3:7.1f} {cost / encode:6.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=120, help="chunks of the recorded session")
     parser.add_argument("--repeats", type=int, default=5, help="starts per branch point")
     parser.add_argument("--lead-chunks", type=int, default=40, help="chunks per paced session (lead)")
+    parser.add_argument("--approximation-only", action="store_true", help="only the approximation's cost")
     args = parser.parse_args()
+    approximation_costs(args.repeats)
+    if args.approximation_only:
+        return
     with (
         tempfile.TemporaryDirectory() as tmp,
         bench_triton({UNPACED: UNPACED_PARAMS, PACED: PACED_PARAMS}) as server,

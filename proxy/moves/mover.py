@@ -13,7 +13,8 @@ before its trailer, at most `MAX_MOVES` times. When it cannot (nothing left to c
 endpoint takes it within the move patience, it ends as it would have without moves:
 `backend_unavailable`, then `session.done`. A vLLM-Omni session moves approximately, from the
 last frame sent (rtvideo.core.approximation): the last media payload is kept for that, and
-decoded (a few milliseconds) when the move is planned.
+decoded when the move is planned (on the event loop: 15-50 ms at the models' sizes, once per
+session; docs/benchmarks.md).
 """
 
 from __future__ import annotations
