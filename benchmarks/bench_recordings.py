@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import statistics
 import tempfile
@@ -147,7 +148,7 @@ def approximation_costs(repeats: int) -> None:
         decodes, urls = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            rgb = first_frame.last_frame(*first_frame.fragment_of(video, 1))
+            rgb = first_frame.last_frame(*first_frame.fragment_of(io.BytesIO(video), 1))
             t1 = time.perf_counter()
             url = first_frame.image_url(rgb)
             decodes.append(t1 - t0)

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import cast
+import struct
+from typing import IO, cast
 
 import av
 import numpy as np
 from av.video.codeccontext import VideoCodecContext
-
-from rtvideo.core.fmp4 import ContinuationError, boxes, split_init
 
 #: the model's bound on an image_reference, as sent (rtvideo.backend.image_reference.MAX_IMAGE_BYTES)
 MAX_URL_BYTES = 3 * 1024 * 1024
@@ -44,25 +43,36 @@ def last_frame(init: bytes, fragment: bytes) -> np.ndarray:
     return np.asarray(frame.to_ndarray(format="rgb24"))
 
 
-def fragment_of(video: bytes, position: int) -> tuple[bytes, bytes]:
-    """The init segment of a whole fMP4 stream (a recording's `video.mp4`) and its fragment
-    number `position` (0: the first media payload's)."""
-    try:
-        init, _ = split_init(video)
-        laid = boxes(video, len(init))
-    except ContinuationError as exc:
-        raise NoFrame(f"the stream is no fMP4: {exc}") from None
-    found = 0
-    moof = None
-    for box in laid:
-        if box.type == b"moof":
-            moof = box
-        elif box.type == b"mdat" and moof is not None:
+def fragment_of(video: IO[bytes], position: int) -> tuple[bytes, bytes]:
+    """The init segment of a whole fMP4 stream (a recording's `video.mp4`, open and seekable) and
+    its fragment number `position` (0: the first media payload's). Reads box headers up to it,
+    then only the init segment and that fragment: a recording may be gigabytes."""
+    init = b""
+    moof: tuple[int, int] | None = None  # (offset, size) of the fragment's moof
+    found = offset = 0
+    while True:
+        video.seek(offset)
+        head = video.read(8)
+        if len(head) < 8:
+            raise NoFrame(f"the stream has {found} fragments, not {position + 1}")
+        size, kind = struct.unpack(">I4s", head)
+        if size < 8:
+            raise NoFrame(f"the stream is no fMP4: malformed box {kind!r} at {offset}")
+        if kind == b"moof":
+            if not init:
+                video.seek(0)
+                init = video.read(offset)
+            moof = (offset, size)
+        elif kind == b"mdat" and moof is not None:
             if found == position:
-                return init, bytes(video[moof.start : box.end])
+                video.seek(moof[0])
+                fragment = video.read(offset + size - moof[0])
+                if len(fragment) < offset + size - moof[0]:
+                    raise NoFrame(f"fragment {position} is cut short")
+                return init, fragment
             found += 1
             moof = None
-    raise NoFrame(f"the stream has {found} fragments, not {position + 1}")
+        offset += size
 
 
 def image_url(rgb: np.ndarray) -> str:

@@ -74,25 +74,27 @@ def take_branch(first: dict[str, Any]) -> Branch | None:
     return Branch(rid, index)
 
 
-def _read(recordings: Recordings, branch: Branch, name: str = EVENTS) -> tuple[dict[str, Any], bytes]:
-    """The manifest and one file of the recording (blocking: run in an executor)."""
+def _read_events(recordings: Recordings, branch: Branch) -> tuple[dict[str, Any], bytes]:
+    """The manifest and the event log (blocking: run in an executor)."""
     manifest = recordings.store.manifest(branch.recording_id)
-    opened = recordings.store.open(branch.recording_id, name) if manifest is not None else None
+    opened = recordings.store.open(branch.recording_id, EVENTS) if manifest is not None else None
     if manifest is None or opened is None:
         raise _invalid(f"from_recording: no recording {branch.recording_id}")
     f, _ = opened
-    try:
+    with f:
         return manifest, f.read()
-    finally:
-        f.close()
 
 
 def _frame_before(recordings: Recordings, branch: Branch) -> str:
     """The recording's last frame before chunk N as a data URL (blocking). Its video holds one
     fragment per media chunk in order, chunk k the k-th (a branch of a branch is refused)."""
-    _, video = _read(recordings, branch, VIDEO)
+    opened = recordings.store.open(branch.recording_id, VIDEO)
+    if opened is None:
+        raise _invalid(f"from_recording: no recording {branch.recording_id}")
+    f, _ = opened
     try:
-        init, fragment = first_frame.fragment_of(video, branch.generation_chunk_index - 1)
+        with f:
+            init, fragment = first_frame.fragment_of(f, branch.generation_chunk_index - 1)
         return first_frame.image_url(first_frame.last_frame(init, fragment))
     except first_frame.NoFrame as exc:
         raise _invalid(f"from_recording: recording {branch.recording_id}'s video: {exc}") from None
@@ -121,7 +123,7 @@ async def branch_start(recordings: Recordings | None, branch: Branch, given: dic
     if recordings is None:
         raise _invalid("from_recording: recordings are off on this server (rtvideo serve --recordings DIR)")
     loop = asyncio.get_running_loop()
-    manifest, raw = await loop.run_in_executor(None, _read, recordings, branch)
+    manifest, raw = await loop.run_in_executor(None, _read_events, recordings, branch)
     if manifest.get("status") == "recording":
         raise _invalid(f"from_recording: recording {branch.recording_id} is still being recorded")
     try:

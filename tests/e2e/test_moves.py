@@ -10,8 +10,6 @@ import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -24,6 +22,7 @@ from rtvideo.backend.builtin.generator import BuiltinGenerator
 from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.replay import replay_frames
 from rtvideo.core.session_log import read_log
+from tests.support.http_calls import drain
 from tests.support.streams import check_stream_rules, decode
 from tests.support.triton_pair import (
     ROOMY_MODEL,
@@ -76,16 +75,6 @@ class Steered(LiveClient):
         return [{"dir": "in", "message": m} for m in self.sent] + [
             {"dir": "out", "message": m} for m in self.t.messages
         ]
-
-
-def drain(server: Any, endpoint: str, method: str = "POST") -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/endpoints/{endpoint}/drain", method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        body = err.read()
-        return err.code, json.loads(body) if err.headers.get("Content-Type") == "application/json" else {}
 
 
 def test_sessions_survive_a_kill_and_a_drain_with_the_frames_of_undisturbed_ones(

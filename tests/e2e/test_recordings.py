@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.http_calls import fetch, finished, http_base
 from tests.support.proxy_host import run, wait_idle
 from tests.support.resume_client import Leg
 from tests.support.streams import decode
@@ -21,36 +21,6 @@ pytestmark = pytest.mark.triton
 
 PROMPT = "boats in a harbour at noon"
 TOKEN = "recordings-test-token"
-
-
-def http_base(ws_url: str) -> str:
-    parts = urllib.parse.urlsplit(ws_url)
-    return f"http://{parts.netloc}"
-
-
-def fetch(
-    url: str, *, token: str | None = None, method: str = "GET", headers: dict[str, str] | None = None
-) -> tuple[int, bytes, dict[str, str]]:
-    request = urllib.request.Request(url, method=method, headers=dict(headers or {}))
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read(), dict(response.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(), dict(exc.headers)
-
-
-def finished(base: str, rid: str, token: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
-    """The manifest once the recording is no longer live (it is closed off the event loop)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status, body, _ = fetch(f"{base}/v1/recordings/{rid}", token=token)
-        manifest = json.loads(body) if status == 200 else {}
-        if manifest.get("status") not in (None, "recording"):
-            return manifest
-        assert time.monotonic() < deadline, (status, body)
-        time.sleep(0.1)
 
 
 def test_a_recorded_session_is_its_stream_and_its_event_log(proxies, triton, tmp_path: Path) -> None:

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.e2e.test_moves import drain
-from tests.e2e.test_recordings import finished, http_base
+from tests.support.http_calls import drain, finished, http_base
 from tests.support.omni_standin import colour
 from tests.support.omni_triton import FPC, MODEL, Engine
 from tests.support.proxy_client import Ws, ws

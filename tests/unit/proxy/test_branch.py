@@ -110,6 +110,6 @@ def test_a_recording_deleted_while_a_branch_reads_it_is_invalid_start(
 
 def test_a_video_that_does_not_decode_is_invalid_start(recordings: Recordings, tmp_path: Path) -> None:
     rid = write_recording(tmp_path, ENGINE_CONFIG)
-    (tmp_path / rid / VIDEO).write_bytes(b"\x00\x00\x00\x10ftypisom\x00\x00\x00\x00")
+    (tmp_path / rid / VIDEO).write_bytes(b"\x00\x00\x00\x04ftypisom")  # a box shorter than its header
     with pytest.raises(ProtocolError, match="video: the stream is no fMP4"):
         branch(recordings, rid, 2)

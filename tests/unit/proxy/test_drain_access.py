@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
@@ -17,6 +15,7 @@ import tornado.netutil
 import tornado.web
 
 from rtvideo.proxy.moves.http import PATH, DrainHandler
+from tests.support.http_calls import fetch
 
 
 def outward_address() -> str | None:
@@ -31,15 +30,8 @@ def outward_address() -> str | None:
 
 
 def post(url: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(url, method="POST", headers={"Host": "localhost"})
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        body = err.read()
-        return err.code, json.loads(body) if err.headers.get("Content-Type") == "application/json" else {}
+    status, body, headers = fetch(url, token=token, method="POST", headers={"Host": "localhost"})
+    return status, json.loads(body) if headers.get("Content-Type") == "application/json" else {}
 
 
 @pytest.mark.parametrize("token", [None, "drain-token"])

@@ -4,6 +4,8 @@ model's image_reference reader takes back to the same pixels; bad bytes are `NoF
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 
@@ -31,7 +33,7 @@ def video() -> tuple[bytes, list[np.ndarray]]:
 def test_each_fragments_last_frame_round_trips_through_the_url(video) -> None:
     data, chunks = video
     for position, frames in enumerate(chunks):
-        rgb = first_frame.last_frame(*first_frame.fragment_of(data, position))
+        rgb = first_frame.last_frame(*first_frame.fragment_of(io.BytesIO(data), position))
         assert rgb.shape == (H, W, 3) and np.abs(rgb.astype(int) - frames[-1]).max() <= 3
         url = first_frame.image_url(rgb)
         assert url.startswith("data:image/png;base64,")
@@ -47,10 +49,13 @@ def test_a_frame_over_the_png_limit_goes_as_jpeg() -> None:
 def test_bad_bytes_are_no_frame(video) -> None:
     data, _ = video
     with pytest.raises(first_frame.NoFrame, match="3 fragments, not 4"):
-        first_frame.fragment_of(data, 3)
+        first_frame.fragment_of(io.BytesIO(data), 3)
     with pytest.raises(first_frame.NoFrame, match="no fMP4"):
-        first_frame.fragment_of(b"\x00\x00\x00\x09junk!", 0)
-    init, fragment = first_frame.fragment_of(data, 1)
+        first_frame.fragment_of(io.BytesIO(b"\x00\x00\x00\x04junk"), 0)
+    _, last = first_frame.fragment_of(io.BytesIO(data), 2)
+    with pytest.raises(first_frame.NoFrame, match="cut short"):  # a recording cut in its last fragment
+        first_frame.fragment_of(io.BytesIO(data[: data.index(last) + len(last) - 10]), 2)
+    init, fragment = first_frame.fragment_of(io.BytesIO(data), 1)
     with pytest.raises(first_frame.NoFrame, match="does not decode"):
         first_frame.last_frame(init, fragment[: len(fragment) // 2])
     with pytest.raises(first_frame.NoFrame):

@@ -1,0 +1,46 @@
+"""Plain HTTP calls the end-to-end tests make to a proxy: its recordings and its drain endpoint."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+
+def http_base(ws_url: str) -> str:
+    parts = urllib.parse.urlsplit(ws_url)
+    return f"http://{parts.netloc}"
+
+
+def fetch(
+    url: str, *, token: str | None = None, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, bytes, dict[str, str]]:
+    request = urllib.request.Request(url, method=method, headers=dict(headers or {}))
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def finished(base: str, rid: str, token: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
+    """The manifest once the recording is no longer live (it is closed off the event loop)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body, _ = fetch(f"{base}/v1/recordings/{rid}", token=token)
+        manifest = json.loads(body) if status == 200 else {}
+        if manifest.get("status") not in (None, "recording"):
+            return manifest
+        assert time.monotonic() < deadline, (status, body)
+        time.sleep(0.1)
+
+
+def drain(server: Any, endpoint: str, method: str = "POST") -> tuple[int, dict[str, Any]]:
+    """POST (drain) or DELETE (take back) `/v1/endpoints/{endpoint}/drain` on a proxy, from loopback."""
+    status, body, headers = fetch(f"http://127.0.0.1:{server.port}/v1/endpoints/{endpoint}/drain", method=method)
+    return status, json.loads(body) if headers.get("Content-Type") == "application/json" else {}
