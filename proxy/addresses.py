@@ -46,3 +46,43 @@ def is_ip_address(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def trusted_networks(entries: Iterable[str]) -> tuple[Network, ...]:
+    """`--trusted-proxy` entries (an address or a CIDR network) as networks; ValueError naming a bad one."""
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"trusted proxy {entry!r}: give an IP address or a network such as 10.0.0.0/8") from None
+    return tuple(networks)
+
+
+def is_trusted(address: str, networks: tuple[Network, ...]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.strip().strip("[]"))
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
+
+
+def client_address(peer: str, forwarded_for: str | None, networks: tuple[Network, ...]) -> str:
+    """The client a request comes from: the socket's `peer`, unless the peer is a trusted proxy;
+    then the rightmost `X-Forwarded-For` entry that is not itself trusted (entries left of it
+    are the client's to write, so they are never believed). A header that is not a list of
+    addresses leaves the peer: an ingress we trust writes well-formed ones."""
+    if not forwarded_for or not networks or not is_trusted(peer, networks):
+        return peer
+    hops = [hop.strip() for hop in forwarded_for.split(",")][-32:]
+    for hop in reversed(hops):
+        try:
+            address = str(ipaddress.ip_address(hop.strip("[]")))
+        except ValueError:
+            return peer
+        if not is_trusted(address, networks):
+            return address
+    return peer

@@ -17,6 +17,7 @@ from tornado.netutil import bind_sockets
 from rtvideo.core.protocol import MAX_START_BYTES
 from rtvideo.proxy import accesslog
 from rtvideo.proxy.access import host_allowed, refused_without_token, token_ok
+from rtvideo.proxy.addresses import is_trusted, trusted_networks
 from rtvideo.proxy.connections import BoundedHTTPServer, fd_room
 from rtvideo.proxy.endpoints import Resolver
 from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
@@ -265,6 +266,7 @@ def make_app(
         max_age=settings.recordings_max_age,
         record_all=settings.record_all,
         registry=metrics.registry,
+        per_recording=settings.recording_cap,
     )
     handlers = [
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
@@ -272,11 +274,16 @@ def make_app(
         (STEER_PATH, SteerHandler, {"context": context}),
         *health_routes(context),
         (r"/v1/models", ModelsHandler, {"context": context}),
-        *recording_routes(context.features.recordings, settings.token),
+        *recording_routes(context.features.recordings, settings),
         (
             drain_http.PATH,
             drain_http.DrainHandler,
-            {"drain": pool.drain, "sessions": lambda: list(context.sessions), "token": settings.token},
+            {
+                "drain": pool.drain,
+                "sessions": lambda: list(context.sessions),
+                "admin_token": settings.admin_token,
+                "allowed_origins": settings.allowed_origins,
+            },
         ),
         (
             r"/(|rtvideo\.js|recordings\.html)",
@@ -336,6 +343,7 @@ class ProxyServer:
         s = self.settings
         health_open = s.health_max_open_connections if s.health_port is not None else 0
         room = max(1, fd_room(s.max_open_connections + health_open) - health_open)  # both fit the file limit
+        trusted = trusted_networks(s.trusted_proxies)
         sockets = bind_sockets(s.port, s.host)
         self.port = sockets[0].getsockname()[1]
         self._server = BoundedHTTPServer(
@@ -346,6 +354,7 @@ class ProxyServer:
             body_timeout=s.http_idle_seconds,
             max_open=room,
             max_per_client=s.max_open_connections_per_client,
+            trusted=lambda address: is_trusted(address, trusted),
             on_refused=self.context.metrics.connection_rejected,
         )
         self._server.add_sockets(sockets)

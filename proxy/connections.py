@@ -47,14 +47,22 @@ def fd_room(max_open: int) -> int:
 
 class BoundedHTTPServer(HTTPServer):
     """Closes a new connection at once while `max_open` connections (of any kind) are open, or
-    `max_per_client` from its address: one client alone cannot hold them all."""
+    `max_per_client` from its address: one client alone cannot hold them all. A trusted proxy's
+    address (`trusted`, `--trusted-proxy`) carries many clients, so only the first bound holds it."""
 
     # Tornado's `Configurable` hands the constructor's arguments to `initialize`; this one adds
     # required keywords of its own, which mypy takes for an incompatible override.
     def initialize(  # type: ignore[override]
-        self, *args: Any, max_open: int, max_per_client: int, on_refused: Callable[[str], None], **kwargs: Any
+        self,
+        *args: Any,
+        max_open: int,
+        max_per_client: int,
+        on_refused: Callable[[str], None],
+        trusted: Callable[[str], bool] = lambda _: False,
+        **kwargs: Any,
     ) -> None:
         super().initialize(*args, **kwargs)
+        self._trusted = trusted
         self._max_open = max_open
         self._max_per_client = max_per_client
         self._on_refused = on_refused  # called with the reason: open_connections, client_connections
@@ -73,7 +81,7 @@ class BoundedHTTPServer(HTTPServer):
             self._refuse(stream, "open_connections")
             return
         self._full = False
-        if sum(host == client for host in self._open.values()) >= self._max_per_client:
+        if not self._trusted(client) and sum(host == client for host in self._open.values()) >= self._max_per_client:
             self._refuse(stream, "client_connections")
             return
         self._open[stream] = client

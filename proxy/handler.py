@@ -11,7 +11,7 @@ from typing import Any
 from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
 from rtvideo.core import resume
-from rtvideo.proxy.access import origin_allowed, refused_without_token
+from rtvideo.proxy.access import client_of, origin_allowed, refused_without_token
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool
 from rtvideo.proxy.resume import Features, drop_silent_owner, take_over
@@ -43,10 +43,12 @@ class RealtimeVideoHandler(WebSocketHandler):
     def initialize(self, context: ProxyContext) -> None:
         self.context = context
         self.session: ProxySession | None = None
+        self.client = str(self.request.remote_ip)  # the client address (a trusted proxy's report), set in prepare
         self._pong: asyncio.Event | None = None  # set by the pong of the latest `responsive` ping
 
     def prepare(self) -> None:
         ctx = self.context
+        self.client = client_of(self.request, ctx.settings.trusted_proxies)
         if refused_without_token(self, ctx.settings.token, ctx.metrics.connection_rejected):
             return
         if ctx.draining:
@@ -57,7 +59,7 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.metrics.connection_rejected("capacity")
             self.set_header("Retry-After", "5")
             self.send_error(503, reason="Too many connections")
-        elif sum(s.peer == self.request.remote_ip for s in attached) >= ctx.settings.max_sessions_per_client:
+        elif sum(s.peer == self.client for s in attached) >= ctx.settings.sessions_per_client(ctx.pool.known_slots):
             ctx.metrics.connection_rejected("per_client")
             self.set_header("Retry-After", "5")
             self.send_error(429, reason="Too many sessions from this client")
@@ -99,7 +101,7 @@ class RealtimeVideoHandler(WebSocketHandler):
         ctx = self.context
         self.set_nodelay(True)  # small messages (acks) must not wait for Nagle
         self.session = ProxySession(
-            self, ctx.pool, ctx.settings, ctx.metrics, str(self.request.remote_ip), ctx.sessions.discard, ctx.features
+            self, ctx.pool, ctx.settings, ctx.metrics, self.client, ctx.sessions.discard, ctx.features
         )
         ctx.sessions.add(self.session)
 

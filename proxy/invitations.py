@@ -27,6 +27,7 @@ from rtvideo.proxy.outbox import Frame
 from rtvideo.proxy.participants import Guest
 from rtvideo.proxy.recordings.branch import Branch, branch_start, take_branch
 from rtvideo.proxy.recordings.recorder import SessionRecorder
+from rtvideo.proxy.recordings.service import NoRoom
 from rtvideo.proxy.replay import ReplayBuffer, ReplayGap
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.steerers import SteerHub
@@ -57,6 +58,7 @@ class Invitations:
         self._grace_timer: asyncio.TimerHandle | None = None
         self._detached_counted = False  # counted in the detached-sessions gauge
         self._recorder: SessionRecorder | None = None
+        self._recording_token: str | None = None  # the recording's capability: the owner's alone (never logged)
         self._branch: Branch | None = None  # the start's from_recording
 
     @property
@@ -91,7 +93,13 @@ class Invitations:
                 ErrorCode.INVALID_START, "record: recordings are off on this server (rtvideo serve --recordings DIR)"
             )
         if recordings is not None and recordings.wants(asked):
-            self._recorder = recordings.begin(received_at=time.monotonic())
+            try:
+                self._recorder, self._recording_token = recordings.begin(received_at=time.monotonic())
+            except NoRoom as exc:
+                if asked:  # the client asked for a recording it cannot have: said before anything starts
+                    raise ProtocolError(ErrorCode.SERVER_BUSY, str(exc)) from None
+                log.warning("session not recorded (--record-all): %s", exc)
+                return raw
             self._recorder.received(start, None)
             handouts.record_to(self._recorder)
         return raw
@@ -155,8 +163,10 @@ class Invitations:
         return out, server_messages.encode(out)
 
     def _marks(self) -> dict[str, str]:
-        """The watch and steer tokens of the session, as video.start carries them."""
+        """The watch, steer and recording tokens of the session, as video.start carries them."""
         marks = {}
+        if self._recording_token is not None:
+            marks["recording_token"] = self._recording_token
         if self._watch_token is not None:
             marks["watch_token"] = self._watch_token
         if self._steer_token is not None:

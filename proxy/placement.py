@@ -351,6 +351,12 @@ class EndpointPool:
         return any(not e.leaving and e.supervisor.alive for e in self.endpoints.values())
 
     @property
+    def known_slots(self) -> int | None:
+        """Session slots of the endpoints whose capacity is known (None: none is known yet)."""
+        known = [e.capacity for e in self.endpoints.values() if e.capacity is not None]
+        return sum(known) if known else None
+
+    @property
     def has_free_slot(self) -> bool:
         """Whether some endpoint may have a session slot free (`Endpoint.has_free_slot`)."""
         return any(e.has_free_slot for e in self.endpoints.values())

@@ -208,6 +208,7 @@ class ProxySession:
         self._start_timer.cancel()
         try:
             first = start_request.check_first_message(raw, binary=binary)
+            start_request.check_object_bounds(first)  # before it is recorded or forwarded
             self._inband.asked(first)
             start = self._invites.take_options(first, raw_bytes(raw), self._handouts)
         except ProtocolError as exc:

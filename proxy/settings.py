@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtvideo import settings_text
-from rtvideo.proxy.addresses import parse_urls
+from rtvideo.proxy.addresses import parse_urls, trusted_networks
 from rtvideo.settings_text import setting
 
 MiB = 1024 * 1024
@@ -63,9 +63,24 @@ class ProxySettings:
     token: str | None = setting(
         None, "bearer token clients must present (Authorization: Bearer, or ?token=)", secret=True
     )
+    admin_token: str | None = setting(
+        None,
+        "the operator's credential (Authorization: Bearer): it alone opens the drain, the full recordings "
+        "listing and deleting any recording; unset, those answer 403 (docs/security.md). Give it as "
+        "RTVIDEO_ADMIN_TOKEN, not on a command line",
+        secret=True,
+    )
+    trusted_proxies: tuple[str, ...] = setting(
+        (),
+        "address or network (CIDR) of an ingress or load balancer whose X-Forwarded-For names the client "
+        "(repeatable); from any other peer the header is ignored",
+        flag="--trusted-proxy",
+    )
     max_connections: int = setting(64, "concurrent WebSocket sessions (HTTP 503 beyond)")
     max_sessions_per_client: int = setting(
-        16, "concurrent WebSocket sessions from one client address (HTTP 429 beyond)"
+        0,
+        "concurrent sessions from one client address (HTTP 429 beyond); 0: half the model's session slots "
+        "this proxy knows of, at least 1 (16 while no endpoint's capacity is known)",
     )
     max_open_connections: int = setting(
         1024, "open TCP connections of any kind (WebSocket, HTTP, idle); a new one beyond is closed at once"
@@ -146,6 +161,11 @@ class ProxySettings:
     recordings_max_bytes: int = setting(
         10 * 1024 * MiB, "bytes all recordings may take together; the oldest finished ones go first"
     )
+    recording_max_bytes: int = setting(
+        0,
+        "bytes one recording may take (its video, event log and manifest); past it the recording is closed "
+        "as truncated and the session goes on (0: a quarter of --recordings-max-bytes)",
+    )
     recordings_max_age: float = setting(7 * 24 * 3600.0, "seconds a finished recording is kept (0: no age limit)")
     record_all: bool = setting(False, 'record every session (else a session asks with "record": true)')
 
@@ -154,11 +174,13 @@ class ProxySettings:
         if not 0 <= self.port <= 65535:  # the socket layer would take 80800 as 80800 - 65536
             raise ValueError(f"port {self.port}: use 1 to 65535 (0: any free port)")
         if (
-            min(self.max_connections, self.max_sessions_per_client, self.outbound_buffer_bytes) < 1
+            min(self.max_connections, self.outbound_buffer_bytes) < 1
             or self.start_timeout <= 0
+            or self.max_sessions_per_client < 0
         ):
             raise ValueError(
-                "max_connections, max_sessions_per_client, outbound_buffer_bytes and start_timeout must be positive"
+                "max_connections, outbound_buffer_bytes and start_timeout must be positive, "
+                "max_sessions_per_client >= 0"
             )
         if (
             min(self.max_messages_per_second, self.backend_silence_seconds) <= 0
@@ -189,8 +211,11 @@ class ProxySettings:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:
             raise ValueError("probe_interval and probe_timeout must be positive, probe_failures at least 1")
-        if self.recordings_max_bytes < 1 or self.recordings_max_age < 0:
-            raise ValueError("recordings_max_bytes must be positive, recordings_max_age >= 0")
+        if self.recordings_max_bytes < 1 or self.recordings_max_age < 0 or self.recording_max_bytes < 0:
+            raise ValueError("recordings_max_bytes must be positive, recording_max_bytes and recordings_max_age >= 0")
+        if self.admin_token is not None and self.admin_token == self.token:
+            raise ValueError("admin_token must differ from token: the operator's credential is not a client's")
+        trusted_networks(self.trusted_proxies)  # each one parses
         if self.record_all and not self.recordings:
             raise ValueError("--record-all needs --recordings (where to store them)")
         if self.resolve_interval < 0 or self.drain_seconds < 0:
@@ -210,6 +235,19 @@ class ProxySettings:
             raise ValueError(
                 "max_watchers_per_session, max_watchers, max_steerers_per_session, max_steerers must be >= 0"
             )
+
+    def sessions_per_client(self, known_slots: int | None) -> int:
+        """How many sessions one client address may hold: `max_sessions_per_client`, else half the
+        model's slots (at least 1), so that one address never holds them all where there are two
+        or more; 16 while no endpoint's capacity is known."""
+        if self.max_sessions_per_client:
+            return self.max_sessions_per_client
+        return 16 if known_slots is None else max(1, known_slots // 2)
+
+    @property
+    def recording_cap(self) -> int:
+        """Bytes one recording may take (`recording_max_bytes`, else a quarter of the whole)."""
+        return min(self.recording_max_bytes or max(1, self.recordings_max_bytes // 4), self.recordings_max_bytes)
 
     @property
     def awaiting_start_bound(self) -> int:

@@ -5,13 +5,14 @@
   cannot move (another generator) runs on there until it ends.
 - `DELETE`: the endpoint takes new sessions again; `{"endpoint", "draining": false}`.
 
-An unknown endpoint is 404. Behind `--token` when one is set; without one, only a loopback
-peer may drain (403 otherwise): an operator's action, never an anonymous client's.
+An unknown endpoint is 404. The operator's lever: it needs `--admin-token` as
+`Authorization: Bearer` (401 without it; 403 when the proxy has none configured), whoever
+the caller is and wherever it calls from, and it refuses a foreign Origin and any body
+(`refused_unsafe_request`), so that no web page can drain a server.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 
 import tornado.web
 
-from rtvideo.proxy.access import refused_without_token
+from rtvideo.proxy.access import is_operator, refused_unsafe_request
 from rtvideo.proxy.moves.mover import MoveReason
 
 log = logging.getLogger(__name__)
@@ -38,18 +39,23 @@ class DrainHandler(tornado.web.RequestHandler):
         self,
         drain: Callable[[str, bool], list[object] | None],
         sessions: Callable[[], Iterable[Movable]],
-        token: str | None,
+        admin_token: str | None,
+        allowed_origins: tuple[str, ...],
     ) -> None:
         self._drain = drain
         self._sessions = sessions
-        self._token = token
+        self._admin_token = admin_token
+        self._allowed_origins = allowed_origins
 
     def prepare(self) -> None:
         self.set_header("Cache-Control", "no-store")
-        if self._token is not None:
-            refused_without_token(self, self._token)
-        elif not ipaddress.ip_address(self.request.remote_ip or "0.0.0.0").is_loopback:
-            self._json(403, {"error": "draining needs --token, or a request from this machine"})
+        if refused_unsafe_request(self, self._allowed_origins):
+            return
+        if self._admin_token is None:
+            self._json(403, {"error": "draining needs the operator's credential: this proxy has no --admin-token"})
+        elif not is_operator(self.request, self._admin_token):
+            self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo-operator"')
+            self._json(401, {"error": "draining needs the operator's credential (Authorization: Bearer)"})
 
     def _json(self, status: int, body: dict[str, Any]) -> None:
         self.set_status(status)

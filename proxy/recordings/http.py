@@ -1,12 +1,17 @@
-"""`/v1/recordings` (docs/recordings.md), behind the same `--token` as sessions.
+"""`/v1/recordings` (docs/recordings.md; who may do what: docs/security.md "Credentials").
 
-- `GET /v1/recordings`: `{"object": "list", "data": [manifest, ...]}`, the newest first.
+- `GET /v1/recordings`: `{"object": "list", "data": [manifest, ...]}`, the newest first: the
+  operator's alone (`--admin-token`; 403 otherwise).
 - `GET /v1/recordings/{id}`: the manifest. `DELETE` it: 204 (a live one: 409).
 - `GET /v1/recordings/{id}/video.mp4` and `.../events.jsonl`: the files (a single byte
-  `Range` honoured, so a player can seek).
-A malformed id is 400, an unknown one 404; the id is checked before anything reaches the
-store (`ids.check`), and the file names are fixed, so no request names a path. Store I/O runs
-in an executor, never on the event loop.
+  `Range` honoured, so a player can seek; a range that cannot be read is 416).
+One recording is opened by its recording token (`Authorization: Bearer` or
+`?recording_token=`) or by the operator's credential; without either it is 404, as an
+unknown id is, so a stranger learns nothing of it. The client's `--token` still guards every
+route (the operator's credential passes it). A `DELETE` refuses a foreign Origin and any body.
+A malformed id is 400; the id is checked before anything reaches the store (`ids.check`), and
+the file names are fixed, so no request names a path. Store I/O runs in an executor, never on
+the event loop. Manifests are served without their token's digest (`store.public`).
 """
 
 from __future__ import annotations
@@ -18,26 +23,45 @@ from typing import Any
 
 import tornado.web
 
-from rtvideo.proxy.access import refused_without_token
+from rtvideo.proxy.access import bearer, is_operator, query_value, refused_unsafe_request, refused_without_token
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.service import Recordings
-from rtvideo.proxy.recordings.store import DOWNLOADS, read_chunks
+from rtvideo.proxy.recordings.store import DOWNLOADS, public, read_chunks
+from rtvideo.proxy.settings import ProxySettings
 
 PREFIX = "/v1/recordings"
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+#: a byte range: each bound at most 18 digits (any file size fits; a longer number is refused, not parsed)
+_RANGE = re.compile(r"bytes=(\d{0,18})-(\d{0,18})")
 
 
 class _RecordingsHandler(tornado.web.RequestHandler):
-    def initialize(self, recordings: Recordings | None, token: str | None) -> None:
+    def initialize(self, recordings: Recordings | None, settings: ProxySettings) -> None:
         self.recordings = recordings
-        self.token = token
+        self.proxy_settings = settings
+        self.operator = False
 
     def prepare(self) -> None:
         self.set_header("Cache-Control", "no-store")
-        if refused_without_token(self, self.token):
+        self.operator = is_operator(self.request, self.proxy_settings.admin_token)
+        if not self.operator and refused_without_token(self, self.proxy_settings.token):
+            return
+        if self.request.method == "DELETE" and refused_unsafe_request(self, self.proxy_settings.allowed_origins):
             return
         if self.recordings is None:
             self._json(404, {"error": "recordings are off on this server (rtvideo serve --recordings)"})
+
+    async def _manifest(self, rid: str) -> dict[str, Any] | None:
+        """The recording's manifest when this request may open it (the operator, or its token);
+        None otherwise, as for an unknown id."""
+        assert self.recordings is not None
+        store = self.recordings.store
+        if self.operator:
+            return await self._io(store.manifest, rid)
+        for presented in {query_value(self.request, "recording_token"), bearer(self.request)} - {None}:
+            manifest = await self._io(store.authorised, rid, presented)
+            if manifest is not None:
+                return manifest
+        return None
 
     def _json(self, status: int, body: Any) -> None:
         self.set_status(status)
@@ -58,26 +82,38 @@ class _RecordingsHandler(tornado.web.RequestHandler):
 class RecordingListHandler(_RecordingsHandler):
     async def get(self) -> None:
         assert self.recordings is not None
-        self._json(200, {"object": "list", "data": await self._io(self.recordings.store.manifests)})
+        if not self.operator:
+            why = (
+                "this proxy has no --admin-token" if self.proxy_settings.admin_token is None else "send it as a bearer"
+            )
+            self._json(
+                403,
+                {
+                    "error": f"the full listing needs the operator's credential ({why}); "
+                    "read each recording you hold a token for by its id"
+                },
+            )
+            return
+        manifests = await self._io(self.recordings.store.manifests)
+        self._json(200, {"object": "list", "data": [public(m) for m in manifests]})
 
 
 class RecordingHandler(_RecordingsHandler):
     async def get(self, rid: str) -> None:
         if (checked := self._checked(rid)) is None:
             return
-        assert self.recordings is not None
-        manifest = await self._io(self.recordings.store.manifest, checked)
+        manifest = await self._manifest(checked)
         if manifest is None:
             self._json(404, {"error": f"no recording {checked}"})
         else:
-            self._json(200, manifest)
+            self._json(200, public(manifest))
 
     async def delete(self, rid: str) -> None:
         if (checked := self._checked(rid)) is None:
             return
         assert self.recordings is not None
         store = self.recordings.store
-        manifest = await self._io(store.manifest, checked)
+        manifest = await self._manifest(checked)
         if manifest is None:
             self._json(404, {"error": f"no recording {checked}"})
         elif not await self._io(store.delete, checked):
@@ -92,7 +128,8 @@ class RecordingFileHandler(_RecordingsHandler):
         if (checked := self._checked(rid)) is None:
             return
         assert self.recordings is not None
-        opened = await self._io(self.recordings.store.open, checked, name)
+        manifest = await self._manifest(checked)
+        opened = await self._io(self.recordings.store.open, checked, name) if manifest is not None else None
         if opened is None:
             self._json(404, {"error": f"no recording {checked}"})
             return
@@ -121,9 +158,11 @@ class RecordingFileHandler(_RecordingsHandler):
         """(start, length) of the one range asked for (the whole file without one); length -1
         when it cannot be served."""
         header = self.request.headers.get("Range")
-        match = _RANGE.fullmatch(header.strip()) if header else None
-        if match is None:
+        if header is None:
             return 0, size
+        match = _RANGE.fullmatch(header.strip())
+        if match is None or match.groups() == ("", ""):
+            return 0, -1  # not one byte range this server reads
         first, last = match.groups()
         if not first:  # the last N bytes
             n = min(int(last or 0), size)
@@ -133,8 +172,8 @@ class RecordingFileHandler(_RecordingsHandler):
         return (start, end - start + 1) if start <= end else (0, -1)
 
 
-def routes(recordings: Recordings | None, token: str | None) -> list[tuple[str, type, dict[str, Any]]]:
-    args = {"recordings": recordings, "token": token}
+def routes(recordings: Recordings | None, settings: ProxySettings) -> list[tuple[str, type, dict[str, Any]]]:
+    args = {"recordings": recordings, "settings": settings}
     files = "|".join(re.escape(name) for name in DOWNLOADS)
     return [
         (PREFIX, RecordingListHandler, args),

@@ -8,15 +8,18 @@ participants send, written off the event loop.
   "dir": "in" | "out", "message": ...}`: what the owner sent and was handed, and what a guest
   steerer sent and was answered alone (those lines name the `participant`: `owner`,
   `steerer-1`, ... in the order they first spoke); a binary payload appears as its metadata
-  message only. Every `*_token` field is left out:
-  a recording is shared, a token is a key.
+  message only. Only what a replay or a branch reads is logged (`loggable`): pings, pongs and
+  playback reports are not, and an interaction or a stop keeps only the fields the protocol
+  reads (a client's padding is never written). Every `*_token` field is left out: a token is a key.
 - `manifest.json`: the session (request id, model, the video.start config with its seed),
   times, counts and how it ended (`Manifest`).
 
 Writing never delays the stream: the loop only queues; one writer thread per store does the
-I/O. A recording whose queue grows past `MAX_PENDING_BYTES` (a slow disk) or whose write fails
-(a full disk), or that alone outgrows `--recordings-max-bytes`, is dropped: logged, counted,
-its files removed, a manifest saying why left; the session goes on.
+I/O, and charges every write to the store first (`RecordingStore.charge`). A recording that
+reaches its own cap, or finds the store full of live recordings, is closed there as
+`truncated` (what it holds is kept, ending at a whole chunk). A recording whose queue grows
+past `MAX_PENDING_BYTES` (a slow disk) or whose write fails (a full disk) is dropped: logged,
+counted, its files removed, a manifest saying why left. Either way the session goes on.
 """
 
 from __future__ import annotations
@@ -31,34 +34,61 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from rtvideo.core import protocol
 from rtvideo.proxy.outbox import Frame
 from rtvideo.proxy.recordings.metrics import RecordingMetrics
-from rtvideo.proxy.recordings.store import EVENTS, VIDEO, RecordingStore
+from rtvideo.proxy.recordings.store import EVENTS, TOKEN_DIGEST, VIDEO, Charge, RecordingStore, open_private
 
 log = logging.getLogger(__name__)
 
 #: bytes queued for the writer before the disk is deemed too slow and the recording dropped
 MAX_PENDING_BYTES = 64 * 1024 * 1024
-#: how often (in bytes written) a live recording makes room in the store by evicting old ones
-EVICT_EVERY_BYTES = 16 * 1024 * 1024
+#: how often (in bytes written) a live recording's manifest (its size in the listing) is brought up to date
+UPDATE_EVERY_BYTES = 16 * 1024 * 1024
+#: inbound messages a replay or a branch reads, and the fields of each it reads (None: all)
+REPLAYED_IN: dict[str, tuple[str, ...] | None] = {
+    protocol.START: None,
+    protocol.INTERACTION: ("type", "interaction"),
+    protocol.STOP: ("type",),
+}
+#: outbound messages no replay reads (a pong echoes what its ping carried)
+NOT_LOGGED_OUT = frozenset({"session.pong"})
 
 
 class RecordingState(Enum):
     RECORDING = "recording"
     COMPLETE = "complete"
+    TRUNCATED = "truncated"  # closed at its cap or a full store; what it holds is kept
     FAILED = "failed"
 
 
 def without_tokens(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The message with no `*_token` field (at its top level, where every token of the protocol is)."""
-    return {k: v for k, v in message.items() if not k.endswith("_token")}
+    """The message with no `*_token` field (at its top level, where every token of the protocol
+    is, and in `from_recording`, which carries one)."""
+    out = {k: v for k, v in message.items() if not k.endswith("_token")}
+    branch = out.get("from_recording")
+    if isinstance(branch, Mapping):
+        out["from_recording"] = without_tokens(branch)
+    return out
+
+
+def loggable(message: Mapping[str, Any], inbound: bool) -> dict[str, Any] | None:
+    """What the event log keeps of a message (None: nothing): see the module docstring."""
+    kind = message.get("type")
+    if not inbound:
+        return None if kind in NOT_LOGGED_OUT else without_tokens(message)
+    if not isinstance(kind, str) or kind not in REPLAYED_IN:
+        return None
+    kept = REPLAYED_IN[kind]
+    return without_tokens(message if kept is None else {k: message[k] for k in kept if k in message})
 
 
 class Manifest:
     """What `manifest.json` says; built from the messages as they pass (pure)."""
 
-    def __init__(self, rid: str, started_at: float) -> None:
+    def __init__(self, rid: str, started_at: float, token_digest: str | None = None) -> None:
         self.fields: dict[str, Any] = {
+            TOKEN_DIGEST: token_digest,
             "recording_id": rid,
             "status": RecordingState.RECORDING.value,
             "request_id": None,
@@ -72,7 +102,7 @@ class Manifest:
             "ended": None,
         }
 
-    def saw_out(self, message: Mapping[str, Any], payload: int) -> None:
+    def saw_out(self, message: Mapping[str, Any]) -> None:
         kind = message.get("type")
         if kind == "video.start":
             config = message.get("config") or {}
@@ -84,10 +114,6 @@ class Manifest:
             self.fields["ended"] = {k: v for k, v in message.items() if not isinstance(v, list) and k != "type"}
         elif kind == "error" and self.fields["ended"] is None:
             self.fields["last_error"] = message.get("code")
-        self.fields["bytes"] += payload
-
-    def add_bytes(self, n: int) -> None:
-        self.fields["bytes"] += n
 
     def snapshot(self, state: RecordingState, **extra: Any) -> dict[str, Any]:
         return {**self.fields, "status": state.value, **extra}
@@ -106,19 +132,21 @@ class SessionRecorder:
         *,
         received_at: float,
         on_end: Callable[[SessionRecorder], None] | None = None,
+        token_digest: str | None = None,
     ) -> None:
         self.rid = rid
         self._store = store
         self._writer = writer
         self._metrics = metrics
         self._t0 = received_at  # monotonic: when the session.start arrived
-        self._manifest = Manifest(rid, time.time())
+        self._manifest = Manifest(rid, time.time(), token_digest)
         self.state = RecordingState.RECORDING
         self._pending = 0  # bytes queued, not yet written (loop side; the lock guards it)
         self._lock = threading.Lock()
         self._files: dict[str, IO[bytes]] = {}
         self._spool: Path | None = None
-        self._written_since_evict = 0
+        self._written = 0  # writer side: bytes written (charged to the store)
+        self._written_since_update = 0
         self._closed = False  # writer side: finished or abandoned, nothing more to do
         self._on_end = on_end
         self._names: dict[int, str] = {}  # id(guest) → its name in the log (the guest outlives no session)
@@ -132,12 +160,15 @@ class SessionRecorder:
     # --- the loop side -----------------------------------------------------------------------
     def received(self, message: Mapping[str, Any], sender: object | None) -> None:
         """A JSON message a participant sent (None: the owner), after the proxy parsed it."""
-        entry = {"t": self._t(), "dir": "in", "participant": self._name(sender), "message": without_tokens(message)}
-        self._line(entry)
+        kept = loggable(message, inbound=True)
+        if kept is not None:
+            self._line({"t": self._t(), "dir": "in", "participant": self._name(sender), "message": kept})
 
     def told(self, message: Mapping[str, Any], guest: object) -> None:
-        """A message written to a guest steerer alone (its ack, its error, its pong)."""
-        self._line({"t": self._t(), "dir": "out", "participant": self._name(guest), "message": without_tokens(message)})
+        """A message written to a guest steerer alone (its ack, its error)."""
+        kept = loggable(message, inbound=False)
+        if kept is not None:
+            self._line({"t": self._t(), "dir": "out", "participant": self._name(guest), "message": kept})
 
     def _name(self, sender: object | None) -> str:
         if sender is None:
@@ -152,13 +183,13 @@ class SessionRecorder:
         """A frame handed to the owner (`RecordingSink`)."""
         if self.state is not RecordingState.RECORDING:
             return
-        message = without_tokens(frame.message)
-        payload = len(frame.data) if frame.data is not None else 0
-        self._manifest.saw_out(message, payload)
-        self._line({"t": self._t(), "dir": "out", "message": message})
-        if frame.data is not None:
-            data = frame.data
-            self._queue(len(data), lambda: self._append(VIDEO, data))
+        message = loggable(frame.message, inbound=False)
+        if message is None:
+            return
+        self._manifest.saw_out(message)
+        line = self._encode({"t": self._t(), "dir": "out", "message": message})
+        writes = [(EVENTS, line)] if frame.data is None else [(EVENTS, line), (VIDEO, frame.data)]
+        self._queue(writes)  # a chunk's metadata line and its payload are kept or refused together
 
     def session_ended(self) -> None:
         if self.state is not RecordingState.RECORDING:
@@ -170,14 +201,17 @@ class SessionRecorder:
     def _t(self) -> float:
         return round(time.monotonic() - self._t0, 6)
 
+    @staticmethod
+    def _encode(entry: dict[str, Any]) -> bytes:
+        return (json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
+
     def _line(self, entry: dict[str, Any]) -> None:
         if self.state is not RecordingState.RECORDING:
             return
-        line = (json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
-        self._manifest.add_bytes(len(line))
-        self._queue(len(line), lambda: self._append(EVENTS, line))
+        self._queue([(EVENTS, self._encode(entry))])
 
-    def _queue(self, size: int, write: Callable[[], None]) -> None:
+    def _queue(self, writes: list[tuple[str, bytes]]) -> None:
+        size = sum(len(data) for _, data in writes)
         with self._lock:
             self._pending += size
             over = self._pending > MAX_PENDING_BYTES
@@ -187,7 +221,7 @@ class SessionRecorder:
 
         def job() -> None:
             try:
-                write()
+                self._append(writes)
             finally:
                 with self._lock:
                     self._pending -= size
@@ -228,23 +262,40 @@ class SessionRecorder:
 
     def _open(self) -> None:
         self._spool = self._store.begin(self.rid)
-        self._store.update_live(self.rid, self._manifest.snapshot(RecordingState.RECORDING))
+        self._store.update_live(self.rid, self._manifest.snapshot(RecordingState.RECORDING, bytes=0))
 
-    def _append(self, name: str, data: bytes) -> None:
-        if self._spool is None or self.state is RecordingState.FAILED:
+    def _append(self, writes: list[tuple[str, bytes]]) -> None:
+        if self._spool is None or self._closed or self.state is RecordingState.FAILED:
             return
-        f = self._files.get(name)
-        if f is None:
-            f = self._files[name] = (self._spool / name).open("ab")
-        f.write(data)
-        self._written_since_evict += len(data)
-        if self._written_since_evict >= EVICT_EVERY_BYTES:
-            self._written_since_evict = 0
+        size = sum(len(data) for _, data in writes)
+        charged = self._store.charge(self.rid, size)
+        if charged is not Charge.OK:
+            self._truncate(charged)
+            return
+        for name, data in writes:
+            f = self._files.get(name)
+            if f is None:
+                f = self._files[name] = open_private(self._spool / name)
+            f.write(data)
+        self._written += size
+        self._written_since_update += size
+        if self._written_since_update >= UPDATE_EVERY_BYTES:
+            self._written_since_update = 0
             self._flush_files()
-            self._store.update_live(self.rid, self._manifest.snapshot(RecordingState.RECORDING))
-            if self._manifest.fields["bytes"] > self._store.limits.max_bytes:
-                raise OSError(f"the recording alone is over --recordings-max-bytes ({self._store.limits.max_bytes})")
-            self._store.evict()
+            self._store.update_live(self.rid, self._manifest.snapshot(RecordingState.RECORDING, bytes=self._written))
+
+    def _truncate(self, why: Charge) -> None:
+        """The store refused a write: the recording is closed where it is (the session goes on)."""
+        reason = (
+            f"the recording reached its cap (--recording-max-bytes {self._store.per_recording})"
+            if why is Charge.OVER_ITS_CAP
+            else f"live recordings fill the store (--recordings-max-bytes {self._store.limits.max_bytes})"
+        )
+        self.state = RecordingState.TRUNCATED
+        log.warning("recording_id=%s request_id=%s recording truncated: %s", self.rid, self.request_id, reason)
+        self._metrics.failed("truncated")
+        manifest = self._manifest.snapshot(RecordingState.TRUNCATED, ended_at=time.time(), reason=reason)
+        self._finish(manifest)
 
     def _flush_files(self) -> None:
         for f in self._files.values():
@@ -259,8 +310,7 @@ class SessionRecorder:
         if self._closed or self.state is RecordingState.FAILED or self._spool is None:
             return
         self._close_files()
-        if manifest["bytes"] > self._store.limits.max_bytes:
-            raise OSError(f"the recording alone is over --recordings-max-bytes ({self._store.limits.max_bytes})")
+        manifest = {**manifest, "bytes": self._written}
         self._store.finish(self.rid, manifest)
         self._closed = True
         self._metrics.written(int(manifest["bytes"]))

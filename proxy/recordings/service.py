@@ -2,22 +2,50 @@
 
 Built once per proxy from its settings (`Recordings.create`; None when `--recordings` is
 unset). A session records when the deployer records all (`--record-all`) or its start asked
-(`"record": true`); `begin` gives it a `SessionRecorder` under a fresh id.
+(`"record": true`); `begin` gives it a `SessionRecorder` under a fresh id, and the recording's
+token: the capability that reads, branches and deletes that recording (docs/security.md). The
+token is handed to the session's owner alone and never kept: the manifest holds its SHA-256.
+
+Branches read a recording's log and video off the event loop, on `branch_reader`'s threads,
+at most `MAX_BRANCHES` at once (`branch_gate`): a burst of branches of a large log cannot
+stall the other sessions' streams.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry
 
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.metrics import RecordingMetrics
 from rtvideo.proxy.recordings.recorder import SessionRecorder
-from rtvideo.proxy.recordings.store import Limits, RecordingStore, backing_for
+from rtvideo.proxy.recordings.store import Limits, RecordingStore, backing_for, token_digest
 
 log = logging.getLogger(__name__)
+
+#: branches being prepared at once (their logs read and parsed, a first frame decoded); beyond, server_busy
+MAX_BRANCHES = 4
+#: threads that read and parse branched recordings
+BRANCH_READERS = 2
+
+
+class NoRoom(Exception):
+    """No recording may begin: the live ones fill the store (`RecordingStore.room_for_new`)."""
+
+
+class BranchesBusy(Exception):
+    """`MAX_BRANCHES` branches are being prepared already."""
+
+
+def new_token() -> str:
+    """A recording token: 256 random bits. Not bound to this process: it opens the recording on
+    any proxy that serves the store, before and after a restart."""
+    return "rk1." + secrets.token_urlsafe(32)
 
 
 class Recordings:
@@ -27,6 +55,8 @@ class Recordings:
         self._metrics = metrics
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtvideo-recordings")
         self._live: set[SessionRecorder] = set()
+        self.branch_reader = ThreadPoolExecutor(max_workers=BRANCH_READERS, thread_name_prefix="rtvideo-branches")
+        self._branching = 0  # branches being prepared (the event loop's count)
         self._writer.submit(self._tidy)
 
     @classmethod
@@ -38,21 +68,47 @@ class Recordings:
         max_age: float,
         record_all: bool,
         registry: CollectorRegistry | None,
+        per_recording: int = 0,
     ) -> Recordings | None:
         if not location:
             return None
-        store = RecordingStore(backing_for(location), Limits(max_bytes=max_bytes, max_age=max_age))
+        limits = Limits(max_bytes=max_bytes, max_age=max_age, per_recording=per_recording)
+        store = RecordingStore(backing_for(location), limits)
         return cls(store, record_all=record_all, metrics=RecordingMetrics(registry))
 
     def wants(self, asked: bool) -> bool:
         return self.record_all or asked
 
-    def begin(self, received_at: float) -> SessionRecorder:
+    def begin(self, received_at: float) -> tuple[SessionRecorder, str]:
+        """A new recording and its token; NoRoom when the live recordings leave it no room."""
+        if not self.store.room_for_new():
+            raise NoRoom(
+                f"recordings: live recordings fill the store (--recordings-max-bytes {self.store.limits.max_bytes}, "
+                f"{self.store.per_recording} bytes each at most); try again when one ends"
+            )
+        token = new_token()
         recorder = SessionRecorder(
-            self.store, ids.new_id(), self._writer, self._metrics, received_at=received_at, on_end=self._ended
+            self.store,
+            ids.new_id(),
+            self._writer,
+            self._metrics,
+            received_at=received_at,
+            on_end=self._ended,
+            token_digest=token_digest(token),
         )
         self._live.add(recorder)
-        return recorder
+        return recorder, token
+
+    @contextmanager
+    def branch_gate(self) -> Iterator[None]:
+        """Held while one branch is prepared; BranchesBusy when `MAX_BRANCHES` are (event loop only)."""
+        if self._branching >= MAX_BRANCHES:
+            raise BranchesBusy(f"{MAX_BRANCHES} branches are being prepared; try again in a moment")
+        self._branching += 1
+        try:
+            yield
+        finally:
+            self._branching -= 1
 
     @property
     def live(self) -> int:
@@ -65,6 +121,7 @@ class Recordings:
         """At start: close what a killed proxy left, apply the bounds."""
         try:
             closed = self.store.close_leftovers()
+            self.store.index()
             removed = self.store.evict()
         except Exception as exc:  # noqa: BLE001 - a store that cannot be read is logged, not fatal
             log.error("recordings: the store could not be tidied: %s", exc)
@@ -75,3 +132,4 @@ class Recordings:
     def close(self) -> None:
         """Finish what is queued (recordings of sessions that ended at the stop), then stop."""
         self._writer.shutdown(wait=True)
+        self.branch_reader.shutdown(wait=False, cancel_futures=True)

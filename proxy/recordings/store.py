@@ -9,21 +9,39 @@ Two backings, one interface (`Backing`):
 - an fsspec URL (`s3://bucket/prefix`, `memory://...`; the `recordings` extra): a live
   recording is spooled in a local temporary folder and uploaded when it ends.
 
-Invariants: a live recording is never evicted; `evict` keeps the finished ones within
-`max_bytes` (oldest first) and `max_age`; every method here does blocking I/O, so the proxy
-calls them off its event loop (the recorder's writer thread, or an executor).
+Bounds (`Limits`), counted over everything written (video, event log, manifest, a spool):
+- every byte a live recording writes is charged first (`charge`, on the writer thread, before
+  the write); a charge that would take the store past `max_bytes` evicts finished recordings,
+  oldest first, and when none is left to evict, or the recording is past its own cap
+  (`per_recording`), the charge is refused and the recorder closes the recording there
+  (`truncated`); so the store stays within `max_bytes`;
+- a new recording is admitted only while the live ones leave room for it at its cap
+  (`room_for_new`); finished ones past `max_age` go too;
+- a live recording is never evicted.
+The counts are this process's (an index of the finished recordings, built at start): a store
+shared by several proxies is bounded per proxy (docs/recordings.md).
+
+On a local store folders are 0700 and files 0600: only the proxy's user reads what was said.
+A manifest holds the SHA-256 of the recording's token (`TOKEN_DIGEST`); `public` leaves it out
+of what is served. Every method here does blocking I/O, so the proxy calls them off its event
+loop (the recorder's writer thread, or an executor).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
+import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -37,6 +55,42 @@ MANIFEST = "manifest.json"
 FILES = (VIDEO, EVENTS, MANIFEST)
 #: the files a client may download (the manifest is served as JSON by its own endpoint)
 DOWNLOADS = {VIDEO: "video/mp4", EVENTS: "application/x-ndjson"}
+#: the manifest field holding the SHA-256 (hex) of the recording's token; never served
+TOKEN_DIGEST = "recording_token_sha256"
+#: modes of what a local store creates: the proxy's user alone
+FOLDER_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def public(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A manifest as served: without its token's digest."""
+    return {k: v for k, v in manifest.items() if k != TOKEN_DIGEST}
+
+
+def private_folder(path: Path) -> None:
+    """`path` as a folder only the proxy's user may enter (made if missing, tightened if not)."""
+    path.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+    os.chmod(path, FOLDER_MODE)
+
+
+def open_private(path: Path, append: bool = True) -> IO[bytes]:
+    """`path` opened for writing, created 0600 (whatever the umask)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` into `path` whole: written to a partial file (0600) first, so no reader sees half."""
+    partial = path.with_suffix(".partial")
+    with open_private(partial, append=False) as f:
+        f.write(text.encode("utf-8"))
+    partial.replace(path)
 
 
 class Backing(Protocol):
@@ -68,7 +122,10 @@ class Backing(Protocol):
 class LocalBacking:
     def __init__(self, root: Path) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            private_folder(root)
+        except PermissionError:  # a folder the operator made and owns: kept as it is, said once
+            log.warning("recordings: %s could not be made private (0700); its recordings still are", root)
 
     def _folder(self, rid: str) -> Path:
         return self.root / ids.check(rid)
@@ -90,10 +147,7 @@ class LocalBacking:
         return f, Path(f.name).stat().st_size
 
     def write_text(self, rid: str, name: str, text: str) -> None:
-        path = self._folder(rid) / name
-        partial = path.with_suffix(".partial")
-        partial.write_text(text)
-        partial.replace(path)  # a reader never sees half a manifest
+        write_private(self._folder(rid) / name, text)
 
     def publish(self, rid: str, spool: Path) -> None:
         pass  # written in place
@@ -103,7 +157,8 @@ class LocalBacking:
 
     def spool_for(self, rid: str) -> Path:
         folder = self._folder(rid)
-        folder.mkdir(parents=True, exist_ok=False)
+        folder.mkdir(mode=FOLDER_MODE, exist_ok=False)
+        os.chmod(folder, FOLDER_MODE)
         return folder
 
 
@@ -170,6 +225,22 @@ def backing_for(location: str) -> Backing:
 class Limits:
     max_bytes: int
     max_age: float  # seconds; 0: no age limit
+    per_recording: int = 0  # bytes one recording may take; 0: max_bytes
+
+
+class Charge(Enum):
+    """The answer to a live recording asking to write more (`RecordingStore.charge`)."""
+
+    OK = "ok"
+    OVER_ITS_CAP = "over its cap"  # the recording alone reached --recording-max-bytes
+    STORE_FULL = "store full"  # live recordings fill --recordings-max-bytes, nothing left to evict
+
+
+@dataclass
+class _Finished:
+    started_at: float
+    ended_at: float
+    size: int  # everything of it on the store, its manifest included
 
 
 class RecordingStore:
@@ -180,20 +251,56 @@ class RecordingStore:
         self.limits = limits
         self._live: dict[str, Path] = {}  # id → spool, while its session records
         self._live_manifests: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()  # guards the counts below (the writer thread and HTTP executors)
+        self._live_bytes: dict[str, int] = {}  # id → bytes a live recording was charged
+        self._finished: dict[str, _Finished] = {}  # the index of finished recordings (`index`)
+
+    @property
+    def per_recording(self) -> int:
+        return min(self.limits.per_recording or self.limits.max_bytes, self.limits.max_bytes)
 
     # --- live recordings (the recorder's writer thread) ----------------------------------------
+    def room_for_new(self) -> bool:
+        """Whether a new recording may begin: the live ones leave room for it at its cap
+        (finished ones can be evicted to make it)."""
+        with self._lock:
+            return sum(self._live_bytes.values()) + self.per_recording <= self.limits.max_bytes
+
     def begin(self, rid: str) -> Path:
         spool = self.backing.spool_for(rid)
-        self._live[rid] = spool
+        with self._lock:
+            self._live[rid] = spool
+            self._live_bytes.setdefault(rid, 0)
         return spool
+
+    def charge(self, rid: str, size: int) -> Charge:
+        """Room for `size` more bytes of the live recording `rid`, evicting finished recordings
+        (oldest first) when the store would go past its bound; the bytes are counted when OK."""
+        with self._lock:
+            used = self._live_bytes.get(rid, 0)
+            if used + size > self.per_recording:
+                return Charge.OVER_ITS_CAP
+            self._live_bytes[rid] = used + size
+            over = self._total() - self.limits.max_bytes
+        if over > 0 and self._evict_bytes(over) < over:
+            with self._lock:
+                self._live_bytes[rid] -= size
+            return Charge.STORE_FULL
+        return Charge.OK
 
     def update_live(self, rid: str, manifest: dict[str, Any]) -> None:
         self._live_manifests[rid] = manifest
 
     def finish(self, rid: str, manifest: dict[str, Any]) -> None:
         spool = self._live[rid]
-        (spool / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        text = json.dumps(manifest, indent=1, sort_keys=True)
+        write_private(spool / MANIFEST, text)
         self.backing.publish(rid, spool)
+        with self._lock:
+            size = self._live_bytes.get(rid, 0) + len(text)
+            self._finished[rid] = _Finished(
+                float(manifest.get("started_at") or 0.0), float(manifest.get("ended_at") or 0.0), size
+            )
         self._forget(rid)
 
     def abandon(self, rid: str, manifest: dict[str, Any]) -> None:
@@ -208,17 +315,32 @@ class RecordingStore:
                 else:
                     path.unlink(missing_ok=True)
             try:
-                (spool / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+                text = json.dumps(manifest, indent=1, sort_keys=True)
+                write_private(spool / MANIFEST, text)
                 self.backing.publish(rid, spool)
             except OSError:
                 shutil.rmtree(spool, ignore_errors=True)
+            else:
+                with self._lock:
+                    self._finished[rid] = _Finished(float(manifest.get("started_at") or 0.0), 0.0, len(text))
 
     def _forget(self, rid: str) -> None:
-        self._live.pop(rid, None)
+        with self._lock:
+            self._live.pop(rid, None)
+            self._live_bytes.pop(rid, None)
         self._live_manifests.pop(rid, None)
 
     def live_bytes(self) -> int:
-        return sum(int(m.get("bytes", 0)) for m in list(self._live_manifests.values()))
+        with self._lock:
+            return sum(self._live_bytes.values())
+
+    def total_bytes(self) -> int:
+        """What this store's recordings take, live ones included (as counted)."""
+        with self._lock:
+            return self._total()
+
+    def _total(self) -> int:
+        return sum(self._live_bytes.values()) + sum(f.size for f in self._finished.values())
 
     # --- finding, reading, deleting --------------------------------------------------------------
     def manifest(self, rid: str) -> dict[str, Any] | None:
@@ -228,6 +350,15 @@ class RecordingStore:
             return dict(live)
         text = self.backing.read_text(rid, MANIFEST)
         return None if text is None else json.loads(text)
+
+    def authorised(self, rid: str, token: str | None) -> dict[str, Any] | None:
+        """The manifest of `rid` when `token` is its recording's token; None otherwise (no such
+        recording, no token, another's token, or a recording made before tokens existed)."""
+        manifest = self.manifest(rid)
+        digest = manifest.get(TOKEN_DIGEST) if manifest is not None else None
+        if token is None or not isinstance(digest, str):
+            return None
+        return manifest if hmac.compare_digest(digest, token_digest(token)) else None
 
     def manifests(self) -> list[dict[str, Any]]:
         """Every recording's manifest, the newest first."""
@@ -256,26 +387,62 @@ class RecordingStore:
         ids.check(rid)
         if rid in self._live or self.backing.read_text(rid, MANIFEST) is None:
             return False
-        self.backing.remove(rid)
+        self._remove(rid)
         return True
 
+    def _remove(self, rid: str) -> int:
+        """A finished recording gone; the bytes it took."""
+        self.backing.remove(rid)
+        with self._lock:
+            gone = self._finished.pop(rid, None)
+        return gone.size if gone is not None else 0
+
     # --- bounds ----------------------------------------------------------------------------------
+    def index(self) -> None:
+        """Count the finished recordings on the backing (at start: what earlier runs left)."""
+        found: dict[str, _Finished] = {}
+        for rid in self.backing.ids():
+            if rid in self._live:
+                continue
+            text = self.backing.read_text(rid, MANIFEST)
+            if text is None:
+                continue
+            try:
+                m = json.loads(text)
+            except ValueError:
+                m = {}
+            found[rid] = _Finished(
+                float(m.get("started_at") or 0.0), float(m.get("ended_at") or 0.0), int(m.get("bytes", 0)) + len(text)
+            )
+        with self._lock:
+            self._finished = found
+
+    def _oldest_first(self) -> list[tuple[str, _Finished]]:
+        with self._lock:
+            return sorted(self._finished.items(), key=lambda item: item[1].started_at)
+
+    def _evict_bytes(self, need: int) -> int:
+        """Finished recordings removed, oldest first, until `need` bytes are freed; the bytes freed."""
+        freed = 0
+        for rid, _ in self._oldest_first():
+            if freed >= need:
+                break
+            freed += self._remove(rid)
+            log.info("recordings: %s evicted to keep the store within --recordings-max-bytes", rid)
+        return freed
+
     def evict(self, now: float | None = None) -> list[str]:
         """Finished recordings past `max_age`, then the oldest until all (live ones included) fit
         in `max_bytes`; returns the ids removed."""
         now = time.time() if now is None else now
-        finished = [m for m in self.manifests() if m.get("recording_id") not in self._live]
-        finished.sort(key=lambda m: m.get("started_at", 0.0))
         removed: list[str] = []
-        total = self.live_bytes() + sum(int(m.get("bytes", 0)) for m in finished)
-        for m in finished:
-            old = self.limits.max_age > 0 and now - float(m.get("ended_at") or m.get("started_at") or now) > (
+        for rid, footprint in self._oldest_first():
+            old = self.limits.max_age > 0 and now - (footprint.ended_at or footprint.started_at or now) > (
                 self.limits.max_age
             )
-            if old or total > self.limits.max_bytes:
-                self.backing.remove(m["recording_id"])
-                total -= int(m.get("bytes", 0))
-                removed.append(m["recording_id"])
+            if old or self.total_bytes() > self.limits.max_bytes:
+                self._remove(rid)
+                removed.append(rid)
         return removed
 
     def close_leftovers(self) -> list[str]:

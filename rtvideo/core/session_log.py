@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,8 +83,13 @@ class SessionLog:
 
 def parse_lines(text: str) -> list[dict[str, Any]]:
     """`events.jsonl` text as its objects (blank lines skipped)."""
-    lines = []
-    for number, line in enumerate(text.splitlines(), 1):
+    return list(iter_lines(text.splitlines()))
+
+
+def iter_lines(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
+    """`events.jsonl` lines as their objects, one at a time (blank lines skipped): a log is read
+    as a stream, never held whole."""
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -93,8 +98,7 @@ def parse_lines(text: str) -> list[dict[str, Any]]:
             raise SessionLogError(f"line {number} is not JSON: {exc}") from None
         if not isinstance(value, dict) or not isinstance(value.get("message"), dict):
             raise SessionLogError(f"line {number} is not a {{t, dir, message}} object")
-        lines.append(value)
-    return lines
+        yield value
 
 
 def read_log(lines: Iterable[Mapping[str, Any]]) -> SessionLog:

@@ -7,6 +7,7 @@ session config all read. Pure, like the envelope: every failure is a `ProtocolEr
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,6 +57,15 @@ _START_NUMBER_FIELDS: dict[str, tuple[float, float]] = {
 }
 _START_STR_FIELDS = ("model", "negative_prompt", "size", "format", "prompt")
 _START_OBJECT_FIELDS = ("extra_params", "sampling_params")
+#: Bounds of a start's free-form objects (`extra_params`, `sampling_params`, `lora`,
+#: `video_params`, the references), each checked alone: what one is costs every reader of the
+#: start (the model, `video.start`'s `ignored_fields` and `sampling`, a recording's manifest).
+#: Entries count every key and array item at any depth. A legitimate first frame travels in
+#: `image_reference`, which these do not bound (the start's own limit does).
+MAX_OBJECT_ENTRIES = 256
+MAX_OBJECT_DEPTH = 8
+#: the JSON size of one such object (references excepted: they may carry a data URL)
+MAX_OBJECT_BYTES = 64 * 1024
 #: The rest of vLLM-Omni 0.30's `VideoGenerationRequest` (`entrypoints/openai/protocol/videos.py`):
 #: accepted when well-formed (its types and ranges), kept in `StartRequest.request_fields`, and
 #: reported in `config.ignored_fields` unless the generator uses them (`ModelCapabilities.start_fields`;
@@ -193,12 +203,47 @@ def parse_start(raw: bytes | str) -> StartRequest:
     return validate_start(check_first_message(raw))
 
 
+def check_bounded(value: Any, name: str, *, sized: bool = True) -> None:
+    """`value` (a start's free-form object) within `MAX_OBJECT_ENTRIES` entries and
+    `MAX_OBJECT_DEPTH` levels, and (`sized`) `MAX_OBJECT_BYTES` as JSON; `invalid_start` naming
+    the bound otherwise. The walk stops at the first bound passed, so a huge object costs little."""
+    entries = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > MAX_OBJECT_DEPTH:
+            raise ProtocolError(ErrorCode.INVALID_START, f"{name} is nested deeper than {MAX_OBJECT_DEPTH} levels")
+        entries += len(children)
+        if entries > MAX_OBJECT_ENTRIES:
+            raise ProtocolError(
+                ErrorCode.INVALID_START, f"{name} has more than {MAX_OBJECT_ENTRIES} keys and items (docs/protocol.md §7)"
+            )
+        stack.extend((child, depth + 1) for child in children)
+    if sized and len(json.dumps(value, ensure_ascii=False)) > MAX_OBJECT_BYTES:
+        raise ProtocolError(ErrorCode.INVALID_START, f"{name} is larger than {MAX_OBJECT_BYTES} bytes as JSON")
+
+
+def check_object_bounds(fields: Mapping[str, Any]) -> None:
+    """Every free-form object of a start within its bounds (`check_bounded`): the proxy checks
+    this before a start is recorded or forwarded, the model again in `validate_start`."""
+    for name in (*_START_OBJECT_FIELDS, "lora", "video_params", "video_reference", "audio_reference"):
+        if isinstance(fields.get(name), (dict, list)):
+            check_bounded(fields[name], name, sized=not name.endswith("_reference"))
+
+
 def validate_start(obj: Mapping[str, Any]) -> StartRequest:
     """Field-level validation of a decoded `session.start` object."""
     fields = dict(obj)
     for name in _START_OBJECT_FIELDS:
         if fields.get(name) is not None and not isinstance(fields[name], dict):
             raise ProtocolError(ErrorCode.INVALID_START, f"{name} must be an object, not {json_kind(fields[name])}")
+    check_object_bounds(fields)
     sampling = fields.pop("sampling_params", None)
     if sampling is not None:
         extra = dict(fields.get("extra_params") or {})

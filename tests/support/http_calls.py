@@ -16,9 +16,14 @@ def http_base(ws_url: str) -> str:
 
 
 def fetch(
-    url: str, *, token: str | None = None, method: str = "GET", headers: dict[str, str] | None = None
+    url: str,
+    *,
+    token: str | None = None,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    data: bytes | None = None,
 ) -> tuple[int, bytes, dict[str, str]]:
-    request = urllib.request.Request(url, method=method, headers=dict(headers or {}))
+    request = urllib.request.Request(url, method=method, headers=dict(headers or {}), data=data)
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     try:
@@ -41,6 +46,8 @@ def finished(base: str, rid: str, token: str | None = None, timeout: float = 30.
 
 
 def drain(server: Any, endpoint: str, method: str = "POST") -> tuple[int, dict[str, Any]]:
-    """POST (drain) or DELETE (take back) `/v1/endpoints/{endpoint}/drain` on a proxy, from loopback."""
-    status, body, headers = fetch(f"http://127.0.0.1:{server.port}/v1/endpoints/{endpoint}/drain", method=method)
+    """POST (drain) or DELETE (take back) `/v1/endpoints/{endpoint}/drain` on a proxy, with its
+    operator's credential (`admin_token`)."""
+    url = f"http://127.0.0.1:{server.port}/v1/endpoints/{endpoint}/drain"
+    status, body, headers = fetch(url, method=method, token=server.settings.admin_token)
     return status, json.loads(body) if headers.get("Content-Type") == "application/json" else {}

@@ -1,12 +1,15 @@
 """What the proxy sends the model for a branch (rtvideo.proxy.recordings.branch), from a recording
 written straight into a local store: a vllm_omni recording's approximation (its last frame before
 N, decoded from video.mp4, the prompt in effect, the frames left, chunks numbered from N) and a
-recording deleted, or damaged, while a branch reads it (invalid_start, nothing half-read)."""
+recording deleted, or damaged, while a branch reads it (invalid_start, nothing half-read); a
+branch without the recording's token (as if the recording did not exist); the log read off the
+event loop, and the bound on branches prepared at once."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +23,21 @@ from rtvideo.core.errors import ProtocolError
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.branch import Branch, branch_start
 from rtvideo.proxy.recordings.metrics import RecordingMetrics
-from rtvideo.proxy.recordings.service import Recordings
-from rtvideo.proxy.recordings.store import EVENTS, MANIFEST, VIDEO, Limits, LocalBacking, RecordingStore
+from rtvideo.proxy.recordings import branch as branch_module
+from rtvideo.proxy.recordings.service import MAX_BRANCHES, Recordings
+from rtvideo.proxy.recordings.store import (
+    EVENTS,
+    MANIFEST,
+    TOKEN_DIGEST,
+    VIDEO,
+    Limits,
+    LocalBacking,
+    RecordingStore,
+    token_digest,
+)
 
 W, H, FRAMES, CHUNKS = 64, 48, 3, 4
+TOKEN = "rk1.the-recordings-token"
 ENGINE_CONFIG = {"seed": 11, "fps": 16, "width": W, "height": H, "sampling": {"guidance_scale": 1.0}}
 
 
@@ -52,7 +66,7 @@ def write_recording(root: Path, config: dict[str, Any]) -> str:
         meta = {"type": "video.chunk_metadata", "kind": "media", "generation_chunk_index": k, "num_frames": FRAMES}
         lines.append(line("out", {**meta, "started_event_ids": ["p1"] if k == 1 else []}))
     (folder / EVENTS).write_text("\n".join(lines) + "\n")
-    (folder / MANIFEST).write_text(json.dumps({"id": rid, "status": "complete"}))
+    (folder / MANIFEST).write_text(json.dumps({"id": rid, "status": "complete", TOKEN_DIGEST: token_digest(TOKEN)}))
     return rid
 
 
@@ -62,9 +76,57 @@ def recordings(tmp_path: Path) -> Recordings:
     return Recordings(store, record_all=False, metrics=RecordingMetrics(CollectorRegistry()))
 
 
-def branch(recordings: Recordings, rid: str, n: int, **given: Any) -> tuple[dict[str, Any], Branch]:
-    raw, out = asyncio.run(branch_start(recordings, Branch(rid, n), given))
+def branch(
+    recordings: Recordings, rid: str, n: int, token: str = TOKEN, **given: Any
+) -> tuple[dict[str, Any], Branch]:
+    raw, out = asyncio.run(branch_start(recordings, Branch(rid, n, token), given))
     return json.loads(raw), out
+
+
+@pytest.mark.parametrize("token", ["rk1.another-recordings-token", ""])
+def test_without_its_token_a_recording_is_as_unknown(recordings: Recordings, tmp_path: Path, token: str) -> None:
+    rid = write_recording(tmp_path, ENGINE_CONFIG)
+    with pytest.raises(ProtocolError) as refused:
+        branch(recordings, rid, 1, token=token)
+    assert refused.value.code.value == "invalid_start" and refused.value.message == f"from_recording: no recording {rid}"
+
+
+def test_a_differing_field_is_named_never_quoted(recordings: Recordings, tmp_path: Path) -> None:
+    rid = write_recording(tmp_path, ENGINE_CONFIG)
+    with pytest.raises(ProtocolError) as refused:
+        branch(recordings, rid, 1, prompt="something else")
+    assert refused.value.message.startswith("prompt: a branch keeps the recording's value")
+    assert "harbour" not in refused.value.message and "something else" not in refused.value.message
+
+
+def test_the_log_is_read_off_the_event_loop_and_branches_are_bounded(
+    recordings: Recordings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rid = write_recording(tmp_path, ENGINE_CONFIG)
+    readers: list[str] = []
+    release = threading.Event()
+    read_log = branch_module.read_log
+
+    def slow_read_log(lines: Any) -> Any:
+        readers.append(threading.current_thread().name)
+        release.wait(30)
+        return read_log(lines)
+
+    monkeypatch.setattr(branch_module, "read_log", slow_read_log)
+
+    async def many() -> list[Any]:
+        tasks = [
+            asyncio.ensure_future(branch_start(recordings, Branch(rid, 2, TOKEN), {})) for _ in range(MAX_BRANCHES + 3)
+        ]
+        await asyncio.sleep(0.2)  # the loop is free while the logs are read: this sleep ends on time
+        release.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = asyncio.run(many())
+    busy = [r for r in results if isinstance(r, ProtocolError)]
+    assert len(busy) == 3 and all(r.code.value == "server_busy" for r in busy)
+    assert sum(isinstance(r, tuple) for r in results) == MAX_BRANCHES
+    assert readers and all(name.startswith("rtvideo-branches") for name in readers)
 
 
 def test_a_vllm_omni_branch_starts_from_the_frame_before_n_with_the_prompt_in_effect(

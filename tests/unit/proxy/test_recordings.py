@@ -109,10 +109,15 @@ def test_a_malformed_id_never_reaches_a_path(tmp_path: Path, bad: object) -> Non
         store.delete(bad)  # type: ignore[arg-type]
 
 
+def folder_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
 def test_the_oldest_go_first_and_the_old_go_by_age(tmp_path: Path) -> None:
     store = RecordingStore(LocalBacking(tmp_path), Limits(max_bytes=10**9, max_age=0))
     made = [record(store, stream()).rid for _ in range(3)]
-    sizes = [store.manifest(rid)["bytes"] for rid in made]  # type: ignore[index]
+    assert store.total_bytes() == folder_bytes(tmp_path)  # everything written is counted, manifests too
+    sizes = [folder_bytes(tmp_path / rid) for rid in made]
     store.limits = Limits(max_bytes=sizes[1] + sizes[2], max_age=0)
     assert store.evict() == [made[0]]
     assert {m["recording_id"] for m in store.manifests()} == set(made[1:])
@@ -151,11 +156,68 @@ def test_a_slow_store_drops_the_recording_at_its_pending_bound(tmp_path: Path, m
     assert store.manifest(r.rid)["status"] == "failed"  # type: ignore[index]
 
 
-def test_a_recording_alone_over_the_bound_is_dropped(tmp_path: Path) -> None:
-    store = RecordingStore(LocalBacking(tmp_path), Limits(max_bytes=10, max_age=0))
+def test_a_recording_at_its_cap_is_truncated_at_a_whole_chunk_and_kept(tmp_path: Path) -> None:
+    store = RecordingStore(LocalBacking(tmp_path), Limits(max_bytes=10**9, max_age=0, per_recording=700))
     r = record(store, stream())
-    assert r.state is RecordingState.FAILED
-    assert "max-bytes" in store.manifest(r.rid)["reason"]  # type: ignore[index]
+    assert r.state is RecordingState.TRUNCATED
+    manifest = store.manifest(r.rid)
+    assert manifest is not None and manifest["status"] == "truncated" and "its cap" in manifest["reason"]
+    video = (tmp_path / r.rid / "video.mp4").read_bytes()
+    assert b"INIT".startswith(video) or video.startswith(b"INIT")  # payloads whole, in order
+    assert video in (b"", b"INIT", b"INITAAAA", b"INITAAAABBBB")
+    data = (tmp_path / r.rid / "events.jsonl").stat().st_size + len(video)
+    assert data == manifest["bytes"] <= 700
+
+
+def test_live_recordings_never_take_the_store_past_its_bound(tmp_path: Path) -> None:
+    """Three recordings written at once in a store that holds two at their cap: the oldest
+    finished one is evicted first; what no eviction can make room for is truncated."""
+    one = folder_bytes_of_one(tmp_path / "probe")
+    store = RecordingStore(LocalBacking(tmp_path / "rec"), Limits(max_bytes=2 * one, max_age=0, per_recording=one))
+    first = record(store, stream())
+    assert first.state is RecordingState.COMPLETE and store.room_for_new()
+    writer = ThreadPoolExecutor(max_workers=1)
+    live = [SessionRecorder(store, ids.new_id(), writer, RecordingMetrics(None), received_at=0.0) for _ in range(2)]
+    for frame in stream()[:-1]:
+        for r in live:
+            r.handed_out(frame)
+    writer.shutdown(wait=True)
+    assert store.manifest(first.rid) is None  # the finished one went first
+    assert folder_bytes(tmp_path / "rec") <= 2 * one
+    assert not store.room_for_new()  # the live ones leave no room for a third at its cap
+
+
+def folder_bytes_of_one(root: Path) -> int:
+    probe = RecordingStore(LocalBacking(root), Limits(max_bytes=10**9, max_age=0))
+    record(probe, stream())
+    return folder_bytes(root)
+
+
+def test_files_and_folders_are_the_proxy_users_alone(tmp_path: Path) -> None:
+    store = RecordingStore(LocalBacking(tmp_path / "rec"), Limits(max_bytes=10**9, max_age=0))
+    r = record(store, stream())
+    assert (tmp_path / "rec").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "rec" / r.rid).stat().st_mode & 0o777 == 0o700
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "rec" / r.rid).iterdir()}
+    assert modes == {"video.mp4": 0o600, "events.jsonl": 0o600, "manifest.json": 0o600}
+
+
+def test_only_what_a_replay_reads_is_logged(tmp_path: Path) -> None:
+    store = RecordingStore(LocalBacking(tmp_path), Limits(max_bytes=10**9, max_age=0))
+    writer = ThreadPoolExecutor(max_workers=1)
+    r = SessionRecorder(store, ids.new_id(), writer, RecordingMetrics(None), received_at=time.monotonic())
+    padding = "x" * 100_000
+    r.received({"type": "session.start", "prompt": "a harbour"}, None)
+    r.received({"type": "session.ping", "padding": padding}, None)
+    r.received({"type": "session.playback", "position_seconds": 1.0, "padding": padding}, None)
+    r.received({"type": "session.interaction", "interaction": {"event_id": "e"}, "padding": padding}, None)
+    r.handed_out(text({"type": "session.pong", "padding": padding}))
+    r.session_ended()
+    writer.shutdown(wait=True)
+    log = (tmp_path / r.rid / "events.jsonl").read_text()
+    assert "padding" not in log and len(log) < 1000
+    kinds = [json.loads(line)["message"]["type"] for line in log.splitlines()]
+    assert kinds == ["session.start", "session.interaction"]
 
 
 def test_a_folder_left_by_a_killed_proxy_is_closed_as_incomplete(tmp_path: Path) -> None:
