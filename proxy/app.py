@@ -90,8 +90,10 @@ async def served_models(context: ProxyContext) -> dict[str, dict[str, Any]]:
     and its generator's model ids), each with what `/v1/models` says of it: the interactions it
     takes (`interactions`, as `video.start` `config.interactions`) and the deployed model's own
     rules as `config.model_rules` states them (`model_rules`, when it has any), read from the model configs of the
-    Triton endpoints as the model reads them (`BackendSettings`); in order, each once. Empty
-    when no endpoint's config could be read."""
+    Triton endpoints as the model reads them (`BackendSettings`); and, from every endpoint that
+    serves the name, what its model measured of itself (`endpoint_capacity`):
+    `realtime_capacity_fps` is their sum (None while none has a figure), `endpoints` each one's.
+    In order, each once. Empty when no endpoint's config could be read."""
     from rtvideo.backend.settings import BackendSettings  # torch-free, like the proxy
 
     model = context.settings.model
@@ -119,10 +121,32 @@ async def served_models(context: ProxyContext) -> dict[str, dict[str, Any]]:
         if e.supervisor.state not in (BackendState.DOWN, BackendState.RESTARTING)
     ]
     models: dict[str, dict[str, Any]] = {}
-    for served, card in await asyncio.gather(*(read(e) for e in up)):
+    for endpoint, (served, card) in zip(up, await asyncio.gather(*(read(e) for e in up)), strict=True):
+        measured = endpoint_capacity(endpoint)
         for name in served:
-            models.setdefault(name, card)
+            entry = models.setdefault(name, {**card, "realtime_capacity_fps": None, "endpoints": []})
+            entry["endpoints"].append(measured)
+            if measured["realtime_capacity_fps"] is not None:
+                entry["realtime_capacity_fps"] = (entry["realtime_capacity_fps"] or 0) + measured[
+                    "realtime_capacity_fps"
+                ]
     return models
+
+
+def endpoint_capacity(endpoint: Any) -> dict[str, Any]:
+    """What the model at `endpoint` said of itself in its last answered health probe (its pong's
+    `model`, docs/protocol.md §8): frames per second it delivers in real time at its default size
+    (measured by the model: `realtime_capacity_fps`, None until it has a figure), how much of it
+    its live sessions take, and its session limit."""
+    status = endpoint.bridge.model_status or {}
+    return {
+        "endpoint": endpoint.address,
+        "realtime_capacity_fps": status.get("realtime_capacity_fps"),
+        "realtime_capacity_from": status.get("realtime_capacity_from"),
+        "realtime_load_fps": status.get("realtime_load_fps"),
+        "max_sessions": status.get("max_sessions"),
+        "sessions": status.get("sessions"),
+    }
 
 
 async def served_model_names(context: ProxyContext) -> list[str]:
@@ -137,8 +161,9 @@ STARTED_AT = int(time.time())
 class ModelsHandler(_JsonHandler):
     """`GET /v1/models` in the OpenAI list format (as vLLM's server answers it): the served model
     names, the first the one `video.start` reports, each with `interactions` (the kinds, event
-    fields and interpolations it takes) and `model_rules` (sizes, fps, interaction kinds, whether
-    a first frame is required) when the model has rules of its own. Behind the token when one is set; 503 when
+    fields and interpolations it takes), `model_rules` (sizes, fps, interaction kinds, whether
+    a first frame is required) when the model has rules of its own, and `realtime_capacity_fps`
+    with `endpoints` (`served_models`). Behind the token when one is set; 503 when
     no Triton endpoint's model config could be read."""
 
     async def get(self) -> None:

@@ -246,6 +246,9 @@ class TritonBridge:
         self.headers = key_headers(key)
         self._client: InferenceServerClient | None = None
         self._endings = TaskSet()  # calls ending cancelled streams' sequences
+        #: what the model said of itself in the last answered probe (`session.pong` `model`:
+        #: its session limit, live sessions, real-time capacity); None until one is answered
+        self.model_status: dict[str, Any] | None = None
 
     @property
     def client(self) -> InferenceServerClient:
@@ -305,6 +308,8 @@ class TritonBridge:
             raise BackendUnavailable(f"health probe answered with something that is not a message: {exc}") from None
         if reply.message is None or reply.message.get("type") != protocol.PONG:
             raise BackendUnavailable(f"health probe answered with {reply.text[:200]}")
+        status = reply.message.get("model")
+        self.model_status = status if isinstance(status, dict) else None
         return latency
 
     async def close(self) -> None:

@@ -48,16 +48,20 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(v4 or v6))
 
 
-def capacity_of(config: Any) -> int | None:
+def capacity_of(config: Any, reported: dict[str, Any] | None = None) -> int | None:
     """Session slots of a model config (Triton's `ModelConfig` protobuf): the `max_sessions`
-    parameter times the model instances (with KIND_GPU, `count` per listed GPU); None when
-    the model has no usable `max_sessions`."""
-    if "max_sessions" not in config.parameters:  # `in` first: indexing a protobuf map inserts
-        return None
-    try:
-        per_instance = int(config.parameters["max_sessions"].string_value)
-    except ValueError:
-        return None
+    parameter times the model instances (with KIND_GPU, `count` per listed GPU); where the
+    parameter is `auto` (the model's own limit, e.g. a vLLM-Omni engine's `max_num_seqs`), the
+    limit the model `reported` in its probe's pong. None when neither gives a number."""
+    per_instance = 0
+    if "max_sessions" in config.parameters:  # `in` first: indexing a protobuf map inserts
+        try:
+            per_instance = int(config.parameters["max_sessions"].string_value)
+        except ValueError:
+            per_instance = 0
+    if per_instance <= 0 and reported is not None:
+        value = reported.get("max_sessions")
+        per_instance = value if isinstance(value, int) and not isinstance(value, bool) else 0
     if per_instance <= 0:
         return None
     instances = 0

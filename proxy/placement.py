@@ -239,7 +239,7 @@ class EndpointPool:
                 "triton endpoint %s: model config not read (%s); its capacity is unknown", endpoint.address, exc
             )
             return
-        capacity = capacity_of(response.config)
+        capacity = capacity_of(response.config, endpoint.bridge.model_status)
         if capacity != endpoint.capacity:
             log.info("triton endpoint %s: %s session slot(s)", endpoint.address, capacity)
         endpoint.capacity = capacity

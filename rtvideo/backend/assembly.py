@@ -8,6 +8,7 @@ import functools
 import logging
 
 from rtvideo.backend import catalog
+from rtvideo.backend.runtime.capacity import RealtimeCapacity
 from rtvideo.backend.runtime.cpu_threads import limit_cpu_threads, resolve_device
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.ports import Metrics
@@ -34,6 +35,7 @@ def build_manager(
     from rtvideo.backend.encoder import FragmentedMp4Encoder
 
     pooled = settings.generator == "builtin" and settings.render_workers > 0
+    capacity = RealtimeCapacity(settings.width, settings.height, settings.capacity_setting())
     limit_cpu_threads(settings.torch_threads, blas=not pooled)  # the workers cap their own
     encoder_factory = functools.partial(FragmentedMp4Encoder, limits=catalog.LIMITS[settings.generator])
     host: EngineHost | None = None
@@ -49,6 +51,12 @@ def build_manager(
             engine_args={**settings.engine_args(), "diffusion_streaming_output": True},
             health_seconds=settings.vllm_omni_health_seconds,
         )
+        host.observe_rate = capacity.observe  # measured as the engine runs: no warm-up request at load
+        try:
+            max_sessions = settings.session_limit(host.max_num_seqs, host.max_num_seqs_from)
+        except ValueError:
+            host.shutdown()  # the load fails: free the engine it started
+            raise
         sources = EngineSources(
             host,
             settings.extra_params(),
@@ -66,17 +74,35 @@ def build_manager(
             settings,
         )
     else:
+        from rtvideo.backend.builtin import warmup
         from rtvideo.backend.builtin.generator import BuiltinGenerator
 
         device = resolve_device(settings.device)
+        max_sessions = settings.session_limit()
+        size = (settings.width, settings.height, settings.fps, settings.frames_per_chunk, device)
         if pooled:
             from rtvideo.backend.builtin.render_pool import PooledSources, RenderPool
 
             options = {"device": device, "fps": settings.fps, "torch_threads": settings.torch_threads}
-            sources = PooledSources(RenderPool(settings.render_workers, options, settings.render_priority))
+            pool = RenderPool(settings.render_workers, options, settings.render_priority)
+            sources = PooledSources(pool)
+            per_process = pool.measure(*size)
         else:
-            sources = GeneratorSources(BuiltinGenerator(device=device, fps=settings.fps), encoder_factory)
-        log.info("generator=%s device=%s settings=%s", settings.generator, device, settings)
+            generator = BuiltinGenerator(device=device, fps=settings.fps)
+            sources = GeneratorSources(generator, encoder_factory)
+            per_process = warmup.frames_per_second(generator, *size)
+        processes = warmup.parallel_processes(settings.render_workers if pooled else 0, device)
+        capacity.measured(per_process * processes, "warm-up at load")
+        log.info(
+            "generator=%s device=%s realtime capacity %.0f fps at %dx%d (%d process(es)) settings=%s",
+            settings.generator,
+            device,
+            capacity.fps or 0.0,
+            settings.width,
+            settings.height,
+            processes,
+            settings,
+        )
     manager = SessionManager(
         sources=sources,
         capabilities=settings.capabilities(model_name),
@@ -86,8 +112,9 @@ def build_manager(
             max_session_seconds=settings.max_session_seconds,
             stall_timeout_seconds=settings.stall_timeout_seconds,
         ),
-        max_sessions=settings.max_sessions,
+        max_sessions=max_sessions,
         metrics=metrics,
+        capacity=capacity,
         idle_timeout_seconds=idle_timeout_seconds,
         media=settings.media_policy(),
     )

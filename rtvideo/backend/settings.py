@@ -16,12 +16,17 @@ from typing import Any
 from rtvideo import settings_text
 from rtvideo.backend import catalog
 from rtvideo.backend.image_reference import MediaPolicy
+from rtvideo.backend.runtime import capacity
 from rtvideo.backend.vllm_omni import interaction_rules, model_rules
 from rtvideo.backend.vllm_omni.model_rules import ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES
 from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.settings_text import setting
+
+#: `max_sessions=auto` for the built-in generator: sized for a 2-core machine with 2 render
+#: workers, with room to spare (the sizing rule is in the README)
+BUILTIN_MAX_SESSIONS = 16
 
 #: `render_priority` values: SCHED_IDLE, or a nice value
 RENDER_PRIORITIES = ("idle", *(str(n) for n in range(20)))
@@ -46,8 +51,19 @@ class BackendSettings:
     #: docs/protocol.md §7 "Pacing": with session.playback reports, the lead shrinks to what the
     #: generator's measured chunk times need (never above pacing_lead_chunks); false: reports are ignored
     playback_pacing: bool = setting(True, "pace to the players' session.playback reports (false: the fixed lead only)")
-    # sized for a 2-core machine with 2 render workers, with room to spare (the sizing rule is in the README)
-    max_sessions: int = setting(16, "concurrent sessions in the model (server_busy beyond)")
+    #: `auto`: the generator's own limit (`session_limit`); a number: at most that many
+    max_sessions: int | str = setting(
+        "auto",
+        "concurrent sessions in the model (server_busy beyond); auto: 16 for the built-in generator, the "
+        "engine's max_num_seqs for vllm_omni (a larger number is refused at load)",
+    )
+    #: docs/triton-model.md "Real-time capacity" (`runtime/capacity.py`)
+    realtime_capacity_fps: str = setting(
+        "auto",
+        "frames per second at the default size the model delivers in real time; a start beyond it, beside "
+        "the live sessions, gets server_busy. auto: measured (built-in: at load; vllm_omni: the engine's "
+        "running rate); a number: that figure instead; off: measured and reported, nothing refused",
+    )
     max_session_seconds: float = setting(3600.0, "longest session, in seconds")
     stall_timeout_seconds: float = setting(60.0, "end a session without generation progress for this long")
     device: str = setting("auto", "auto, cpu or cuda[:N]")
@@ -118,7 +134,9 @@ class BackendSettings:
         limits = catalog.LIMITS.get(self.generator)
         if limits is None:
             raise ValueError(f"generator {self.generator!r} is not available; choose one of {tuple(catalog.LIMITS)}")
-        positive = ("width", "height", "fps", "frames_per_chunk", "max_sessions", "torch_threads")
+        positive = ("width", "height", "fps", "frames_per_chunk", "torch_threads")
+        self.explicit_max_sessions()  # ValueError unless auto or a positive number
+        capacity.parse_setting(self.realtime_capacity_fps)
         if self.render_workers < 0:
             raise ValueError("render_workers must be >= 0")
         if self.render_priority not in RENDER_PRIORITIES:
@@ -230,14 +248,52 @@ class BackendSettings:
         that vLLM-Omni clients that send it need no --served-model-name. None for the built-in."""
         return (self.vllm_omni_model,) if self.generator == "vllm_omni" else ()
 
+    def explicit_max_sessions(self) -> int | None:
+        """`max_sessions` when the deployer set a number, None for `auto` (ValueError otherwise)."""
+        text = str(self.max_sessions).strip().lower()
+        if text == "auto":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"model parameter max_sessions={self.max_sessions!r}: use auto or a number") from None
+        if value <= 0:
+            raise ValueError("model parameter max_sessions must be positive (or auto)")
+        return value
+
+    def session_limit(self, engine_limit: int | None = None, engine_limit_from: str = "") -> int:
+        """Sessions the model holds at once. The built-in generator: `max_sessions`, `auto` being
+        BUILTIN_MAX_SESSIONS. vLLM-Omni: one engine request per session, and the engine runs at
+        most `engine_limit` requests (its `max_num_seqs`, `vllm_omni/engine_limits.py`); a session
+        beyond would wait inside the engine with no server_busy, so `auto` is that number and a
+        larger one fails the load."""
+        explicit = self.explicit_max_sessions()
+        if engine_limit is None:
+            return BUILTIN_MAX_SESSIONS if explicit is None else explicit
+        if explicit is not None and explicit > engine_limit:
+            raise ValueError(
+                f"model parameter max_sessions={explicit} is above the engine's max_num_seqs={engine_limit} "
+                f"({engine_limit_from or 'the engine'}): sessions beyond it would wait inside the engine "
+                f"without server_busy. Set max_sessions to at most {engine_limit} (or auto), or raise the "
+                "engine's max_num_seqs where its pipeline runs several requests at once"
+            )
+        return engine_limit if explicit is None else explicit
+
+    def capacity_setting(self) -> float | str:
+        """`realtime_capacity_fps` as `RealtimeCapacity` takes it."""
+        return capacity.parse_setting(self.realtime_capacity_fps)
+
     def check_sequence_slots(self, candidates: int | None) -> None:
         """`max_sessions` against the sequence batcher's `max_candidate_sequences`: with no slot to
         spare, a start beyond capacity waits silently in Triton's backlog instead of reaching the
         model (server_busy), and so does the proxy's health probe, which then fails: the backend
         is declared down and every session ends."""
-        if candidates is not None and self.max_sessions >= candidates:
+        sessions = (
+            self.explicit_max_sessions() or BUILTIN_MAX_SESSIONS
+        )  # an engine's limit is checked against it at load
+        if candidates is not None and sessions >= candidates:
             raise ValueError(
-                f"model parameter max_sessions={self.max_sessions} must be below the sequence "
+                f"model parameter max_sessions={sessions} must be below the sequence "
                 f"batcher's max_candidate_sequences ({candidates}) in config.pbtxt"
             )
 

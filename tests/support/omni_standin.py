@@ -29,7 +29,8 @@ the interaction path is vLLM-Omni's own code, loaded from the pinned wheel
 The Triton model loads it through the `vllm_omni_engine` parameter
 (`/path/to/tests/support/omni_standin.py:StandInAsyncOmni`); its engine arguments configure it:
 `record` (a JSON-lines file of every call, for the test to read), `chunk_seconds`,
-`first_chunk_seconds`, `frames_per_chunk`, `model_class_name`. Requests the configured
+`first_chunk_seconds`, `frames_per_chunk`, `model_class_name`, `max_num_seqs` (requests run at
+once, 1 by default as in the wheel; the others wait inside the engine, as its scheduler keeps them). Requests the configured
 pipeline would refuse (its size, frame count, steps, pyramid, first frame: the rule table's
 `request_problem`) fail inside `generate()`, as the pipeline's `ValueError` does.
 """
@@ -166,6 +167,9 @@ class StandInAsyncOmni:
         self._queues: dict[str, asyncio.Queue[Any]] = {}  # request id -> its outputs and errors
         self._produced: set[str] = set()  # requests that have yielded an output
         self._dead = False
+        # the scheduler's running requests (`max_num_running_reqs`): a request beyond waits, silently
+        self._max_num_seqs = int(kwargs.get("max_num_seqs", 1))
+        self._slots: asyncio.Semaphore | None = None  # made on the engine's loop
         self.default_sampling_params_list = [StandInSamplingParams()]
         self._log("init", model=model, kwargs={k: v for k, v in kwargs.items() if k != "record"})
 
@@ -256,6 +260,15 @@ class StandInAsyncOmni:
             self._produced.discard(request_id)
 
     async def _run(self, state: StepRequestState, text: str, params: Any, messages: asyncio.Queue[Any]) -> None:
+        """The imitated pipeline, once the scheduler runs the request (at most `max_num_seqs` at
+        once, as `diffusion/sched/base_scheduler.py`; the others wait, with no word)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._max_num_seqs)
+        async with self._slots:
+            self._log("scheduled", request_id=state.request_id)
+            await self._steps(state, text, params, messages)
+
+    async def _steps(self, state: StepRequestState, text: str, params: Any, messages: asyncio.Queue[Any]) -> None:
         """The imitated pipeline, stepped as the runner steps it, one chunk per output."""
         try:
             state.prompt_embeds = colour(text)  # prepare_encode
@@ -357,6 +370,14 @@ class StandInAsyncOmni:
 
     async def abort(self, request_id: str, *, timeout: float | None = None) -> None:
         self._log("abort", request_id=request_id)
+
+    def get_diffusion_od_config(self) -> Any:
+        """The inline diffusion worker's config: `max_num_seqs` as built (`OmniDiffusionConfig`'s
+        default 1, as in the wheel)."""
+        return SimpleNamespace(
+            max_num_seqs=int(self.kwargs.get("max_num_seqs", 1)),
+            model_class_name=self.kwargs.get("model_class_name", "HeliosPyramidPipeline"),
+        )
 
     async def check_health(self) -> None:
         if self._dead:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +30,20 @@ NO_PROMPT = "omni_video_no_prompt"
 LINGBOT = "omni_lingbot"
 #: Helios (not distilled): sides on a 16-pixel grid
 HELIOS_BASE = "omni_helios"
+#: an engine that runs one request at a time (vLLM-Omni's default max_num_seqs), max_sessions auto
+ONE_REQUEST = "omni_one_request"
 PIPELINES = {
     MODEL: "HeliosPyramidPipeline",
     HELIOS_BASE: "HeliosPipeline",
     DYING: "HeliosPyramidPipeline",
     NO_PROMPT: "WanPipeline",
     LINGBOT: "LingBotWorldCausalDMDPipeline",
+    ONE_REQUEST: "HeliosPyramidPipeline",
 }
+#: the built-in generator with its real-time capacity set low (two 64x64 sessions at 16 fps fit,
+#: a third does not), beside the stand-in models in the same tritonserver
+CAPPED = "builtin_capped"
+CAPPED_FPS = 40
 W, H, FPC = 128, 128, 4
 #: each model's default size: its own rules' where it has any
 SIZES = {LINGBOT: (832, 480)}
@@ -63,16 +70,13 @@ class Engine:
         return found[0]
 
 
-def serve_omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyHost, dict[str, Engine]]]:
-    """A real tritonserver with one stand-in model per entry of PIPELINES, and proxies for it:
-    the `omni` fixture of tests/e2e/conftest.py (one per test package)."""
-    from rtvideo.triton import TritonConfig, TritonServer, free_port
-
-    repo = tmp_path_factory.mktemp("omni_repository")
+def derive_models(repo: Path, names: Iterable[str] = PIPELINES) -> dict[str, Engine]:
+    """The stand-in models `names` (of PIPELINES) in `repo`, each with the engine that records its calls."""
     engines = {}
-    for name in PIPELINES:
+    for name in names:
         record = repo / f"{name}.calls.jsonl"
         engines[name] = Engine(record)
+        one = name == ONE_REQUEST
         engine_args = {
             "record": str(record),
             # LingBot-World yields its own chunks (9 frames, then 12), as its pipeline does
@@ -80,6 +84,8 @@ def serve_omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy
             "chunk_seconds": 0.05,
             "first_chunk_seconds": 0.8,
             "model_class_name": PIPELINES[name],
+            # four requests at once (the tests run sessions side by side); ONE_REQUEST: the default, 1
+            **({} if one else {"max_num_seqs": 4}),
         }
         derive_model(
             repo,
@@ -91,13 +97,31 @@ def serve_omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy
                 "fps": "16",
                 "frames_per_chunk": str(LINGBOT_WORLD.frames_per_chunk if name == LINGBOT else FPC),
                 "default_transition_chunks": "2",
-                "max_sessions": "4",
+                # ONE_REQUEST: auto, the engine's max_num_seqs
+                **({} if one else {"max_sessions": "4"}),
+                # the stand-in's pace on a loaded machine is no capacity: measured and shown, never refusing
+                "realtime_capacity_fps": "off",
                 "vllm_omni_engine": f"{STANDIN}:StandInAsyncOmni",
                 "vllm_omni_engine_args": json.dumps(engine_args),
                 "vllm_omni_extra_params": "auto" if name in (LINGBOT, HELIOS_BASE) else json.dumps(PRESET),
                 "vllm_omni_health_seconds": "0.2",
             },
         )
+    return engines
+
+
+def serve_omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyHost, dict[str, Engine]]]:
+    """A real tritonserver with one stand-in model per entry of PIPELINES and the built-in CAPPED
+    model, and proxies for it: the `omni` fixture of tests/e2e/conftest.py (one per test package)."""
+    from rtvideo.triton import TritonConfig, TritonServer, free_port
+
+    repo = tmp_path_factory.mktemp("omni_repository")
+    engines = derive_models(repo)
+    derive_model(
+        repo,
+        CAPPED,
+        {"width": "64", "height": "64", "render_workers": "0", "realtime_capacity_fps": str(CAPPED_FPS)},
+    )
     log = Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log")))
     server = TritonServer(
         TritonConfig(model_repository=repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()),

@@ -248,6 +248,12 @@ class RenderPool:
         with self._lock:
             worker.sessions -= 1
 
+    def measure(self, width: int, height: int, fps: int, frames: int, device: str) -> float:
+        """Frames per second one worker renders and encodes at a size (`warmup.frames_per_second`),
+        measured in the first live worker at model load, before any session."""
+        worker = next((w for w in self._workers if w.alive), self._workers[0])
+        return float(worker.call("measure", width, height, fps, frames, device).result())
+
     @property
     def worker_pids(self) -> list[int]:
         return [w.pid for w in self._workers]

@@ -54,6 +54,12 @@ class Worker:
     def skip(self, session_id: int, num_frames: int) -> None:
         self._sessions[session_id].skip(num_frames)
 
+    def measure(self, width: int, height: int, fps: int, frames: int, device: str) -> float:
+        """This worker's frames per second at a size (`warmup`: the model's capacity at load)."""
+        from rtvideo.backend.builtin.warmup import frames_per_second
+
+        return frames_per_second(self._generator, width, height, fps, frames, device)
+
     def close(self, session_id: int) -> bytes:
         return self._sessions.pop(session_id).close()
 
@@ -67,6 +73,7 @@ def main() -> None:
         "open": worker.open,
         "render": worker.render,
         "skip": worker.skip,
+        "measure": worker.measure,
         "close": worker.close,
     }
     while True:

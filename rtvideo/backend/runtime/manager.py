@@ -13,6 +13,7 @@ import threading
 import time
 
 from rtvideo.backend.image_reference import MediaPolicy
+from rtvideo.backend.runtime.capacity import RealtimeCapacity
 from rtvideo.backend.runtime.ports import Channel, Metrics, NullMetrics
 from rtvideo.backend.runtime.registry import SessionTable, same_secret
 from rtvideo.backend.runtime.session import EndReason, Limits, Session, ended_error
@@ -63,13 +64,16 @@ class SessionManager:
         watchdog_interval: float = 0.5,
         idle_timeout_seconds: float | None = None,
         media: MediaPolicy | None = None,
+        capacity: RealtimeCapacity | None = None,
     ) -> None:
-        """`idle_timeout_seconds`: Triton's `max_sequence_idle_microseconds` for this model (None:
+        """`capacity`: the model's real-time capacity (None: starts are limited by `max_sessions`
+        alone). `idle_timeout_seconds`: Triton's `max_sequence_idle_microseconds` for this model (None:
         unknown). Triton drops a sequence that long without a request and tells the model nothing;
         the watch loop then ends its session with `idle_timeout`."""
         self._sources = sources
         self._metrics = metrics or NullMetrics()
         self._table = SessionTable(max_sessions)  # the sessions, and the manager's lock
+        self._capacity = capacity
         self._closing = threading.Event()
         # why the backend cannot generate any more (engine died); set once, under its lock
         self._broken: str | None = None
@@ -82,6 +86,7 @@ class SessionManager:
             metrics=self._metrics,
             media=media or MediaPolicy(),
             broken=lambda: self._broken,
+            capacity=capacity,
             stop=self._stop,
             replay=self.on_request,
         )
@@ -255,7 +260,16 @@ class SessionManager:
         if self._broken is not None:
             channel.send(server_messages.error(ErrorCode.BACKEND_UNAVAILABLE, self._broken), final=True)
             return
-        channel.send(server_messages.pong(), final=True)
+        channel.send({**server_messages.pong(), "model": self.status()}, final=True)  # the probe's own
+
+    def status(self) -> dict[str, object]:
+        """What the health probe's pong says of the model (docs/protocol.md §8): its session
+        limit, its live sessions, and its real-time capacity (`RealtimeCapacity.describe`)."""
+        live = [s.config for s in self._table.live()]
+        status: dict[str, object] = {"max_sessions": self._table.max_sessions, "sessions": len(live)}
+        if self._capacity is not None:
+            status.update(self._capacity.describe(live))
+        return status
 
     def backend_failed(self, reason: str) -> None:
         """The generator can no longer work (a failed engine health check): every live session

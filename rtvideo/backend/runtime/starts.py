@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rtvideo.backend.image_reference import MediaPolicy, load_image_reference, resize_image
+from rtvideo.backend.runtime.capacity import RealtimeCapacity
 from rtvideo.backend.runtime.endings import EndReason
 from rtvideo.backend.runtime.ports import Channel, Metrics
 from rtvideo.backend.runtime.registry import SessionTable
@@ -66,6 +67,7 @@ class Starts:
         broken: Callable[[], str | None],
         stop: Callable[[int], None],
         replay: Callable[..., None],
+        capacity: RealtimeCapacity | None = None,
     ) -> None:
         self._table = table
         self._sources = sources
@@ -76,6 +78,7 @@ class Starts:
         self._broken = broken
         self._stop = stop
         self._replay = replay
+        self._capacity = capacity  # the model's real-time capacity (None: no such check)
         # Starts fetching a remote image_reference, by correlation id. Only the request thread
         # reads or writes it (the fetch thread hands its result back through `call_soon`).
         self._pending: dict[int, _PendingStart] = {}
@@ -126,6 +129,12 @@ class Starts:
         if broken is not None:
             self.refuse(channel, ErrorCode.BACKEND_UNAVAILABLE, f"the video engine is not available: {broken}")
             return
+        # Starts are handled one at a time on the request thread, so the live sessions cannot
+        # grow between this check and the placing (they can only end, which frees capacity).
+        too_much = self._capacity.refusal(config, self._others(corrid)) if self._capacity is not None else None
+        if too_much is not None:
+            self.refuse(channel, ErrorCode.SERVER_BUSY, too_much)
+            return
         session, count = self._table.place(
             corrid, secret, functools.partial(self._new_session, corrid, config, channel)
         )
@@ -147,6 +156,11 @@ class Starts:
             self._table.drop(corrid, session)
             session.abandon()
             raise
+
+    def _others(self, corrid: int) -> list[SessionConfig]:
+        """The configs of the live sessions a start on `corrid` would run beside (one on `corrid`
+        itself is replaced by it)."""
+        return [s.config for s in self._table.live() if s is not self._table.session_for(corrid)]
 
     def _rebuilt(self, rebuild: Rebuild, config: SessionConfig) -> SessionConfig:
         """The session of a start's `rebuild`, if this generator can rebuild one exactly (else

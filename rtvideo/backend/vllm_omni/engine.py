@@ -42,8 +42,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rtvideo.backend.vllm_omni.engine_limits import engine_max_num_seqs
 from rtvideo.backend.vllm_omni.model_rules import STEP_MODE_DEFAULT_STEPS, FirstFrameAt
-from rtvideo.backend.vllm_omni.output_queue import OutputQueue, output_bytes
+from rtvideo.backend.vllm_omni.output_queue import OutputQueue, output_bytes, output_frames
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.process import interpreter
 
@@ -194,6 +195,11 @@ class _Request:
         self.ready.set()
 
 
+#: (frames, seconds, width, height, concurrent requests): one chunk's generation, for the
+#: running real-time capacity (`RealtimeCapacity.observe`)
+RateObserver = Callable[[int, float, int, int, int], None]
+
+
 def _report_dead(callback: Callable[[str], None], reason: str) -> None:
     """The callback ends sessions (Triton sends): on a thread of its own, never on the loop."""
     threading.Thread(target=callback, args=(reason,), name="engine-dead", daemon=True).start()
@@ -229,6 +235,11 @@ class EngineHost:
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self.dead: str | None = None
+        #: the engine's effective `max_num_seqs` and where it was read (`engine_limits`), once started
+        self.max_num_seqs = 0
+        self.max_num_seqs_from = ""
+        #: told each chunk's generation time after a request's first (set by the composition root)
+        self.observe_rate: RateObserver | None = None
         self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), name="vllm-omni-loop", daemon=True)
         self._thread.start()
         if not self._ready.wait(start_timeout):
@@ -243,6 +254,7 @@ class EngineHost:
         self._stopping = asyncio.Event()
         try:
             self._engine = self._factory(model=self._model, **self._engine_args)
+            self.max_num_seqs, self.max_num_seqs_from = engine_max_num_seqs(self._diffusion_config(), self._engine_args)
         except BaseException as exc:  # noqa: BLE001 - reported to the constructor
             self._startup_error = exc
             self._ready.set()
@@ -259,6 +271,14 @@ class EngineHost:
         except Exception:
             log.exception("engine shutdown failed")
         self._engine = None
+
+    def _diffusion_config(self) -> Any:
+        """The engine's diffusion config as it runs (its `max_num_seqs`), None where it gives none."""
+        try:
+            return self._engine.get_diffusion_od_config()
+        except Exception as exc:  # noqa: BLE001 - an engine without one: what it was built with counts
+            log.info("the engine's diffusion config is not readable (%s); its arguments count", exc)
+            return None
 
     async def _watch_health(self) -> None:
         while True:
@@ -294,12 +314,21 @@ class EngineHost:
             ask_for_start_notice(params)
             prompt = engine_prompt(prompt, config, image_at)
             outputs = self._engine.generate(prompt=dict(prompt), request_id=request_id, sampling_params_list=[params])
+            # the engine's rate: each chunk's time from asking for it to having it, except the
+            # first (it also encodes the prompt) and one that was ready while the session's queue
+            # was full (the engine went on meanwhile: its time is unknown)
+            asked, timed = time.monotonic(), False
             async for output in outputs:
+                now = time.monotonic()
                 request.ready.set()  # admitted (the notice) or past its first step (an output)
                 if is_start_notice(output):
+                    asked = now  # queued until here: its generation starts now
                     continue  # carries no frames
-                sink.put("output", output, time.monotonic(), output_bytes(output))
-                await sink.wait_for_room()  # a session behind holds its own request back, not the loop
+                if timed:
+                    self._observe(output_frames(output), now - asked, config)
+                sink.put("output", output, now, output_bytes(output))
+                timed = not await sink.wait_for_room()  # a session behind holds its own reading back
+                asked = time.monotonic()
             sink.put("end", None, time.monotonic())
         except asyncio.CancelledError:
             raise
@@ -307,6 +336,12 @@ class EngineHost:
             sink.put("error", exc, time.monotonic())
         finally:
             request.finish()  # the engine has no such request any more: waiting interactions fail
+
+    def _observe(self, frames: int, seconds: float, config: SessionConfig) -> None:
+        observe = self.observe_rate
+        if observe is not None:
+            live = sum(1 for r in self._requests.values() if not r.over)
+            observe(frames, seconds, config.width, config.height, live)
 
     def _sampling_params(self, config: SessionConfig, num_frames: int, preset: Mapping[str, Any]) -> Any:
         """The engine's own default diffusion params, with this session's values set as vLLM-Omni's

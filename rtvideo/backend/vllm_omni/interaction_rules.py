@@ -96,6 +96,17 @@ def _read_stages(path: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], .
     return tuple(s for s in stages if isinstance(s, dict)) if isinstance(stages, list) else ()
 
 
+def deploy_stage_value(path: Any, key: str) -> Any:
+    """`key` of the first stage that sets it in a vLLM-Omni deploy YAML (a stage's own key, else
+    its `engine_args`'), or None."""
+    for stage in _deploy_stages(path):
+        args = stage.get("engine_args")
+        for place in (stage, args if isinstance(args, dict) else {}):
+            if place.get(key) is not None:
+                return place[key]
+    return None
+
+
 def deploy_config_class(path: Any) -> str | None:
     """`model_class_name` of the first stage that names one in a vLLM-Omni deploy YAML, or None."""
     for stage in _deploy_stages(path):

@@ -39,6 +39,26 @@ def output_bytes(output: Any) -> int:
     return total
 
 
+def output_frames(output: Any) -> int:
+    """How many frames an engine output carries (an RGB array's leading dimensions, or a list's
+    length), 0 when unknown: the engine's running rate counts them (`EngineHost`)."""
+    frames = getattr(output, "images", None)
+    if not frames:
+        multimodal = getattr(output, "multimodal_output", None)
+        frames = multimodal.get("video") if isinstance(multimodal, dict) else None
+    if isinstance(frames, (list, tuple)) and len(frames) == 1:
+        frames = frames[0]
+    if isinstance(frames, (list, tuple)):
+        return len(frames)  # one image per frame (PIL)
+    shape = getattr(frames, "shape", None)
+    if shape is None or len(shape) < 3:
+        return 0
+    count = 1
+    for side in tuple(shape)[:-3]:  # [..., H, W, 3]
+        count *= int(side)
+    return count
+
+
 class OutputQueue:
     """`queue.Queue` of `(kind, value, at)` items whose outputs are counted in bytes."""
 
@@ -72,14 +92,17 @@ class OutputQueue:
                 loop.call_soon_threadsafe(event.set)
         return kind, value, at
 
-    async def wait_for_room(self) -> None:
-        """On the engine's loop: return once the queue holds less than its bound."""
+    async def wait_for_room(self) -> bool:
+        """On the engine's loop: return once the queue holds less than its bound; True when it
+        had to wait."""
         loop = asyncio.get_running_loop()
+        waited = False
         while True:
             with self._lock:
                 if self._bytes < self.max_bytes:
                     self._room = None
-                    return
+                    return waited
                 event = asyncio.Event()
                 self._room = (loop, event)
+            waited = True
             await event.wait()
