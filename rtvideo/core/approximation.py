@@ -23,6 +23,8 @@ from typing import Any
 from rtvideo.core.rebuild import REBUILD, Rebuild, ScriptedEvent
 
 PROMPT_FIELDS = ("prompt", "prompts")
+#: a start's length, in frames or in seconds at the session's fps
+LENGTH_FIELDS = ("num_frames", "seconds")
 
 
 def prompt_in_effect(start: Mapping[str, Any], events: Iterable[ScriptedEvent], at: int) -> dict[str, Any]:
@@ -52,7 +54,7 @@ def approximate_start(
 ) -> dict[str, Any]:
     """The `session.start` that goes on at generation chunk `at` from the frame `image_url`
     (None: from the start's own, at chunk 0). `frames_before`: frames the stream had before
-    `at` (a bounded session keeps its remaining frames). `named`: the events are the session's
+    `at`, carried in the rebuild (a bounded session keeps its remaining frames, `Starts._rebuilt`). `named`: the events are the session's
     own (a move), listed in `rebuild` with `open_ids` marked; else (a branch) none are sent."""
     events = tuple(events)
     fields = {k: v for k, v in start.items() if k not in (REBUILD, *PROMPT_FIELDS)}
@@ -60,8 +62,10 @@ def approximate_start(
     fields["seed"] = seed
     if image_url is not None:
         fields["image_reference"] = image_url
-    if isinstance(fields.get("num_frames"), int):
-        fields["num_frames"] = max(1, fields["num_frames"] - frames_before)
     own = tuple(replace(e, named=True, open=e.event_id in open_ids) for e in events if e.chunk < at) if named else ()
-    fields[REBUILD] = Rebuild(at, own).to_json()
+    # the length stays as the start gave it (`num_frames` or `seconds`): the model resolves it at
+    # its own fps and takes these frames off, so either way the session plays what is left; a
+    # start without a length is open-ended, and its new engine request gets the model's whole cap
+    bounded = any(name in fields for name in LENGTH_FIELDS)
+    fields[REBUILD] = Rebuild(at, own, frames_before if bounded else 0).to_json()
     return fields

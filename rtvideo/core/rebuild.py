@@ -39,6 +39,8 @@ REBUILD = "rebuild"
 MAX_REBUILD_EVENTS = 10_000
 #: the furthest chunk a rebuild may reach (about 17 hours at 9 frames a chunk, 16 fps)
 MAX_REBUILD_CHUNK = 1_000_000
+#: the most frames an approximation's `frames_before` may name (a session's longest, with room)
+MAX_REBUILD_FRAMES = 100_000_000
 
 _BAD = ErrorCode.INVALID_START
 
@@ -69,6 +71,9 @@ class Rebuild:
 
     generation_chunk_index: int
     events: tuple[ScriptedEvent, ...] = ()
+    #: an approximation's (rtvideo.core.approximation): frames the old stream had before N, which
+    #: the model takes off the length it resolves (`num_frames`, or `seconds` x fps); 0 otherwise
+    frames_before: int = 0
 
     @property
     def history_ids(self) -> frozenset[str]:
@@ -93,6 +98,7 @@ class Rebuild:
                 }
                 for e in self.events
             ],
+            **({"frames_before": self.frames_before} if self.frames_before else {}),
         }
 
 
@@ -118,12 +124,13 @@ def parse_rebuild(value: Any) -> Rebuild:
     """Validate a `rebuild` object (module docstring)."""
     if not isinstance(value, dict):
         raise ProtocolError(_BAD, f"rebuild must be an object, not {json_kind(value)}")
-    unknown = sorted(set(value) - {"generation_chunk_index", "events"})
+    unknown = sorted(set(value) - {"generation_chunk_index", "events", "frames_before"})
     if unknown:
         raise ProtocolError(_BAD, f"unknown rebuild field(s): {', '.join(unknown)}")
     if "generation_chunk_index" not in value:
         raise ProtocolError(_BAD, "rebuild needs generation_chunk_index")
     target = as_int(value["generation_chunk_index"], "rebuild.generation_chunk_index", 0, MAX_REBUILD_CHUNK, _BAD)
+    before = as_int(value.get("frames_before", 0), "rebuild.frames_before", 0, MAX_REBUILD_FRAMES, _BAD)
     raw_events = value.get("events", [])
     if not isinstance(raw_events, list):
         raise ProtocolError(_BAD, f"rebuild.events must be an array, not {json_kind(raw_events)}")
@@ -155,7 +162,7 @@ def parse_rebuild(value: Any) -> Rebuild:
         seen.add(request.event_id)
         events.append(ScriptedEvent(chunk, frame, request, named, is_open))
     events.sort(key=lambda e: e.chunk)  # stable: the order received within a chunk
-    return Rebuild(target, tuple(events))
+    return Rebuild(target, tuple(events), before)
 
 
 def check_rebuild(rebuild: Rebuild, *, frames_per_chunk: int, num_frames: int | None) -> None:

@@ -170,8 +170,10 @@ class Starts:
         if not getattr(self._sources, "rebuilds", False):
             if getattr(self._sources, "approximates", False):
                 # the start is the approximation already (rtvideo.core.approximation): its frame,
-                # its prompt, its remaining frames; the source numbers chunks from N on
-                return replace(config, rebuild=rebuild)
+                # its prompt; its length (`num_frames`, or `seconds` at this fps) less the frames
+                # shown before; the source numbers chunks from N on
+                left = None if config.num_frames is None else max(1, config.num_frames - rebuild.frames_before)
+                return replace(config, rebuild=rebuild, num_frames=left)
             raise ProtocolError(
                 ErrorCode.INVALID_START, "rebuild is not supported by this generator: its state cannot be rebuilt"
             )

@@ -47,9 +47,10 @@ def test_the_prompt_in_effect_is_the_last_started_before_n(at: int, want: dict[s
 def test_a_branch_starts_from_the_frame_with_no_events_and_its_frames_left() -> None:
     start = approximate_start(START, seed=7, at=6, events=EVENTS, image_url="data:x", frames_before=24)
     assert start["prompts"][0]["text"] == "fog" and "prompt" not in start
-    assert (start["seed"], start["image_reference"], start["num_frames"], start["width"]) == (7, "data:x", 76, 128)
+    assert (start["seed"], start["image_reference"], start["num_frames"], start["width"]) == (7, "data:x", 100, 128)
     rebuild = parse_rebuild(start["rebuild"])
     assert rebuild.generation_chunk_index == 6 and rebuild.events == ()
+    assert rebuild.frames_before == 24  # the model plays what is left: 76 frames
 
 
 def test_a_move_names_its_own_events_and_marks_those_in_progress_open() -> None:

@@ -135,8 +135,9 @@ def test_a_vllm_omni_branch_starts_from_the_frame_before_n_with_the_prompt_in_ef
     rid = write_recording(tmp_path, ENGINE_CONFIG)
     start, out = branch(recordings, rid, 3)
     assert out.exact is False and out.generation_chunk_index == 3
-    assert (start["prompt"], start["seed"], start["num_frames"]) == ("snow", 11, FRAMES)
-    assert start["rebuild"] == {"generation_chunk_index": 3, "events": []}  # nothing replayed: numbered from N
+    assert (start["prompt"], start["seed"], start["num_frames"]) == ("snow", 11, CHUNKS * FRAMES)
+    # nothing replayed: numbered from N; the model takes the frames shown off the length (FRAMES left)
+    assert start["rebuild"] == {"generation_chunk_index": 3, "events": [], "frames_before": 3 * FRAMES}
     frame = np.asarray(load_image_reference(start["image_reference"], MediaPolicy()))
     assert frame.shape == (H, W, 3) and abs(float(frame.mean()) - (30 + 50 * 2)) < 3  # chunk 2's last frame
     start, _ = branch(recordings, rid, 1)
