@@ -313,6 +313,9 @@ class BackendSettings:
             extra_params=entry.extra_params,
             all_extra_params=entry.all_extra_params,
             start_fields=entry.start_fields,
+            # a source that paces (the built-in generator, when the deployment paces) takes the
+            # session's lead from streaming_buffer_seconds; an engine cannot be held back
+            paces=not engine and self.pacing_lead_chunks is not None,
             sampling_defaults=self.sampling_preset() if engine else None,
             max_num_frames=self.vllm_omni_max_request_frames if engine else None,
             model_rules=rules.describe() if rules is not None else None,

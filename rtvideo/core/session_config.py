@@ -15,7 +15,7 @@ from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.interaction.types import PROMPT, resolve_chunks
 from rtvideo.core.protocol import MAX_SEED
 from rtvideo.core.rebuild import Rebuild
-from rtvideo.core.start_request import SAMPLING_FIELDS, StartRequest
+from rtvideo.core.start_request import SAMPLING_FIELDS, STREAMING_BUFFER, StartRequest
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,9 @@ class ModelCapabilities:
     extra_params: frozenset[str] = frozenset()
     #: every `extra_params` key is used (passed on to an engine whose model reads what it knows)
     all_extra_params: bool = False
+    #: whether the generator paces to the player, so a start's `streaming_buffer_seconds` sets the
+    #: session's lead (`SessionConfig.streaming_buffer_seconds`); else it is ignored
+    paces: bool = False
     #: `start_request.REQUEST_FIELDS` the generator uses (merged into `sampling`); the others are ignored
     start_fields: frozenset[str] = frozenset()
     #: the model's preset, for a generator that takes sampling (None: it takes none): sampling
@@ -96,6 +99,7 @@ class ModelCapabilities:
                 if name not in used and not (self.all_extra_params and name.startswith("extra_params."))
             ]
             + [name for name in start.request_fields if name not in self.start_fields]
+            + ([STREAMING_BUFFER] if start.streaming_buffer_seconds is not None and not self.paces else [])
         )
 
     def sampling(self, start: StartRequest) -> dict[str, Any]:
@@ -143,6 +147,9 @@ class SessionConfig:
     reference_image: Any = field(default=None, repr=False, compare=False)
     #: `ModelCapabilities.model_rules`, sent as `config.model_rules` when the model has rules
     model_rules: Mapping[str, Any] | None = None
+    #: the start's `streaming_buffer_seconds` where the generator paces (its lead over the player,
+    #: in place of the model's `pacing_lead_chunks`), else None. Not sent (not in `to_json`).
+    streaming_buffer_seconds: float | None = None
     #: a blend start's `prompts`, normalised (then `prompt` is its heaviest text); sent when set
     prompts: tuple[tuple[str, float], ...] | None = None
     #: the session's default interpolation (an interaction without one uses it); always sent
@@ -221,6 +228,7 @@ def resolve_session_config(
         ignored_fields=tuple(caps.ignored_fields(start)),
         sampling=caps.sampling(start),
         model_rules=caps.model_rules,
+        streaming_buffer_seconds=start.streaming_buffer_seconds if caps.paces else None,
         metrics=start.metrics,
         prompts=start.prompts,
         interpolation=start.interpolation or (caps.interactions.interpolation[0] if caps.interactions else LINEAR),

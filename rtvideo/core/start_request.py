@@ -35,6 +35,10 @@ from rtvideo.core.protocol import (
 )
 
 MAX_INFERENCE_STEPS = 10_000
+#: vLLM-Omni's newer clients' pacing ask: how far generation may run ahead of the reported
+#: playhead, in seconds (docs/protocol.md §2.1); a minute is far beyond any real-time buffer
+STREAMING_BUFFER = "streaming_buffer_seconds"
+MIN_STREAMING_BUFFER_SECONDS, MAX_STREAMING_BUFFER_SECONDS = 0.01, 60.0
 MAX_GUIDANCE = 1e6
 
 # Optional `session.start` fields (vLLM-Omni's VideoGenerationRequest) and their kinds.
@@ -54,6 +58,7 @@ _START_NUMBER_FIELDS: dict[str, tuple[float, float]] = {
     "true_cfg_scale": (0.0, MAX_GUIDANCE),
     "boundary_ratio": (0.0, 1.0),
     "flow_shift": (0.0, MAX_GUIDANCE),
+    STREAMING_BUFFER: (MIN_STREAMING_BUFFER_SECONDS, MAX_STREAMING_BUFFER_SECONDS),
 }
 _START_STR_FIELDS = ("model", "negative_prompt", "size", "format", "prompt")
 _START_OBJECT_FIELDS = ("extra_params", "sampling_params")
@@ -153,6 +158,8 @@ class StartRequest:
     boundary_ratio: float | None = None
     flow_shift: float | None = None
     true_cfg_scale: float | None = None
+    #: `STREAMING_BUFFER`: the session's lead over its player, where the generator paces
+    streaming_buffer_seconds: float | None = None
     extra_params: dict[str, Any] = field(default_factory=dict)
     #: the `REQUEST_FIELDS` this start sets (not null), as sent
     request_fields: dict[str, Any] = field(default_factory=dict)

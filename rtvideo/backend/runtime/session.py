@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rtvideo.backend.runtime.admission import EventDesk
 from rtvideo.backend.runtime.endings import EndReason
@@ -47,6 +47,16 @@ class SessionStats:
     chunks_sent: int = 0
     frames_sent: int = 0
     last_progress: float = field(default_factory=time.monotonic)
+
+
+def session_limits(config: SessionConfig, limits: Limits) -> Limits:
+    """The model's limits for one session: a start's `streaming_buffer_seconds` (set only where
+    the generator paces) is its lead over the player, in place of `pacing_lead_chunks`, as
+    vLLM-Omni's clients mean it ("generation pauses once that far ahead of the playhead")."""
+    buffer = config.streaming_buffer_seconds
+    if buffer is None or limits.pacing_lead_chunks is None:
+        return limits
+    return replace(limits, pacing_lead_chunks=buffer * config.fps / config.frames_per_chunk)
 
 
 def _playhead_pacer(config: SessionConfig, limits: Limits, source: ChunkSource) -> PlayheadPacer | None:
@@ -96,6 +106,7 @@ class Session:
         metrics: Metrics,
         on_end: Callable[[Session, EndReason], None],
     ) -> None:
+        limits = session_limits(config, limits)  # its own lead, where its start asked for one
         self.request_id = request_id
         self.config = config
         self.channel = channel
