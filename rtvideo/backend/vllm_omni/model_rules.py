@@ -97,6 +97,10 @@ class ModelRules(GeneratorLimits):
     first_frame: FirstFrame = FirstFrame.OPTIONAL
     #: where the pipeline reads the first frame (the engine adapter puts it there)
     first_frame_at: FirstFrameAt = FirstFrameAt.PROMPT
+    #: whether a request's first output frame is its first frame itself (an image-to-video
+    #: pipeline whose temporal mask pins frame 0 to the image: LingBot-World's `_prepare_condition`);
+    #: a continuation from the viewer's last frame then drops it (`EngineChunkSource`)
+    repeats_first_frame: bool = False
     interactions: frozenset[str] = frozenset()
     #: the grid follows the pyramid a request runs (`pyramid_grid`, Helios), else `grid` is fixed
     pyramid: bool = False
@@ -380,6 +384,7 @@ LINGBOT_WORLD = ModelRules(
     steps=4,
     first_frame=FirstFrame.REQUIRED,
     first_frame_at=FirstFrameAt.PROMPT,
+    repeats_first_frame=True,
     interactions=frozenset({"camera"}),
     preset={"num_inference_steps": 4, "extra_params": {"flow_shift": 5.0}},
     first_chunk_budget_seconds=5.0,

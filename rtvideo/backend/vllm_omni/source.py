@@ -52,8 +52,13 @@ class EngineChunkSource:
         pipeline: str | None = None,
         image_at: FirstFrameAt = FirstFrameAt.PROMPT,
         output_queue_bytes: int = DEFAULT_OUTPUT_QUEUE_BYTES,
+        *,
+        drop_first_frame: bool = False,
     ) -> None:
+        """`drop_first_frame`: the engine's first frame is the viewer's last one again (a
+        continuation on a model that `repeats_first_frame`): not shown twice."""
         self._host = host
+        self._drop_first = drop_first_frame
         self._pipeline = pipeline  # the engine's pipeline class (its interaction modalities), if known
         self._unstarted: list[str] = []  # forwarded, not yet started, superseded or refused
         self._config = config
@@ -172,6 +177,8 @@ class EngineChunkSource:
         if error:
             raise EngineError(f"the engine reported: {error}")
         frames = rgb_frames(output_video(output))
+        if self._drop_first:
+            self._drop_first, frames = False, frames[1:]
         if frames.shape[1:3] != (self._config.height, self._config.width):
             raise EngineError(
                 f"the engine produced {frames.shape[2]}x{frames.shape[1]} frames, "
@@ -292,16 +299,33 @@ class EngineSources:
             raise EngineError(f"the engine is not healthy: {self.host.dead}")
         open_encoder = functools.partial(self._encoder_factory, config.width, config.height, config.fps)
         image_at = self.rules.first_frame_at if self.rules is not None else FirstFrameAt.PROMPT
+        frames = self.engine_frames(config)
+        # dropped only where the request has a frame to spare for it (at the length cap it has not:
+        # the repeated frame is then shown, never a frame short of `num_frames`)
+        shown = self.max_request_frames if config.num_frames is None else config.num_frames
+        drop = self.repeats_last_frame(config) and frames > shown
         return EngineChunkSource(
             self.host,
             config,
             request_id,
-            self.engine_frames(config),
+            frames,
             self._preset,
             open_encoder,
             self.pipeline,
             image_at,
             self.output_queue_bytes,
+            drop_first_frame=drop,
+        )
+
+    def repeats_last_frame(self, config: SessionConfig) -> bool:
+        """Whether the engine's first frame would repeat the viewer's last one: a continuation
+        (a branch or a move: `rebuild`, from the last frame shown) on a model whose first output
+        frame is its first frame (`ModelRules.repeats_first_frame`)."""
+        return (
+            self.rules is not None
+            and self.rules.repeats_first_frame
+            and config.rebuild is not None
+            and config.reference_image is not None
         )
 
     def engine_frames(self, config: SessionConfig) -> int:
@@ -312,6 +336,7 @@ class EngineSources:
         ends (docs/vllm-omni.md, "GPU memory")."""
         longest = math.ceil(self._max_session_seconds * config.fps / config.frames_per_chunk) * config.frames_per_chunk
         wanted = self.max_request_frames if config.num_frames is None else config.num_frames
+        wanted += int(self.repeats_last_frame(config))  # the repeated frame is dropped, not shown
         frames = max(1, min(wanted, self.max_request_frames, longest))
         if self.rules is None:
             return frames
