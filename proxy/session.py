@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
-from rtvideo.core import start_request
+from rtvideo.core import server_messages, start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.acks import ProxyAcks
 from rtvideo.proxy.attachments import Attachments, SessionEnds
@@ -53,7 +53,7 @@ from rtvideo.proxy.lifecycle import LIVE, Lifecycle, Phase
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.moves.mover import Mover, MoveReason
 from rtvideo.proxy.outbox import Frame
-from rtvideo.proxy.participants import Connection, Link, Owner, Steerer
+from rtvideo.proxy.participants import Connection, Guest, Link, Owner, Steerer
 from rtvideo.proxy.seat import OwnerSeat
 from rtvideo.proxy.session_metrics import InbandMetrics
 from rtvideo.proxy.session_timing import PlayheadTiming, StreamTiming
@@ -133,6 +133,8 @@ class ProxySession:
             trace=self._trace,
             revoke=self._invites.revoke_steering,
             heard=self._invites.heard,
+            share=self._share,
+            guest_message=metrics.steer_message,
         )
         self._ending = Ending(  # the ends the proxy reports itself (rtvideo.proxy.ending)
             self._life,
@@ -227,6 +229,19 @@ class ProxySession:
             return
         if self.awaiting_start:  # not ended while its recording was read
             self._open(start)
+
+    def _share(self, notice: Mapping[str, Any], sender: Guest | None) -> None:
+        """`session.interaction.shared` to everyone but its sender (docs/protocol.md §9.4): the
+        owner in the session's order (it never precedes video.start), steerers and watchers ahead
+        of their queued video."""
+        if sender is not None:
+            self._dispatch.answer(lambda: notice)
+        hubs = (self._invites.steer_hub, self._invites.hub)
+        if any(hub is not None and len(hub) for hub in hubs):
+            frame = Frame(server_messages.encode(notice), notice)
+            for hub in hubs:
+                if hub is not None:
+                    hub.share(frame, sender)
 
     def _open(self, start: bytes) -> None:
         with self._trace.begin():  # the stream (and its pump's later ones) carries the traceparent

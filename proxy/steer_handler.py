@@ -62,7 +62,7 @@ class SteerHandler(WebSocketHandler):
         """Tornado reads the next frame only once an awaitable returned here is done."""
         if self.steerer is None or self.steerer.over or self.session is None:
             return None
-        self.context.metrics.steer_message()
+        # counted by the steering (rtvideo.proxy.steering), which knows a playhead report from a steer
         return self.session.steer(self.steerer, message, isinstance(message, bytes))
 
     def on_close(self) -> None:

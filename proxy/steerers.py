@@ -165,6 +165,13 @@ class SteerHub:
             if not steerer.put(frame):
                 self.drop(steerer)
 
+    def share(self, frame: Frame, sender: object = None) -> None:
+        """An interaction acked to `sender` (`session.interaction.shared`, docs/protocol.md §9.4),
+        to every other steerer, ahead of its queued video."""
+        for steerer in list(self._steerers):
+            if steerer is not sender and not steerer.put(frame, urgent=True):
+                self.drop(steerer)
+
     def drop(self, steerer: GuestSteerer) -> None:
         """A steerer that reads too slowly: its queue goes, the error is written at once, close."""
         if steerer.over:

@@ -13,7 +13,13 @@ same `frame`, with their own bucket and their own share of the in-flight bound
 (`in_flight_share`). What answers a guest's message goes to that guest alone (`Steerer.guest`,
 routed by rtvideo.proxy.dispatch). Only the owner may end the session (`session.stop`) or
 revoke steering (`session.revoke_steering`): from a guest either is `invalid_message`. A
-guest's well-formed `session.playback` is dropped (only the owner's playhead paces the stream).
+guest's well-formed `session.playback` is dropped (only the owner's playhead paces the stream)
+and not counted among its messages.
+
+Every participant sees the same story (docs/protocol.md §9.4): an interaction acked here for
+the first time is told to the session's other participants (`share`: the owner, the other
+steerers, the watchers) as `session.interaction.shared`, before its sender's ack goes out, so
+their chunk lists name an event they already know.
 """
 
 from __future__ import annotations
@@ -53,9 +59,12 @@ class Steering:
         acks: ProxyAcks,
         dispatch: Dispatch,
         playhead: PlayheadTiming,
+        *,
         trace: SessionTrace = NO_TRACE,
         revoke: Callable[[], int] = lambda: 0,
         heard: Callable[[Mapping[str, Any], Guest | None], None] = lambda message, guest: None,
+        share: Callable[[Mapping[str, Any], Guest | None], None] = lambda notice, guest: None,
+        guest_message: Callable[[], None] = lambda: None,
     ) -> None:
         self._trace = trace  # the session's trace (rtvideo.proxy.tracing): received, forwarded
         self._life = life
@@ -67,6 +76,9 @@ class Steering:
         self._revoke = revoke  # ends every guest's steer link; returns how many there were
         self._share = in_flight_share(settings)
         self._heard = heard  # every message parsed, with its sender (None: the owner): the recording
+        # a new event acked to its sender, told to every other participant (docs/protocol.md §9.4)
+        self._tell_others = share
+        self._guest_message = guest_message  # counts a guest's message (its playhead reports aside)
 
     def frame(self, steerer: Steerer, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
         """A frame from `steerer`: early checks, then forwarded verbatim (or answered here).
@@ -77,6 +89,8 @@ class Steering:
         if not (self._life.attached or (guest is not None and self._life.phase is Phase.DETACHED)):
             return None  # the end is claimed: frames still buffered behind it are ignored
         if not steerer.within_rate(time.monotonic()) and (guest is not None or not over_rate_stop(raw, binary)):
+            if guest is not None:
+                self._guest_message()
             self._dispatch.reject(
                 ErrorCode.RATE_LIMITED,
                 f"over the rate of {self._settings.max_messages_per_second:g} "
@@ -92,10 +106,14 @@ class Steering:
         try:
             message = protocol.decode_later(raw, binary=binary)
         except ProtocolError as exc:
+            if guest is not None:
+                self._guest_message()
             self._dispatch.reject(exc.code, exc.message, to=guest)
             return
         self._heard(message, guest)
         kind = message["type"]
+        if guest is not None and kind != protocol.PLAYBACK:  # a report steers nothing: not counted
+            self._guest_message()
         if guest is not None and kind in (protocol.STOP, protocol.REVOKE_STEERING):
             self._dispatch.reject(ErrorCode.INVALID_MESSAGE, f"only the session's owner may send {kind}", to=guest)
         elif kind == protocol.REVOKE_STEERING:
@@ -150,6 +168,11 @@ class Steering:
         event_id = ack.event_id
         self._trace.interaction(event_id, received)
         life = self._life
+        if ack.new:  # told to the others before its sender's ack: no chunk can name it ahead of this
+            sender = "owner" if guest is None else "steerer"
+            self._tell_others(
+                server_messages.interaction_shared(life.request_id, event_id, sender, message["interaction"]), guest
+            )
         self._dispatch.answer(
             lambda: server_messages.queued(life.request_id, event_id), ack=event_id, received=received, to=guest
         )

@@ -2,7 +2,10 @@
 
 Watching is attaching a read-only participant to a live session (rtvideo.proxy.watchers):
 the watch token names the session, which says whether a watcher may join
-(`watch_refusal`) and attaches it once the WebSocket is open (`attach_watcher`).
+(`watch_refusal`) and attaches it once the WebSocket is open (`attach_watcher`). A watcher
+may send `session.ping` (answered) and `session.playback` (checked, never answered, dropped:
+a page reports its playhead whatever its role); anything else is `invalid_message`, counted in
+`rtvideo_proxy_errors_total` as every refusal is.
 """
 
 from __future__ import annotations
@@ -58,20 +61,27 @@ class WatchHandler(WebSocketHandler):
             self.close(1000)
 
     def on_message(self, message: str | bytes) -> None:
-        """A watcher cannot steer: ping is answered, anything else is an error (the watch goes on)."""
+        """A watcher cannot steer: ping is answered, a well-formed playhead report is taken and
+        dropped (only the owner's paces the stream), anything else is an error (the watch goes on)."""
         if self.watcher is None:
             return
         try:
-            kind = protocol.decode_later(message, binary=isinstance(message, bytes))["type"]
+            decoded = protocol.decode_later(message, binary=isinstance(message, bytes))
+            if decoded["type"] == protocol.PLAYBACK:
+                protocol.validate_playback(decoded)
+                return  # never answered, as an owner's report is not (docs/protocol.md §2.6)
         except ProtocolError as exc:
             answer = server_messages.error(exc.code, exc.message)
         else:
-            if kind == protocol.PING:
+            if decoded["type"] == protocol.PING:
                 answer = server_messages.pong()
             else:
                 answer = server_messages.error(
-                    ErrorCode.INVALID_MESSAGE, "a watcher cannot send messages other than session.ping"
+                    ErrorCode.INVALID_MESSAGE,
+                    "a watcher cannot send messages other than session.ping and session.playback",
                 )
+        if answer.get("type") == protocol.ERROR:
+            self.context.metrics.error_sent(str(answer["code"]))  # counted as every other refusal is
         self.watcher.put(Frame(server_messages.encode(answer), answer), urgent=True, force=True)
 
     def on_close(self) -> None:

@@ -117,6 +117,13 @@ class WatchHub:
             if not watcher.put(frame):
                 self._drop(watcher)
 
+    def share(self, frame: Frame, sender: object = None) -> None:
+        """Another participant's interaction (`session.interaction.shared`, docs/protocol.md §9.4):
+        ahead of queued video, so that it precedes every chunk that names its event."""
+        for watcher in list(self._watchers):
+            if not watcher.put(frame, urgent=True):
+                self._drop(watcher)
+
     def _drop(self, watcher: Watcher) -> None:
         """A watcher that reads too slowly: its queue goes, the error is written at once, close."""
         self._metrics.watcher_dropped()

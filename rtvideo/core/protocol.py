@@ -56,6 +56,8 @@ METRICS = "session.metrics"  # in-band timing, only to a start with "metrics": t
 DONE = "session.done"
 ERROR = "error"
 STEERING_REVOKED = "session.steering_revoked"  # the answer to REVOKE_STEERING
+#: another participant's interaction, told to everyone else of a shared session (docs/protocol.md §9.4)
+INTERACTION_SHARED = "session.interaction.shared"
 
 
 @dataclass(frozen=True)

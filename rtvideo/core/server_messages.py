@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import DONE, ERROR, PONG, QUEUED, STEERING_REVOKED, VIDEO_START
+from rtvideo.core.protocol import DONE, ERROR, INTERACTION_SHARED, PONG, QUEUED, STEERING_REVOKED, VIDEO_START
 
 
 def encode(message: Mapping[str, Any]) -> str:
@@ -39,6 +39,20 @@ def pong() -> dict[str, Any]:
 def steering_revoked(request_id: str | None, revoked: int) -> dict[str, Any]:
     """The answer to `session.revoke_steering`: how many steer links were ended."""
     return {"type": STEERING_REVOKED, "request_id": request_id, "revoked": revoked}
+
+
+def interaction_shared(
+    request_id: str | None, event_id: str, sender: str, interaction: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What the other participants of a shared session are told of an interaction acked to its
+    sender (`sender`: "owner" or "steerer"): its id and what it asked, as the sender sent it."""
+    return {
+        "type": INTERACTION_SHARED,
+        "request_id": request_id,
+        "event_id": event_id,
+        "from": sender,
+        "interaction": {**interaction, "event_id": event_id},
+    }
 
 
 def done(

@@ -11,6 +11,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from rtvideo.proxy.ordering import named_event_ids
 from tests.support.proxy_host import run, wait_idle
 from tests.support.resume_client import NO_KEEPALIVE, Leg
 from tests.support.streams import Transcript, check_event_lifetimes, check_server_message, check_stream_rules
@@ -100,6 +101,18 @@ def test_owner_and_three_steerers_steer_one_session(proxies, triton) -> None:
                 assert [(e["code"], e["event_id"]) for e in errors] == [("event_id_conflict", "p0-r0")]
             else:
                 assert errors == [], (i, errors)
+        # Every participant is told of everyone else's new events (not its own, not a retry, not a
+        # refused reuse), with who sent it, before any chunk names it (docs/protocol.md §9.4).
+        for i, leg in enumerate(everyone):
+            shared = [m for m in leg.messages if m["type"] == "session.interaction.shared"]
+            others = set().union(*(sent[j] for j in range(4) if j != i))
+            assert sorted(m["event_id"] for m in shared) == sorted(others), i
+            for m in shared:
+                assert m["from"] == ("owner" if m["event_id"].startswith("p0-") else "steerer"), m
+                assert m["interaction"]["event"]["prompt"].endswith(m["event_id"].split("-")[0][1:]), m
+                told = leg.messages.index(m)
+                named = [k for k, x in enumerate(leg.messages) if m["event_id"] in named_event_ids(x)]
+                assert all(k > told for k in named), (i, m["event_id"])
         # One stream for everyone: the same pairs and the same done.
         owners = {m["transport_chunk_index"]: (m, d) for m, d in owner.pairs}
         for s in steerers:
@@ -166,7 +179,8 @@ def test_a_flooding_or_stopping_steerer_affects_only_itself(proxies, triton) -> 
         await owner.until("session.interaction.queued", event_id="own-1")
         await owner.until("video.chunk_metadata")  # the session goes on
         assert gauge("rtvideo_proxy_steerers") == 2
-        assert gauge("rtvideo_proxy_steer_messages_total") >= 33
+        # the stop, the pings and the two interactions; the playhead report is no steer message
+        assert gauge("rtvideo_proxy_steer_messages_total") == 32
         await owner.send({"type": "session.stop"})
         readers = [asyncio.ensure_future(_read_to_done(leg)) for leg in (owner, flood, calm)]
         await asyncio.wait_for(asyncio.gather(*readers), 60)

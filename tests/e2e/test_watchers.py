@@ -65,7 +65,8 @@ async def _read_on(leg: Leg) -> None:
 
 def test_a_watcher_cannot_steer_and_bad_tokens_are_refused(proxies, triton) -> None:
     wait_idle(triton)
-    url = proxies.url(max_watchers_per_session=1)
+    server = proxies.server(max_watchers_per_session=1)
+    url = server.url
 
     async def body() -> None:
         owner = await Leg.open(url)
@@ -73,6 +74,10 @@ def test_a_watcher_cannot_steer_and_bad_tokens_are_refused(proxies, triton) -> N
         reading = asyncio.ensure_future(_read_on(owner))  # the owner reads all along
         watcher = await Leg.open(_watch_url(url, start["watch_token"]))
         await watcher.read()
+        errors = server.context.metrics.registry.get_sample_value
+        refused = errors("rtvideo_proxy_errors_total", {"code": "invalid_message"}) or 0.0
+        # a playhead report is taken without an answer (a page reports whatever its role)
+        await watcher.send({"type": "session.playback", "position_seconds": 1.5, "buffered_seconds": 0.2})
         await watcher.send({"type": "session.interaction", "interaction": {"event": {"prompt": "x"}}})
         await watcher.send({"type": "session.ping"})
         answers = []
@@ -81,6 +86,7 @@ def test_a_watcher_cannot_steer_and_bad_tokens_are_refused(proxies, triton) -> N
             if m["type"] in ("error", "session.pong"):
                 answers.append(m)
         assert answers[0]["code"] == "invalid_message" and answers[1]["type"] == "session.pong"
+        assert errors("rtvideo_proxy_errors_total", {"code": "invalid_message"}) == refused + 1  # counted
         await watcher.until("video.chunk_metadata")  # the watch goes on
         with pytest.raises(InvalidStatus) as full:  # --max-watchers-per-session 1
             await connect(_watch_url(url, start["watch_token"]), **NO_KEEPALIVE)
