@@ -10,9 +10,10 @@
 #   bash scripts/test_real_engine.sh --if-possible   # as scripts/test.sh runs it: a machine without
 #                                                    # CPython 3.12 or the disk says "not run" and passes
 #
-# scripts/test.sh (so .ci/run) runs it after pytest: building the ~9.3 GB environment from
-# nothing took 5.2 minutes here and a run about 3 (docs/vllm-omni.md, "The real engine
-# inside Triton").
+# scripts/test.sh (so .ci/run) builds the environment with `--if-possible --install-only` before
+# pytest (so that pytest's tests/unit/backend/test_vllm_omni_real_engine_cpu.py finds it and
+# runs) and runs the checks after: building the ~9.3 GB environment from nothing took 5.2
+# minutes here and a run about 3 (docs/vllm-omni.md, "The real engine inside Triton").
 #
 # The environment, .venv-real-engine/ (git-ignored; RTVIDEO_REAL_ENGINE_ENV moves it), is built
 # once from deploy/gpu/requirements.lock, hash-checked, for CPython 3.12 (the lock's Python;
@@ -41,11 +42,14 @@ PYTEST=pytest==9.2.0  # tests/support's clients use pytest.raises (with its own 
 
 install_only=0
 if_possible=0
-case ${1:-} in
-  --install-only) install_only=1 ;;
-  --if-possible) if_possible=1; shift ;;
-  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-esac  # anything else goes to the driver (--keep DIR, --only CHECK)
+while [ $# -gt 0 ]; do  # leading flags of this script, in any order
+  case $1 in
+    --install-only) install_only=1; shift ;;
+    --if-possible) if_possible=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) break ;;  # the rest goes to the driver (--keep DIR, --only CHECK)
+  esac
+done
 
 say() { echo "test_real_engine: $*" >&2; }
 

@@ -36,7 +36,7 @@ def omni_python() -> str:
         return str(built)
     pytest.skip(
         "no interpreter with vllm 0.30 and vllm-omni 0.30: set RTVIDEO_VLLM_OMNI_PYTHON, or run "
-        "scripts/test_real_engine.sh once (it builds .venv-real-engine; in CI it runs after pytest)"
+        "scripts/test_real_engine.sh --install-only once (it builds .venv-real-engine; scripts/test.sh builds it before pytest)"
     )
 
 
