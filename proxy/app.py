@@ -311,7 +311,7 @@ def make_app(
             },
         ),
         (
-            r"/(|rtvideo\.js|recordings\.html)",
+            r"/(|rtvideo\.js|recordings\.html|favicon\.ico)",
             tornado.web.StaticFileHandler,
             {"path": str(STATIC_DIR), "default_filename": "index.html"},
         ),
