@@ -25,11 +25,13 @@ from tornado.log import access_log
 __all__ = ["SecretFilter", "install_filter", "log_request", "redact"]
 
 #: query parameters whose value never reaches a log
-SECRET_PARAMS = frozenset({"token", "watch_token", "steer_token"})  # a watcher's and a steerer's links
+SECRET_PARAMS = frozenset({"token", "watch_token", "steer_token", "recording_token"})  # links that carry a key
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/livez", "/metrics"})
 _MASK = "***"
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\",;)]+")
-_QUERY_SECRET = re.compile(r"(?i)([?&;](?:watch_|steer_)?(?:%74|t)(?:%6f|o)(?:%6b|k)(?:%65|e)(?:%6e|n)=)[^&\s'\"#;)]*")
+_QUERY_SECRET = re.compile(
+    r"(?i)([?&;](?:watch_|steer_|recording_)?(?:%74|t)(?:%6f|o)(?:%6b|k)(?:%65|e)(?:%6e|n)=)[^&\s'\"#;)]*"
+)
 
 
 def redact(uri: str) -> str:

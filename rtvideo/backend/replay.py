@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -164,13 +165,16 @@ def replay_to_file(log: SessionLog, generator: VideoGenerator, out: Path) -> int
 
 
 # --- reading a recording ---------------------------------------------------------------------
-def load_recording(location: str, token: str | None = None) -> tuple[dict[str, Any] | None, SessionLog]:
+def load_recording(
+    location: str, token: str | None = None, recording_token: str | None = None
+) -> tuple[dict[str, Any] | None, SessionLog]:
     """The manifest (None when absent) and event log of a recording directory, or of a proxy's
-    `http(s)://HOST/v1/recordings/{id}` (fetched with `token` as the bearer token)."""
+    `http(s)://HOST/v1/recordings/{id}`, fetched with the recording's token (the bearer, or
+    `?recording_token=` beside the client's `token` when the proxy has one)."""
     if location.startswith(("http://", "https://")):
         base = location.rstrip("/")
-        manifest = json.loads(_fetch(base, token))
-        text = _fetch(base + "/events.jsonl", token).decode("utf-8")
+        manifest = json.loads(_fetch(base, token, recording_token))
+        text = _fetch(base + "/events.jsonl", token, recording_token).decode("utf-8")
     else:
         folder = Path(location)
         if not (folder / "events.jsonl").is_file():
@@ -181,12 +185,14 @@ def load_recording(location: str, token: str | None = None) -> tuple[dict[str, A
     return manifest, read_log(parse_lines(text))
 
 
-def _fetch(url: str, token: str | None) -> bytes:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+def _fetch(url: str, token: str | None, recording_token: str | None = None) -> bytes:
+    bearer = token or recording_token
+    query = "?" + urllib.parse.urlencode({"recording_token": recording_token}) if token and recording_token else ""
+    request = urllib.request.Request(url + query, headers={"Authorization": f"Bearer {bearer}"} if bearer else {})
     try:
         with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_SECONDS) as response:
             return bytes(response.read())
-    except OSError as exc:
+    except OSError as exc:  # the URL without its query: a token never reaches a message
         raise ReplayError(f"could not fetch {url}: {exc}") from None
 
 
@@ -197,7 +203,7 @@ def main(args: Any) -> int:
     import sys
 
     try:
-        _, log = load_recording(args.recording, args.token)
+        _, log = load_recording(args.recording, args.token, args.recording_token)
         session_config(log)  # refuses another generator's recording before anything loads
         from rtvideo.backend.builtin.generator import BuiltinGenerator
         from rtvideo.backend.runtime.cpu_threads import limit_cpu_threads

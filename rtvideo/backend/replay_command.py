@@ -25,7 +25,13 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument(
         "--token",
         default=os.environ.get("RTVIDEO_TOKEN"),
-        help="the proxy's bearer token, for a recording URL (default: $RTVIDEO_TOKEN)",
+        help="the proxy's client token, for a recording URL, when it has one (default: $RTVIDEO_TOKEN)",
+    )
+    parser.add_argument(
+        "--recording-token",
+        default=os.environ.get("RTVIDEO_RECORDING_TOKEN"),
+        help="the recording's token (video.start's recording_token), for a recording URL; best given as "
+        "$RTVIDEO_RECORDING_TOKEN, not on a command line",
     )
     parser.add_argument("--device", default="cpu", help="the built-in generator's device (default cpu)")
     parser.add_argument(

@@ -229,7 +229,8 @@ def check_bounded(value: Any, name: str, *, sized: bool = True) -> None:
         entries += len(children)
         if entries > MAX_OBJECT_ENTRIES:
             raise ProtocolError(
-                ErrorCode.INVALID_START, f"{name} has more than {MAX_OBJECT_ENTRIES} keys and items (docs/protocol.md §7)"
+                ErrorCode.INVALID_START,
+                f"{name} has more than {MAX_OBJECT_ENTRIES} keys and items (docs/protocol.md §7)",
             )
         stack.extend((child, depth + 1) for child in children)
     if sized and len(json.dumps(value, ensure_ascii=False)) > MAX_OBJECT_BYTES:

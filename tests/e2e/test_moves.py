@@ -22,7 +22,7 @@ from rtvideo.backend.builtin.generator import BuiltinGenerator
 from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.replay import replay_frames
 from rtvideo.core.session_log import read_log
-from tests.support.http_calls import drain
+from tests.support.http_calls import drain, fetch
 from tests.support.streams import check_stream_rules, decode
 from tests.support.triton_pair import (
     ROOMY_MODEL,
@@ -84,7 +84,7 @@ def test_sessions_survive_a_kill_and_a_drain_with_the_frames_of_undisturbed_ones
     kill -9 of one: its sessions go on on the other; it is restarted; the other is drained: every
     session goes on on the first. No client sees an error, a second video.start, a gap or a
     repeat; each stream decodes as one, its frames those of the same session undisturbed."""
-    server = host.proxy(f"{pair.a},{pair.b}", model=ROOMY_MODEL)
+    server = host.proxy(f"{pair.a},{pair.b}", model=ROOMY_MODEL, admin_token="moves-operator")
     wait_endpoints(server, {pair.a: "up", pair.b: "up"}, capacity=8)
     a = pair.servers["127.0.0.1"]
     figures: dict[str, float] = {}
@@ -147,8 +147,17 @@ def test_sessions_survive_a_kill_and_a_drain_with_the_frames_of_undisturbed_ones
 
 
 def test_a_drain_is_an_operators_and_names_an_endpoint(pair: Pair, host: Host) -> None:
-    server = host.proxy(f"{pair.a},{pair.b}", model=ROOMY_MODEL, token="drain-test-token")
-    assert drain(server, pair.a)[0] == 401  # behind the token
-    open_server = host.proxy(f"{pair.a},{pair.b}", model=ROOMY_MODEL)
-    status, body = drain(open_server, "10.9.9.9:1")
+    server = host.proxy(f"{pair.a},{pair.b}", model=ROOMY_MODEL, token="drain-client", admin_token="drain-operator")
+    url = f"http://127.0.0.1:{server.port}/v1/endpoints/{pair.a}/drain"
+    assert fetch(url, method="POST")[0] == 401  # from this machine, without a credential
+    assert fetch(url, method="POST", token="drain-client")[0] == 401  # a client's token is not the operator's
+    assert fetch(url, method="POST", token="drain-operator", headers={"Origin": "https://evil.example"})[0] == 403
+    assert (
+        fetch(url, method="POST", token="drain-operator", data=b"{}", headers={"Content-Type": "text/plain"})[0] == 415
+    )
+    assert not server.pool.endpoints[pair.a].draining  # none of those drained anything
+    status, body = drain(server, "10.9.9.9:1")
     assert status == 404 and "no Triton endpoint" in body["error"]
+    no_operator = host.proxy(f"{pair.a},{pair.b}", model=ROOMY_MODEL)
+    status, body = drain(no_operator, pair.a)
+    assert status == 403 and "--admin-token" in body["error"]

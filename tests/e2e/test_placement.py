@@ -438,7 +438,7 @@ def test_names_resolve_to_endpoints_that_join_and_leave() -> None:
 
 
 def test_sessions_fill_both_servers_then_server_busy(pair: Pair, host: Host) -> None:
-    server = host.proxy(f"{pair.a},{pair.b}")
+    server = host.proxy(f"{pair.a},{pair.b}", max_sessions_per_client=8)  # one address fills them on purpose
     health = wait_endpoints(server, {pair.a: "up", pair.b: "up"})
     assert health["ready"] and health["backend"] == "up"
 
@@ -502,7 +502,7 @@ def test_a_killed_servers_session_moves_to_the_other_and_it_comes_back(pair: Pai
     """kill -9 of one server: its session goes on on the other (docs/recordings.md "Moves"), with
     no error and no gap; the other's is untouched; new sessions find the survivor full and get
     server_busy; once restarted, the killed one takes sessions again."""
-    server = host.proxy(f"{pair.a},{pair.b}")
+    server = host.proxy(f"{pair.a},{pair.b}", max_sessions_per_client=8)  # one address fills them on purpose
     wait_endpoints(server, {pair.a: "up", pair.b: "up"})
     a = pair.servers["127.0.0.1"]
     timings: dict[str, float] = {}

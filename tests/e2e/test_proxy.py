@@ -570,7 +570,7 @@ def test_eight_concurrent_sessions_lose_nothing(proxies, triton) -> None:
 
     async def one(i: int) -> tuple[Transcript, dict[str, int]]:
         sent: dict[str, int] = {}
-        async with ws(proxies.url()) as conn:
+        async with ws(proxies.url(max_sessions_per_client=8)) as conn:  # every slot, from one address
             s = Ws(conn)
             await s.start(f"scene {i}", seed=i)
             reader = asyncio.create_task(s.finish(120))

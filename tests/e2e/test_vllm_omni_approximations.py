@@ -46,17 +46,16 @@ def test_a_branch_starts_from_the_recorded_frame_with_the_prompt_in_effect(omni,
             return await s.finish()
 
     recorded = run(record())
-    rid = recorded.messages[0]["recording_id"]
-    assert finished(http_base(url), rid)["status"] == "complete"
+    rid, key = recorded.messages[0]["recording_id"], recorded.messages[0]["recording_token"]
+    assert finished(http_base(url), rid, key)["status"] == "complete"
     late = next(m["generation_chunk_index"] for m in recorded.media if "late" in m["started_event_ids"])
     assert late + 2 < CHUNKS, recorded.media
 
     async def branch(n: int) -> Transcript:
         async with ws(url) as conn:
             s = Ws(conn)
-            await s.send(
-                {"type": "session.start", "from_recording": {"recording_id": rid, "generation_chunk_index": n}}
-            )
+            spec = {"recording_id": rid, "generation_chunk_index": n, "recording_token": key}
+            await s.send({"type": "session.start", "from_recording": spec})
             return await s.finish()
 
     for n in (0, late + 2):

@@ -33,11 +33,20 @@ def fetch(
         return exc.code, exc.read(), dict(exc.headers)
 
 
-def finished(base: str, rid: str, token: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
-    """The manifest once the recording is no longer live (it is closed off the event loop)."""
+def recording_url(base: str, rid: str, recording_token: str | None = None, file: str = "") -> str:
+    """`/v1/recordings/{rid}[/file]`, with `?recording_token=` when one is given."""
+    query = "" if recording_token is None else "?recording_token=" + urllib.parse.quote(recording_token)
+    return f"{base}/v1/recordings/{rid}{'/' + file if file else ''}{query}"
+
+
+def finished(
+    base: str, rid: str, token: str | None = None, timeout: float = 30.0, recording_token: str | None = None
+) -> dict[str, Any]:
+    """The manifest once the recording is no longer live (it is closed off the event loop);
+    `token` goes as the bearer (the client's or the operator's), `recording_token` in the query."""
     deadline = time.monotonic() + timeout
     while True:
-        status, body, _ = fetch(f"{base}/v1/recordings/{rid}", token=token)
+        status, body, _ = fetch(recording_url(base, rid, recording_token), token=token)
         manifest = json.loads(body) if status == 200 else {}
         if manifest.get("status") not in (None, "recording"):
             return manifest

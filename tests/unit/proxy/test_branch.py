@@ -76,9 +76,7 @@ def recordings(tmp_path: Path) -> Recordings:
     return Recordings(store, record_all=False, metrics=RecordingMetrics(CollectorRegistry()))
 
 
-def branch(
-    recordings: Recordings, rid: str, n: int, token: str = TOKEN, **given: Any
-) -> tuple[dict[str, Any], Branch]:
+def branch(recordings: Recordings, rid: str, n: int, token: str = TOKEN, **given: Any) -> tuple[dict[str, Any], Branch]:
     raw, out = asyncio.run(branch_start(recordings, Branch(rid, n, token), given))
     return json.loads(raw), out
 
@@ -88,7 +86,9 @@ def test_without_its_token_a_recording_is_as_unknown(recordings: Recordings, tmp
     rid = write_recording(tmp_path, ENGINE_CONFIG)
     with pytest.raises(ProtocolError) as refused:
         branch(recordings, rid, 1, token=token)
-    assert refused.value.code.value == "invalid_start" and refused.value.message == f"from_recording: no recording {rid}"
+    assert (
+        refused.value.code.value == "invalid_start" and refused.value.message == f"from_recording: no recording {rid}"
+    )
 
 
 def test_a_differing_field_is_named_never_quoted(recordings: Recordings, tmp_path: Path) -> None:
