@@ -12,7 +12,11 @@
 //
 // Events (client.on(type, fn) calls fn with the detail; they are also DOM CustomEvents):
 //   open, close {code, reason, clean}, message (every JSON message), video.start, chunk {meta, data},
-//   queued {eventId, ackMs, attempts}, interaction (an event's record changed), error, pong, done.
+//   queued {eventId, ackMs, attempts}, interaction (an event's record changed), shared (another participant's
+//   update, its new record), error, pong, done; MsePlayer: ended, error, shown, jump {from, to}.
+//
+// Integers beyond 2^53 (a seed: 0 – 2^63−1) are parsed as BigInt, exactly (parseJson), and a
+// BigInt field is sent as a JSON integer (stringifyJson): a seed shown is the seed in use.
 
 /** The default codec string: H.264 Constrained Baseline, level 3.0. */
 export const DEFAULT_CODEC = "avc1.42C01E";
@@ -20,7 +24,35 @@ export const DEFAULT_CODEC = "avc1.42C01E";
 /** The ends an acked event reaches (docs/protocol.md §5), plus "failed" for an error naming it. */
 export const EVENT_ENDS = ["completed", "superseded", "interrupted", "failed", "unapplied", "unfinished"];
 
-/** A fresh event id ("evt-" + a UUID unless another prefix is given). */
+// --- exact integers: seeds run to 2^63−1, JavaScript numbers hold integers exactly to 2^53 ----
+// A server message is parsed so that an integer beyond Number.MAX_SAFE_INTEGER (in practice a
+// seed, video.start config.seed) becomes a BigInt with every digit; a safe one stays a Number.
+// A BigInt in a client message goes out as a JSON integer, digit for digit.
+const BIG = "\u0000rtvideo-bigint:"; // a sentinel no server string starts with
+const TOKENS = /"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?/g; // strings first: digits inside them are left alone
+
+/** JSON.parse, with integers beyond 2^53 as BigInt (exact), e.g. a 64-bit seed. */
+export function parseJson(text) {
+  if (!/\d{16}/.test(text)) return JSON.parse(text); // no integer long enough to be unsafe
+  const quoted = text.replace(TOKENS, t => (t[0] !== '"' && /^-?\d+$/.test(t) && !Number.isSafeInteger(Number(t)) ? `"\\u0000rtvideo-bigint:${t}"` : t));
+  return JSON.parse(quoted, (key, value) => (typeof value === "string" && value.startsWith(BIG) ? BigInt(value.slice(BIG.length)) : value));
+}
+
+/** JSON.stringify, with BigInt values written as JSON integers (exact). */
+export function stringifyJson(value) {
+  const text = JSON.stringify(value, (key, v) => (typeof v === "bigint" ? `${BIG}${v}` : v));
+  return text.replace(/"\\u0000rtvideo-bigint:(-?\d+)"/g, "$1");
+}
+
+/** A seed as typed or shown ("9193305143676202691"): a Number when it is exact as one, else a
+ * BigInt; null for anything but a plain non-negative integer. */
+export function seedFrom(text) {
+  const digits = String(text ?? "").trim();
+  if (!/^\d{1,19}$/.test(digits)) return null;
+  const n = Number(digits);
+  return Number.isSafeInteger(n) ? n : BigInt(digits);
+}
+
 // Camera keys, as vLLM-Omni's streaming example maps them (Unity axes: +X right, +Y up, +Z forward):
 // W/S move 0.05 forward/back, D/A 0.05 right/left, I/K turn 4 degrees about +X, L/J 6 degrees about +Y;
 // the per-frame deltas of a "velocity" camera event.
@@ -68,6 +100,7 @@ export function describeCamera(camera) {
   return `camera ${camera.mode} t=[${t}] q=[${r}]`;
 }
 
+/** A fresh event id ("evt-" + a UUID unless another prefix is given). */
 export function newEventId(prefix = "evt") {
   if (globalThis.crypto && crypto.randomUUID) return `${prefix}-${crypto.randomUUID()}`;
   return `${prefix}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 12)}`;
@@ -101,7 +134,9 @@ class Emitter extends EventTarget {
  * One session over one WebSocket. Tracks every prompt update from send to its end:
  * `client.interactions` maps event ids to records
  * {eventId, prompt, transitionChunks, state, sentAt, attempts, ackMs, startedChunk, progress, end, endChunk, error,
- * shownMs (send → its first chunk on screen, set by an attached MsePlayer)} where state is "sent", "queued", "active" or the end (EVENT_ENDS).
+ * shownMs (send → its first chunk on screen, set by an attached MsePlayer), from (null: this client's own; "owner" or
+ * "steerer": another participant's, from session.interaction.shared)} where state is "sent", "queued", "active" or the end
+ * (EVENT_ENDS).
  */
 export class RealtimeVideoClient extends Emitter {
   /** ws(s)://<page's host and folder>/v1/realtime/video, with ?token= when given. */
@@ -197,7 +232,7 @@ export class RealtimeVideoClient extends Emitter {
       interpolation: interaction.interpolation ?? null, camera: interaction.event.multi_modal_data?.camera ?? null,
       transitionChunks: interaction.transition_chunks ?? null, state: "sent", payload,
       sentAt: performance.now(), attempts: 0, ackMs: null, startedChunk: null, progress: 0, end: null,
-      endChunk: null, error: null, shownMs: null,
+      endChunk: null, error: null, shownMs: null, from: null,
     };
     this.interactions.set(id, record);
     const attempt = () => {
@@ -282,7 +317,7 @@ export class RealtimeVideoClient extends Emitter {
 
   _send(message) {
     if (!this.isOpen) throw new Error("the WebSocket is not open");
-    this.ws.send(JSON.stringify(message));
+    this.ws.send(stringifyJson(message));
   }
 
   _update(id, changes) {
@@ -316,7 +351,7 @@ export class RealtimeVideoClient extends Emitter {
       return;
     }
     let m;
-    try { m = JSON.parse(data); } catch (e) { this.emit("error", { code: "client_invalid_json", message: String(e) }); return; }
+    try { m = parseJson(data); } catch (e) { this.emit("error", { code: "client_invalid_json", message: String(e) }); return; }
     this.emit("message", m);
     switch (m.type) {
       case "video.start":
@@ -367,6 +402,9 @@ export class RealtimeVideoClient extends Emitter {
       case "session.pong":
         this.emit("pong", m);
         break;
+      case "session.interaction.shared": // another participant's update, acked to it (docs/protocol.md §9.4)
+        this._shared(m);
+        break;
       case "session.steering_revoked": // the answer to revokeSteering()
         this.steerToken = null;
         this.emit("steering_revoked", m);
@@ -377,6 +415,24 @@ export class RealtimeVideoClient extends Emitter {
       default:
         break;
     }
+  }
+
+  /** A record for an update another participant sent (`from`: "owner" or "steerer"), followed
+   * through the chunk lists like this client's own; its `ackMs` and `sentAt` stay null. */
+  _shared(m) {
+    const interaction = m.interaction || {};
+    const id = m.event_id;
+    if (!id || this.interactions.has(id)) return;
+    const event = interaction.event || {};
+    const record = {
+      eventId: id, prompt: event.prompt ?? null, prompts: event.prompts ?? null, interpolation: interaction.interpolation ?? null,
+      camera: event.multi_modal_data?.camera ?? null, transitionChunks: interaction.transition_chunks ?? null,
+      state: "queued", payload: null, sentAt: null, attempts: 0, ackMs: null, startedChunk: null, progress: 0, end: null,
+      endChunk: null, error: null, shownMs: null, from: m.from || "steerer",
+    };
+    this.interactions.set(id, record);
+    this.emit("shared", record);
+    this.emit("interaction", record);
   }
 
   _track(m) {
@@ -458,7 +514,7 @@ export class RealtimeVideoClient extends Emitter {
           if (answered) return;
           answered = true;
           let m = null;
-          try { m = JSON.parse(first.data); } catch (e) { /* not an answer */ }
+          try { m = parseJson(first.data); } catch (e) { /* not an answer */ }
           if (m && m.type === "video.start" && m.resumed) {
             this.ws = ws;
             this.reconnecting = false;
@@ -513,11 +569,24 @@ export class MsePlayer extends Emitter {
    *   record (keep payloads for save(), default true), recordLimitBytes (default 512 MiB),
    *   keepSeconds (buffered media kept behind the playhead, default 60), reportMs (send the
    *   client a session.playback report this often once attached, default 250; 0: never, and the
-   *   server paces to its fixed lead as without reports)
+   *   server paces to its fixed lead as without reports; only an owner's connection reports: a
+   *   watcher's or steerer's playhead paces nothing), maxLagSeconds (a live player further behind
+   *   the end of what it holds than this jumps forward, default 2.5; 0: never), liveLagSeconds
+   *   (how far behind the end such a jump lands, default 0.4)
+   *
+   * Live edge: a player that joins a stream mid-way (a watcher, a steerer) holds media that
+   * starts seconds in, and a <video> does not jump a gap at the start (nor one in the middle)
+   * by itself: it would show black. So the player seeks into what it holds, and after a stall
+   * that left it more than maxLagSeconds behind, it seeks to liveLagSeconds behind the end.
    */
-  constructor(video, { codec = null, record = true, recordLimitBytes = 512 * 1024 * 1024, keepSeconds = 60, reportMs = 250 } = {}) {
+  constructor(video, { codec = null, record = true, recordLimitBytes = 512 * 1024 * 1024, keepSeconds = 60, reportMs = 250,
+    maxLagSeconds = 2.5, liveLagSeconds = 0.4 } = {}) {
     super();
     this.reportMs = reportMs;
+    this.maxLagSeconds = maxLagSeconds;
+    this.liveLagSeconds = liveLagSeconds;
+    this.jumps = 0; // seeks made to reach (or catch up with) the live edge
+    this._liveTimer = null;
     this._reportTimer = null;
     this._mediaSeconds = 0; // media received so far: the next chunk's start on the timeline
     this._toShow = []; // [{eventId, start}]: updates whose first chunk is not on screen yet
@@ -550,7 +619,8 @@ export class MsePlayer extends Emitter {
     client.on("chunk", ({ meta, data }) => { this._noteStarts(client, meta); this.push(data, meta); });
     client.on("done", () => { this._stopReports(); this.end(); });
     client.on("close", () => { this._stopReports(); this.end(); });
-    client.on("video.start", () => this._startReports(client));
+    client.on("video.start", () => { if (!client.watcher && !client.steerer) this._startReports(client); });
+    this._liveTimer = setInterval(() => this.followLive(), 250);
     this._watchShown(client);
     return this;
   }
@@ -567,6 +637,34 @@ export class MsePlayer extends Emitter {
   _stopReports() {
     clearInterval(this._reportTimer);
     this._reportTimer = null;
+  }
+
+  /** Keep the playhead in what is buffered and near its end (see the constructor); returns
+   * whether it seeked. Called on every append and four times a second until the stream ends. */
+  followLive() {
+    const video = this.video;
+    if (this.ended && this._liveTimer) { clearInterval(this._liveTimer); this._liveTimer = null; }
+    if (!this._sb || video.seeking || this.error) return false;
+    let ranges;
+    try { ranges = this._sb.buffered; } catch (e) { return false; }
+    if (!ranges.length) return false;
+    const now = video.currentTime;
+    const end = ranges.end(ranges.length - 1);
+    let inside = false;
+    for (let i = 0; i < ranges.length; i++) if (now >= ranges.start(i) && now < ranges.end(i)) inside = true;
+    let target = null;
+    if (!inside && now < end) { // before the first range (a mid-stream join) or in a gap: into the next range
+      for (let i = 0; i < ranges.length && target === null; i++) if (ranges.start(i) > now) target = ranges.start(i);
+      if (target !== null && this.maxLagSeconds > 0 && end - target > this.maxLagSeconds) target = end - this.liveLagSeconds;
+    } else if (inside && this.maxLagSeconds > 0 && end - now > this.maxLagSeconds && !this._ending) {
+      target = end - this.liveLagSeconds; // fell behind (a stall, a throttled tab): back to the live edge
+    }
+    if (target === null) return false;
+    video.currentTime = target + 1e-3; // just inside the range: a seek to its exact start may land before it
+    this.jumps += 1;
+    if (video.paused) video.play().catch(() => {});
+    this.emit("jump", { from: now, to: target });
+    return true;
   }
 
   /** Each media chunk's start on the timeline (frames so far / fps); an update's first chunk
@@ -590,7 +688,7 @@ export class MsePlayer extends Emitter {
       for (const item of this._toShow) {
         if (mediaTime + 1e-3 >= item.start) {
           const record = client.interactions.get(item.eventId);
-          if (record && record.shownMs == null) {
+          if (record && record.shownMs == null && record.sentAt !== null) { // not another participant's
             const shownMs = at - record.sentAt;
             client._update(item.eventId, { shownMs });
             if (record.end && record.shownMs == null) record.shownMs = shownMs; // ended already: kept anyway
@@ -690,7 +788,7 @@ export class MsePlayer extends Emitter {
       try {
         this._sb = ms.addSourceBuffer(this.type);
         this._sb.mode = "segments";
-        this._sb.addEventListener("updateend", () => this._pump());
+        this._sb.addEventListener("updateend", () => { this.followLive(); this._pump(); });
         this._sb.addEventListener("error", () => this._error("append_error", "the browser could not append a payload"));
       } catch (e) {
         this._error("unsupported_type", `cannot play ${this.type}: ${e}`);
