@@ -44,6 +44,9 @@ REBUILD = "rebuild"
 #: start fields a branch may set for itself (the proxy's options, and in-band metrics)
 OWN_FIELDS = frozenset({"type", "record", "watchable", "resumable", "steerable", "metrics"})
 MAX_CHUNK_INDEX = 1_000_000
+#: a branch's own length, when its start gives one: the frames its stream carries from chunk N
+#: (an open-ended recording's branch is open-ended otherwise: a client saving it never returns)
+LENGTH_FIELDS = frozenset({"num_frames", "seconds"})
 #: a recording token is 4 + 43 characters; anything much longer is not one
 MAX_TOKEN_CHARS = 256
 
@@ -134,7 +137,7 @@ def _check(log: SessionLog, branch: Branch, given: dict[str, Any]) -> None:
         )
     recorded = log.start_message()
     for name, value in given.items():
-        if name in OWN_FIELDS:
+        if name in OWN_FIELDS or name in LENGTH_FIELDS:
             continue
         if recorded.get(name) != value:
             raise _invalid(f"{name}: a branch keeps the recording's value; omit it, or send the recorded one")
@@ -154,6 +157,21 @@ async def branch_start(recordings: Recordings | None, branch: Branch, given: dic
         raise ProtocolError(ErrorCode.SERVER_BUSY, f"from_recording: {exc}") from None
 
 
+def _length(given: dict[str, Any], log: SessionLog) -> int | None:
+    """The frames the branch's start asks for (`num_frames`, or `seconds` at the recording's
+    fps, rounded as the model rounds them); None when it asks for none."""
+    frames, seconds = given.get("num_frames"), given.get("seconds")
+    if isinstance(frames, int) and not isinstance(frames, bool) and frames >= 1:
+        return frames
+    if isinstance(seconds, str) and seconds.isdigit():
+        seconds = int(seconds)  # vLLM-Omni's form, as rtvideo.core.start_request takes it
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
+        return max(1, round(seconds * float(log.config.get("fps") or 16)))
+    if frames is not None or seconds is not None:
+        raise _invalid("num_frames must be an integer >= 1 and seconds a number > 0")
+    return None
+
+
 def _prepare(recordings: Recordings, branch: Branch, given: dict[str, Any]) -> tuple[bytes, Branch]:
     """The model's start for `branch` (blocking: read, parsed and built on the branch threads)."""
     _, log = _read_log(recordings, branch)
@@ -164,6 +182,10 @@ def _prepare(recordings: Recordings, branch: Branch, given: dict[str, Any]) -> t
         if name in given:
             start[name] = given[name]
     at = branch.generation_chunk_index
+    length = _length(given, log)
+    if length is not None:  # the model counts the session from chunk 0: the chunks before N, then the branch's
+        start.pop("seconds", None)
+        start["num_frames"] = sum(frames for index, frames in log.chunk_frames.items() if index < at) + length
     if log.built_in():
         start[REBUILD] = log.rebuild(at).to_json()
         exact = True

@@ -176,3 +176,21 @@ def test_a_video_that_does_not_decode_is_invalid_start(recordings: Recordings, t
     (tmp_path / rid / VIDEO).write_bytes(b"\x00\x00\x00\x04ftypisom")  # a box shorter than its header
     with pytest.raises(ProtocolError, match="video: the stream is no fMP4"):
         branch(recordings, rid, 2)
+
+
+def test_a_branch_runs_for_the_length_its_start_asks(recordings: Recordings, tmp_path: Path) -> None:
+    """`num_frames` / `seconds` of a branch's start are what its stream carries from chunk N (the
+    model counts from chunk 0, so the chunks before N are added); without them the recording's."""
+    built_in = {k: v for k, v in ENGINE_CONFIG.items() if k != "sampling"}
+    rid = write_recording(tmp_path, built_in)
+    start, _ = branch(recordings, rid, 1, num_frames=2 * FRAMES)
+    assert start["num_frames"] == FRAMES + 2 * FRAMES and "seconds" not in start
+    start, _ = branch(recordings, rid, 2, seconds=0.375)  # 6 frames at the recording's 16 fps
+    assert start["num_frames"] == 2 * FRAMES + 6
+    start, _ = branch(recordings, rid, 2)
+    assert start["num_frames"] == CHUNKS * FRAMES  # the recording's
+    engine = write_recording(tmp_path, ENGINE_CONFIG)  # the approximation counts the same way
+    start, _ = branch(recordings, engine, 3, num_frames=5)
+    assert start["num_frames"] == 3 * FRAMES + 5 and start["rebuild"]["frames_before"] == 3 * FRAMES
+    with pytest.raises(ProtocolError):
+        branch(recordings, rid, 1, num_frames="many")
