@@ -2,6 +2,7 @@
 
     rtvideo record "A quiet harbour at dawn" --seconds 10 --update "3:A snowy street at night"
     rtvideo record "Lanterns" --url ws://gpu-box:8080 --update "2:Fog rolls in:0" -o fog.mp4 --timeline t.json
+    rtvideo record "A lighthouse" --seconds 8 --record   # the server keeps it too: id and token printed
 
 Connects to `WebSocket /v1/realtime/video` (docs/protocol.md), sends `session.start`,
 sends each `--update AT:PROMPT[:TRANSITION_CHUNKS]` as a `session.interaction` AT
@@ -197,6 +198,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="also write every message sent and received, with its time, as JSON",
+    )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="the server records the session too (record: true; it needs rtvideo serve --recordings DIR): "
+        "prints the recording's id and its recording token, which opens, branches and deletes it",
     )
     parser.add_argument(
         "--metrics",

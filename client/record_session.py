@@ -47,6 +47,8 @@ def start_message(args: argparse.Namespace) -> dict[str, Any]:
         start["image_reference"] = {"image_url": args.image_reference}
     if getattr(args, "metrics", False):
         start["metrics"] = True  # session.metrics, written beside the video (record_output.metrics_path)
+    if getattr(args, "record", False):
+        start["record"] = True  # the server keeps the session too (docs/recordings.md)
     return start
 
 

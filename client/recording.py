@@ -79,6 +79,8 @@ class Recording:
                 f"@ {config.get('fps')} fps, seed {config.get('seed')}"
                 + (f", ignored {', '.join(ignored)}" if ignored else "")
             )
+            if line := recording_line(message, self.url):
+                say(line)
         elif kind == protocol.CHUNK_METADATA:
             self._pending_meta = message
         elif kind == protocol.QUEUED:
@@ -150,3 +152,19 @@ class Recording:
             "clock": "t = seconds since the connection was opened (monotonic)",
             "messages": self.timeline,
         }
+
+
+def recording_line(message: dict[str, Any], url: str) -> str | None:
+    """What to tell the user of a recorded session's video.start: where the server keeps it, and
+    its recording token (the capability that reads, branches and deletes it: printed once, to
+    the user alone, as the page keeps it in its browser)."""
+    rid = message.get("recording_id")
+    if not rid or message.get("resumed"):
+        return None
+    parts = urlsplit(url)
+    base = urlunsplit(parts._replace(scheme="https" if parts.scheme == "wss" else "http", path="", query=""))
+    token = message.get("recording_token")
+    where = f"{base}/v1/recordings/{rid}"
+    if token is None:
+        return f"recorded by the server as {rid}: {where}"
+    return f"recorded by the server as {rid}: {where}/video.mp4?recording_token={token} (keep the token: it opens, branches and deletes the recording)"

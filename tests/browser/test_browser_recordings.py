@@ -1,73 +1,96 @@
-"""The recordings page (proxy/static/recordings.html) in a real headless Chromium: it lists a
-recording made through the real proxy, plays its video.mp4, and marks its interactions on the
-timeline where they took effect."""
+"""Recordings as a person uses them, in a real headless Chromium against the real proxy: the
+demo page's Record switch records a session and keeps its recording token; the recordings
+page lists it from that token (and every recording with the operator's credential), plays its
+video.mp4 with the interaction marked where it took effect; "branch from here" on chunk N
+starts a live session that shows `branch_exact` and ends where the recording did."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 
-from tests.support.browser import drive_page
-from tests.support.proxy_host import ProxyHost, run, wait_idle
-from tests.support.resume_client import Leg
-from tests.support.streams import FAST_MODEL
+from tests.browser.cdp import browser
+from tests.browser.test_browser_demo import keep_screenshot
+from tests.browser.test_browser_participants import TEXT, plays, shot
+from tests.support.proxy_host import ProxyHost, wait_idle
+from tests.support.streams import PACED_MODEL
 
 pytestmark = [pytest.mark.triton, pytest.mark.browser]
 
 TOKEN = "browser-recordings-token"
-
-SHOW_FIRST = """
-new Promise((resolve) => {
-  document.querySelector("tr.pick").click();
-  const deadline = Date.now() + 30000;
-  const poll = () => {
-    const video = document.getElementById("video");
-    const marks = document.querySelectorAll("#timeline .mark").length;
-    if ((document.title.startsWith("rtvideo recordings: showing") && video.readyState >= 1) || Date.now() > deadline) {
-      resolve(JSON.stringify({title: document.title, marks, duration: video.duration,
-                              error: video.error && video.error.code,
-                              lefts: [...document.querySelectorAll("#timeline .mark")].map((m) => m.style.left)}));
-    } else setTimeout(poll, 100);
-  };
-  poll();
-})
-"""
+ADMIN = "browser-recordings-operator"
+DONE = "document.title === 'rtvideo demo: done'"
+CHUNKS = 8
+BRANCH_AT = 3
 
 
-def test_the_recordings_page_lists_plays_and_marks_the_interactions(triton, tmp_path: Path) -> None:
-    wait_idle(triton)
+def test_record_list_play_and_branch_from_the_pages(triton, tmp_path: Path) -> None:
+    wait_idle(triton, PACED_MODEL)
     host = ProxyHost(triton.grpc_url)
     try:
-        server = host.server(model=FAST_MODEL, recordings=str(tmp_path / "rec"), token=TOKEN)
-
-        async def body() -> dict[str, Any]:
-            owner = await Leg.open(server.url + "?token=" + TOKEN)
-            start = await owner.start("a lighthouse in a storm", seed=3, num_frames=9 * 8, record=True)
-            await owner.interact("a calm sea at noon", "calm", 1)
-            await owner.until("session.done")
-            return start
-
-        start = run(body())
-        rid = start["recording_id"]
-        while (tmp_path / "rec" / rid / "manifest.json").exists() is False:  # closed off the loop
-            time.sleep(0.05)
-        found = drive_page(
-            f"http://127.0.0.1:{server.port}/recordings.html?token={TOKEN}",
-            {
-                "rows": "document.querySelectorAll('tr.pick').length",
-                "first": "document.querySelector('tr.pick').dataset.id",
-                "shown": SHOW_FIRST,
-            },
-            done_title="rtvideo recordings: listed",
+        server = host.server(model=PACED_MODEL, recordings=str(tmp_path / "rec"), token=TOKEN, admin_token=ADMIN)
+        base = f"http://127.0.0.1:{server.port}/"
+        query = urlencode(
+            {"prompt": "a lighthouse in a storm", "seed": 3, "autostart": 1, "record": 1, "token": TOKEN}
+            | {"update": "a calm sea at noon", "update_after": 2, "transition_chunks": 1, "stop_after": CHUNKS}
         )
+        with browser() as chromium:
+            demo = chromium.open(base + "?" + query)
+            demo.wait(DONE, timeout=90)
+            kept = json.loads(demo.eval("localStorage.getItem('rtvideo.recordings')"))
+            assert len(kept) == 1 and kept[0]["recording_token"], kept  # the token, kept in this browser
+            rid = kept[0]["recording_id"]
+            assert demo.eval(TEXT % "status") == "ended"
+            while not (tmp_path / "rec" / rid / "manifest.json").exists():  # closed off the loop
+                time.sleep(0.05)
+            time.sleep(0.5)
+
+            page = chromium.open(f"{base}recordings.html?token={TOKEN}")
+            page.wait("document.title === 'rtvideo recordings: listed'", timeout=30)
+            assert page.eval("[...document.querySelectorAll('tr.pick')].map(r => r.dataset.id).join()") == rid
+            page.eval("document.querySelector('tr.pick').click()")
+            page.wait(f"document.title === 'rtvideo recordings: showing {rid}'", timeout=30)
+            page.wait("document.getElementById('video').readyState >= 2", timeout=30)
+            page.eval("document.getElementById('video').play()")
+            plays(page, "the recording")  # video.mp4 as served, on the screen
+            lefts = json.loads(
+                page.eval("JSON.stringify([...document.querySelectorAll('#timeline .mark')].map(m => m.style.left))")
+            )
+            assert len(lefts) == 1 and 0 < float(lefts[0].rstrip("%")) < 100, lefts  # "calm", mid-stream
+            links = json.loads(
+                page.eval("JSON.stringify([...document.querySelectorAll('#chunks a')].map(a => a.href))")
+            )
+            assert len(links) >= CHUNKS, links
+            shot(page, tmp_path, "recordings-showing-1280.png", full=True)
+
+            # "branch from here" on chunk N: a live session, exact, for the rest of the recording
+            page.eval(f"document.querySelector('#chunks a[data-chunk=\"{BRANCH_AT}\"]').click()")
+            page.wait("location.pathname.endsWith('/') && window.rtvideoDemo && window.rtvideoDemo.session", timeout=30)
+            page.wait(
+                f"document.getElementById('caption').textContent.includes('at chunk {BRANCH_AT} (exact)')", timeout=30
+            )
+            assert page.eval(TEXT % "status") == "streaming"
+            plays(page, "the branch")
+            shot(page, tmp_path, "branch-live-1280.png")
+            page.wait(DONE, timeout=60)  # it ends by itself: a saved branch returns
+            summary = json.loads(page.eval(TEXT % "summary"))
+            assert page.eval(TEXT % "status") == "ended" and summary["done"]["stopped"] is False, summary
+            recorded = json.loads((tmp_path / "rec" / rid / "manifest.json").read_text())
+            assert summary["chunks"] == recorded["chunks"] - BRANCH_AT, (summary, recorded)
+
+            # The operator lists every recording; a wrong credential is told so.
+            listing = chromium.open(f"{base}recordings.html?token={TOKEN}")
+            listing.wait("document.title === 'rtvideo recordings: listed'", timeout=30)
+            listing.eval(
+                f"document.getElementById('admin').value = {json.dumps(ADMIN)};"
+                "document.querySelector('#operator-form button').click()"
+            )
+            listing.wait("document.getElementById('status').textContent.includes(\"all of this server's\")", timeout=30)
+            assert listing.eval("document.querySelectorAll('tr.pick').length") == 1
+            keep_screenshot(listing.screenshot(tmp_path / "recordings-operator-1280.png"))
     finally:
         host.close()
-    assert found["rows"] == 1 and found["first"] == rid, found
-    shown = json.loads(found["shown"])
-    assert shown["title"] == f"rtvideo recordings: showing {rid}" and shown["error"] is None, shown
-    assert shown["duration"] > 0, shown  # the browser plays video.mp4 as served
-    assert shown["marks"] == 1 and 0 < float(shown["lefts"][0].rstrip("%")) < 100, shown  # "calm", mid-stream

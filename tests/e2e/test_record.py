@@ -318,3 +318,33 @@ def test_record_with_a_camera_and_an_image_reference(proxies, triton, tmp_path: 
 def test_record_camera_and_image_usage_errors_exit_2(args: list[str]) -> None:
     done = subprocess.run(record_command(*args), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_record_flag_has_the_server_record_it_and_prints_its_token(proxies, triton, tmp_path: Path) -> None:
+    """`--record`: the server keeps the session too; the command prints where, with the recording
+    token that opens it (the file it names is the same video)."""
+    import urllib.request
+
+    wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
+    server = proxies.server(model=PACED_MODEL, recordings=str(tmp_path / "rec"))
+    out = tmp_path / "kept.mp4"
+    done = subprocess.run(
+        record_command("a red desert canyon", "--url", server.url, "--num-frames", "27", "--record", "-o", str(out)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stderr.splitlines() if line.startswith("recorded by the server as "))
+    link = line.split(": ", 1)[1].split(" ", 1)[0]
+    assert "/video.mp4?recording_token=" in link, line
+    deadline = time.monotonic() + 30
+    while True:  # the recording is closed off the proxy's loop, just after the session
+        try:
+            with urllib.request.urlopen(link, timeout=10) as response:
+                video = response.read()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, link
+            time.sleep(0.2)
+    assert video[4:8] == b"ftyp" and len(video) > 1000
