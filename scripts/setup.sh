@@ -15,23 +15,41 @@ want=$(printf '%s' "$inputs" | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
-"$VPY" -m pip install -q --upgrade pip >/dev/null
+# A person sees one short line per step; pip's own output (setuptools' warnings about package
+# data included) goes to .venv/setup.log and is shown only when a step fails.
+LOG=.venv/setup.log
+: >"$LOG"
+step() { printf 'setup: %s\n' "$*" >&2; }
+quiet() {
+  if ! "$@" >>"$LOG" 2>&1; then
+    tail -n 40 "$LOG" >&2
+    step "failed: $* (the whole log: $LOG)"
+    return 1
+  fi
+}
+step "installing into .venv (the first run takes a few minutes; output in $LOG)"
+quiet "$VPY" -m pip install -q --upgrade pip
 # CPU machines: take the CPU build of torch first (a plain "torch" would pull a multi-GB CUDA
 # build). The CPU build is what these machines' local wheel (2.13.0) is; elsewhere the package
 # index decides which build a "torch" in the range is (see the README's platform notes).
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   if [ "$(uname -m)" = "x86_64" ] && ! command -v nvidia-smi >/dev/null 2>&1; then
-    "$VPY" -m pip install -q "torch==2.13.0" || "$VPY" -m pip install -q "torch>=2.4,<2.15"
+    step "torch (CPU build)"
+    "$VPY" -m pip install -q "torch==2.13.0" >>"$LOG" 2>&1 || quiet "$VPY" -m pip install -q "torch>=2.4,<2.15"
   else
-    "$VPY" -m pip install -q "torch>=2.4,<2.15"
+    step "torch"
+    quiet "$VPY" -m pip install -q "torch>=2.4,<2.15"
   fi
 fi
-"$VPY" -m pip install -q -e ".[test]"
+step "rtvideo and its test tools (Triton, PyAV, the text encoder)"
+quiet "$VPY" -m pip install -q -e ".[test]"
 # The vllm-omni wheel itself (no dependencies, nothing installed): the tests load vLLM-Omni's
 # real prompt-interaction handler and read AsyncOmni's source from it. Keep the version equal to
 # PINNED_VLLM_OMNI in rtvideo/backend/vllm_omni/ and the Dockerfile's VLLM_OMNI_VERSION.
 VLLM_OMNI_VERSION=0.30.0
 if [ ! -f ".venv/wheels/vllm_omni-$VLLM_OMNI_VERSION-py3-none-any.whl" ]; then
-  "$VPY" -m pip download -q --no-deps --only-binary=:all: "vllm-omni==$VLLM_OMNI_VERSION" -d .venv/wheels
+  step "the vllm-omni $VLLM_OMNI_VERSION wheel (for the tests; not installed)"
+  quiet "$VPY" -m pip download -q --no-deps --only-binary=:all: "vllm-omni==$VLLM_OMNI_VERSION" -d .venv/wheels
 fi
 echo "$want" > "$STAMP"
+step "done"
