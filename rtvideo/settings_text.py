@@ -48,13 +48,16 @@ def _types(cls: type[DataclassInstance]) -> dict[str, Any]:
 
 
 def parser_for(annotation: Any) -> Callable[[str], Any]:
-    """Text → value for one annotated type: int, float, str, bool, `X | None`, `tuple[str, ...]`."""
+    """Text → value for one annotated type: int, float, str, bool, `X | None`, `tuple[str, ...]`,
+    `int | str` (a number or `auto`)."""
     args = typing.get_args(annotation)
     if type(None) in args:  # optional: "off"/"none" → None, else the inner type
         inner = parser_for(next(a for a in args if a is not type(None)))
         return lambda text: None if text.strip().lower() in OFF_WORDS else inner(text)
     if typing.get_origin(annotation) is tuple:
         return lambda text: tuple(part.strip() for part in text.split(",") if part.strip())
+    if set(args) == {int, str}:  # a number, or `auto` (the setting decides what auto is)
+        return _int_or_auto
     if annotation is bool:
         return _parse_bool
     if annotation is int:
@@ -62,6 +65,11 @@ def parser_for(annotation: Any) -> Callable[[str], Any]:
     if annotation is float:
         return _finite_float
     return lambda text: text.strip()
+
+
+def _int_or_auto(text: str) -> int | str:
+    word = text.strip()
+    return "auto" if word.lower() == "auto" else int(word)
 
 
 def _finite_float(text: str) -> float:
