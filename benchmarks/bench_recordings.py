@@ -12,22 +12,30 @@ Starts its own tritonserver (256x256, 9 frames per chunk) and two proxies with
   payload (media seconds received minus wall seconds since), p50 and minimum over every chunk;
 - the vLLM-Omni approximation's own cost (no Triton): finding and decoding the last frame of a
   fragment and making it a data URL (`rtvideo.proxy.first_frame`), at the models' sizes, against
-  encoding one chunk of the same frames (the baseline every chunk pays).
+  encoding one chunk of the same frames (the baseline every chunk pays);
+- what a burst of branches costs a bystander: a paced viewer's longest gap between two payloads
+  while 15 branches of a large event log (`--log-mb`, grown from a real recording with long
+  prompt updates) are started at once on its proxy, against the same viewer alone, in one run.
 
     .venv/bin/python benchmarks/bench_recordings.py [--chunks 120] [--repeats 5] [--approximation-only]
+        [--log-mb 40] [--branches 15]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import io
 import json
+import secrets
+import shutil
 import statistics
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from bench_common import PACED_PARAMS, UNPACED_PARAMS, bench_triton, percentile
@@ -46,12 +54,13 @@ def _interaction(k: int) -> dict[str, Any]:
     return {"type": "session.interaction", "interaction": {"event_id": f"e{k}", "event": event}}
 
 
-async def record(url: str, chunks: int) -> str:
-    """A recorded session of `chunks` chunks with an interaction every 5 chunks; its recording id."""
+async def record(url: str, chunks: int) -> tuple[str, str]:
+    """A recorded session of `chunks` chunks with an interaction every 5 chunks; its recording id
+    and token."""
     async with connect(url, **OPEN) as ws:
         start = {"type": "session.start", "prompt": "a landscape", "seed": 7, "record": True}
         await ws.send(json.dumps({**start, "num_frames": chunks * FRAMES_PER_CHUNK}))
-        rid, payloads = "", 0
+        rid, key, payloads = "", "", 0
         async for frame in ws:
             if isinstance(frame, bytes):
                 payloads += 1
@@ -60,19 +69,20 @@ async def record(url: str, chunks: int) -> str:
                 continue
             message = json.loads(frame)
             if message["type"] == "video.start":
-                rid = message["recording_id"]
+                rid, key = message["recording_id"], message["recording_token"]
             elif message["type"] == "error":
                 raise RuntimeError(f"the recorded session failed: {message}")
             elif message["type"] == "session.done":
                 break
-        return rid
+        return rid, key
 
 
-def manifest(url: str, rid: str) -> dict[str, Any]:
+def manifest(url: str, rid: str, key: str) -> dict[str, Any]:
     """The recording's manifest ({} until the store has one)."""
     http = url.replace("ws://", "http://", 1).split("/v1/")[0]
+    request = urllib.request.Request(f"{http}/v1/recordings/{rid}", headers={"Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(f"{http}/v1/recordings/{rid}", timeout=10) as reply:
+        with urllib.request.urlopen(request, timeout=10) as reply:
             return json.load(reply)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
@@ -125,6 +135,83 @@ async def leads(url: str, record_it: bool, chunks: int) -> list[float]:
     return out
 
 
+def grow_log(store: Path, rid: str, megabytes: float) -> tuple[str, str]:
+    """A copy of recording `rid` whose event log is grown to `megabytes` with prompt updates of
+    4,000 characters (each acked, none started: parsed, never replayed), as a long session with
+    many steerers would leave; its new id and token (written into its manifest, as the proxy does)."""
+    new_rid, key = secrets.token_hex(16), "rk1." + secrets.token_urlsafe(32)
+    shutil.copytree(store / rid, store / new_rid)
+    manifest_path = store / new_rid / "manifest.json"
+    stored = json.loads(manifest_path.read_text())
+    stored.update(recording_id=new_rid, recording_token_sha256=hashlib.sha256(key.encode()).hexdigest())
+    manifest_path.write_text(json.dumps(stored))
+    prompt = "a long and winding prompt " * 154
+    with (store / new_rid / "events.jsonl").open("a") as log:
+        k = 0
+        while log.tell() < megabytes * 1e6:
+            event = {"event_id": f"grown-{k}", "event": {"prompt": prompt}}
+            sent = {"type": "session.interaction", "interaction": event}
+            log.write(json.dumps({"t": 0.0, "dir": "in", "participant": "owner", "message": sent}) + "\n")
+            acked = {"type": "session.interaction.queued", "event_id": f"grown-{k}"}
+            log.write(json.dumps({"t": 0.0, "dir": "out", "message": acked}) + "\n")
+            k += 1
+    return new_rid, key
+
+
+async def viewer_gaps(url: str, seconds: float, during: Any = None) -> tuple[float, Any]:
+    """A paced viewer's longest wait between two payloads over `seconds` of its stream, with
+    `during` (a coroutine) run once its first payload has arrived; and what `during` returned."""
+    async with connect(url, **OPEN) as ws:
+        await ws.send(json.dumps({"type": "session.start", "prompt": "a bystander", "num_frames": 9 * 400}))
+        last, longest, ended, task = 0.0, 0.0, 0.0, None
+        async for frame in ws:
+            now = time.perf_counter()
+            if not isinstance(frame, bytes):
+                continue
+            if last:
+                longest = max(longest, now - last)
+            else:
+                ended = now + seconds
+                task = asyncio.ensure_future(during) if during is not None else None
+            last = now
+            if now >= ended and (task is None or task.done()):
+                break
+        await ws.send(json.dumps({"type": "session.stop"}))
+    return longest, (await task if task is not None else None)
+
+
+async def burst(url: str, rid: str, key: str, count: int) -> dict[str, Any]:
+    """`count` branches of `rid` started at once; each stops at its video.start. Their answers."""
+
+    async def one() -> str:
+        async with connect(url, **OPEN) as ws:
+            spec = {"recording_id": rid, "generation_chunk_index": 2, "recording_token": key}
+            await ws.send(json.dumps({"type": "session.start", "from_recording": spec}))
+            answer = json.loads(await ws.recv())
+            if answer["type"] == "video.start":
+                await ws.send(json.dumps({"type": "session.stop"}))
+            return str(answer.get("code") or answer["type"])
+
+    t0 = time.perf_counter()
+    answers = await asyncio.gather(*(one() for _ in range(count)))
+    return {"answers": {a: answers.count(a) for a in set(answers)}, "seconds": time.perf_counter() - t0}
+
+
+def branch_burst(triton_url: str, store: Path, rid: str, megabytes: float, count: int) -> None:
+    """A bystander's longest gap while `count` branches of a large log start (module docstring)."""
+    big, key = grow_log(store, rid, megabytes)
+    size = (store / big / "events.jsonl").stat().st_size
+    flags = ("--recordings", str(store), "--max-sessions-per-client", "64")
+    with ProxyProcess(triton_url, PACED, flags) as proxy:
+        alone, _ = asyncio.run(viewer_gaps(proxy.url, 8.0))
+        busy, result = asyncio.run(viewer_gaps(proxy.url, 8.0, burst(proxy.url, big, key, count)))
+    print(f"\n{count} branches of one {size / 1e6:.1f} MB event log, started at once beside a paced viewer")
+    print(f"{'viewer':<22} {'longest gap (s)':>15}")
+    print(f"{'alone':<22} {alone:15.3f}")
+    print(f"{'during the branches':<22} {busy:15.3f}")
+    print(f"ratio {busy / alone:.2f}; the branches took {result['seconds']:.1f} s, answers {result['answers']}")
+
+
 def approximation_costs(repeats: int) -> None:
     """What an approximate branch or move spends on its first frame, by size (module docstring)."""
     import numpy as np
@@ -167,23 +254,32 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="starts per branch point")
     parser.add_argument("--lead-chunks", type=int, default=40, help="chunks per paced session (lead)")
     parser.add_argument("--approximation-only", action="store_true", help="only the approximation's cost")
+    parser.add_argument("--log-mb", type=float, default=40.0, help="size of the event log the burst branches")
+    parser.add_argument("--branches", type=int, default=15, help="branches started at once beside the viewer")
+    parser.add_argument("--burst-only", action="store_true", help="only the branch burst beside a viewer")
     args = parser.parse_args()
-    approximation_costs(args.repeats)
+    if not args.burst_only:
+        approximation_costs(args.repeats)
     if args.approximation_only:
         return
     with (
         tempfile.TemporaryDirectory() as tmp,
         bench_triton({UNPACED: UNPACED_PARAMS, PACED: PACED_PARAMS}) as server,
-        ProxyProcess(server.grpc_url, UNPACED, ("--recordings", f"{tmp}/fast")) as fast,
+        ProxyProcess(
+            server.grpc_url, UNPACED, ("--recordings", f"{tmp}/fast", "--max-sessions-per-client", "64")
+        ) as fast,
         ProxyProcess(server.grpc_url, PACED, ("--recordings", f"{tmp}/paced")) as paced,
     ):
         print(f"tritonserver ready in {server.startup_seconds:.1f} s (256x256, {FRAMES_PER_CHUNK} frames per chunk)")
         t0 = time.perf_counter()
-        rid = asyncio.run(record(fast.url, args.chunks))
-        while (stored := manifest(fast.url, rid)).get("status") in (None, "recording"):
+        rid, key = asyncio.run(record(fast.url, args.chunks))
+        while (stored := manifest(fast.url, rid, key)).get("status") in (None, "recording"):
             time.sleep(0.2)
         took = time.perf_counter() - t0
         print(f"recorded {stored.get('chunks')} chunks in {took:.1f} s (unpaced), status {stored['status']}")
+        branch_burst(server.grpc_url, Path(tmp) / "fast", rid, args.log_mb, args.branches)
+        if args.burst_only:
+            return
 
         plain = {"type": "session.start", "prompt": "a landscape", "seed": 7}
         asyncio.run(first_payload(fast.url, plain))  # warm-up
@@ -192,7 +288,13 @@ def main() -> None:
         base: float | None = None
         points = [n for n in (1, 10, 50, 100, args.chunks - 1) if n < args.chunks]
         for label, start in [("plain", plain)] + [
-            (f"N={n}", {"type": "session.start", "from_recording": {"recording_id": rid, "generation_chunk_index": n}})
+            (
+                f"N={n}",
+                {
+                    "type": "session.start",
+                    "from_recording": {"recording_id": rid, "generation_chunk_index": n, "recording_token": key},
+                },
+            )
             for n in sorted(set(points))
         ]:
             runs = [asyncio.run(first_payload(fast.url, start)) for _ in range(args.repeats)]
