@@ -258,3 +258,25 @@ def test_one_address_holds_only_its_share_of_the_slots(proxies, triton) -> None:
     assert seen["behind: second"]["type"] == "video.start", seen["behind: second"]
     assert seen["behind: again"] == 429, seen
     wait_idle(triton, PACED_MODEL)
+
+
+def test_a_resumed_owner_is_given_its_recording_token_again_and_no_one_else_is(proxies, triton, tmp_path: Path) -> None:
+    wait_idle(triton, PACED_MODEL)
+    url = proxies.url(model=PACED_MODEL, recordings=str(tmp_path / "rec"))
+
+    async def body() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        first = await Leg.open(url)
+        start = await first.start(PROMPT, num_frames=9 * 6, record=True, resumable=True, watchable=True)
+        watcher = await Leg.open(url + "/watch?watch_token=" + start["watch_token"])
+        watched = await watcher.read()
+        while len(first.pairs) < 1:
+            await first.read()
+        first.drop()
+        second, resumed = await Leg.resumed(url, start["resume_token"], first.last_index)
+        await second.until("session.done")
+        await watcher.conn.close()
+        return start, resumed, watched
+
+    start, resumed, watched = run(body())
+    assert resumed["resumed"] is True and resumed["recording_token"] == start["recording_token"]
+    assert "recording_token" not in watched and "recording_id" not in watched  # the owner's alone
