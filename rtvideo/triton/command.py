@@ -8,16 +8,43 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rtvideo.triton import access
 from rtvideo.triton.install import TritonInstall
 
-if TYPE_CHECKING:
-    from rtvideo.triton.server import TritonConfig
-
 __all__ = ["StubEnvironment", "server_command", "shown_command"]
+
+
+@dataclass
+class TritonConfig:
+    """What the server is started with: the repository, its addresses, its verbosity."""
+
+    model_repository: Path
+    grpc_port: int = 8001
+    http_port: int = 8000
+    metrics_port: int = 8002
+    #: open Triton's HTTP endpoint (``http_port``); off by default (see the module docstring)
+    http: bool = False
+    host: str = "127.0.0.1"
+    log_verbose: int = 0
+    extra_args: list[str] = field(default_factory=list)
+    # Shutdown grace for in-flight requests; open decoupled streams count as in flight.
+    exit_timeout_secs: int = 5
+    #: the access key (rtvideo.triton.access): None leaves every protocol open, as Triton does
+    key: str | None = field(default=None, repr=False)
+    #: ``--grpc-infer-allocation-pool-size``: request/response objects Triton keeps for reuse
+    #: (its default, 8, keeps the memory of the largest requests seen; docs/security.md)
+    grpc_infer_allocation_pool_size: int = 0
+    #: glibc's ``MALLOC_MMAP_THRESHOLD_`` for tritonserver alone (not its stubs), unless the
+    #: environment sets it or ``BASH_ENV``: the slices gRPC reads a large request into are then
+    #: mapped and unmapped, not kept in malloc's heaps once the request was refused (a 300 MiB
+    #: request left hundreds of MB behind each time). None: glibc's default
+    malloc_mmap_threshold: int | None = 64 * 1024
+    #: variables added to the environment of the server and its stubs (the model reads
+    #: ``RTVIDEO_OTLP_ENDPOINT`` there: docs/operations.md "Traces")
+    environment: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def server_command(c: TritonConfig, install: TritonInstall, shm_prefix: str) -> list[str]:

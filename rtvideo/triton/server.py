@@ -35,50 +35,19 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rtvideo.process import launch, shm
 from rtvideo.triton import access
-from rtvideo.triton.command import StubEnvironment, server_command, shown_command
+from rtvideo.triton.command import StubEnvironment, TritonConfig, server_command, shown_command
 from rtvideo.triton.install import TritonInstall, find_tritonserver
 from rtvideo.triton.logs import LogTarget, ServerLog
 from rtvideo.triton.shm_files import SHM_DIR, clean_stale_shm, remove_shm_files, shm_prefix_of
 
-__all__ = ["FIXED_RELEASE", "TritonConfig", "TritonServer", "free_port", "is_affected", "is_ready", "trace_args"]
+__all__ = ["FIXED_RELEASE", "TritonServer", "free_port", "is_affected", "is_ready", "trace_args"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TritonConfig:
-    """What the server is started with: the repository, its addresses, its verbosity."""
-
-    model_repository: Path
-    grpc_port: int = 8001
-    http_port: int = 8000
-    metrics_port: int = 8002
-    #: open Triton's HTTP endpoint (``http_port``); off by default (see the module docstring)
-    http: bool = False
-    host: str = "127.0.0.1"
-    log_verbose: int = 0
-    extra_args: list[str] = field(default_factory=list)
-    # Shutdown grace for in-flight requests; open decoupled streams count as in flight.
-    exit_timeout_secs: int = 5
-    #: the access key (rtvideo.triton.access): None leaves every protocol open, as Triton does
-    key: str | None = field(default=None, repr=False)
-    #: ``--grpc-infer-allocation-pool-size``: request/response objects Triton keeps for reuse
-    #: (its default, 8, keeps the memory of the largest requests seen; docs/security.md)
-    grpc_infer_allocation_pool_size: int = 0
-    #: glibc's ``MALLOC_MMAP_THRESHOLD_`` for tritonserver alone (not its stubs), unless the
-    #: environment sets it or ``BASH_ENV``: the slices gRPC reads a large request into are then
-    #: mapped and unmapped, not kept in malloc's heaps once the request was refused (a 300 MiB
-    #: request left hundreds of MB behind each time). None: glibc's default
-    malloc_mmap_threshold: int | None = 64 * 1024
-    #: variables added to the environment of the server and its stubs (the model reads
-    #: ``RTVIDEO_OTLP_ENDPOINT`` there: docs/operations.md "Traces")
-    environment: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def trace_args(url: str | None) -> list[str]:

@@ -14,7 +14,8 @@ import pytest
 from rtvideo import cli
 from rtvideo.triton import access
 from rtvideo.triton.install import TritonInstall
-from rtvideo.triton.server import TritonConfig, TritonServer, is_affected
+from rtvideo.triton import TritonConfig, TritonServer
+from rtvideo.triton.server import is_affected
 
 
 def test_the_restriction_covers_every_group_but_health() -> None:
