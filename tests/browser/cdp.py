@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -122,16 +122,14 @@ class Page:
         path.write_bytes(base64.b64decode(shot["data"]))
         return path
 
-    def close(self) -> None:
-        self._conn.close()
-
 
 class Browser:
     """One Chromium; `open` makes a new window on a URL."""
 
-    def __init__(self, port: int, browser_path: str) -> None:
+    def __init__(self, port: int, browser_path: str, stack: ExitStack) -> None:
         self.port = port
-        self._browser = connect(f"ws://127.0.0.1:{port}{browser_path}", max_size=None)
+        self._stack = stack  # every DevTools connection, closed with the browser
+        self._browser = stack.enter_context(connect(f"ws://127.0.0.1:{port}{browser_path}", max_size=None))
         self._next = 0
         self.pages: list[Page] = []
 
@@ -146,16 +144,13 @@ class Browser:
 
     def open(self, url: str, width: int = 1280, height: int = 800) -> Page:
         target = self._call("Target.createTarget", {"url": url, "newWindow": True, "width": width, "height": height})
-        conn = connect(f"ws://127.0.0.1:{self.port}/devtools/page/{target['targetId']}", max_size=None)
+        conn = self._stack.enter_context(
+            connect(f"ws://127.0.0.1:{self.port}/devtools/page/{target['targetId']}", max_size=None)
+        )
         page = Page(conn)
         page.size(width, height)
         self.pages.append(page)
         return page
-
-    def close(self) -> None:
-        for page in self.pages:
-            page.close()
-        self._browser.close()
 
 
 @contextmanager
@@ -185,7 +180,7 @@ def browser() -> Iterator[Browser]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        opened: Browser | None = None
+        stack = ExitStack()
         try:
             port_file = Path(profile) / "DevToolsActivePort"
             deadline = time.monotonic() + 60
@@ -193,11 +188,9 @@ def browser() -> Iterator[Browser]:
                 assert time.monotonic() < deadline, "Chromium did not start"
                 time.sleep(0.1)
             port, path = port_file.read_text().split()
-            opened = Browser(int(port), path)
-            yield opened
+            with stack:
+                yield Browser(int(port), path, stack)
         finally:
-            if opened is not None:
-                opened.close()
             process.terminate()
             try:
                 process.wait(10)
