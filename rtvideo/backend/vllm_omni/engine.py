@@ -314,9 +314,9 @@ class EngineHost:
             ask_for_start_notice(params)
             prompt = engine_prompt(prompt, config, image_at)
             outputs = self._engine.generate(prompt=dict(prompt), request_id=request_id, sampling_params_list=[params])
-            # the engine's rate: each chunk's time from asking for it to having it, except the
-            # first (it also encodes the prompt) and one that was ready while the session's queue
-            # was full (the engine went on meanwhile: its time is unknown)
+            # the engine's rate: each chunk's time from the previous output to this one, except
+            # the first (it also encodes the prompt); every output is read as soon as the engine
+            # yields it, so these are the engine's own times
             asked, timed = time.monotonic(), False
             async for output in outputs:
                 now = time.monotonic()
@@ -326,9 +326,12 @@ class EngineHost:
                     continue  # carries no frames
                 if timed:
                     self._observe(output_frames(output), now - asked, config)
-                sink.put("output", output, now, output_bytes(output))
-                timed = not await sink.wait_for_room()  # a session behind holds its own reading back
-                asked = time.monotonic()
+                # never held back: upstream's own per-request queue is unbounded, so a reader that
+                # waits only moves the frames there; the bound is enforced here (`OutputQueue`)
+                if not sink.offer(output, now, output_bytes(output)):
+                    await self._abort_over_bound(request_id, outputs)
+                    return  # the queue told the session (its `overflow` item)
+                asked, timed = now, True
             sink.put("end", None, time.monotonic())
         except asyncio.CancelledError:
             raise
@@ -336,6 +339,19 @@ class EngineHost:
             sink.put("error", exc, time.monotonic())
         finally:
             request.finish()  # the engine has no such request any more: waiting interactions fail
+
+    async def _abort_over_bound(self, request_id: str, outputs: Any) -> None:
+        """A session over its output bound: the engine stops making frames for it (abort), and
+        our reading of the stream ends (its generator closed, so nothing more is queued)."""
+        log.warning("request_id=%s over its output bound: aborting the engine request", request_id)
+        try:
+            await asyncio.wait_for(self._engine.abort(request_id), _ABORT_TIMEOUT)
+        except Exception:
+            log.warning("request_id=%s engine abort failed", request_id, exc_info=True)
+        close = getattr(outputs, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
 
     def _observe(self, frames: int, seconds: float, config: SessionConfig) -> None:
         observe = self.observe_rate

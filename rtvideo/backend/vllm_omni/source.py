@@ -25,7 +25,7 @@ from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
 from rtvideo.backend.vllm_omni.interaction_rules import modalities, refusal
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
-from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OutputQueue
+from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OVERFLOW, OutputQueue
 from rtvideo.core.camera import CameraMode, chunk_lists, merge_ids
 from rtvideo.core.interaction import PROMPT
 from rtvideo.core.session_config import SessionConfig
@@ -167,6 +167,8 @@ class EngineChunkSource:
             raise EngineError(f"the engine failed{about}: {type(value).__name__}: {value}") from value
         if kind == "end":
             raise EngineError("the engine ended the stream before the session's last frame")
+        if kind == OVERFLOW:  # over `vllm_omni_output_queue_bytes`: the engine request is aborted
+            raise EngineError(value)
         return self._chunk(value, at)
 
     def interrupt(self) -> None:
