@@ -58,13 +58,12 @@ def parser_for(annotation: Any) -> Callable[[str], Any]:
         return lambda text: tuple(part.strip() for part in text.split(",") if part.strip())
     if set(args) == {int, str}:  # a number, or `auto` (the setting decides what auto is)
         return _int_or_auto
-    if annotation is bool:
-        return _parse_bool
-    if annotation is int:
-        return lambda text: int(text.strip())
-    if annotation is float:
-        return _finite_float
-    return lambda text: text.strip()
+    simple: dict[Any, Callable[[str], Any]] = {
+        bool: _parse_bool,
+        int: lambda text: int(text.strip()),
+        float: _finite_float,
+    }
+    return simple.get(annotation, lambda text: text.strip())
 
 
 def _int_or_auto(text: str) -> int | str:

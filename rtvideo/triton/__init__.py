@@ -12,9 +12,9 @@
 The names below are the public surface; import them from here.
 """
 
+from rtvideo.triton.command import TritonConfig
 from rtvideo.triton.install import TritonInstall, find_tritonserver
 from rtvideo.triton.logs import STDERR, LogTarget, ServerLog
-from rtvideo.triton.command import TritonConfig
 from rtvideo.triton.server import TritonServer, free_port, is_ready
 from rtvideo.triton.shm_files import clean_stale_shm
 

@@ -21,7 +21,9 @@ CLIENT = "a-clients-token"
 
 
 def post(url: str, token: str | None = None, headers: dict[str, str] | None = None, data: bytes | None = None) -> Any:
-    status, body, got = fetch(url, token=token, method="POST", headers={"Host": "localhost", **(headers or {})}, data=data)
+    status, body, got = fetch(
+        url, token=token, method="POST", headers={"Host": "localhost", **(headers or {})}, data=data
+    )
     return status, json.loads(body) if got.get("Content-Type", "").startswith("application/json") else {}
 
 

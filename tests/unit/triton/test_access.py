@@ -12,9 +12,8 @@ from typing import Any, ClassVar
 import pytest
 
 from rtvideo import cli
-from rtvideo.triton import access
+from rtvideo.triton import TritonConfig, TritonServer, access
 from rtvideo.triton.install import TritonInstall
-from rtvideo.triton import TritonConfig, TritonServer
 from rtvideo.triton.server import is_affected
 
 
