@@ -157,6 +157,9 @@ class RealtimeVideoClient:
         self.video_start: dict[str, Any] | None = None
         self.done: dict[str, Any] | None = None
         self.steering_revoked: dict[str, Any] | None = None  # the answer to revoke_steering()
+        #: `session.interaction.shared`: the other participants' updates, in the order told
+        #: (docs/protocol.md §9.4; sent only in steerable or watchable sessions)
+        self.shared: list[dict[str, Any]] = []
         self.failure: RealtimeVideoError | None = None
         #: resumes a dropped connection when the start asked for it (`resumable=True`): up to
         #: `resume_attempts` times, waiting `resume_backoff`, 2×, 4×… seconds
@@ -386,6 +389,8 @@ class RealtimeVideoClient:
             self._resolve(wait.future if wait is not None else None, message)
         elif kind == protocol.STEERING_REVOKED:
             self.steering_revoked = message
+        elif kind == protocol.INTERACTION_SHARED:
+            self.shared.append(message)
         elif kind == protocol.DONE:
             self.done = message
             self._settle()

@@ -352,9 +352,12 @@ class EndpointPool:
 
     @property
     def known_slots(self) -> int | None:
-        """Session slots of the endpoints whose capacity is known (None: none is known yet)."""
-        known = [e.capacity for e in self.endpoints.values() if e.capacity is not None]
-        return sum(known) if known else None
+        """Session slots of every endpoint (None while one's capacity is not known yet: a share of
+        some of them would be too small a share of all)."""
+        capacities = [e.capacity for e in self.endpoints.values()]
+        if not capacities or None in capacities:
+            return None
+        return sum(c for c in capacities if c is not None)
 
     @property
     def has_free_slot(self) -> bool:

@@ -563,7 +563,7 @@ def test_a_name_that_resolves_to_both_servers_gives_two_endpoints(pair: Pair, ho
         assert name == "tritons.test"
         return list(addresses)
 
-    server = host.proxy(f"tritons.test:{pair.port}", resolver=resolver, resolve_interval=0.2)
+    server = host.proxy(f"tritons.test:{pair.port}", resolver=resolver, resolve_interval=0.2, max_sessions_per_client=8)
     wait_endpoints(server, {pair.a: "up"})
     addresses.append("127.0.0.2")
     wait_endpoints(server, {pair.a: "up", pair.b: "up"})

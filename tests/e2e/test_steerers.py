@@ -324,3 +324,29 @@ def test_the_python_steer_client(proxies, triton) -> None:
         assert [m["revoked"] for m in owner.messages if m["type"] == "session.steering_revoked"] == [1]
 
     run(body())
+
+
+def test_the_python_client_hears_a_steerers_update(proxies, triton) -> None:
+    """`RealtimeVideoClient.shared` holds the other participants' updates, as the page shows them."""
+    from rtvideo.client.session import RealtimeVideoClient
+    from tests.support.streams import PACED_MODEL
+
+    wait_idle(triton, PACED_MODEL)
+    url = proxies.url(model=PACED_MODEL)
+
+    async def body() -> list[dict[str, Any]]:
+        async with RealtimeVideoClient(url) as owner:
+            start = await owner.start("a quiet harbour", num_frames=9 * 4, steerable=True)
+            guest = await Leg.open(_steer_url(url, start["steer_token"]))
+            await guest.read()  # its video.start
+            await guest.interact("a storm rolls in", "guest-storm", 1)
+            await guest.until("session.interaction.queued", event_id="guest-storm")
+            async for _ in owner.chunks():
+                if owner.shared:
+                    break
+            await owner.stop()
+            await guest.conn.close()
+            return owner.shared
+
+    shared = run(body())
+    assert shared[0]["event_id"] == "guest-storm" and shared[0]["from"] == "steerer", shared
