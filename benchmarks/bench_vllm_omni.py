@@ -1,13 +1,23 @@
-"""Sessions of generator=vllm_omni through Triton, on a GPU: time to first chunk, generated fps,
-and (with --assert, as scripts/gpu_check.sh runs it) the engine path proved or failed.
+"""Sessions of generator=vllm_omni through Triton, on a GPU: time to first chunk, generated fps
+against a baseline measured in the same session, and (with --assert, as scripts/gpu_check.sh runs
+it) the engine path proved or failed.
+
+Every model-specific figure comes from the one rules table, `rtvideo/backend/vllm_omni/model_rules.py`,
+for the model as deployed (its pipeline class from `model_class_name`, the deploy config or the
+model's `model_index.json`; LingBot-World's size from the deploy config): the session size
+(`default_size`), the frames of a request of `--chunks` chunks (its frame rule: Helios 33 a chunk,
+LingBot-World 9 then 12, n % 12 == 9), whether a first frame is sent (LingBot-World: required on
+every request; a generated PNG), which update a session sends (a prompt for Helios, a camera
+target for LingBot-World: `interactions`), the session's fps (`default_fps`: what the docs promise
+for the model), and the real-time budget. `--show-rules` prints them and exits (no GPU needed).
 
 Needs `tritonserver`, vLLM + vllm-omni, and the model's weights already on disk (nothing is
 downloaded: HF_HUB_OFFLINE=1). Starts its own Triton with the model derived for vllm_omni and
 runs direct-gRPC sessions. With --assert it exits 1, listing each failure, unless:
 
 1. vLLM and vllm-omni agree on major.minor and importing vllm_omni warns of no mismatch;
-2. a bounded session (`--chunks` x 33 frames at `--size`, 640x384) gives exactly that many frames, each
-   payload at the asked size, and the concatenated payloads decode to that many frames;
+2. a bounded session (`--chunks` whole chunks at the model's size) gives exactly that many frames,
+   each payload at the asked size, and the concatenated payloads decode to that many frames;
 3. an update sent after the first chunk is started at a later boundary and completed within its
    `transition_chunks`, with no error;
 4. an update sent at once after `video.start` (before the first chunk) is held without error
@@ -18,49 +28,140 @@ runs direct-gRPC sessions. With --assert it exits 1, listing each failure, unles
    engine request: the GPU goes idle within `--idle-timeout` s (an engine still generating the
    request keeps it busy);
 7. real time (`--realtime`, on by default with `--assert` against the real engine): the first
-   chunk within the model's budget and the fps delivered after it at least the session's
-   (`ModelRules.realtime_problems`, budgets in `rtvideo/backend/vllm_omni/model_rules.py`).
+   chunk within the model's budget and the fps delivered after it at least the session's and
+   at least the fps the docs promise for the model (`ModelRules.realtime_problems`).
+
+The baseline: each session asks for in-band timing (`metrics: true`), so every chunk says how long
+the model waited for the engine's output (`timing.generate_seconds`); the engine's own rate from
+those times, in the same session, is printed beside the rate this client received, so the figure
+says what our path (encoding, Triton, gRPC) costs, not only what the GPU did.
 
     python3 benchmarks/bench_vllm_omni.py [--model BestWishYsh/Helios-Distilled --chunks 5 --assert]
+    python3 benchmarks/bench_vllm_omni.py --model DIR --engine-args '{"deploy_config": "deploy/gpu/lingbot_world_stepwise.yaml"}'
 
 On a CPU it runs against the stand-in engine (`--engine tests/support/omni_standin.py:StandInAsyncOmni`,
-a fake `nvidia-smi` on PATH; tests/deploy/test_bench_vllm_omni.py): the engine path then proves
-nothing about vLLM-Omni (1 is not checked; no figure is a GPU figure), only that the assertions
-hold for an engine that behaves as the runner does. The stand-in is paced at Helios' own rate
-(`HELIOS_ENGINE_FPS`, unless `--engine-args` sets `chunk_seconds`): at its default pace (a 33-frame
-chunk every 0.05 s, 40x Helios) it ends a 5-chunk request before the session has even encoded
-chunk 0 at 640x384 on a CPU, so an update can only reach the engine after the request's last
-chunk boundary and is rightly reported in `unapplied_event_ids`; the real engine, generating a
-chunk in about 1.7 s, receives an update sent after chunk 0 during chunk 1.
+a fake `nvidia-smi` on PATH; tests/deploy/test_bench_vllm_omni.py), for either model's rules
+(`--engine-args '{"model_class_name": "LingBotWorldCausalDMDPipeline"}'`: the stand-in then
+refuses, as LingBot's pipeline does, a request at another size, without a first frame or with
+another frame count): the engine path then proves nothing about vLLM-Omni (1 is not checked; no
+figure is a GPU figure), only that the assertions hold for an engine that behaves as the runner
+does. The stand-in is paced at the model's published rate (`reference_fps` in the table, unless
+`--engine-args` sets `chunk_seconds`): at its default pace (a chunk every 0.05 s) it ends a
+5-chunk request before the session has even encoded chunk 0 at 640x384 on a CPU, so an update
+could only reach the engine after the request's last chunk boundary.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtvideo.backend.vllm_omni import model_rules
+from rtvideo.backend.catalog import vllm_omni_preset
+from rtvideo.backend.vllm_omni import interaction_rules, model_rules
+from rtvideo.backend.vllm_omni.model_rules import FirstFrame, ModelRules
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.triton import TritonConfig, TritonServer, free_port
 from rtvideo.triton.access import generate_key
 from rtvideo.triton.model_repo import derive_model
 
-#: vLLM-Omni's Helios-Distilled defaults (docs: 33 frames per chunk, 640x384, 16 fps)
-HELIOS = {"width": "640", "height": "384", "fps": "16", "frames_per_chunk": "33"}
-#: the rate vLLM-Omni's README reports for Helios-Distilled with the real-time preset ("19+ fps"):
-#: the stand-in engine's pace here, so that a CPU run sees the real engine's order of events
-HELIOS_ENGINE_FPS = 19.0
 PROMPT = "A quiet harbour at dawn, boats rocking gently"
 UPDATE = "A snowy street illuminated by warm lanterns"
+
+
+def camera_target(translation: list[float]) -> dict[str, Any]:
+    """A camera event (LingBot-World's only interaction): a target pose, Unity axes."""
+    pose = {"translation": translation, "rotation": [0.0, 0.0, 0.0, 1.0]}
+    return {"multi_modal_data": {"camera": {"mode": "target", "data": pose}}}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the sessions ask for, all of it from the model's rules as deployed."""
+
+    rules: ModelRules
+    width: int
+    height: int
+    fps: int
+    num_frames: int
+    first_frame: bool
+
+    def update(self, text: str, translation: list[float]) -> dict[str, Any]:
+        """The update this model takes: a prompt where it has a prompt handler, else a camera target."""
+        if "prompt" in self.rules.interactions:
+            return {"prompt": text}
+        return camera_target(translation)
+
+    def describe(self) -> str:
+        first = self.rules.first_frame is FirstFrame.REQUIRED
+        return (
+            f"rules: {self.rules.name} {self.width}x{self.height} at {self.fps} fps "
+            f"(documented {self.rules.default_fps}; reference {self.rules.reference_fps} fps: "
+            f"{self.rules.fps_source or 'none published'}), {self.num_frames} frames "
+            f"(chunks {self.rules.chunk_frames(self.num_frames)}; rule {self.rules.frames_rule()}), "
+            f"first frame {'required' if first else 'optional'} ({'sent' if self.first_frame else 'not sent'}), "
+            f"updates {sorted(self.rules.interactions)}, first-chunk budget {self.rules.first_chunk_budget_seconds:g} s"
+        )
+
+
+def deployed_rules(model: str, engine_args: dict[str, Any], extra: dict[str, Any] | None) -> ModelRules:
+    """The table's rules for `model` as this deployment runs it (as `BackendSettings.model_rules`
+    finds them: pipeline class, deploy config's size, the extra params' pyramid)."""
+    pipeline = interaction_rules.pipeline_class(model, engine_args)
+    rules = model_rules.find(model, pipeline)
+    if rules is None:
+        raise SystemExit(
+            f"bench_vllm_omni: no rules for model {model!r} (pipeline {pipeline!r}) in model_rules.py: "
+            "set model_class_name or deploy_config in --engine-args"
+        )
+    rules = rules.for_model_config(interaction_rules.deploy_model_config(engine_args.get("deploy_config")))
+    if extra is None:
+        extra = vllm_omni_preset(model, rules)["extra_params"]
+    return rules.for_deployment(extra)
+
+
+def make_plan(rules: ModelRules, chunks: int, size: str | None, fps: int | None) -> Plan:
+    width, height = rules.default_size
+    if size is not None:
+        w, _, h = size.partition("x")
+        if not (w.isdigit() and h.isdigit()):
+            raise SystemExit(f"--size {size!r}: use WxH, e.g. {width}x{height}")
+        width, height = int(w), int(h)
+    problem = rules.size_problem(width, height)
+    if problem is not None:
+        raise SystemExit(f"bench_vllm_omni: {problem}")
+    return Plan(
+        rules,
+        width,
+        height,
+        fps or rules.default_fps,
+        rules.request_length(chunks),
+        rules.first_frame is FirstFrame.REQUIRED,
+    )
+
+
+def png_data_url(width: int, height: int) -> str:
+    """A plain first frame (a vertical gradient) as a PNG data URL, made with zlib alone."""
+    row = bytes([0]) + bytes(v for x in range(width) for v in (40, (x * 200) // max(1, width - 1), 160))
+    raw = row * height
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 @dataclass
@@ -89,6 +190,7 @@ class Session:
 
 def run_session(
     s: TritonStreamSession,
+    plan: Plan,
     *,
     num_frames: int | None,
     update_after_first: bool = False,
@@ -96,13 +198,15 @@ def run_session(
     end_after_first: str | None = None,  # "stop" or "disconnect"
     timeout: float = 900,
 ) -> Session:
-    fields: dict[str, Any] = {"seed": 7, "width": int(HELIOS["width"]), "height": int(HELIOS["height"])}
+    fields: dict[str, Any] = {"seed": 7, "width": plan.width, "height": plan.height, "metrics": True}
+    if plan.first_frame:
+        fields["image_reference"] = {"image_url": png_data_url(plan.width, plan.height)}
     if num_frames is not None:
         fields["num_frames"] = num_frames
     out = Session(time.perf_counter())
     s.start(PROMPT, **fields)
     if update_at_once:
-        s.interact(UPDATE, event_id="early", transition_chunks=1)
+        s.interact(event=plan.update(UPDATE, [0.0, 0.0, 1.0]), event_id="early", transition_chunks=1)
     for reply in s.until("session.done", timeout=timeout):
         message = reply.message or {}
         kind = message.get("type")
@@ -110,7 +214,7 @@ def run_session(
             out.chunks.append((reply.received, message, reply.data))
             if message["kind"] == "media" and len(out.media) == 1:
                 if update_after_first:
-                    s.interact(UPDATE, event_id="update", transition_chunks=2)
+                    s.interact(event=plan.update(UPDATE, [0.5, 0.0, 0.0]), event_id="update", transition_chunks=2)
                 if end_after_first == "stop":
                     s.stop()
                 elif end_after_first == "disconnect":
@@ -183,15 +287,21 @@ def version_failures() -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=os.environ.get("HELIOS_MODEL", "BestWishYsh/Helios-Distilled"))
-    parser.add_argument("--chunks", type=int, default=5, help="chunks in each bounded session")
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("VLLM_OMNI_MODEL") or os.environ.get("HELIOS_MODEL", "BestWishYsh/Helios-Distilled"),
+        help="a model id in the local cache or a directory; its rules come from model_rules.py",
+    )
+    parser.add_argument("--chunks", type=int, default=5, help="whole chunks in each bounded session")
     parser.add_argument("--engine-args", default="{}", help="AsyncOmni engine arguments, JSON")
     parser.add_argument(
         "--extra-params",
         default="auto",
         help="vllm_omni_extra_params: a JSON object, or auto (the model's real-time preset, catalog.VLLM_OMNI_PRESETS)",
     )
-    parser.add_argument("--size", default=f"{HELIOS['width']}x{HELIOS['height']}", help="WxH of the sessions")
+    parser.add_argument("--size", default=None, help="WxH of the sessions (default: the model's, from its rules)")
+    parser.add_argument("--fps", type=int, default=None, help="the sessions' fps (default: the model's documented one)")
+    parser.add_argument("--show-rules", action="store_true", help="print the rules the sessions follow and exit")
     parser.add_argument("--log", type=Path, default=None, help="Triton's log (default: a temp file)")
     parser.add_argument("--assert", dest="check", action="store_true", help="assert the engine path (above)")
     parser.add_argument(
@@ -210,19 +320,25 @@ def main() -> None:
     )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    width, _, height = args.size.partition("x")
-    if not (width.isdigit() and height.isdigit()):
-        parser.error(f"--size {args.size!r}: use WxH, e.g. 640x384")
-    HELIOS.update(width=width, height=height)
     real_engine = args.engine.startswith("vllm_omni:")
     engine_args = json.loads(args.engine_args)
-    extra_params = "auto" if args.extra_params.strip() == "auto" else json.dumps(json.loads(args.extra_params))
+    extra = None if args.extra_params.strip() == "auto" else json.loads(args.extra_params)
+    extra_params = "auto" if extra is None else json.dumps(extra)
+    plan = make_plan(deployed_rules(args.model, engine_args, extra), args.chunks, args.size, args.fps)
+    print(plan.describe())
+    if args.show_rules:
+        return
+    rules = plan.rules
     if not real_engine:
         print(f"engine {args.engine}: a stand-in, not vLLM-Omni; versions not checked, no figure is a GPU figure")
-        pace = int(HELIOS["frames_per_chunk"]) / HELIOS_ENGINE_FPS
+        pace = rules.frames_per_chunk / (rules.reference_fps or rules.default_fps)
+        first_pace = (rules.first_chunk_frames or rules.frames_per_chunk) / (rules.reference_fps or rules.default_fps)
         engine_args.setdefault("chunk_seconds", pace)
-        engine_args.setdefault("first_chunk_seconds", engine_args["chunk_seconds"])
-        print(f"stand-in paced at {engine_args['chunk_seconds']:.2f} s per chunk (Helios: {pace:.2f} s)")
+        engine_args.setdefault("first_chunk_seconds", first_pace)
+        print(
+            f"stand-in paced at {engine_args['chunk_seconds']:.2f} s per chunk "
+            f"({rules.name} at its reference rate: {pace:.2f} s)"
+        )
     failures: list[str] = version_failures() if args.check and real_engine else []
 
     def expect(ok: bool, what: str) -> None:
@@ -230,18 +346,23 @@ def main() -> None:
         if not ok:
             failures.append(what)
 
-    frames_per_chunk = int(HELIOS["frames_per_chunk"])
-    n = args.chunks * frames_per_chunk
-    size = (int(HELIOS["height"]), int(HELIOS["width"]))
+    n = plan.num_frames
+    size = (plan.height, plan.width)
     with tempfile.TemporaryDirectory(prefix="rtvideo-omni-") as tmp:
         repo = Path(tmp)
         derive_model(
             repo,
             "realtime_video",
             {
-                **HELIOS,
+                "width": str(plan.width),
+                "height": str(plan.height),
+                "fps": str(plan.fps),
+                "frames_per_chunk": str(rules.frames_per_chunk),
                 "generator": "vllm_omni",
                 "max_sessions": "1",
+                # measured and shown, never refusing: the check's own sessions must not be refused
+                # by the running measurement (item 7 fails below the model's rate instead)
+                "realtime_capacity_fps": "off",
                 "vllm_omni_model": args.model,
                 "vllm_omni_engine_args": json.dumps(engine_args),
                 "vllm_omni_extra_params": extra_params,
@@ -256,14 +377,11 @@ def main() -> None:
         with TritonServer(config, stdout=args.log or repo / "triton.log") as server:
             print(f"model loaded (engine start included) in {time.perf_counter() - t_load:.1f} s")
             with TritonStreamSession(server.grpc_url, key=key) as s:
-                first = run_session(s, num_frames=n, update_after_first=True)
-            report(first)
+                first = run_session(s, plan, num_frames=n, update_after_first=True)
+            report(first, plan)
             if args.realtime or (args.check and real_engine and args.realtime is None):
-                # 1. real time: the model's first-chunk budget and the session's fps (model_rules.py)
-                rules = (
-                    model_rules.find(args.model, engine_args.get("model_class_name")) or model_rules.HELIOS_DISTILLED
-                )
-                for problem in rules.realtime_problems(*figures(first), int(HELIOS["fps"])):
+                # 7. real time: the model's first-chunk budget, the session's fps and the documented one
+                for problem in rules.realtime_problems(*figures(first), plan.fps):
                     print(f"REAL TIME FAILED: {problem}")
                     failures.append(problem)
             if not args.check:
@@ -295,7 +413,7 @@ def main() -> None:
             )
             # 4. an early update is held without error and started later
             with TritonStreamSession(server.grpc_url, key=key) as s:
-                early = run_session(s, num_frames=n, update_at_once=True)
+                early = run_session(s, plan, num_frames=n, update_at_once=True)
             expect(not early.errors, f"an update sent before the first chunk brings no error ({early.errors})")
             expect(
                 early.chunk_of("started_event_ids", "early") is not None,
@@ -314,7 +432,7 @@ def main() -> None:
             for how in ("stop", "disconnect"):
                 s = TritonStreamSession(server.grpc_url, key=key)
                 try:
-                    ended = run_session(s, num_frames=None, end_after_first=how, timeout=300)
+                    ended = run_session(s, plan, num_frames=None, end_after_first=how, timeout=300)
                 finally:
                     s.close()
                 expect(bool(ended.media), f"the open-ended session before the {how} streams")
@@ -343,7 +461,16 @@ def figures(session: Session) -> tuple[float | None, float | None]:
     return round(first, 2), round(later / span, 1) if span > 0 else None
 
 
-def report(session: Session) -> None:
+def engine_fps(session: Session) -> float | None:
+    """The baseline: the engine's own rate after the first chunk, from the model's in-band timing
+    (the time each chunk's output took to come from the engine), measured in the same session."""
+    later = session.media[1:]
+    seconds = sum(float((m.get("timing") or {}).get("generate_seconds") or 0.0) for _, m, _ in later)
+    frames = sum(m["num_frames"] for _, m, _ in later)
+    return round(frames / seconds, 1) if later and seconds > 0 else None
+
+
+def report(session: Session, plan: Plan) -> None:
     if not session.media:
         print("no media chunk arrived")
         return
@@ -352,10 +479,17 @@ def report(session: Session) -> None:
     span = session.media[-1][0] - session.media[0][0]
     print(f"time to first chunk: {first:.2f} s ({session.media[0][1]['num_frames']} frames)")
     if span > 0:
+        delivered = later / span
+        baseline = engine_fps(session)
         print(
-            f"generated after the first chunk: {later / span:.1f} fps ({later} frames in {span:.2f} s; "
-            f"real time = {HELIOS['fps']} fps)"
+            f"generated after the first chunk: {delivered:.1f} fps ({later} frames in {span:.2f} s; "
+            f"real time = {plan.fps} fps, documented for {plan.rules.name}: {plan.rules.default_fps} fps)"
         )
+        if baseline is not None:
+            print(
+                f"baseline, same session: the engine made {baseline:.1f} fps; this client got "
+                f"{delivered:.1f} fps ({100 * delivered / baseline:.0f} % of the engine's)"
+            )
     print(f"whole session: {session.frames()} frames in {session.media[-1][0] - session.t0:.2f} s")
     for _, m, _ in session.media:
         if m["started_event_ids"] or m["active_event_ids"]:

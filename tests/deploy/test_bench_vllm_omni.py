@@ -1,8 +1,11 @@
 """benchmarks/bench_vllm_omni.py --assert, the GPU check's vLLM-Omni part, run here against the
 stand-in engine (tests/support/omni_standin.py) in a real tritonserver, with a fake `nvidia-smi`
-(0 MiB used, 0 % busy): paced as Helios runs, every assertion holds; an engine that ends the
-bounded request before an update can reach it fails the update assertions, listing each, and
-exits 1. Proves the benchmark's own logic, not the GPU path (docs/vllm-omni.md)."""
+(0 MiB used, 0 % busy): paced as each model runs by its published rate, every assertion holds,
+for Helios-Distilled and for LingBot-World (its rules read from the table: 832x480 only, a first
+frame on every request, n % 12 == 9 frames, camera updates; the stand-in refuses as its pipeline
+does); an engine that ends the bounded request before an update can reach it fails the update
+assertions, listing each, and exits 1; an engine slower than the model's documented fps fails the
+real-time check. Proves the benchmark's own logic, not the GPU path (docs/vllm-omni.md)."""
 
 from __future__ import annotations
 
@@ -15,15 +18,20 @@ from pathlib import Path
 import pytest
 
 from rtvideo.backend.catalog import vllm_omni_preset
+from rtvideo.backend.vllm_omni import model_rules
+from rtvideo.backend.vllm_omni.model_rules import FirstFrame
 from tests.support.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 BENCH = REPO_ROOT / "benchmarks" / "bench_vllm_omni.py"
 STANDIN = REPO_ROOT / "tests" / "support" / "omni_standin.py"
+HELIOS_SMALL = ("--chunks", "4", "--size", "128x128")
 
 
-def bench(tmp_path: Path, *flags: str, **engine_args: object) -> subprocess.CompletedProcess[str]:
+def bench(
+    tmp_path: Path, *flags: str, shape: tuple[str, ...] = HELIOS_SMALL, **engine_args: object
+) -> subprocess.CompletedProcess[str]:
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     (fake / "nvidia-smi").write_text("#!/bin/sh\necho 0\n")
@@ -36,10 +44,7 @@ def bench(tmp_path: Path, *flags: str, **engine_args: object) -> subprocess.Comp
             f"{STANDIN}:StandInAsyncOmni",
             "--engine-args",
             json.dumps(engine_args),
-            "--chunks",
-            "4",
-            "--size",
-            "128x128",
+            *shape,
             *(flags or ("--assert",)),
         ],
         capture_output=True,
@@ -77,7 +82,9 @@ def test_paced_as_helios_every_assertion_holds_and_the_preset_reaches_the_engine
 def test_an_engine_that_ends_the_request_before_an_update_arrives_fails_loudly(tmp_path: Path) -> None:
     # a one-chunk request: no boundary for any update, however early the engine takes it (with
     # more chunks at no pace, whether an update beats the engine's end is a race)
-    out = bench(tmp_path, "--assert", "--chunks", "1", chunk_seconds=0, first_chunk_seconds=0)
+    out = bench(
+        tmp_path, "--assert", shape=("--chunks", "1", "--size", "128x128"), chunk_seconds=0, first_chunk_seconds=0
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "ASSERTION FAILED: the update is started at a boundary after chunk 0" in out.stdout
     assert "ASSERTION FAILED: the early update is started" in out.stdout
@@ -87,7 +94,9 @@ def test_an_engine_that_ends_the_request_before_an_update_arrives_fails_loudly(t
 def test_an_engine_slower_than_real_time_fails_with_one_line_per_reason(tmp_path: Path) -> None:
     """A first chunk after 6 s (Helios-Distilled's budget: 5 s) and 33 frames every 3 s (11 fps
     for a 16 fps session): `--realtime` exits non-zero naming both."""
-    out = bench(tmp_path, "--realtime", "--chunks", "2", chunk_seconds=3, first_chunk_seconds=6)
+    out = bench(
+        tmp_path, "--realtime", shape=("--chunks", "2", "--size", "128x128"), chunk_seconds=3, first_chunk_seconds=6
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "REAL TIME FAILED: Helios-Distilled: time to first chunk" in out.stdout
     assert "REAL TIME FAILED: Helios-Distilled: delivered" in out.stdout and "below the session's 16 fps" in out.stdout
@@ -105,3 +114,78 @@ def test_realtime_problems_name_the_budget_and_the_rate() -> None:
         "LingBot-World: delivered 15.9 fps is below the session's 16 fps"
     ]
     assert len(HELIOS_DISTILLED.realtime_problems(None, None, 16)) == 2  # nothing measured is no pass
+    # a session asking for less than the model is documented to serve still fails below the promise
+    (problem,) = LINGBOT_WORLD.realtime_problems(1.0, 4.5, 3)
+    assert problem.startswith("LingBot-World: delivered 4.5 fps is below the 5 fps it is documented to serve")
+    assert "issue #7074" in problem and LINGBOT_WORLD.realtime_problems(1.0, 5.0, 5) == []
+
+
+@pytest.mark.parametrize("rules", [r for r in model_rules.MODELS if r.pipeline_classes], ids=lambda r: r.name)
+def test_the_sessions_follow_the_tables_rules_for_every_model(rules: model_rules.ModelRules) -> None:
+    """`--show-rules` (no Triton, no GPU): the size, fps, frames, first frame and updates the
+    sessions use are the table's, for each model in it."""
+    engine_args = json.dumps({"model_class_name": rules.pipeline_classes[0]})
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--show-rules", "--chunks", "3", "--model", "m", "--engine-args", engine_args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    width, height = rules.default_size
+    frames = rules.request_length(3)
+    assert rules.valid_frames(frames) and len(rules.chunk_frames(frames)) == 3
+    required = rules.first_frame is FirstFrame.REQUIRED
+    (line,) = out.stdout.splitlines()
+    assert line.startswith(f"rules: {rules.name} {width}x{height} at {rules.default_fps} fps"), line
+    assert f"{frames} frames (chunks {rules.chunk_frames(frames)}; rule {rules.frames_rule()})" in line
+    assert f"first frame {'required (sent)' if required else 'optional (not sent)'}" in line
+    assert f"updates {sorted(rules.interactions)}" in line
+
+
+def test_lingbot_world_by_its_rules_every_assertion_holds(tmp_path: Path) -> None:
+    """LingBot-World's rules from the table, paced at its published rate (12 frames every 2.4 s):
+    the stand-in, which refuses what LingBot's pipeline refuses, gets 832x480 requests of a valid
+    frame count with the first frame, and camera targets; every assertion holds, and the engine's
+    rate from the in-band timing is printed beside the client's (the baseline)."""
+    rules = model_rules.LINGBOT_WORLD
+    record = tmp_path / "calls.jsonl"
+    out = bench(
+        tmp_path,
+        shape=("--chunks", "5", "--model", "m"),
+        record=str(record),
+        model_class_name=rules.pipeline_classes[0],
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ASSERTION FAILED" not in out.stdout and "not a GPU proof" in out.stdout
+    assert "stand-in paced at 2.40 s per chunk" in out.stdout
+    assert "baseline, same session: the engine made" in out.stdout
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert not [c for c in calls if c["call"] == "pipeline_refused"]
+    generates = [c for c in calls if c["call"] == "generate"]
+    for g in generates:
+        assert (g["width"], g["height"]) in rules.exact_sizes and rules.valid_frames(g["num_frames"])
+        assert g["image_shape"] is not None and g["num_inference_steps"] == rules.steps  # first frame, 4 steps
+        assert g["fps"] == rules.default_fps
+    assert generates[0]["num_frames"] == rules.request_length(5) == 57
+    submits = [c for c in calls if c["call"] == "submit"]
+    assert [c["event_id"] for c in submits] == ["update", "early"]
+    assert all(c["multi_modal_data"]["camera"]["mode"] == "target" and c["prompt"] is None for c in submits)
+    preset = vllm_omni_preset("m", rules)
+    assert generates[0]["extra_args"] == preset["extra_params"]
+
+
+def test_lingbot_world_slower_than_its_documented_fps_fails(tmp_path: Path) -> None:
+    """12 frames every 3 s (4 fps) for LingBot-World, documented at 5: the real-time check fails."""
+    out = bench(
+        tmp_path,
+        "--realtime",
+        shape=("--chunks", "3", "--model", "m"),
+        model_class_name="LingBotWorldCausalDMDPipeline",
+        chunk_seconds=3,
+        first_chunk_seconds=2,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "REAL TIME FAILED: LingBot-World: delivered" in out.stdout and "below the session's 5 fps" in out.stdout

@@ -25,8 +25,11 @@ reads every one of them in the wheel):
   `multi_modal_data.image` on every request; a chunk is one block, 9 frames first (the
   opening latent decodes to one frame) and 12 after (`_chunk_media_frame_count`).
 - Interaction kinds: `diffusion/interaction/registry.py` (`STRUCTURED_HANDLER_REGISTRY`).
-- fps is not read by either pipeline (any positive value passes); the cap is the rate each
-  model was trained at, above which the viewer gets stretched motion.
+- fps: both pipelines read the request's fps for the interaction timeline only (any positive
+  value passes); the cap is the rate each model was trained at. `default_fps` is the rate a
+  deployment serves it at, the one its reference GPU holds by upstream's published figure
+  (`reference_fps`, `fps_source`): what docs/vllm-omni.md promises, and what the GPU check
+  (`benchmarks/bench_vllm_omni.py`, `scripts/gpu_check.sh`) fails below.
 
 The API, for code that needs a model's rules (the model, the stand-in engine, scripts):
 `find(model, pipeline_class)` gives the table entry (`MODELS` lists them); on an entry,
@@ -86,7 +89,12 @@ class ModelRules(GeneratorLimits):
     grid: int = 16
     exact_sizes: tuple[tuple[int, int], ...] = ()
     default_size: tuple[int, int] = (640, 384)
+    #: the fps a deployment serves it at: what its reference GPU holds (the docs' promise)
     default_fps: int = 16
+    #: upstream's published frames a second on its reference GPU (None: not a real-time model)
+    reference_fps: float | None = None
+    #: where `reference_fps` comes from, and on what GPU
+    fps_source: str = ""
     frames_per_chunk: int = 33
     #: the first chunk's frames when it differs (LingBot-World: its opening latent decodes to one frame)
     first_chunk_frames: int | None = None
@@ -124,7 +132,17 @@ class ModelRules(GeneratorLimits):
             )
         if delivered_fps is None or delivered_fps < fps:
             problems.append(f"{self.name}: delivered {delivered_fps} fps is below the session's {fps} fps")
+        elif delivered_fps < self.default_fps:
+            problems.append(
+                f"{self.name}: delivered {delivered_fps} fps is below the {self.default_fps} fps it is "
+                f"documented to serve ({self.fps_source or 'docs/vllm-omni.md'})"
+            )
         return problems
+
+    def request_length(self, chunks: int) -> int:
+        """The frames of a request of `chunks` whole chunks (a count the pipeline runs)."""
+        first = self.first_chunk_frames or self.frames_per_chunk
+        return first + (max(1, chunks) - 1) * self.frames_per_chunk
 
     def size_problem(self, width: int, height: int) -> str | None:
         problem = GeneratorLimits.size_problem(self, width, height)
@@ -346,6 +364,9 @@ HELIOS_DISTILLED = ModelRules(
     interactions=frozenset({"prompt"}),
     preset=HELIOS_DISTILLED_PRESET,
     first_chunk_budget_seconds=5.0,
+    default_fps=16,
+    reference_fps=19.0,
+    fps_source="vLLM-Omni's streaming example README: 19+ fps at 640x384 with the preset; Helios' report: 19.5 on one H100",
 )
 
 #: Helios without stage 2 (the base pipeline): the 16-pixel grid, 50 steps by default
@@ -388,6 +409,10 @@ LINGBOT_WORLD = ModelRules(
     interactions=frozenset({"camera"}),
     preset={"num_inference_steps": 4, "extra_params": {"flow_shift": 5.0}},
     first_chunk_budget_seconds=5.0,
+    # served at the rate it is made (slower motion than its 16 fps training rate, no stall)
+    default_fps=5,
+    reference_fps=5.0,
+    fps_source="vLLM-Omni issue #7074: about 5 fps at 832x480 on one H200",
 )
 
 #: every model with rules, in the order they are looked up
