@@ -3,7 +3,7 @@
 # asked for or fails: a part that cannot run (something it needs is missing) or whose assertions
 # fail makes the whole check exit non-zero, naming the part and why. Never installs anything.
 #
-#   bash scripts/gpu_check.sh [--device cuda|cpu] [builtin] [vllm-omni]    # no part: both
+#   bash scripts/gpu_check.sh [--device cuda|cpu] [builtin] [vllm-omni] [lingbot-world]   # no part: all
 #
 # builtin (needs only Python with PyTorch and numpy; no tritonserver, no package registry): the
 #   built-in generator rendering on the device, frames per second at each size of SIZES
@@ -13,19 +13,24 @@
 #   it), with the device's frames against the CPU's printed. On `--device cuda` (the default)
 #   it needs a CUDA device; `--device cpu` runs it on the CPU (the check's own tests; never a
 #   GPU figure).
-# vllm-omni (needs a CUDA device, tritonserver, vLLM + vllm-omni of one major.minor, and the
-#   model's weights on disk, e.g. the production image with the weights mounted): sessions of
-#   generator=vllm_omni through Triton with the model's real-time preset, asserting what
-#   benchmarks/bench_vllm_omni.py lists (versions agree without vLLM-Omni's mismatch warning;
-#   exactly N frames at the asked size that decode; an update after the first chunk started and
-#   completed within its transition; an early update held without error; stop and disconnect
-#   abort the engine request; GPU memory flat across two sessions), printing time to first chunk
-#   and generated fps.
+# vllm-omni (Helios-Distilled) and lingbot-world (LingBot-World): each needs a CUDA device,
+#   tritonserver, vLLM + vllm-omni of one major.minor, and the model's weights on disk (e.g. the
+#   production image with the weights mounted): sessions of generator=vllm_omni through Triton,
+#   asserting what benchmarks/bench_vllm_omni.py lists (versions agree without vLLM-Omni's
+#   mismatch warning; exactly N frames at the model's size that decode; an update after the first
+#   chunk started and completed within its transition; an early update held without error; stop
+#   and disconnect abort the engine request; GPU memory flat across two sessions; real time: the
+#   first chunk within the model's budget and the delivered fps at least the fps the docs promise
+#   for the model), printing time to first chunk, generated fps and the engine's own rate beside
+#   it. Nothing model-specific is written here: the size, frame counts, first frame, update kind
+#   and promised fps are the rules table's (rtvideo/backend/vllm_omni/model_rules.py), printed
+#   first as a `rules:` line (`bench_vllm_omni.py --show-rules`).
 #
 # Environment: PYTHON (the interpreter), HELIOS_MODEL (a Hugging Face id in the local cache, or a
-# directory), CHUNKS, EXTRA_PARAMS, ENGINE_ARGS (JSON), TRITONSERVER (its path when not on PATH
-# nor from the nvidia-pytriton wheel),
-# SIZES ("256x256 640x384"), SECONDS_PER_FIGURE (3).
+# directory), LINGBOT_MODEL (a directory of LingBot-World's weights; no default),
+# LINGBOT_DEPLOY_CONFIG (deploy/gpu/lingbot_world_stepwise.yaml), CHUNKS, EXTRA_PARAMS (Helios),
+# ENGINE_ARGS (JSON, Helios), TRITONSERVER (its path when not on PATH nor from the nvidia-pytriton
+# wheel), SIZES ("256x256 640x384", builtin only), SECONDS_PER_FIGURE (3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then
@@ -40,9 +45,11 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 SECONDS_PER_FIGURE=${SECONDS_PER_FIGURE:-3}
 SIZES=${SIZES:-256x256 640x384}
 HELIOS_MODEL=${HELIOS_MODEL:-BestWishYsh/Helios-Distilled}
+LINGBOT_MODEL=${LINGBOT_MODEL:-}
+LINGBOT_DEPLOY_CONFIG=${LINGBOT_DEPLOY_CONFIG:-deploy/gpu/lingbot_world_stepwise.yaml}
 
 usage() {
-  echo "usage: gpu_check.sh [--device cuda|cpu] [builtin] [vllm-omni]" >&2
+  echo "usage: gpu_check.sh [--device cuda|cpu] [builtin] [vllm-omni] [lingbot-world]" >&2
   exit 2
 }
 DEVICE=cuda
@@ -51,19 +58,71 @@ while [ $# -gt 0 ]; do
   case $1 in
     --device) [ $# -ge 2 ] || usage; DEVICE=$2; shift 2 ;;
     --device=*) DEVICE=${1#--device=}; shift ;;
-    builtin|vllm-omni) parts+=("$1"); shift ;;
+    builtin|vllm-omni|lingbot-world) parts+=("$1"); shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "gpu_check: unknown part or option: $1" >&2; usage ;;
   esac
 done
 case $DEVICE in cpu|cuda|cuda:[0-9]*) ;; *) echo "gpu_check: --device must be cpu, cuda or cuda:N" >&2; usage ;; esac
-[ ${#parts[@]} -gt 0 ] || parts=(builtin vllm-omni)
+[ ${#parts[@]} -gt 0 ] || parts=(builtin vllm-omni lingbot-world)
 
 failed=()  # "part: why" of each part that did not prove what it was asked to
 passed=()
 cannot() {  # part, why: the part cannot run
   echo "gpu_check: part $1 CANNOT RUN: $2" >&2
   failed+=("$1: cannot run: $2")
+}
+
+# part, model, engine args (JSON), extra params: one model's sessions through Triton, its rules from
+# the table; fails naming every missing piece, or the benchmark's failed assertions
+omni_part() {
+  local part=$1 model=$2 engine_args=$3 extra=$4
+  echo "== Part $part: generator=vllm_omni through Triton"
+  local why=() found versions reasons
+  # what the sessions follow, from the rules table (needs only rtvideo: shown even where it cannot run)
+  if ! "$PY" benchmarks/bench_vllm_omni.py --show-rules --model "${model:-unset}" --chunks "${CHUNKS:-5}" \
+      --engine-args "$engine_args" --extra-params "$extra"; then
+    why+=("its rules are not in rtvideo/backend/vllm_omni/model_rules.py for this model (above)")
+  fi
+  [ "$DEVICE" = cpu ] && why+=("it runs on CUDA only (--device cpu)")
+  if [ $have_torch = 0 ]; then
+    why+=("$torch_line")
+  elif [ $have_cuda = 0 ]; then
+    why+=("this PyTorch sees no CUDA device")
+  fi
+  # as the benchmark finds it: $TRITONSERVER, else PATH, else the nvidia-pytriton wheel
+  if ! found=$("$PY" -c 'from rtvideo.triton.install import find_tritonserver as f; print(f().binary)' 2>&1); then
+    why+=("$(echo "$found" | tail -1 | sed 's/^[A-Za-z]*Error: //')")
+  fi
+  if ! versions=$("$PY" -c 'from importlib.metadata import version as v; print("vllm", v("vllm"), "vllm-omni", v("vllm-omni"))' 2>/dev/null); then
+    why+=("vLLM and vllm-omni are not both installed for $PY")
+  else
+    echo "$versions"
+  fi
+  if [ -z "$model" ]; then
+    why+=("no weights named (LINGBOT_MODEL=a directory of LingBot-World's weights)")
+  elif ! "$PY" - "$model" >/dev/null 2>&1 <<'EOF'
+import os, sys
+model = sys.argv[1]
+if not os.path.isdir(model):
+    from huggingface_hub import snapshot_download
+    snapshot_download(model, local_files_only=True)  # raises unless the weights are cached
+EOF
+  then
+    why+=("the weights of $model are not on disk (a directory or a cached id)")
+  fi
+  if [ ${#why[@]} -gt 0 ]; then
+    reasons=$(printf '%s; ' "${why[@]}")
+    cannot "$part" "${reasons%; }"
+    return
+  fi
+  if "$PY" benchmarks/bench_vllm_omni.py --model "$model" --chunks "${CHUNKS:-5}" \
+      --extra-params "$extra" --engine-args "$engine_args" --assert; then
+    passed+=("$part")
+  else
+    echo "gpu_check: part $part FAILED: an assertion of bench_vllm_omni.py (above)" >&2
+    failed+=("$part: bench_vllm_omni.py --assert failed")
+  fi
 }
 
 echo "== GPU"
@@ -106,45 +165,10 @@ for part in "${parts[@]}"; do
     [ $ok = 1 ] && passed+=("builtin on $DEVICE")
     ;;
   vllm-omni)
-    echo "== Part vllm-omni: generator=vllm_omni through Triton"
-    why=()
-    [ "$DEVICE" = cpu ] && why+=("it runs on CUDA only (--device cpu)")
-    if [ $have_torch = 0 ]; then
-      why+=("$torch_line")
-    elif [ $have_cuda = 0 ]; then
-      why+=("this PyTorch sees no CUDA device")
-    fi
-    # as the benchmark finds it: $TRITONSERVER, else PATH, else the nvidia-pytriton wheel
-    if ! found=$("$PY" -c 'from rtvideo.triton.install import find_tritonserver as f; print(f().binary)' 2>&1); then
-      why+=("$(echo "$found" | tail -1 | sed 's/^[A-Za-z]*Error: //')")
-    fi
-    if ! versions=$("$PY" -c 'from importlib.metadata import version as v; print("vllm", v("vllm"), "vllm-omni", v("vllm-omni"))' 2>/dev/null); then
-      why+=("vLLM and vllm-omni are not both installed for $PY")
-    else
-      echo "$versions"
-    fi
-    if ! "$PY" - "$HELIOS_MODEL" >/dev/null 2>&1 <<'EOF'
-import os, sys
-model = sys.argv[1]
-if not os.path.isdir(model):
-    from huggingface_hub import snapshot_download
-    snapshot_download(model, local_files_only=True)  # raises unless the weights are cached
-EOF
-    then
-      why+=("the weights of $HELIOS_MODEL are not on disk (HELIOS_MODEL=a directory or a cached id)")
-    fi
-    if [ ${#why[@]} -gt 0 ]; then
-      reasons=$(printf '%s; ' "${why[@]}")
-      cannot vllm-omni "${reasons%; }"
-      continue
-    fi
-    if "$PY" benchmarks/bench_vllm_omni.py --model "$HELIOS_MODEL" --chunks "${CHUNKS:-5}" \
-        --extra-params "${EXTRA_PARAMS:-auto}" --engine-args "${ENGINE_ARGS:-{\}}" --assert; then
-      passed+=("vllm-omni")
-    else
-      echo "gpu_check: part vllm-omni FAILED: an assertion of bench_vllm_omni.py (above)" >&2
-      failed+=("vllm-omni: bench_vllm_omni.py --assert failed")
-    fi
+    omni_part vllm-omni "$HELIOS_MODEL" "${ENGINE_ARGS:-{\}}" "${EXTRA_PARAMS:-auto}"
+    ;;
+  lingbot-world)
+    omni_part lingbot-world "$LINGBOT_MODEL" "{\"deploy_config\": \"$LINGBOT_DEPLOY_CONFIG\"}" auto
     ;;
   esac
 done

@@ -1,7 +1,8 @@
 """scripts/gpu_check.sh proves each part it is asked for or fails loudly: run here, where there is
-no GPU, no tritonserver, no vLLM and no Helios weights, every part that cannot run makes it exit
+no GPU, no tritonserver, no vLLM and no model weights, every part that cannot run makes it exit
 non-zero with a message naming the part and what is missing; the built-in part forced onto the
-CPU (`--device cpu`), which has all it needs here, passes."""
+CPU (`--device cpu`), which has all it needs here, passes. Each vLLM-Omni part (Helios-Distilled,
+LingBot-World) states first the rules its sessions follow, and they are the rules table's."""
 
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from rtvideo.backend.vllm_omni import model_rules
+from rtvideo.backend.vllm_omni.model_rules import FirstFrame, ModelRules
 from tests.support.paths import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_check.sh"
 
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("TRITONSERVER", "HELIOS_MODEL")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TRITONSERVER", "HELIOS_MODEL", "LINGBOT_MODEL", "LINGBOT_DEPLOY_CONFIG")
+    }
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
         capture_output=True,
@@ -59,7 +66,8 @@ def test_the_default_check_asks_for_both_parts_and_fails_without_a_gpu() -> None
     assert out.returncode == 1, out.stdout + out.stderr
     assert "gpu_check: part builtin CANNOT RUN: this PyTorch sees no CUDA device" in out.stderr
     assert "gpu_check: part vllm-omni CANNOT RUN: " in out.stderr
-    assert "2 of 2 part(s) asked for did not prove out" in out.stderr
+    assert "gpu_check: part lingbot-world CANNOT RUN: " in out.stderr
+    assert "3 of 3 part(s) asked for did not prove out" in out.stderr
 
 
 def test_the_builtin_part_on_the_cpu_passes() -> None:
@@ -92,3 +100,58 @@ def test_the_vllm_omni_part_cannot_be_forced_onto_the_cpu() -> None:
 def test_an_unknown_part_is_a_usage_error() -> None:
     out = run("bultin")
     assert out.returncode == 2 and "unknown part or option: bultin" in out.stderr
+
+
+def _rules_line(out: str, part: str) -> str:
+    lines = out.splitlines()
+    at = lines.index(f"== Part {part}: generator=vllm_omni through Triton")
+    assert lines[at + 1].startswith("rules: "), lines[at : at + 2]
+    return lines[at + 1]
+
+
+def _expected(rules: ModelRules, chunks: int) -> list[str]:
+    width, height = rules.default_size
+    frames = rules.request_length(chunks)
+    first = "required (sent)" if rules.first_frame is FirstFrame.REQUIRED else "optional (not sent)"
+    return [
+        f"rules: {rules.name} {width}x{height} at {rules.default_fps} fps",
+        f"{frames} frames (chunks {rules.chunk_frames(frames)}; rule {rules.frames_rule()})",
+        f"first frame {first}",
+        f"updates {sorted(rules.interactions)}",
+        f"first-chunk budget {rules.first_chunk_budget_seconds:g} s",
+    ]
+
+
+def test_each_vllm_omni_part_follows_its_models_rules_from_the_table() -> None:
+    """Helios-Distilled (by its model id) and LingBot-World (by the shipped deploy config's
+    pipeline class and AR-cache size): the size, frames, first frame, updates, promised fps and
+    budget the benchmark would use are the table's, shown even where the part cannot run."""
+    out = run("vllm-omni", "lingbot-world", CHUNKS="4")
+    assert out.returncode == 1, out.stdout + out.stderr
+    helios = _rules_line(out.stdout, "vllm-omni")
+    lingbot = _rules_line(out.stdout, "lingbot-world")
+    for words in _expected(model_rules.HELIOS_DISTILLED, 4):
+        assert words in helios, (words, helios)
+    for words in _expected(model_rules.LINGBOT_WORLD, 4):
+        assert words in lingbot, (words, lingbot)
+    assert "832x480 at 5 fps" in lingbot and "45 frames (chunks [9, 12, 12, 12]" in lingbot  # the docs' figures
+
+
+def test_the_lingbot_part_here_fails_naming_each_missing_piece() -> None:
+    _no_cuda()
+    out = run("lingbot-world")
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = [x for x in out.stderr.splitlines() if "CANNOT RUN" in x]
+    assert line.startswith("gpu_check: part lingbot-world CANNOT RUN: ")
+    for missing in ("no CUDA device", "vLLM and vllm-omni", "LINGBOT_MODEL="):
+        assert missing in line, line
+
+
+def test_a_deploy_config_of_a_model_without_rules_cannot_run(tmp_path: Path) -> None:
+    deploy = tmp_path / "other.yaml"
+    deploy.write_text("stages:\n  - model_config: {}\n    model_class_name: SomeOtherPipeline\n")
+    out = run("lingbot-world", LINGBOT_MODEL=str(tmp_path), LINGBOT_DEPLOY_CONFIG=str(deploy))
+    assert out.returncode == 1
+    assert "no rules for model" in out.stderr + out.stdout
+    assert "gpu_check: part lingbot-world CANNOT RUN: its rules are not in" in out.stderr
+    assert "the weights of" not in out.stderr  # the directory is there: only the rules are missing
