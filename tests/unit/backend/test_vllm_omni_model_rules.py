@@ -345,3 +345,18 @@ def test_the_shipped_lingbot_deploy_config_is_the_wheels_where_the_rules_depend_
     assert interaction_rules.deploy_config_class(str(ROOT / "deploy/gpu/lingbot_world_stepwise.yaml")) in (
         LINGBOT_WORLD.pipeline_classes
     )
+
+
+@pytest.mark.parametrize("rules", [HELIOS_DISTILLED, LINGBOT_WORLD], ids=lambda r: r.name)
+def test_the_docs_promise_the_fps_the_table_holds(rules: model_rules.ModelRules) -> None:
+    """docs/vllm-omni.md's rates table and the rules table agree: the fps a deployment serves the
+    model at (what the GPU check fails below) and the published figure's source."""
+    from tests.support.paths import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "vllm-omni.md").read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith(f"| {rules.name} | ")]
+    _, _, measured, source, serve_at, _, _ = (cell.strip() for cell in row.split("|"))
+    assert re.match(rf"(\*\*)?{rules.default_fps}\b", serve_at), serve_at
+    assert rules.reference_fps is not None and f"{rules.reference_fps:g}" in measured.replace("+", "")
+    cited = [mark for mark in ("issue #7074", "README") if mark in source]  # what the docs cite
+    assert cited and all(mark in rules.fps_source for mark in cited), (source, rules.fps_source)
