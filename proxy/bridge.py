@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 #: the request bytes of a `session.ping` (forwarded pings, the health probe) and of a
 #: `session.stop` (sent with `sequence_end` to end a sequence)
 PING = server_messages.encode({"type": protocol.PING}).encode()
+#: the health probe's ping: it asks for the model's status in the pong (docs/protocol.md §8)
+PROBE = server_messages.encode({"type": protocol.PING, "status": True}).encode()
 STOP = server_messages.encode({"type": protocol.STOP}).encode()
 #: the proxy's keep-alive on a live session's sequence (docs/protocol.md §8): a `session.ping`
 #: that keeps Triton's idle timeout off but is no progress for the model's stall clock
@@ -278,7 +280,7 @@ class TritonBridge:
         """The health probe (docs/protocol.md §8): `session.ping` alone on a fresh sequence, with
         `sequence_start` and `sequence_end`; returns the round trip in seconds. Raises
         BackendUnavailable unless a `session.pong` comes back within `timeout`."""
-        request = _request(self.model, PING, "probe", new_sequence_id(), start=True, end=True)
+        request = _request(self.model, PROBE, "probe", new_sequence_id(), start=True, end=True)
 
         t0 = time.perf_counter()
         call: Any = None

@@ -81,6 +81,9 @@ class PingRequest:
     #: the proxy's pause of a detached session (docs/triton-model.md): True pauses the generator at
     #: its next chunk boundary, False resumes it; None (every client ping) leaves it as it is
     pause: bool | None = None
+    #: `"status": true`: a health probe that asks for the model's status in its pong (§8); a
+    #: plain ping gets the plain pong
+    status: bool = False
 
 
 #: a playhead report's positions, in media seconds: the longest session a start may ask for
@@ -220,7 +223,11 @@ def parse_message(raw: bytes | str) -> SessionMessage:
         return StopRequest()
     if kind == PING:
         pause = obj.get("pause")
-        return PingRequest(keepalive=obj.get("keepalive") is True, pause=pause if isinstance(pause, bool) else None)
+        return PingRequest(
+            keepalive=obj.get("keepalive") is True,
+            pause=pause if isinstance(pause, bool) else None,
+            status=obj.get("status") is True,
+        )
     if kind == PLAYBACK:
         return validate_playback(obj)
     if kind == REVOKE_STEERING:

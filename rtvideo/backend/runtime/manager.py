@@ -34,12 +34,13 @@ MIN_SECRET_CHARS = 16
 NOT_YOURS = "this request does not belong to the session"
 
 
-def _is_probe(payload: bytes) -> bool:
+def _probe_of(payload: bytes) -> PingRequest | None:
     """`session.ping` as the only request of a sequence: the health probe (docs/protocol.md §8)."""
     try:
-        return isinstance(protocol.parse_message(payload), PingRequest)
+        message = protocol.parse_message(payload)
     except ProtocolError:
-        return False
+        return None
+    return message if isinstance(message, PingRequest) else None
 
 
 def _is_playback(payload: bytes) -> bool:
@@ -235,8 +236,8 @@ class SessionManager:
             )
             return
         self._table.forget_ended(corrid)  # Triton begins a new sequence: whatever ended on this id is gone
-        if end and _is_probe(payload):
-            self._probe(corrid, channel)
+        if end and (probe := _probe_of(payload)) is not None:
+            self._probe(corrid, channel, with_status=probe.status)
             return
         if secret is None or len(secret) < MIN_SECRET_CHARS:
             self._starts.refuse(
@@ -250,7 +251,7 @@ class SessionManager:
         if end and not self._starts.fetching(corrid):  # a one-request sequence: start and stop at once
             self._stop(corrid)
 
-    def _probe(self, corrid: int, channel: Channel) -> None:
+    def _probe(self, corrid: int, channel: Channel, *, with_status: bool) -> None:
         """The health probe: one pong with FINAL at once; no session, no slot, no session-end metric.
         Like any new sequence on a live correlation id, it ends a session still running there
         (only with that session's secret: `_dispatch_start`).
@@ -260,7 +261,8 @@ class SessionManager:
         if self._broken is not None:
             channel.send(server_messages.error(ErrorCode.BACKEND_UNAVAILABLE, self._broken), final=True)
             return
-        channel.send({**server_messages.pong(), "model": self.status()}, final=True)  # the probe's own
+        pong = server_messages.pong()
+        channel.send({**pong, "model": self.status()} if with_status else pong, final=True)
 
     def status(self) -> dict[str, object]:
         """What the health probe's pong says of the model (docs/protocol.md §8): its session

@@ -108,7 +108,10 @@ def test_a_start_must_carry_a_secret_of_16_characters() -> None:
         # the health probe needs none
         probe = Recorder()
         mgr.on_request(99, PING, start=True, end=True, channel=probe, secret=None)
-        assert probe.sent == [({"type": "session.pong", "model": {"max_sessions": 2, "sessions": 0}}, b"", True)]
+        assert probe.sent == [({"type": "session.pong"}, b"", True)]  # a plain ping, the plain pong
+        asking = Recorder()  # the proxy's probe asks for the model's status
+        mgr.on_request(98, b'{"type":"session.ping","status":true}', start=True, end=True, channel=asking, secret=None)
+        assert asking.sent == [({"type": "session.pong", "model": {"max_sessions": 2, "sessions": 0}}, b"", True)]
     finally:
         mgr.shutdown()
 

@@ -79,8 +79,9 @@ def test_answers_go_to_their_sender_only() -> None:
         return owner, link, bridge
 
     owner, link, _ = run(body())
-    owner_answers = [(m["type"], m.get("event_id")) for m in owner.texts()[1:]]
-    guest_answers = [(m["type"], m.get("event_id"), m.get("code")) for m in link.texts()[1:]]
+    shared = "session.interaction.shared"  # a notice of another's acked update, not an answer
+    owner_answers = [(m["type"], m.get("event_id")) for m in owner.texts()[1:] if m["type"] != shared]
+    guest_answers = [(m["type"], m.get("event_id"), m.get("code")) for m in link.texts()[1:] if m["type"] != shared]
     assert owner_answers == [("session.interaction.queued", "o1")]
     assert guest_answers == [
         ("session.interaction.queued", "g1", None),
@@ -88,6 +89,8 @@ def test_answers_go_to_their_sender_only() -> None:
         ("error", "g2", "invalid_interaction"),
         ("error", "g1", "interaction_failed"),
     ]
+    assert [m["event_id"] for m in owner.texts() if m["type"] == shared] == ["g1"]  # g2 was never acked
+    assert [m["event_id"] for m in link.texts() if m["type"] == shared] == ["o1"]
     assert link.texts()[0]["steerer"] is True and "steer_token" not in link.texts()[0]
 
 
@@ -123,11 +126,16 @@ def test_a_steerer_has_its_own_share_of_the_requests_in_flight() -> None:
             s.steer(steerer, _interaction(f"g{i}"), False)
         s.on_frame(_interaction("o1"), False)  # the owner is within the session's bound
         await settle()
-        assert [m.get("event_id") for m in owner.texts()[1:]] == ["o1"]
+        answers = [m.get("event_id") for m in owner.texts()[1:] if m["type"] != "session.interaction.shared"]
+        assert answers == ["o1"]
         return link
 
     link = run(body())
-    answers = [(m["type"], m.get("event_id"), m.get("code")) for m in link.texts()[1:]]
+    answers = [
+        (m["type"], m.get("event_id"), m.get("code"))
+        for m in link.texts()[1:]
+        if m["type"] != "session.interaction.shared"
+    ]
     assert answers == [
         ("session.interaction.queued", "g0", None),
         ("session.interaction.queued", "g1", None),
