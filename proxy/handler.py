@@ -11,6 +11,7 @@ from typing import Any
 from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
 from rtvideo.core import resume
+from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.access import client_of, origin_allowed, refused_without_token
 from rtvideo.proxy.metrics import ProxyMetrics
 from rtvideo.proxy.placement import EndpointPool
@@ -55,14 +56,10 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.metrics.connection_rejected("draining")
             self.set_header("Retry-After", "1")
             self.send_error(503, reason="Server shutting down")
-        elif len(attached := _attached(ctx.sessions)) >= ctx.settings.max_connections:
+        elif len(_attached(ctx.sessions)) >= ctx.settings.max_connections:
             ctx.metrics.connection_rejected("capacity")
             self.set_header("Retry-After", "5")
             self.send_error(503, reason="Too many connections")
-        elif sum(s.peer == self.client for s in attached) >= ctx.settings.sessions_per_client(ctx.pool.known_slots):
-            ctx.metrics.connection_rejected("per_client")
-            self.set_header("Retry-After", "5")
-            self.send_error(429, reason="Too many sessions from this client")
         elif not ctx.pool.admitting:
             busy = ctx.pool.state is BackendState.BUSY  # alive, every sequence slot held
             ctx.metrics.connection_rejected("backend_busy" if busy else "backend_down")
@@ -123,9 +120,28 @@ class RealtimeVideoHandler(WebSocketHandler):
         """Tornado reads the next frame only once an awaitable returned here is done."""
         assert self.session is not None
         binary = isinstance(message, bytes)
-        if self.session.awaiting_start and resume.is_resume(message, binary=binary):
-            return self._resume(message)
+        if self.session.awaiting_start:
+            if resume.is_resume(message, binary=binary):
+                return self._resume(message)  # its session is counted already: no share is asked
+            if (over := self._over_share()) is not None:
+                self.context.metrics.connection_rejected("per_client")
+                self.session.refuse_start(ErrorCode.SERVER_BUSY, over)
+                return None
         return self.session.on_frame(message, binary)
+
+    def _over_share(self) -> str | None:
+        """Why a new session of this client would pass its address's share of the model's slots
+        (`ProxySettings.sessions_per_client`), or None. Asked when a connection becomes a session,
+        not at the upgrade: a connection that resumes a session of its own needs no new share."""
+        ctx = self.context
+        share = ctx.settings.sessions_per_client(ctx.pool.known_slots)
+        held = sum(1 for s in ctx.sessions if s.peer == self.client and s is not self.session and not s.awaiting_start)
+        if held < share:
+            return None
+        return (
+            f"this client address holds {held} session(s), its share of the model's slots "
+            f"({share}, --max-sessions-per-client); end one first"
+        )
 
     async def _resume(self, message: str | bytes) -> None:
         await drop_silent_owner(self.context.features, message)

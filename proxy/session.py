@@ -193,6 +193,13 @@ class ProxySession:
                 f"no session.start after {self.waited:.1f} s while other clients wait to connect",
             )
 
+    def refuse_start(self, code: ErrorCode, message: str) -> None:
+        """A connection that may not become a session (the handler's admission): the error,
+        session.done, close, as for a refused start."""
+        if self.awaiting_start:
+            self._start_timer.cancel()
+            self._ending.fail(code, message)
+
     # --- participants → Triton ----------------------------------------------------------------
     def on_frame(self, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
         """A frame from the owner; an awaitable when Tornado should read the next one only later."""

@@ -79,8 +79,8 @@ class ProxySettings:
     max_connections: int = setting(64, "concurrent WebSocket sessions (HTTP 503 beyond)")
     max_sessions_per_client: int = setting(
         0,
-        "concurrent sessions from one client address (HTTP 429 beyond); 0: half the model's session slots "
-        "this proxy knows of, at least 1 (16 while no endpoint's capacity is known)",
+        "concurrent sessions from one client address (a start beyond is server_busy; a resume does not count); "
+        "0: half the model's session slots this proxy knows of, at least 1 (16 until every capacity is known)",
     )
     max_open_connections: int = setting(
         1024, "open TCP connections of any kind (WebSocket, HTTP, idle); a new one beyond is closed at once"
@@ -239,7 +239,7 @@ class ProxySettings:
     def sessions_per_client(self, known_slots: int | None) -> int:
         """How many sessions one client address may hold: `max_sessions_per_client`, else half the
         model's slots (at least 1), so that one address never holds them all where there are two
-        or more; 16 while no endpoint's capacity is known."""
+        or more; 16 until every endpoint's capacity is known."""
         if self.max_sessions_per_client:
             return self.max_sessions_per_client
         return 16 if known_slots is None else max(1, known_slots // 2)

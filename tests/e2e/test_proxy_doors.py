@@ -190,7 +190,7 @@ def test_readyz_is_503_while_no_endpoint_has_a_free_slot(proxies, triton) -> Non
     another client (a direct gRPC session) shows when the model answers server_busy: 503 until a
     session starts there again."""
     wait_idle(triton, PACED_MODEL)
-    server = proxies.server(model=PACED_MODEL)
+    server = proxies.server(model=PACED_MODEL, max_sessions_per_client=2)  # both slots, one address
     (endpoint,) = server.pool.endpoints.values()
     eventually(lambda: endpoint.capacity == 2 and get(server.port, "/readyz")[0] == 200, 30, "no capacity read")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.event_book import MAX_EVENTS_PER_SESSION
@@ -89,24 +89,30 @@ def test_origin_rule_is_explicit() -> None:
 
 
 def test_one_client_cannot_hold_every_slot(proxies) -> None:
+    """Two sessions from one address hold its share; a third start is server_busy at once (its
+    connection was taken: connections are bounded apart, and a resume needs no new share), and
+    the share is free again once one of the two ends."""
     url = proxies.url(max_sessions_per_client=2, max_connections=10)
 
-    async def body() -> None:
-        async with connect(url), connect(url):
-            try:
-                async with connect(url):
-                    raise AssertionError("a third session from the same address was accepted")
-            except InvalidStatus as exc:
-                assert exc.response.status_code == 429
-        for _ in range(100):  # slots free when the proxy sees the closes
-            try:
-                async with connect(url):
-                    return
-            except InvalidStatus:
-                await asyncio.sleep(0.05)
-        raise AssertionError("the client's slots were not freed")
+    async def started(conn: Any) -> dict[str, Any]:
+        await conn.send(json.dumps({"type": "session.start", "prompt": "a share", "num_frames": 9 * 200}))
+        return json.loads(await asyncio.wait_for(conn.recv(), 30))
 
-    run(body(), 30)
+    async def body() -> None:
+        async with connect(url) as a, connect(url) as b:
+            assert (await started(a))["type"] == "video.start" and (await started(b))["type"] == "video.start"
+            async with connect(url) as c:
+                refused = await started(c)
+                assert refused["code"] == "server_busy" and "its share" in refused["message"], refused
+                assert json.loads(await asyncio.wait_for(c.recv(), 30))["type"] == "session.done"
+        for _ in range(100):  # the share is free once the proxy sees the closes
+            async with connect(url) as d:
+                if (await started(d))["type"] == "video.start":
+                    return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the client's share was not freed")
+
+    run(body(), 60)
 
 
 # --- bounded resources: rate, requests in flight, pings, per-event sets ----------------------------
@@ -158,7 +164,7 @@ def flood_beside_a_neighbour(proxies, triton, tmp_path, mode: str, seconds: floa
     """A flooding client (its own process) and, on the same proxy, a neighbour session sending an
     interaction every 100 ms; both on the paced model. Returns the figures and both transcripts."""
     wait_idle(triton, PACED_MODEL)
-    url = proxies.url(model=PACED_MODEL)
+    url = proxies.url(model=PACED_MODEL, max_sessions_per_client=2)  # the flooder and its neighbour: one address
     out = tmp_path / "flood.pickle"
     before: dict[str, float] = {}
 
@@ -508,8 +514,10 @@ def test_a_session_the_model_ends_closes_at_once(proxies, triton, caplog, case: 
         async with contextlib.AsyncExitStack() as stack:
             if case == "server_busy":  # the paced model takes two sessions
                 for i in range(2):
-                    await Ws(await stack.enter_async_context(ws(proxies.url(model=model)))).start("busy", seed=i)
-            conn = await stack.enter_async_context(ws(proxies.url(model=model)))
+                    await Ws(
+                        await stack.enter_async_context(ws(proxies.url(model=model, max_sessions_per_client=8)))
+                    ).start("busy", seed=i)
+            conn = await stack.enter_async_context(ws(proxies.url(model=model, max_sessions_per_client=8)))
             s = Ws(conn)
             if case == "complete":
                 await s.start("to the end", num_frames=18, seed=14)

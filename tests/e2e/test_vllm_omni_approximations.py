@@ -81,7 +81,7 @@ def test_a_drained_session_goes_on_from_its_last_frame(omni) -> None:
     a move after a restart does (a second Triton would be the same to the session)."""
     proxies, engines = omni
     engine = engines[MODEL]
-    server = proxies.server(model=MODEL, move_patience_seconds=30.0)
+    server = proxies.server(model=MODEL, move_patience_seconds=30.0, admin_token="approximations-operator")
 
     async def body() -> tuple[Transcript, dict[str, Any]]:
         async with ws(server.url) as conn:
