@@ -70,8 +70,9 @@ def key_headers(key: str | None) -> dict[str, str]:
 
 
 def generate_key() -> str:
-    """A fresh random key (URL-safe, 256 bits)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random key: 256 bits as hex, so that it never begins with `-` (a command line
+    would read such a value as a flag) and travels in any header unquoted."""
+    return secrets.token_hex(32)
 
 
 def key_from_env() -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
-from tests.support.browser import chromium
+from tests.support.browser import HEADLESS_FLAGS, chromium
 
 #: JavaScript: the video element's state, and how much of its picture is not black (pixels
 #: sampled through a canvas: the mean level and the share of pixels brighter than 24 of 255)
@@ -160,20 +160,11 @@ def browser() -> Iterator[Browser]:
         process = subprocess.Popen(
             [
                 chromium(),
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                *HEADLESS_FLAGS,
+                # several windows at once: none is throttled for being in the background
                 "--disable-background-timer-throttling",
                 "--disable-renderer-backgrounding",
                 "--disable-backgrounding-occluded-windows",
-                "--autoplay-policy=no-user-gesture-required",
-                "--remote-debugging-port=0",
-                "--hide-scrollbars",
                 f"--user-data-dir={profile}",
                 "about:blank",
             ],

@@ -16,6 +16,6 @@ from tests.support.streams import PACED_MODEL
 def demo_proxy(triton) -> Iterator[Any]:
     host = ProxyHost(triton.grpc_url)
     try:
-        yield host.server(model=PACED_MODEL)
+        yield host.server(model=PACED_MODEL, max_sessions_per_client=2)  # every page comes from this machine
     finally:
         host.close()

@@ -26,7 +26,7 @@ from tests.support.streams import PACED_MODEL
 #: seconds a joining page has to show a moving, lit picture
 JOIN_SECONDS = 8.0
 #: how long the watcher watches while nothing may be refused (bounded: CI has 2 cores)
-WATCH_SECONDS = 20.0
+WATCH_SECONDS = 60.0
 DISPLAY = "getComputedStyle(document.getElementById(%r)).display"
 TEXT = "document.getElementById(%r).textContent"
 
@@ -57,8 +57,8 @@ def fits(page: Page, who: str) -> None:
 def test_owner_watcher_and_steerer_pages_play_and_tell_one_story(demo_proxy, triton, tmp_path: Path) -> None:
     wait_idle(triton, PACED_MODEL)
     base = f"http://127.0.0.1:{demo_proxy.port}/"
-    # ~34 s of stream: long enough to join mid-way, steer both ways and watch WATCH_SECONDS
-    query = urlencode({"prompt": "a red lighthouse at sunset", "seed": 7, "autostart": 1, "stop_after": 70})
+    # ~84 s of stream: long enough to join mid-way, steer both ways and watch WATCH_SECONDS
+    query = urlencode({"prompt": "a red lighthouse at sunset", "seed": 7, "autostart": 1, "stop_after": 150})
     with browser() as chromium:
         owner = chromium.open(base + "?" + query)
         owner.wait(

@@ -35,7 +35,7 @@ SHOWN_ROW = """new Promise(resolve => {
 def paced_proxy(triton) -> Iterator[Any]:
     host = ProxyHost(triton.grpc_url)
     try:
-        yield host.server(model=PACED_MODEL, start_timeout=9.0)  # a proxy of its own: its own metrics
+        yield host.server(model=PACED_MODEL, start_timeout=9.0, max_sessions_per_client=2)  # its own metrics
     finally:
         host.close()
 

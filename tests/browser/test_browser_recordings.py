@@ -32,7 +32,13 @@ def test_record_list_play_and_branch_from_the_pages(triton, tmp_path: Path) -> N
     wait_idle(triton, PACED_MODEL)
     host = ProxyHost(triton.grpc_url)
     try:
-        server = host.server(model=PACED_MODEL, recordings=str(tmp_path / "rec"), token=TOKEN, admin_token=ADMIN)
+        server = host.server(
+            model=PACED_MODEL,
+            recordings=str(tmp_path / "rec"),
+            token=TOKEN,
+            admin_token=ADMIN,
+            max_sessions_per_client=2,
+        )
         base = f"http://127.0.0.1:{server.port}/"
         query = urlencode(
             {"prompt": "a lighthouse in a storm", "seed": 3, "autostart": 1, "record": 1, "token": TOKEN}

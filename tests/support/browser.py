@@ -20,6 +20,23 @@ from websockets.sync.client import connect
 DONE_TITLE = "rtvideo demo: done"
 
 
+#: how every test starts Chromium: headless, no network of its own, video that plays by itself,
+#: the DevTools port chosen by Chromium (read from its profile)
+HEADLESS_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+    "--remote-debugging-port=0",
+    "--hide-scrollbars",
+)
+
+
 def chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     assert path, "Chromium is needed for this test: scripts/test.sh installs it (Debian package chromium)"
@@ -39,23 +56,7 @@ def drive_page(
     bounds a page that never gets done (a loaded machine takes longer to get there)."""
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may linger
         browser = subprocess.Popen(
-            [
-                chromium(),
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--autoplay-policy=no-user-gesture-required",
-                "--remote-debugging-port=0",
-                "--window-size=1280,800",
-                "--hide-scrollbars",
-                f"--user-data-dir={profile}",
-                url,
-            ],
+            [chromium(), *HEADLESS_FLAGS, "--window-size=1280,800", f"--user-data-dir={profile}", url],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

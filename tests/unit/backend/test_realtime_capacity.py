@@ -96,7 +96,7 @@ def test_a_builtin_model_measures_itself_at_load_and_its_probe_says_so() -> None
     manager = build_manager(BackendSettings(width=64, height=64, render_workers=0), "m")
     try:
         ch = Recorder()
-        manager.on_request(1, b'{"type":"session.ping"}', start=True, end=True, channel=ch)
+        manager.on_request(1, b'{"type":"session.ping","status":true}', start=True, end=True, channel=ch)
         assert ch.finished.wait(5)
         (pong,) = [message for message, _, _ in ch.sent]
         model = pong["model"]
