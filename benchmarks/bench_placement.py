@@ -34,7 +34,7 @@ from bench_common import percentile, triton_key
 from websockets.asyncio.client import connect
 
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.proxy.placement import REFUSED_HOLD_SECONDS
+from rtvideo.proxy.placement.pool import REFUSED_HOLD_SECONDS
 from rtvideo.triton import TritonConfig, TritonServer, free_port
 from rtvideo.triton.model_repo import derive_model
 

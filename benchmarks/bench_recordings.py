@@ -11,7 +11,7 @@ Starts its own tritonserver (256x256, 9 frames per chunk) and two proxies with
   order; the lead is how far the stream runs ahead of a player that started at the first
   payload (media seconds received minus wall seconds since), p50 and minimum over every chunk;
 - the vLLM-Omni approximation's own cost (no Triton): finding and decoding the last frame of a
-  fragment and making it a data URL (`rtvideo.proxy.first_frame`), at the models' sizes, against
+  fragment and making it a data URL (`rtvideo.proxy.placement.first_frame`), at the models' sizes, against
   encoding one chunk of the same frames (the baseline every chunk pays);
 - what a burst of branches costs a bystander: a paced viewer's longest gap between two payloads
   while 15 branches of a large event log (`--log-mb`, grown from a real recording with long
@@ -218,7 +218,7 @@ def approximation_costs(repeats: int) -> None:
 
     from rtvideo.backend.builtin.generator import BuiltinGenerator
     from rtvideo.backend.encoder import FragmentedMp4Encoder
-    from rtvideo.proxy import first_frame
+    from rtvideo.proxy.placement import first_frame
 
     generator = BuiltinGenerator(device="cpu", fps=16)
     print("\nthe approximation's first frame (ms, median): fragment found and decoded, data URL made;")

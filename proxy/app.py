@@ -15,21 +15,21 @@ from tornado.httputil import HTTPServerRequest
 from tornado.netutil import bind_sockets
 
 from rtvideo.core.protocol import MAX_START_BYTES
-from rtvideo.proxy import accesslog
-from rtvideo.proxy.access import host_allowed, refused_without_token, token_ok
-from rtvideo.proxy.addresses import is_trusted, trusted_networks
-from rtvideo.proxy.connections import BoundedHTTPServer, fd_room
-from rtvideo.proxy.endpoints import Resolver
-from rtvideo.proxy.handler import ProxyContext, RealtimeVideoHandler
-from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.moves import http as drain_http
-from rtvideo.proxy.placement import EndpointPool
-from rtvideo.proxy.recordings.http import routes as recording_routes
+from rtvideo.proxy.edge import drain as drain_http
+from rtvideo.proxy.edge.access import host_allowed, refused_without_token, token_ok
+from rtvideo.proxy.edge.connections import BoundedHTTPServer, fd_room
+from rtvideo.proxy.edge.recordings_http import routes as recording_routes
+from rtvideo.proxy.edge.socket import ProxyContext, RealtimeVideoHandler
+from rtvideo.proxy.edge.steer_door import STEER_PATH, SteerHandler
+from rtvideo.proxy.edge.watch_door import WATCH_PATH, WatchHandler
+from rtvideo.proxy.observability import accesslog
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.placement.addresses import is_trusted, trusted_networks
+from rtvideo.proxy.placement.endpoint import Resolver
+from rtvideo.proxy.placement.pool import EndpointPool
+from rtvideo.proxy.placement.supervisor import BackendState
 from rtvideo.proxy.recordings.service import Recordings
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
-from rtvideo.proxy.steer_handler import STEER_PATH, SteerHandler
-from rtvideo.proxy.supervisor import BackendState
-from rtvideo.proxy.watch_handler import WATCH_PATH, WatchHandler
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtvideo import settings_text
-from rtvideo.proxy.addresses import parse_urls, trusted_networks
+from rtvideo.proxy.placement.addresses import parse_urls, trusted_networks
 from rtvideo.settings_text import setting
 
 MiB = 1024 * 1024

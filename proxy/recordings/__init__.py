@@ -5,5 +5,4 @@ event log of every JSON message in and out, and a manifest, in a store the deplo
 - `ids`: recording ids (unguessable; the only names a client may use to reach the store).
 - `store`: where recordings live and how they are found, listed, evicted and deleted.
 - `recorder`: one session's recording, written off the event loop (never delays the stream).
-- `http`: the `/v1/recordings` endpoints.
 """

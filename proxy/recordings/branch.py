@@ -34,7 +34,7 @@ from rtvideo.core.approximation import approximate_start
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.fields import as_int
 from rtvideo.core.session_log import SessionLog, SessionLogError, iter_lines, read_log
-from rtvideo.proxy import first_frame
+from rtvideo.proxy.placement import first_frame
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.service import BranchesBusy, Recordings
 from rtvideo.proxy.recordings.store import EVENTS, VIDEO

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from rtvideo.core import protocol
-from rtvideo.proxy.outbox import Frame
-from rtvideo.proxy.recordings.metrics import RecordingMetrics
+from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
 from rtvideo.proxy.recordings.store import EVENTS, TOKEN_DIGEST, VIDEO, Charge, RecordingStore, open_private
+from rtvideo.proxy.session.outbox import Frame
 
 log = logging.getLogger(__name__)
 

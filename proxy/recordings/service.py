@@ -21,8 +21,8 @@ from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry
 
+from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
 from rtvideo.proxy.recordings import ids
-from rtvideo.proxy.recordings.metrics import RecordingMetrics
 from rtvideo.proxy.recordings.recorder import SessionRecorder
 from rtvideo.proxy.recordings.store import Limits, RecordingStore, backing_for, token_digest
 

@@ -19,9 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rtvideo.client.session import RealtimeVideoClient
-from rtvideo.proxy.accesslog import redact, redact_text
-from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.session_timing import StreamTiming
+from rtvideo.proxy.observability.accesslog import redact, redact_text
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.observability.session_timing import StreamTiming
 from rtvideo.triton import STDERR, ServerLog, free_port, is_ready
 from rtvideo.triton.access import KEY_ENV, generate_key
 from tests.support.processes import RTVIDEO, descendants, end_all

@@ -27,13 +27,13 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from rtvideo.proxy.addresses import parse_urls, split_address
-from rtvideo.proxy.bridge import BackendUnavailable
-from rtvideo.proxy.endpoints import capacity_of
-from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.placed_stream import PlacedStream
-from rtvideo.proxy.placement import EndpointPool
-from rtvideo.proxy.supervisor import BackendState
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.placement.addresses import parse_urls, split_address
+from rtvideo.proxy.placement.bridge import BackendUnavailable
+from rtvideo.proxy.placement.endpoint import capacity_of
+from rtvideo.proxy.placement.placed_stream import PlacedStream
+from rtvideo.proxy.placement.pool import EndpointPool
+from rtvideo.proxy.placement.supervisor import BackendState
 from rtvideo.triton.wire import START_TAG, Reply
 from tests.support.processes import RTVIDEO, alive, descendants
 from tests.support.streams import check_stream_rules

@@ -20,14 +20,14 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
 from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES
-from rtvideo.proxy import bridge as bridge_module
-from rtvideo.proxy import session as proxy_session
-from rtvideo.proxy.access import origin_allowed
 from rtvideo.proxy.app import ProxyServer
-from rtvideo.proxy.bridge import TritonBridge
-from rtvideo.proxy.ledger import Ledger
-from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.outbox import Frame
+from rtvideo.proxy.edge.access import origin_allowed
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.placement import bridge as bridge_module
+from rtvideo.proxy.placement.bridge import TritonBridge
+from rtvideo.proxy.session import session as proxy_session
+from rtvideo.proxy.session.ledger import Ledger
+from rtvideo.proxy.session.outbox import Frame
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton import free_port
 from rtvideo.triton.wire import START_TAG, Reply

@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.process.shm import stub_region
-from rtvideo.proxy import handler
+from rtvideo.proxy.edge import socket as handler
 from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS
 from rtvideo.triton import free_port
 from tests.support.processes import RTVIDEO, descendants, stop_serve

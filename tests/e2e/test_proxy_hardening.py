@@ -21,12 +21,12 @@ from websockets.exceptions import ConnectionClosed
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.event_book import MAX_EVENTS_PER_SESSION
-from rtvideo.proxy import session as proxy_session
-from rtvideo.proxy.access import host_allowed, origin_allowed
-from rtvideo.proxy.ledger import Ledger
-from rtvideo.proxy.limits import RecentIds, TokenBucket
-from rtvideo.proxy.ordering import OutboundOrder
-from rtvideo.proxy.outbox import Frame
+from rtvideo.proxy.edge.access import host_allowed, origin_allowed
+from rtvideo.proxy.session import session as proxy_session
+from rtvideo.proxy.session.ledger import Ledger
+from rtvideo.proxy.session.limits import RecentIds, TokenBucket
+from rtvideo.proxy.session.ordering import OutboundOrder
+from rtvideo.proxy.session.outbox import Frame
 from tests.support.fake_bridge import START, VIDEO_START, FakeConnection, kinds
 from tests.support.fake_bridge import chunk as unit_chunk
 from tests.support.fake_bridge import ended as unit_ended
@@ -680,7 +680,7 @@ def test_the_open_file_limit_is_raised_to_fit_the_bound_or_the_bound_to_fit_it()
     import subprocess
 
     probe = (
-        "import resource, sys; from rtvideo.proxy.connections import fd_room; "
+        "import resource, sys; from rtvideo.proxy.edge.connections import fd_room; "
         "soft, hard = map(int, sys.argv[1:]); resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)); "
         "print(fd_room(1024), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )

@@ -26,7 +26,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.proxy import session as proxy_session
+from rtvideo.proxy.session import session as proxy_session
 from rtvideo.triton import TritonConfig, TritonServer, free_port
 from rtvideo.triton.access import generate_key
 from rtvideo.triton.model_repo import derive_model

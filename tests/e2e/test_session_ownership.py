@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.proxy import bridge as bridge_module
+from rtvideo.proxy.placement import bridge as bridge_module
 from rtvideo.triton import wire
 from rtvideo.triton.access import key_from_env, key_headers, short_hash
 from tests.support.proxy_client import Ws, ws

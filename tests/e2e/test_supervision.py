@@ -150,7 +150,7 @@ def test_probe_reaches_a_triton_back_after_an_outage(triton) -> None:
     after a restart went unreached for up to about half the outage again (probes failing on the
     cached "connection refused"), long enough for the supervisor to restart the healthy Triton
     once more. The proxy's channel tries again every second at most."""
-    from rtvideo.proxy.bridge import BackendUnavailable, TritonBridge
+    from rtvideo.proxy.placement.bridge import BackendUnavailable, TritonBridge
 
     async def body() -> float:
         relay = _Relay(free_port(), int(triton.grpc_url.rsplit(":", 1)[1]))
@@ -187,7 +187,7 @@ def test_probes_leave_the_model_free_to_unload(tmp_path: Path) -> None:
     probing at the default 2 s) left Triton unable to unload the model: every later stop ran out
     the exit timeout and killed the stub ("Non-graceful termination"), the model's finalize
     never ran. Probes now let the call end by itself."""
-    from rtvideo.proxy.bridge import TritonBridge
+    from rtvideo.proxy.placement.bridge import TritonBridge
     from rtvideo.triton import TritonConfig, TritonServer
     from rtvideo.triton.model_repo import derive_model
 
@@ -415,7 +415,7 @@ class _Backend:
         self.restarts = 0
 
     async def probe(self, timeout: float) -> float:
-        from rtvideo.proxy.bridge import BackendUnavailable
+        from rtvideo.proxy.placement.bridge import BackendUnavailable
 
         self.probes += 1
         if not self.alive:
@@ -431,8 +431,8 @@ class _Backend:
 
 
 def test_supervisor_turns_down_once_restarts_and_comes_back() -> None:
-    from rtvideo.proxy.metrics import ProxyMetrics
-    from rtvideo.proxy.supervisor import BackendState, Supervisor
+    from rtvideo.proxy.observability.metrics import ProxyMetrics
+    from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
 
     async def body() -> None:
         backend, metrics, downs = _Backend(), ProxyMetrics(), []
@@ -487,7 +487,7 @@ class _RacingBackend(_Backend):
     answer: asyncio.Future[float]
 
     async def probe(self, timeout: float) -> float:
-        from rtvideo.proxy.bridge import BackendUnavailable
+        from rtvideo.proxy.placement.bridge import BackendUnavailable
 
         self.probes += 1
         self.answer = asyncio.get_running_loop().create_future()
@@ -501,8 +501,8 @@ def test_supervisor_stop_ends_a_probe_loop_whose_cancel_was_swallowed() -> None:
     """A stop that lands as a probe's answer arrives: Python 3.11's `wait_for` returns the answer
     and drops the cancel, and the probe loop ran on; the proxy's stop then waited for good (a CI
     run hung 90 s in a fixture's teardown)."""
-    from rtvideo.proxy.metrics import ProxyMetrics
-    from rtvideo.proxy.supervisor import Supervisor
+    from rtvideo.proxy.observability.metrics import ProxyMetrics
+    from rtvideo.proxy.placement.supervisor import Supervisor
 
     async def body() -> None:
         backend = _RacingBackend()
@@ -576,9 +576,9 @@ class _GarbledCall:
 def test_a_probe_answered_with_garbage_is_a_failed_probe_and_probing_goes_on() -> None:
     """Before, the decode error left `check()` (which takes only BackendUnavailable) and ended the
     supervisor's task: the endpoint's state froze for good."""
-    from rtvideo.proxy.bridge import TritonBridge
-    from rtvideo.proxy.metrics import ProxyMetrics
-    from rtvideo.proxy.supervisor import Supervisor
+    from rtvideo.proxy.observability.metrics import ProxyMetrics
+    from rtvideo.proxy.placement.bridge import TritonBridge
+    from rtvideo.proxy.placement.supervisor import Supervisor
 
     async def body() -> None:
         bridge = TritonBridge("127.0.0.1:1", "m")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rtvideo.proxy import tracing
+from rtvideo.proxy.observability import tracing
 from rtvideo.triton import free_port
 from tests.support.processes import RTVIDEO, descendants, end_all, stop_serve
 from tests.support.proxy_client import Ws, ws

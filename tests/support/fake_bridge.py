@@ -9,8 +9,8 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from rtvideo.proxy import session as proxy_session
-from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.session import session as proxy_session
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG, Reply
 

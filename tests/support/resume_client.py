@@ -11,7 +11,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from rtvideo.proxy.replay import init_segment, strip_init
+from rtvideo.proxy.participants.replay import init_segment, strip_init
 
 NO_KEEPALIVE: dict[str, Any] = {"ping_interval": None}
 

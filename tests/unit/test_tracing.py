@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rtvideo.backend.runtime import tracing as model_tracing
-from rtvideo.proxy import tracing
+from rtvideo.proxy.observability import tracing
 from rtvideo.triton import wire
 from rtvideo.triton.server import trace_args
 
@@ -30,7 +30,7 @@ def memory_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
 def test_off_imports_no_opentelemetry() -> None:
     code = (
         "import sys, rtvideo.proxy.app, rtvideo.backend.runtime.session, rtvideo.backend.runtime.tracing;"
-        "from rtvideo.proxy import tracing; assert tracing.session_trace(None, 'm') is tracing.NO_TRACE;"
+        "from rtvideo.proxy.observability import tracing; assert tracing.session_trace(None, 'm') is tracing.NO_TRACE;"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.image_reference import MediaPolicy, load_image_reference
 from rtvideo.core.errors import ProtocolError
+from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
 from rtvideo.proxy.recordings import branch as branch_module
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.branch import Branch, branch_start
-from rtvideo.proxy.recordings.metrics import RecordingMetrics
 from rtvideo.proxy.recordings.service import MAX_BRANCHES, Recordings
 from rtvideo.proxy.recordings.store import (
     EVENTS,

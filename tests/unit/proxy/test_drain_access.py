@@ -1,4 +1,4 @@
-"""Who may drain an endpoint (rtvideo.proxy.moves.http): the operator alone, by the
+"""Who may drain an endpoint (rtvideo.proxy.edge.drain): the operator alone, by the
 `--admin-token` bearer, from anywhere; never a client's token, never "any caller on this
 machine", never a cross-origin page or a body a page can send without a preflight."""
 
@@ -13,7 +13,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from rtvideo.proxy.moves.http import PATH, DrainHandler
+from rtvideo.proxy.edge.drain import PATH, DrainHandler
 from tests.support.http_calls import fetch
 
 ADMIN = "the-operators-credential"

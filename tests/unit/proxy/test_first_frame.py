@@ -1,4 +1,4 @@
-"""The frame an approximate start begins from (rtvideo.proxy.first_frame): the last frame of a
+"""The frame an approximate start begins from (rtvideo.proxy.placement.first_frame): the last frame of a
 fragment, found by position in a whole stream, decoded with the init segment, as a data URL the
 model's image_reference reader takes back to the same pixels; bad bytes are `NoFrame`."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.image_reference import MediaPolicy, load_image_reference
-from rtvideo.proxy import first_frame
+from rtvideo.proxy.placement import first_frame
 
 W, H = 64, 48
 

@@ -1,4 +1,4 @@
-"""A session moving to another Triton, driven by hand (rtvideo.proxy.moves): what the new model is
+"""A session moving to another Triton, driven by hand (rtvideo.proxy.placement.mover): what the new model is
 sent, how its stream is spliced onto the old one, and what happens when it refuses."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from rtvideo.backend.encoder import FragmentedMp4Encoder
-from rtvideo.proxy.bridge import BackendUnavailable
-from rtvideo.proxy.moves.mover import MoveReason
-from rtvideo.proxy.placed_stream import PlacedStream
+from rtvideo.proxy.placement.bridge import BackendUnavailable
+from rtvideo.proxy.placement.mover import MoveReason
+from rtvideo.proxy.placement.placed_stream import PlacedStream
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import FakeConnection, ended, reply, run, session
 

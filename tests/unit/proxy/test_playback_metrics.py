@@ -11,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rtvideo.backend.runtime import metrics as model_metrics
 from rtvideo.core.chunks import chunk_timing, realtime_factor
-from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.playback_metrics import LateChunks, Underrun, UnderrunDetector
-from rtvideo.proxy.session_metrics import InbandMetrics
-from rtvideo.proxy.session_timing import PlayheadTiming, StreamTiming
+from rtvideo.proxy.observability.inband import InbandMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.observability.playback_metrics import LateChunks, Underrun, UnderrunDetector
+from rtvideo.proxy.observability.session_timing import PlayheadTiming, StreamTiming
 
 
 def reports(detector: UnderrunDetector, rows: list[tuple[float, float, float]]) -> list[Underrun]:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from rtvideo.proxy.bridge import BackendUnavailable
-from rtvideo.proxy.metrics import ProxyMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.placement.bridge import BackendUnavailable
+from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
 from rtvideo.proxy.settings import ProxySettings
-from rtvideo.proxy.supervisor import BackendState, Supervisor
 from tests.support.fake_bridge import START, VIDEO_START, ended, kinds, run, session, settle
 
 

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from rtvideo.core.errors import ErrorCode
-from rtvideo.proxy import heartbeat as heartbeat_module
-from rtvideo.proxy import session as proxy_session
-from rtvideo.proxy.bridge import KEEPALIVE, PING, STOP, BackendUnavailable, ProbeTimeout
-from rtvideo.proxy.heartbeat import Heartbeat, heartbeat_in, metrics_url
-from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.supervisor import BackendState, Supervisor
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.placement import heartbeat as heartbeat_module
+from rtvideo.proxy.placement.bridge import KEEPALIVE, PING, STOP, BackendUnavailable, ProbeTimeout
+from rtvideo.proxy.placement.heartbeat import Heartbeat, heartbeat_in, metrics_url
+from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
+from rtvideo.proxy.session import session as proxy_session
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import START, VIDEO_START, chunk, ended, kinds, reply, run, session, settle
 

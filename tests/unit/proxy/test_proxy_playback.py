@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from rtvideo.core import protocol
-from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.session_timing import MAX_TRACKED_EVENTS, PlayheadTiming
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.observability.session_timing import MAX_TRACKED_EVENTS, PlayheadTiming
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import START, chunk, ended, kinds, reply, run, session, settle
 

@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
-from rtvideo.proxy import session as proxy_session
+from rtvideo.proxy.session import session as proxy_session
 from rtvideo.triton.wire import START_TAG, Reply
 from tests.support.fake_bridge import (
     START,

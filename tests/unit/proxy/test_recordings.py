@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rtvideo.proxy.outbox import Frame
+from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
 from rtvideo.proxy.recordings import ids, recorder
-from rtvideo.proxy.recordings.metrics import RecordingMetrics
 from rtvideo.proxy.recordings.recorder import RecordingState, SessionRecorder
 from rtvideo.proxy.recordings.store import Limits, LocalBacking, RecordingStore, backing_for
+from rtvideo.proxy.session.outbox import Frame
 
 START = {
     "type": "video.start",

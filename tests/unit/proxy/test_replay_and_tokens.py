@@ -1,4 +1,4 @@
-"""The replay buffer (rtvideo.proxy.replay) and resume tokens (rtvideo.proxy.tokens), alone."""
+"""The replay buffer (rtvideo.proxy.participants.replay) and resume tokens (rtvideo.proxy.participants.tokens), alone."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import init_metadata
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.resume import ResumeRequest, is_resume, parse_resume
-from rtvideo.proxy.features import take_options
-from rtvideo.proxy.outbox import Frame
-from rtvideo.proxy.participants import Parked
-from rtvideo.proxy.replay import ReplayBuffer, ReplayGap, init_segment, strip_init
-from rtvideo.proxy.tokens import ResumeRefused, TokenBook
-from rtvideo.proxy.upstream import PAUSE, UNPAUSE
+from rtvideo.proxy.participants.features import take_options
+from rtvideo.proxy.participants.links import Parked
+from rtvideo.proxy.participants.replay import ReplayBuffer, ReplayGap, init_segment, strip_init
+from rtvideo.proxy.participants.tokens import ResumeRefused, TokenBook
+from rtvideo.proxy.session.outbox import Frame
+from rtvideo.proxy.session.upstream import PAUSE, UNPAUSE
 
 
 def _pair(index: int, size: int = 100) -> Frame:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rtvideo.proxy.features import Features
-from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.outbox import Frame
-from rtvideo.proxy.participants import Owner
-from rtvideo.proxy.session import ProxySession
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.features import Features
+from rtvideo.proxy.participants.links import Owner
+from rtvideo.proxy.session.outbox import Frame
+from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import (

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from rtvideo.proxy.features import Features
-from rtvideo.proxy.metrics import ProxyMetrics
-from rtvideo.proxy.session import ProxySession
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.features import Features
+from rtvideo.proxy.participants.steerers import REVOKED_CLOSE_CODE, GuestSteerer
+from rtvideo.proxy.participants.tokens import ResumeRefused
+from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
-from rtvideo.proxy.steerers import REVOKED_CLOSE_CODE, GuestSteerer
-from rtvideo.proxy.tokens import ResumeRefused
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import VIDEO_START, FakeBridge, FakeConnection, reply, run, settle
 
@@ -159,7 +159,7 @@ def test_bounds_per_session_and_steerable_off() -> None:
 
 
 def test_a_steer_token_is_never_logged() -> None:
-    from rtvideo.proxy.accesslog import redact_text
+    from rtvideo.proxy.observability.accesslog import redact_text
 
     line = redact_text("GET /v1/realtime/video/steer?steer_token=sv1.0123456789abcdef.SECRET&x=1")
     assert "SECRET" not in line and "steer_token=" in line

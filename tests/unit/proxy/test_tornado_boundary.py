@@ -1,4 +1,4 @@
-"""The proxy's one dependency on Tornado internals (`proxy/handler.py`, `_StrictTextProtocol`):
+"""The proxy's one dependency on Tornado internals (`proxy/edge/socket.py`, `_StrictTextProtocol`):
 every name it uses, read in the installed Tornado, so a release that changes them fails here
 instead of silently turning a bad text frame back into a dropped connection."""
 
@@ -12,7 +12,7 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from tornado.web import Application
 from tornado.websocket import WebSocketHandler, WebSocketProtocol13
 
-from rtvideo.proxy.handler import RealtimeVideoHandler, _StrictTextProtocol
+from rtvideo.proxy.edge.socket import RealtimeVideoHandler, _StrictTextProtocol
 
 
 def test_the_pinned_major_version_is_the_one_installed() -> None:

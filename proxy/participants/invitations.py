@@ -1,0 +1,246 @@
+"""One session's invitations to participants other than its first owner (docs/protocol.md §9):
+the options its start asked for, the tokens it handed out, the replay buffer behind a resume
+token, the watchers' hub behind a watch token, the steerers' hub behind a steer token, and
+the grace a detached session waits for its resume; and its recording, when the start asked
+for one or the proxy records all (rtvideo.proxy.recordings), which hears every message in
+and out (`heard`, `told`, and the handouts it follows).
+
+A token is used once for a resume: each attach hands out a fresh one. Every token stops
+working when the grace is over or the session ends; the steer token also when the owner
+revokes steering (it is never handed out again for that session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from rtvideo.core import server_messages
+from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.features import Features, Resumable, Steerable, Watchable, take_options
+from rtvideo.proxy.participants.links import Guest
+from rtvideo.proxy.participants.replay import ReplayBuffer, ReplayGap
+from rtvideo.proxy.participants.steerers import SteerHub
+from rtvideo.proxy.participants.tokens import ResumeRefused
+from rtvideo.proxy.participants.watchers import WatchHub
+from rtvideo.proxy.recordings.branch import Branch, branch_start, take_branch
+from rtvideo.proxy.recordings.recorder import SessionRecorder
+from rtvideo.proxy.recordings.service import NoRoom
+from rtvideo.proxy.session.handouts import Handouts
+from rtvideo.proxy.session.outbox import Frame
+from rtvideo.proxy.settings import ProxySettings
+
+log = logging.getLogger(__name__)
+
+
+class Joinable(Resumable, Watchable, Steerable, Protocol):
+    """A session its tokens open."""
+
+
+class Invitations:
+    """The resume and watch tokens of one session, and what stands behind them."""
+
+    def __init__(self, features: Features | None, settings: ProxySettings, metrics: ProxyMetrics) -> None:
+        self._features = features  # None: a proxy without resume and watching
+        self._settings = settings
+        self._metrics = metrics
+        self._options: dict[str, bool] = {}  # the start's proxy options (resumable, watchable)
+        self._resume_token: str | None = None  # the live one (never logged)
+        self._watch_token: str | None = None
+        self._replay: ReplayBuffer | None = None  # what the owner was handed, for a resume
+        self._hub: WatchHub | None = None
+        self._steer_token: str | None = None
+        self._steer_hub: SteerHub | None = None
+        self._grace_timer: asyncio.TimerHandle | None = None
+        self._detached_counted = False  # counted in the detached-sessions gauge
+        self._recorder: SessionRecorder | None = None
+        self._recording_token: str | None = None  # the recording's capability: the owner's alone (never logged)
+        self._branch: Branch | None = None  # the start's from_recording
+
+    @property
+    def enabled(self) -> bool:
+        return self._features is not None
+
+    @property
+    def hub(self) -> WatchHub | None:
+        return self._hub
+
+    @property
+    def steer_hub(self) -> SteerHub | None:
+        return self._steer_hub
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a dropped owner detaches (its resume token is live and the grace is not 0)."""
+        return self._resume_token is not None and self._features is not None and self._features.resume_grace > 0
+
+    def take_options(self, first: dict[str, Any], raw: bytes, handouts: Handouts) -> bytes:
+        """The start without the proxy's own options (the model never sees them); a recording
+        begins here when one is wanted (so a start the model refuses is recorded too)."""
+        if self._features is None:
+            return raw  # a proxy without the features: the model refuses unknown fields as ever
+        start = dict(first)
+        self._branch = take_branch(first)
+        self._options, raw = take_options(first, raw)
+        recordings = self._features.recordings
+        asked = self._options.get("record", False)
+        if recordings is None and asked:
+            raise ProtocolError(
+                ErrorCode.INVALID_START, "record: recordings are off on this server (rtvideo serve --recordings DIR)"
+            )
+        if recordings is not None and recordings.wants(asked):
+            try:
+                self._recorder, self._recording_token = recordings.begin(received_at=time.monotonic())
+            except NoRoom as exc:
+                if asked:  # the client asked for a recording it cannot have: said before anything starts
+                    raise ProtocolError(ErrorCode.SERVER_BUSY, str(exc)) from None
+                log.warning("session not recorded (--record-all): %s", exc)
+                return raw
+            self._recorder.received(start, None)
+            handouts.record_to(self._recorder)
+        return raw
+
+    @property
+    def branching(self) -> bool:
+        """Whether the start is a branch of a recording (`from_recording`)."""
+        return self._branch is not None
+
+    async def branch_start(self, given: dict[str, Any]) -> bytes:
+        """The model's start for the branch (rtvideo.proxy.recordings.branch); ProtocolError when
+        the recording cannot be branched so."""
+        assert self._branch is not None and self._features is not None
+        start, self._branch = await branch_start(self._features.recordings, self._branch, given)
+        return start
+
+    def heard(self, message: Mapping[str, Any], guest: Guest | None) -> None:
+        """A message a participant sent (None: the owner), parsed: into the recording."""
+        if self._recorder is not None:
+            self._recorder.received(message, guest)
+
+    def told(self, message: Mapping[str, Any], guest: Guest) -> None:
+        """A message written to a guest steerer alone: into the recording."""
+        if self._recorder is not None:
+            self._recorder.told(message, guest)
+
+    def offer(
+        self, session: Joinable, handouts: Handouts, message: dict[str, Any], text: str
+    ) -> tuple[dict[str, Any], str]:
+        """video.start with what the start asked for: a resume token and the grace, a watch token.
+        Unchanged (the model's own text) for a start that asked for neither."""
+        features = self._features
+        if features is None or (not any(self._options.values()) and self._recorder is None and not self._branch):
+            return message, text
+        out = dict(message)
+        config = dict(out.get("config") or {})
+        if self._options.get("resumable"):
+            config["resume_grace_seconds"] = features.resume_grace
+            if features.resume_grace > 0:
+                self._replay = ReplayBuffer(self._settings.replay_buffer_bytes)
+                handouts.tap(self._replay.record)
+                self._resume_token = features.resume_tokens.issue(session)
+        if self._options.get("watchable") and self._settings.max_watchers_per_session > 0:
+            self._hub = WatchHub(self._settings, features.watchers, self._metrics)
+            handouts.tap(self._hub.publish)
+            self._watch_token = features.watch_tokens.issue(session)
+        if self._options.get("steerable") and self._settings.max_steerers_per_session > 0:
+            self._steer_hub = SteerHub(self._settings, features.steerers, self._metrics)
+            handouts.tap(self._steer_hub.publish)
+            self._steer_token = features.steer_tokens.issue(session)
+        out["config"] = config
+        if self._branch is not None:  # only the built-in generator's rebuild is exact (branch.py)
+            out["branched_from"] = self._branch.as_json()
+            out["branch_exact"] = self._branch.exact
+        handouts.keep_start(out)
+        if self._recorder is not None:  # the owner's alone, as the tokens are
+            out["recording_id"] = self._recorder.rid
+        if self._resume_token is not None:
+            out["resume_token"] = self._resume_token
+        out.update(self._marks())
+        return out, server_messages.encode(out)
+
+    def _marks(self) -> dict[str, str]:
+        """The watch, steer and recording tokens of the session, as video.start carries them."""
+        marks = {}
+        if self._recording_token is not None:
+            marks["recording_token"] = self._recording_token
+        if self._watch_token is not None:
+            marks["watch_token"] = self._watch_token
+        if self._steer_token is not None:
+            marks["steer_token"] = self._steer_token
+        return marks
+
+    def revoke_steering(self) -> int:
+        """The owner revoked steering: the steer token is retired, every steerer closed. Returns
+        how many were."""
+        if self._features is not None:
+            self._features.steer_tokens.retire(self._steer_token, "steering was revoked by the session's owner")
+        self._steer_token = None
+        return self._steer_hub.revoke() if self._steer_hub is not None else 0
+
+    # --- a detached session and its resume ------------------------------------------------------
+    def hold_open(self, on_over: Callable[[], None]) -> float:
+        """The owner dropped: the resume token stays good for the grace; `on_over` when it is over.
+        Returns the grace."""
+        assert self._features is not None
+        grace = self._features.resume_grace
+        self._grace_timer = asyncio.get_running_loop().call_later(grace, self._grace_over, on_over)
+        self._metrics.session_detached(1)
+        self._detached_counted = True
+        return grace
+
+    def _grace_over(self, on_over: Callable[[], None]) -> None:
+        self._grace_timer = None
+        on_over()
+
+    def expire(self) -> None:
+        """The grace is over: the resume token stops working, and says why."""
+        assert self._features is not None
+        why = f"expired: the session was not resumed within {self._features.resume_grace:g} s"
+        self._features.resume_tokens.retire(self._resume_token, why)
+
+    def replay_after(self, last: int) -> list[Frame]:
+        """What a resume from the pair `last` is given again; ResumeRefused when it cannot be."""
+        if self._replay is None or self._features is None:
+            raise ResumeRefused("the session has ended")
+        try:
+            return self._replay.after(last)
+        except ReplayGap as exc:
+            raise ResumeRefused(str(exc), exc.oldest) from None
+
+    def taken_up(self, session: Joinable, used: str) -> dict[str, str]:
+        """A resume attached a new owner with the token `used`: the grace stops, and the tokens
+        its video.start carries (a fresh resume token: each is used once)."""
+        assert self._features is not None
+        self._cancel_grace()
+        tokens = self._features.resume_tokens
+        tokens.retire(used, "this token was used already: each resume hands out a new one")
+        self._resume_token = tokens.issue(session)
+        return {"resume_token": self._resume_token, **self._marks()}
+
+    def uncount(self) -> None:
+        """No longer detached: out of the gauge."""
+        if self._detached_counted:
+            self._metrics.session_detached(-1)
+            self._detached_counted = False
+
+    def _cancel_grace(self) -> None:
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
+
+    def close(self) -> None:
+        """The session is over: its tokens stop working, its watchers go, its gauges drop."""
+        self._cancel_grace()
+        self.uncount()
+        if self._features is not None:
+            self._features.resume_tokens.retire(self._resume_token, "the session has ended")
+            self._features.watch_tokens.retire(self._watch_token, "the session has ended")
+            self._features.steer_tokens.retire(self._steer_token, "the session has ended")
+        if self._hub is not None:
+            self._hub.close()
+        if self._steer_hub is not None:
+            self._steer_hub.close()

@@ -1,0 +1,84 @@
+"""The tokens that let a participant attach to a live session: a resume token (a new owner,
+rtvideo.proxy.participants.resume) and a watch token (a watcher, rtvideo.proxy.participants.watchers).
+
+Tokens: 256 random bits from `secrets`, prefixed with this proxy's instance id (random per
+process, so a token of another replica, or of this proxy before a restart, is told apart
+from a forged one); only their SHA-256 is held, and never logged. Each is bound to one
+session. A token stops working when it is retired (used, expired, or its session ended);
+the last few thousand such ends are remembered so that a refusal can say which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+#: random bytes in a token (256 bits)
+TOKEN_BYTES = 32
+#: how many used, expired or ended tokens are remembered, to say why one is refused
+REMEMBERED_TOKENS = 4096
+
+T = TypeVar("T")
+
+
+class ResumeRefused(Exception):
+    """Why a token, or the attach it asks for, is refused (`invalid_resume` for a resume);
+    `oldest`: the smallest `last_transport_chunk_index` the session can resume from, when
+    that is the reason."""
+
+    def __init__(self, message: str, oldest: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.oldest = oldest
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+@dataclass
+class TokenBook(Generic[T]):
+    """Tokens of one kind (`prefix`) issued by this proxy: digest → the session it opens."""
+
+    prefix: str
+    instance: str = field(default_factory=lambda: secrets.token_hex(8))
+    _live: dict[bytes, T] = field(default_factory=dict)
+    _ended: OrderedDict[bytes, str] = field(default_factory=OrderedDict)
+
+    def issue(self, session: T) -> str:
+        token = f"{self.prefix}.{self.instance}.{secrets.token_urlsafe(TOKEN_BYTES)}"
+        self._live[_digest(token)] = session
+        return token
+
+    def retire(self, token: str | None, why: str) -> None:
+        """The token no longer opens anything; `why` is what a later use is told."""
+        if token is None:
+            return
+        digest = _digest(token)
+        self._live.pop(digest, None)
+        self._ended.setdefault(digest, why)  # the first end is the one a later use is told
+        while len(self._ended) > REMEMBERED_TOKENS:
+            self._ended.popitem(last=False)
+
+    def find(self, token: str) -> T:
+        """The session `token` opens, or ResumeRefused saying why not."""
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != self.prefix:
+            raise ResumeRefused("not a token of this server")
+        if not hmac.compare_digest(parts[1], self.instance):
+            raise ResumeRefused(
+                "this token was issued by another proxy replica, or by this one before it restarted: "
+                "a resume must reach the replica that holds the session (docs/operations.md)"
+            )
+        digest = _digest(token)
+        session = self._live.get(digest)
+        if session is not None:
+            return session
+        raise ResumeRefused(self._ended.get(digest, "unknown token"))
+
+    def __len__(self) -> int:
+        return len(self._live)

@@ -1,0 +1,405 @@
+"""One session: what outlives a socket, and the participants attached to it (docs/protocol.md
+§2–3, §7–9).
+
+A `ProxySession` is one Triton sequence translated onto WebSockets. It holds what survives a
+dropped connection or a move to another Triton, each part in its own module:
+
+- its `Lifecycle` (rtvideo.proxy.session.lifecycle): the `Phase`, and the model's request_id;
+- its `Upstream` (rtvideo.proxy.session.upstream): the Triton stream and what is in flight on it;
+  a move to another Triton (`move`, rtvideo.proxy.placement.mover) takes the stream over, nothing else;
+- its event book, kept by its `Ledger` (rtvideo.proxy.session.ledger) and decided on by its
+  `ProxyAcks`: every `session.done` a client gets has that book's lists;
+- its `Dispatch` (rtvideo.proxy.session.dispatch): the order in which replies reach the owner;
+- its `Handouts` (rtvideo.proxy.session.handouts): what the owner was handed, followed by the replay
+  buffer, the watchers and any recording sink (`record_to`);
+- its `Invitations` (rtvideo.proxy.participants.invitations): the resume and watch tokens, the grace.
+- its `Ending` (rtvideo.proxy.session.ending): the ends the proxy reports itself, and the close.
+
+Its participants (rtvideo.proxy.participants.links) each hold one link, with its outbox and its
+bounds: the `Owner`, whose frames steer the session (rtvideo.proxy.session.steering) and who is
+handed every reply, read-only watchers (rtvideo.proxy.participants.watchers), and guest steerers
+(rtvideo.proxy.participants.steerers), whose frames also go to `steer`. A resume attaches a new owner
+(`attach_owner`); a watch attaches a watcher (`attach_watcher`); a steer link a steerer
+(`attach_steerer`).
+
+Each session ends exactly once: the model's `session.done`, or an end the proxy reports
+itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`,
+`server_shutdown`), or the owner going away. In every case the Triton sequence is ended
+before the stream is dropped, so its slot is freed: `session.stop` with `sequence_end`, then
+the request stream is half-closed, and Triton ends the call once every request completed.
+A resumable session whose owner's connection drops is detached instead: its sequence stays
+open, the model pauses it, and a `session.resume` attaches a new owner with nothing lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any
+
+from rtvideo.core import server_messages, start_request
+from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.proxy.observability.inband import InbandMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.observability.session_timing import PlayheadTiming, StreamTiming
+from rtvideo.proxy.observability.tracing import session_trace
+from rtvideo.proxy.participants.attachments import Attachments, SessionEnds
+from rtvideo.proxy.participants.features import Features
+from rtvideo.proxy.participants.invitations import Invitations
+from rtvideo.proxy.participants.links import Connection, Guest, Link, Owner, Steerer
+from rtvideo.proxy.participants.seat import OwnerSeat
+from rtvideo.proxy.participants.steerers import GuestSteerer
+from rtvideo.proxy.participants.watchers import Watcher
+from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS
+from rtvideo.proxy.placement.mover import Mover, MoveReason
+from rtvideo.proxy.placement.streams import StreamSource
+from rtvideo.proxy.session.acks import ProxyAcks
+from rtvideo.proxy.session.dispatch import Dispatch, DispatchHooks
+from rtvideo.proxy.session.ending import Ending
+from rtvideo.proxy.session.handouts import Handouts, RecordingSink
+from rtvideo.proxy.session.ledger import Ledger
+from rtvideo.proxy.session.lifecycle import LIVE, Lifecycle, Phase
+from rtvideo.proxy.session.outbox import Frame
+from rtvideo.proxy.session.steering import Steering, raw_bytes
+from rtvideo.proxy.session.upstream import Upstream, UpstreamTimes
+from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.tasks import TaskSet
+from rtvideo.triton.wire import Reply
+
+log = logging.getLogger(__name__)
+
+#: how long a chunk may wait for the ack of an event it names (the ack is already on its way)
+ACK_WAIT_SECONDS = 1.0
+#: at most one client session.ping a second goes on to Triton (it resets the model's stall clock)
+PING_FORWARD_SECONDS = 1.0
+#: a live session's sequence that had no request forwarded for this long gets a keep-alive, so
+#: Triton's idle timeout (120 s, docs/protocol.md §8) never ends it
+KEEPALIVE_SECONDS = 30.0
+
+
+class ProxySession:
+    """One session and its participants; every method runs on the proxy's event loop."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        bridge: StreamSource,
+        settings: ProxySettings,
+        metrics: ProxyMetrics,
+        peer: str,
+        on_closed: Callable[[ProxySession], None],
+        features: Features | None = None,
+    ) -> None:
+        self._bridge = bridge
+        self._settings = settings
+        self.metrics = metrics
+        self._on_closed = on_closed
+        self._life = Lifecycle()
+        self.tasks = TaskSet()
+        self.ledger = Ledger()  # what the owner was handed; holds the session's EventBook
+        self._acks = ProxyAcks(self.ledger.book)
+        self._seat = OwnerSeat(Owner(conn, peer, settings, metrics), metrics, self._taken)
+        self._handouts = Handouts()
+        self._invites = Invitations(features, settings, metrics)
+        self._timing = StreamTiming(metrics)  # time to first chunk, chunk lead
+        self._trace = session_trace(settings.otlp_endpoint, settings.model)  # rtvideo.proxy.observability.tracing
+        self._playhead = PlayheadTiming(metrics, on_shown=self._trace.on_screen)  # on-screen latency and lead
+        hooks = DispatchHooks(
+            self._started, self._model_done, self._slow_consumer, self.ledger.book.observe, self._invites.told
+        )
+        bound = settings.outbound_buffer_bytes
+        self._dispatch = Dispatch(
+            self._life, ACK_WAIT_SECONDS, bound, self._seat, self._acks, metrics, self._playhead, hooks
+        )
+        times = UpstreamTimes(KEEPALIVE_SECONDS, PING_FORWARD_SECONDS, END_GRACE_SECONDS)
+        self._mover = Mover(bridge, settings.move_patience_seconds, metrics.moves)  # rtvideo.proxy.placement.mover
+        self.upstream = Upstream(
+            self._life, settings, times, self.tasks, self._on_reply, self._stream_broke, self._mover.forwarded
+        )
+        self._inband = InbandMetrics(  # session.metrics, when the start asks (rtvideo.proxy.observability.inband)
+            self._dispatch.answer,
+            lambda: self._life.request_id,
+            lambda: self._playhead.buffered_seconds,
+            lambda: len(self.ledger.book.outcome(acked_only=True).unapplied),
+        )
+        self._steering = Steering(
+            self._life,
+            settings,
+            self.upstream,
+            self._acks,
+            self._dispatch,
+            self._playhead,
+            trace=self._trace,
+            revoke=self._invites.revoke_steering,
+            heard=self._invites.heard,
+            share=self._share,
+            guest_message=metrics.steer_message,
+        )
+        self._ending = Ending(  # the ends the proxy reports itself (rtvideo.proxy.session.ending)
+            self._life,
+            self.tasks,
+            self._seat,
+            self.ledger,
+            self.upstream,
+            lambda: self._life.request_id,
+            self.on_disconnect,
+        )
+        ends = SessionEnds(self.on_disconnect, self._ending.finish_soon)
+        self._attachments = Attachments(
+            self, self._life, self._seat, self._invites, self._handouts, self.upstream, ends
+        )
+        self._start_timer = asyncio.get_running_loop().call_later(settings.start_timeout, self._start_timed_out)
+        metrics.session_opened()
+
+    # --- what the handler and the doors read --------------------------------------------------
+    @property
+    def peer(self) -> str:
+        return self._seat.owner.peer
+
+    @property
+    def request_id(self) -> str | None:
+        return self._life.request_id
+
+    @property
+    def owner(self) -> Owner:
+        return self._seat.owner
+
+    @property
+    def closed(self) -> asyncio.Event:
+        return self._life.closed
+
+    @property
+    def awaiting_start(self) -> bool:
+        """Connected, and no session.start accepted yet: what the waiting share counts."""
+        return self._life.phase is Phase.AWAITING_START
+
+    @property
+    def waited(self) -> float:
+        """Seconds since the connection was opened."""
+        return self._life.waited
+
+    @property
+    def detached(self) -> bool:
+        return self._life.phase is Phase.DETACHED
+
+    def displace(self) -> None:
+        """Still waiting for its session.start while the waiting share is full and another client
+        connects: it ends as if its start timeout were over (`start_timeout`, done, close)."""
+        if self.awaiting_start:
+            self._start_timer.cancel()
+            self._ending.fail(
+                ErrorCode.START_TIMEOUT,
+                f"no session.start after {self.waited:.1f} s while other clients wait to connect",
+            )
+
+    def refuse_start(self, code: ErrorCode, message: str) -> None:
+        """A connection that may not become a session (the handler's admission): the error,
+        session.done, close, as for a refused start."""
+        if self.awaiting_start:
+            self._start_timer.cancel()
+            self._ending.fail(code, message)
+
+    # --- participants → Triton ----------------------------------------------------------------
+    def on_frame(self, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
+        """A frame from the owner; an awaitable when Tornado should read the next one only later."""
+        if self.awaiting_start:
+            return self._on_first(raw, binary)
+        return self.steer(self._seat.owner, raw, binary)
+
+    def steer(self, steerer: Steerer, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
+        """A frame of a steering participant, once the sequence is open (rtvideo.proxy.session.steering)."""
+        return self._steering.frame(steerer, raw, binary)
+
+    def _on_first(self, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
+        """The start; a branch (`from_recording`) reads its recording first, and the next frame
+        is read only once its sequence is open (the returned task)."""
+        self._start_timer.cancel()
+        try:
+            first = start_request.check_first_message(raw, binary=binary)
+            start_request.check_object_bounds(first)  # before it is recorded or forwarded
+            self._inband.asked(first)
+            start = self._invites.take_options(first, raw_bytes(raw), self._handouts)
+        except ProtocolError as exc:
+            self._ending.fail(exc.code, exc.message)
+            return None
+        if self._invites.branching:
+            return self.tasks.spawn(self._open_branch(first))
+        self._open(start)
+        return None
+
+    async def _open_branch(self, given: dict[str, Any]) -> None:
+        try:
+            start = await self._invites.branch_start(given)
+        except ProtocolError as exc:
+            self._ending.fail(exc.code, exc.message)
+            return
+        if self.awaiting_start:  # not ended while its recording was read
+            self._open(start)
+
+    def _share(self, notice: Mapping[str, Any], sender: Guest | None) -> None:
+        """`session.interaction.shared` to everyone but its sender (docs/protocol.md §9.4): the
+        owner in the session's order (it never precedes video.start), steerers and watchers ahead
+        of their queued video."""
+        if sender is not None:
+            self._dispatch.answer(lambda: notice)
+        hubs = (self._invites.steer_hub, self._invites.hub)
+        if any(hub is not None and len(hub) for hub in hubs):
+            frame = Frame(server_messages.encode(notice), notice)
+            for hub in hubs:
+                if hub is not None:
+                    hub.share(frame, sender)
+
+    def _open(self, start: bytes) -> None:
+        with self._trace.begin():  # the stream (and its pump's later ones) carries the traceparent
+            stream = self._bridge.open_stream()
+            self._timing.started()
+            stream.send(start, start=True)
+            self._mover.opened(start)
+            self._life.open_sequence()
+            self.upstream.open(stream)
+
+    def _start_timed_out(self) -> None:
+        if self.awaiting_start:
+            self._ending.fail(ErrorCode.START_TIMEOUT, f"no session.start within {self._settings.start_timeout:g} s")
+
+    def move(self, reason: MoveReason) -> bool:
+        """Go on on another Triton (rtvideo.proxy.placement.mover); its participants, event book and
+        replay buffer stay. False when it cannot: it is not live, or its state cannot be rebuilt."""
+        return self._mover.move(reason, self._life, self.upstream, self.ledger.book)
+
+    def streams_on(self, streams: Collection[object]) -> bool:
+        """Whether this session's Triton stream is one of `streams` (an endpoint's, to drain it)."""
+        return self.upstream.stream in streams
+
+    def record_to(self, sink: RecordingSink) -> None:
+        """`sink` follows every frame the owner is handed from now on, and hears the end."""
+        self._handouts.record_to(sink)
+
+    # --- Triton → the owner -------------------------------------------------------------------
+    def _on_reply(self, reply: Reply) -> None:
+        if not self.upstream.received(reply):  # flags-only, or the answer to a request of the proxy's own
+            return
+        spliced = self._mover.arrived(reply)  # in the session's coordinates after a move
+        if spliced is not None:
+            self._inband.arrived(spliced.message)
+            self._dispatch.received(spliced, answers_stop=self.upstream.answers_stop(spliced.tag))
+
+    def _stream_broke(self, reason: str) -> None:
+        """The stream failed (or fell silent) while the session is live: it moves to another
+        Triton, or when it cannot, ends with backend_unavailable."""
+        if self.move(MoveReason.LOSS):
+            log.warning("request_id=%s peer=%s moving after a backend failure: %s", self.request_id, self.peer, reason)
+            return
+        log.warning("request_id=%s peer=%s backend failure: %s", self.request_id, self.peer, reason)
+        self._ending.fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
+
+    def _started(self, message: dict[str, Any], text: str) -> tuple[dict[str, Any], str]:
+        """The model's video.start, about to be written: the session has its name, and the owner
+        is offered the tokens its start asked for."""
+        self._life.request_id = message.get("request_id")
+        self._trace.named(self._life.request_id)
+        log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
+        return self._invites.offer(self, self._handouts, message, text)
+
+    def _model_done(self) -> None:
+        """The model's session.done was queued for the owner: the end (once the owner is back,
+        when it is detached: a resume or the grace)."""
+        if self.detached:
+            self._life.done_while_detached = True
+        elif self._life.claim_end():
+            self._ending.finish_soon()
+
+    def _slow_consumer(self) -> None:
+        self._ending.fail(
+            ErrorCode.SLOW_CONSUMER,
+            f"the client reads too slowly: more than {self._settings.outbound_buffer_bytes} bytes are waiting",
+        )
+
+    def _taken(self, frame: Frame) -> Frame:
+        """A frame handed to the owner's socket; returns what is written (a done with the book's lists)."""
+        if frame.replay:
+            return frame  # sent again after a resume: the ledger and the timing saw it the first time
+        frame = self.ledger.taken(frame)
+        self._timing.taken(frame.message)
+        self._playhead.taken(frame.message)
+        self._inband.taken(frame.message)
+        self._trace.taken(frame.message)
+        self._dispatch.handed_out(frame.message)
+        self._handouts.handed_out(frame)
+        return frame
+
+    # --- ending (rtvideo.proxy.session.ending) -------------------------------------------------------
+    def on_invalid_text(self) -> None:
+        """A text frame that is not UTF-8 breaks the WebSocket contract (RFC 6455 §8.1): the
+        error and a complete `session.done` while the socket still takes them, then close 1007."""
+        self._start_timer.cancel()
+        code = ErrorCode.INVALID_START if self.awaiting_start else ErrorCode.INVALID_JSON
+        self._ending.fail(code, "a text frame was not valid UTF-8; closing (1007)", close_code=1007)
+
+    def on_disconnect(self, *, dropped: bool = False) -> None:
+        """The owner's WebSocket is closed (by either side): free everything, exactly once.
+        `dropped`: it went without a close frame or with a code other than 1000; a resumable
+        session is then detached instead."""
+        if dropped and self._attachments.detach_on_drop():
+            return
+        left = self._life.mark_closed()
+        if left is Phase.CLOSED:
+            return
+        self._start_timer.cancel()
+        self._dispatch.stop()
+        self.upstream.stop_timers()
+        self._seat.owner.close_outbox()
+        if left in LIVE:  # no end was claimed: the sequence is still open
+            self.tasks.spawn(self.upstream.end())
+        self.metrics.session_closed()
+        self._playhead.finish()
+        self._trace.end()
+        self._invites.close()
+        self._handouts.ended()
+        log.info(
+            "request_id=%s peer=%s session ended chunks=%d after %.1f s",
+            self.request_id,
+            self.peer,
+            self.ledger.chunks,
+            self.waited,
+        )
+        self._on_closed(self)
+
+    async def shutdown(self, timeout: float) -> None:
+        """Server shutdown (after the drain): `server_shutdown`, a complete `session.done` and close
+        1001; the sequence is ended on Triton as for any end. An end already under way goes on."""
+        self._start_timer.cancel()
+        await self._ending.shutdown(timeout)
+
+    # --- attaching participants (rtvideo.proxy.participants.attachments) ------------------------------------
+    async def drop_if_silent(self, timeout: float) -> None:
+        await self._attachments.drop_if_silent(timeout)
+
+    def attach_owner(self, owner: Owner, last: int, token: str) -> None:
+        self._attachments.attach_owner(owner, last, token)
+
+    def watch_refusal(self) -> str | None:
+        return self._attachments.watch_refusal()
+
+    def attach_watcher(self, conn: Link) -> Watcher | None:
+        return self._attachments.attach_watcher(conn)
+
+    def steer_refusal(self) -> str | None:
+        return self._attachments.steer_refusal()
+
+    def attach_steerer(self, conn: Link, peer: str) -> GuestSteerer | None:
+        return self._attachments.attach_steerer(conn, peer)
+
+    def refuse_resume(self, message: str, oldest: int | None) -> None:
+        """This connection's `session.resume` is refused: `invalid_resume`, then close (no
+        `session.done`: no session of this connection ended)."""
+        self._start_timer.cancel()
+        self._ending.refuse_resume(message, oldest)
+
+    def retire(self) -> None:
+        """This connection's owner was attached to the session its resume named: this one never was."""
+        self._start_timer.cancel()
+        self._life.mark_closed()
+        self.metrics.session_closed()
+        self._on_closed(self)

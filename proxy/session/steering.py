@@ -1,0 +1,211 @@
+"""What a steering participant's frames do to its session once the sequence is open
+(docs/protocol.md §2, §7).
+
+The proxy checks only what it must answer itself (size, JSON, type, binary frames) and
+forwards every other message verbatim; the model validates the rest. A valid interaction it
+acks at once, as the model would (rtvideo.proxy.session.acks). It bounds what one participant can
+make it and Triton hold: its own token bucket for the message rate (`Steerer.within_rate`),
+and the session's bound on requests in flight. `session.ping` is answered here (at most one
+a second goes on, rtvideo.proxy.session.upstream).
+
+Guest steerers (rtvideo.proxy.participants.steerers, docs/protocol.md §9.3) hand their frames to the
+same `frame`, with their own bucket and their own share of the in-flight bound
+(`in_flight_share`). What answers a guest's message goes to that guest alone (`Steerer.guest`,
+routed by rtvideo.proxy.session.dispatch). Only the owner may end the session (`session.stop`) or
+revoke steering (`session.revoke_steering`): from a guest either is `invalid_message`. A
+guest's well-formed `session.playback` is dropped (only the owner's playhead paces the stream)
+and not counted among its messages.
+
+Every participant sees the same story (docs/protocol.md §9.4): an interaction acked here for
+the first time is told to the session's other participants (`share`: the owner, the other
+steerers, the watchers) as `session.interaction.shared`, before its sender's ack goes out, so
+their chunk lists name an event they already know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from rtvideo.core import protocol, server_messages
+from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.proxy.observability.session_timing import PlayheadTiming
+from rtvideo.proxy.observability.tracing import NO_TRACE, SessionTrace
+from rtvideo.proxy.participants.links import Guest, Steerer
+from rtvideo.proxy.participants.steerers import in_flight_share
+from rtvideo.proxy.session.acks import ProxyAcks
+from rtvideo.proxy.session.dispatch import Dispatch
+from rtvideo.proxy.session.lifecycle import Lifecycle, Phase
+from rtvideo.proxy.session.limits import event_id_in, over_rate_stop, refused_event_id
+from rtvideo.proxy.session.upstream import Upstream
+from rtvideo.proxy.settings import ProxySettings
+
+#: after a frame over the rate, the client's next frame is read this much later: a flooding client
+#: costs the proxy at most about 1,000 answered frames a second and meets TCP backpressure
+#: beyond, while what it has already pushed into its socket is still drained and answered
+OVER_RATE_READ_PAUSE_SECONDS = 0.001
+
+
+class Steering:
+    """The messages of one session's steering participants, after its session.start."""
+
+    def __init__(
+        self,
+        life: Lifecycle,
+        settings: ProxySettings,
+        upstream: Upstream,
+        acks: ProxyAcks,
+        dispatch: Dispatch,
+        playhead: PlayheadTiming,
+        *,
+        trace: SessionTrace = NO_TRACE,
+        revoke: Callable[[], int] = lambda: 0,
+        heard: Callable[[Mapping[str, Any], Guest | None], None] = lambda message, guest: None,
+        share: Callable[[Mapping[str, Any], Guest | None], None] = lambda notice, guest: None,
+        guest_message: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._trace = trace  # the session's trace (rtvideo.proxy.observability.tracing): received, forwarded
+        self._life = life
+        self._settings = settings
+        self._upstream = upstream
+        self._acks = acks
+        self._dispatch = dispatch
+        self._playhead = playhead
+        self._revoke = revoke  # ends every guest's steer link; returns how many there were
+        self._share = in_flight_share(settings)
+        self._heard = heard  # every message parsed, with its sender (None: the owner): the recording
+        # a new event acked to its sender, told to every other participant (docs/protocol.md §9.4)
+        self._tell_others = share
+        self._guest_message = guest_message  # counts a guest's message (its playhead reports aside)
+
+    def frame(self, steerer: Steerer, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
+        """A frame from `steerer`: early checks, then forwarded verbatim (or answered here).
+        Returns an awaitable when the frame was over the rate: Tornado reads the next frame
+        only once it is done, so a flood meets TCP backpressure and costs the proxy little."""
+        guest = steerer.guest
+        # A guest may steer a detached session (its owner is away, the generator paused).
+        if not (self._life.attached or (guest is not None and self._life.phase is Phase.DETACHED)):
+            return None  # the end is claimed: frames still buffered behind it are ignored
+        if not steerer.within_rate(time.monotonic()) and (guest is not None or not over_rate_stop(raw, binary)):
+            if guest is not None:
+                self._guest_message()
+            self._dispatch.reject(
+                ErrorCode.RATE_LIMITED,
+                f"over the rate of {self._settings.max_messages_per_second:g} "
+                f"messages a second (burst {self._settings.message_burst}); this one was not processed",
+                event_id=refused_event_id(raw, binary),
+                to=guest,
+            )
+            return _after(OVER_RATE_READ_PAUSE_SECONDS)
+        self._route(raw, binary, guest)
+        return None
+
+    def _route(self, raw: str | bytes, binary: bool, guest: Guest | None) -> None:
+        try:
+            message = protocol.decode_later(raw, binary=binary)
+        except ProtocolError as exc:
+            if guest is not None:
+                self._guest_message()
+            self._dispatch.reject(exc.code, exc.message, to=guest)
+            return
+        self._heard(message, guest)
+        kind = message["type"]
+        if guest is not None and kind != protocol.PLAYBACK:  # a report steers nothing: not counted
+            self._guest_message()
+        if guest is not None and kind in (protocol.STOP, protocol.REVOKE_STEERING):
+            self._dispatch.reject(ErrorCode.INVALID_MESSAGE, f"only the session's owner may send {kind}", to=guest)
+        elif kind == protocol.REVOKE_STEERING:
+            revoked, life = self._revoke(), self._life
+            self._dispatch.answer(lambda: server_messages.steering_revoked(life.request_id, revoked))
+        elif kind == protocol.STOP:
+            self._upstream.send_stop()  # once; a repeated stop is harmless
+        elif kind == protocol.PING:
+            self._dispatch.answer(server_messages.pong, to=guest)
+            self._upstream.forward_ping()
+        elif kind == protocol.PLAYBACK:
+            self._playback(message, raw_bytes(raw), guest)
+        elif self._life.phase is Phase.STOP_SENT:  # the sequence is closed
+            self._dispatch.reject(ErrorCode.INVALID_MESSAGE, "session.stop was sent; the session is ending", to=guest)
+        elif self._upstream.in_flight >= self._settings.max_requests_in_flight or (
+            guest is not None and guest.in_flight(self._upstream.awaiting) >= self._share
+        ):
+            bound = self._settings.max_requests_in_flight if guest is None else self._share
+            self._dispatch.reject(
+                ErrorCode.RATE_LIMITED,
+                f"too many requests in flight (at most {bound}); this one was not processed",
+                event_id=event_id_in(message),
+                to=guest,
+            )
+        elif kind == protocol.INTERACTION:
+            self._interact(message, raw_bytes(raw), guest)
+        else:
+            tag = self._upstream.send(raw_bytes(raw))
+            if guest is not None:
+                guest.forwarded(tag)
+                self._dispatch.route(tag, guest)
+
+    def _interact(self, message: Mapping[str, Any], raw: bytes, guest: Guest | None = None) -> None:
+        """Acked here at once when the proxy can decide it like the model (rtvideo.proxy.session.acks);
+        forwarded in order, but for a retry of an event acked here: the model has its first copy
+        (or, after a move, knows it as named or got it again), and would apply nothing, so a
+        superseded or failed event retried after a move is never applied by the new model."""
+        received = time.perf_counter()
+        ack = self._acks.decide(message, raw)
+        if ack is None:
+            tag = self._upstream.send(raw)
+            self._dispatch.ack_due(tag, received, guest)
+            if guest is not None:
+                guest.forwarded(tag)
+            self._trace.interaction(event_id_in(message), received)
+            return
+        if ack.new:
+            tag = self._upstream.send(ack.raw)
+            self._acks.forwarded(tag, ack)
+            if guest is not None:
+                guest.forwarded(tag)  # its model ack is dropped, but it counts in flight until it comes
+        event_id = ack.event_id
+        self._trace.interaction(event_id, received)
+        life = self._life
+        if ack.new:  # told to the others before its sender's ack: no chunk can name it ahead of this
+            sender = "owner" if guest is None else "steerer"
+            self._tell_others(
+                server_messages.interaction_shared(life.request_id, event_id, sender, message["interaction"]), guest
+            )
+        self._dispatch.answer(
+            lambda: server_messages.queued(life.request_id, event_id), ack=event_id, received=received, to=guest
+        )
+
+    def _playback(self, message: Mapping[str, Any], raw: bytes, guest: Guest | None = None) -> None:
+        """A playhead report (docs/protocol.md §2.6): checked here, fed to the on-screen timing,
+        and forwarded while the sequence is open. The model completes it flags-only and answers
+        nothing, so it is not counted in flight (the rate bounds it); a malformed one is the
+        only report answered, with `invalid_message`. A guest's is checked, then dropped: only the
+        owner's playhead paces the stream."""
+        try:
+            report = protocol.validate_playback(message)
+        except ProtocolError as exc:
+            self._dispatch.reject(exc.code, exc.message, to=guest)
+            return
+        if guest is not None:
+            return
+        self._playhead.report(report.position_seconds, report.buffered_seconds)
+        self._upstream.send_report(raw)
+
+
+def _after(delay: float) -> asyncio.Future[None]:
+    """A future that is done in `delay` seconds (never cancelled: Tornado would abort the
+    connection on a cancelled one)."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    asyncio.get_running_loop().call_later(delay, done)
+    return future
+
+
+def raw_bytes(raw: str | bytes) -> bytes:
+    return raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
