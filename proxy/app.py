@@ -18,10 +18,9 @@ from rtvideo.core.protocol import MAX_START_BYTES
 from rtvideo.proxy.edge import drain as drain_http
 from rtvideo.proxy.edge.access import host_allowed, refused_without_token, token_ok
 from rtvideo.proxy.edge.connections import BoundedHTTPServer, fd_room
+from rtvideo.proxy.edge.guest_doors import STEER_PATH, WATCH_PATH, SteerHandler, WatchHandler
 from rtvideo.proxy.edge.recordings_http import routes as recording_routes
 from rtvideo.proxy.edge.socket import ProxyContext, RealtimeVideoHandler
-from rtvideo.proxy.edge.steer_door import STEER_PATH, SteerHandler
-from rtvideo.proxy.edge.watch_door import WATCH_PATH, WatchHandler
 from rtvideo.proxy.observability import accesslog
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.placement.addresses import is_trusted, trusted_networks
@@ -29,6 +28,7 @@ from rtvideo.proxy.placement.endpoint import Resolver
 from rtvideo.proxy.placement.pool import EndpointPool
 from rtvideo.proxy.placement.supervisor import BackendState
 from rtvideo.proxy.recordings.service import Recordings
+from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
 
 log = logging.getLogger(__name__)
@@ -424,8 +424,15 @@ class ProxyServer:
         remaining = list(ctx.sessions)
         if remaining:
             log.info("drain over: ending %d session(s) with server_shutdown", len(remaining))
-            await asyncio.gather(*(s.shutdown(SHUTDOWN_SECONDS) for s in remaining), return_exceptions=True)
+        await self._end_all(remaining)
         return len(remaining)
+
+    async def _end_all(self, sessions: list[ProxySession]) -> None:
+        """`server_shutdown` for each of `sessions` and each connection still waiting to start."""
+        waiting = list(self.context.waiting)
+        await asyncio.gather(
+            *(s.shutdown(SHUTDOWN_SECONDS) for s in sessions), *(c.shutdown() for c in waiting), return_exceptions=True
+        )
 
     async def stop(self) -> None:
         """Stop listening and probing; end what is left at once (see `drain` for the graceful way)."""
@@ -437,7 +444,7 @@ class ProxyServer:
         if health is not None:
             health.stop()
         sessions = list(self.context.sessions)
-        await asyncio.gather(*(s.shutdown(SHUTDOWN_SECONDS) for s in sessions), return_exceptions=True)
+        await self._end_all(sessions)
         await self._server.close_all_connections()
         if health is not None:
             await health.close_all_connections()

@@ -1,26 +1,53 @@
-"""`/v1/realtime/video`: admission before the upgrade, then frames in and out of a `ProxySession`."""
+"""`/v1/realtime/video`: admission before the upgrade, then a connection until its first
+message gives it a role.
+
+A connection is not a session. It holds its owner participant (link, outbox, rate bucket,
+bounds) and waits for its first message (`ConnectionPhase.WAITING`, bounded by the start
+timeout and the waiting share): a `session.start` makes a new `ProxySession` with it as the
+owner; a `session.resume` attaches it to the session its token names. Anything else is
+refused with `invalid_start` and an empty `session.done`, and no session is made.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
-from rtvideo.core import resume
-from rtvideo.core.errors import ErrorCode
+from rtvideo.core import resume, server_messages, start_request
+from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.edge.access import client_of, origin_allowed, refused_without_token
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.resume import Features, drop_silent_owner, take_over
+from rtvideo.proxy.participants.features import Features
+from rtvideo.proxy.participants.links import Owner
+from rtvideo.proxy.participants.resume import attach, drop_silent_owner
+from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.placement.pool import EndpointPool
 from rtvideo.proxy.placement.supervisor import BackendState
+from rtvideo.proxy.session.ending import refuse_connection
 from rtvideo.proxy.session.session import ProxySession
+from rtvideo.proxy.session.steering import raw_bytes
 from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS, ProxySettings
+from rtvideo.proxy.tasks import TaskSet
 
 log = logging.getLogger(__name__)
+
+
+class ConnectionPhase(enum.Enum):
+    """Where one connection is: it waits for its first message, then belongs to a session, or
+    was refused (its last messages and close are on their way), or closed."""
+
+    WAITING = enum.auto()  # upgraded; its first message decides
+    ATTACHING = enum.auto()  # its session.resume is being answered
+    IN_SESSION = enum.auto()  # the owner of a session (made by its start, or attached by its resume)
+    REFUSED = enum.auto()  # answered and closing: frames still buffered behind are ignored
+    CLOSED = enum.auto()
 
 
 @dataclass
@@ -31,20 +58,34 @@ class ProxyContext:
     metrics: ProxyMetrics
     pool: EndpointPool  # the Triton endpoints, their health, and where a new session goes
     sessions: set[ProxySession] = field(default_factory=set)
+    #: connections waiting for their first message (each one's handler writes its own entry)
+    waiting: set[RealtimeVideoHandler] = field(default_factory=set)
     draining: bool = False  # shutting down: no new session (ProxyServer.drain)
-    features: Features = field(init=False)  # resume tokens and watchers (rtvideo.proxy.participants.resume)
+    features: Features = field(init=False)  # resume tokens and watchers (rtvideo.proxy.participants)
 
     def __post_init__(self) -> None:
         self.features = Features(self.settings)
 
+    def connections(self) -> int:
+        """What --max-connections bounds: connections waiting for their first message, and the
+        sessions that hold one (a detached session, waiting for its resume, is bounded by the
+        grace and the model's slots instead, so that its own resume fits)."""
+        return len(self.waiting) + sum(1 for s in self.sessions if not s.detached)
+
 
 class RealtimeVideoHandler(WebSocketHandler):
-    """Thin: refuses what it must before the upgrade, delegates everything else."""
+    """Thin: refuses what it must before the upgrade; then one connection, until its first
+    message gives it a session (or refuses it)."""
 
     def initialize(self, context: ProxyContext) -> None:
         self.context = context
+        self.phase = ConnectionPhase.WAITING
         self.session: ProxySession | None = None
+        self.owner: Owner | None = None  # built at the upgrade
         self.client = str(self.request.remote_ip)  # the client address (a trusted proxy's report), set in prepare
+        self.opened = time.monotonic()
+        self._start_timer: asyncio.TimerHandle | None = None
+        self._tasks = TaskSet()  # the refusal's flush and close
         self._pong: asyncio.Event | None = None  # set by the pong of the latest `responsive` ping
 
     def prepare(self) -> None:
@@ -56,7 +97,7 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.metrics.connection_rejected("draining")
             self.set_header("Retry-After", "1")
             self.send_error(503, reason="Server shutting down")
-        elif len(_attached(ctx.sessions)) >= ctx.settings.max_connections:
+        elif ctx.connections() >= ctx.settings.max_connections:
             ctx.metrics.connection_rejected("capacity")
             self.set_header("Retry-After", "5")
             self.send_error(503, reason="Too many connections")
@@ -70,21 +111,28 @@ class RealtimeVideoHandler(WebSocketHandler):
             self.set_header("Retry-After", "1")
             self.send_error(503, reason="Too many connections waiting to start")
 
+    @property
+    def waited(self) -> float:
+        """Seconds since the connection was opened."""
+        return time.monotonic() - self.opened
+
     def _room_to_wait(self) -> bool:
-        """Whether this connection may join those waiting for their session.start: they are at
+        """Whether this connection may join those waiting for their first message: they are at
         most `awaiting_start_bound` (a share of --max-connections), so connections that never
         start cannot take every slot. When the share is full, the one that waited longest takes
         its leave if it waited over AWAITING_START_GRACE_SECONDS (a real client starts at once):
         holding the share then costs a client a new upgrade for each place every grace period."""
         ctx = self.context
-        waiting = [s for s in ctx.sessions if s.awaiting_start]
-        if len(waiting) < ctx.settings.awaiting_start_bound:
+        if len(ctx.waiting) < ctx.settings.awaiting_start_bound:
             return True
-        oldest = max(waiting, key=lambda s: s.waited)
+        oldest = max(ctx.waiting, key=lambda c: c.waited)
         if oldest.waited < AWAITING_START_GRACE_SECONDS:
             return False
-        log.info("peer=%s displaced after %.1f s without session.start", oldest.peer, oldest.waited)
-        oldest.displace()
+        log.info("peer=%s displaced after %.1f s without session.start", oldest.client, oldest.waited)
+        oldest.refuse(
+            ErrorCode.START_TIMEOUT,
+            f"no session.start after {oldest.waited:.1f} s while other clients wait to connect",
+        )
         return True
 
     def check_origin(self, origin: str) -> bool:
@@ -97,10 +145,12 @@ class RealtimeVideoHandler(WebSocketHandler):
     def open(self, *args: Any, **kwargs: Any) -> None:
         ctx = self.context
         self.set_nodelay(True)  # small messages (acks) must not wait for Nagle
-        self.session = ProxySession(
-            self, ctx.pool, ctx.settings, ctx.metrics, self.client, ctx.sessions.discard, ctx.features
+        self.owner = Owner(self, self.client, ctx.settings, ctx.metrics)
+        ctx.waiting.add(self)
+        timeout = ctx.settings.start_timeout
+        self._start_timer = asyncio.get_running_loop().call_later(
+            timeout, self.refuse, ErrorCode.START_TIMEOUT, f"no session.start within {timeout:g} s"
         )
-        ctx.sessions.add(self.session)
 
     def get_websocket_protocol(self) -> WebSocketProtocol | None:
         """Tornado's own choice of protocol and parameters, built as `_StrictTextProtocol`."""
@@ -109,25 +159,61 @@ class RealtimeVideoHandler(WebSocketHandler):
             return built
         return _StrictTextProtocol(self, mask_outgoing=False, params=built.params)
 
+    # --- the first message --------------------------------------------------------------------
+    def _stop_waiting(self, phase: ConnectionPhase) -> None:
+        self.phase = phase
+        self.context.waiting.discard(self)
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+
+    def refuse(self, code: ErrorCode, message: str, *, close_code: int = 1000, **fields: Any) -> None:
+        """A waiting connection that does not become a session: the error, an empty
+        `session.done` (not for `invalid_resume`: no session of this connection ended), close."""
+        if self.phase not in (ConnectionPhase.WAITING, ConnectionPhase.ATTACHING) or self.owner is None:
+            return
+        self._stop_waiting(ConnectionPhase.REFUSED)
+        answer = server_messages.error(code, message) | fields
+        done = code is not ErrorCode.INVALID_RESUME
+        refuse_connection(self.owner, self.context.metrics, self._tasks, answer, done=done, close_code=close_code)
+
     def on_invalid_text(self) -> None:
         """A text frame that is not UTF-8 (RFC 6455 §8.1): the session ends with close 1007."""
         if self.session is not None:
             self.session.on_invalid_text()
+        elif self.phase is ConnectionPhase.WAITING:
+            self.refuse(ErrorCode.INVALID_START, "a text frame was not valid UTF-8; closing (1007)", close_code=1007)
         else:
             self.close(1007, "text frames must be UTF-8")
 
     def on_message(self, message: str | bytes) -> Awaitable[None] | None:
         """Tornado reads the next frame only once an awaitable returned here is done."""
-        assert self.session is not None
         binary = isinstance(message, bytes)
-        if self.session.awaiting_start:
-            if resume.is_resume(message, binary=binary):
-                return self._resume(message)  # its session is counted already: no share is asked
-            if (over := self._over_share()) is not None:
-                self.context.metrics.connection_rejected("per_client")
-                self.session.refuse_start(ErrorCode.SERVER_BUSY, over)
-                return None
-        return self.session.on_frame(message, binary)
+        if self.session is not None:
+            return self.session.on_frame(message, binary)
+        if self.phase is not ConnectionPhase.WAITING or self.owner is None:
+            return None  # refused: what was sent behind the refused message is not read
+        if resume.is_resume(message, binary=binary):
+            self._stop_waiting(ConnectionPhase.ATTACHING)
+            return self._resume(message)  # its session is counted already: no share is asked
+        if (over := self._over_share()) is not None:
+            self.context.metrics.connection_rejected("per_client")
+            self.refuse(ErrorCode.SERVER_BUSY, over)
+            return None
+        try:
+            first = start_request.check_first_message(message, binary=binary)
+            start_request.check_object_bounds(first)  # before it is recorded or forwarded
+        except ProtocolError as exc:
+            self.refuse(exc.code, exc.message)
+            return None
+        return self._start(first, raw_bytes(message))
+
+    def _start(self, first: dict[str, Any], raw: bytes) -> Awaitable[None] | None:
+        ctx = self.context
+        assert self.owner is not None
+        self._stop_waiting(ConnectionPhase.IN_SESSION)
+        self.session = ProxySession(self.owner, ctx.pool, ctx.settings, ctx.metrics, ctx.sessions.discard, ctx.features)
+        ctx.sessions.add(self.session)
+        return self.session.begin(first, raw)
 
     def _over_share(self) -> str | None:
         """Why a new session of this client would pass its address's share of the model's slots
@@ -135,7 +221,7 @@ class RealtimeVideoHandler(WebSocketHandler):
         not at the upgrade: a connection that resumes a session of its own needs no new share."""
         ctx = self.context
         share = ctx.settings.sessions_per_client(ctx.pool.known_slots)
-        held = sum(1 for s in ctx.sessions if s.peer == self.client and s is not self.session and not s.awaiting_start)
+        held = sum(1 for s in ctx.sessions if s.peer == self.client)
         if held < share:
             return None
         return (
@@ -144,10 +230,28 @@ class RealtimeVideoHandler(WebSocketHandler):
         )
 
     async def _resume(self, message: str | bytes) -> None:
-        await drop_silent_owner(self.context.features, message)
-        assert self.session is not None
-        self.session = take_over(self.context.features, self.session, self, message)
+        features = self.context.features
+        await drop_silent_owner(features, message)
+        if self.phase is not ConnectionPhase.ATTACHING or self.owner is None:
+            return  # closed meanwhile
+        try:
+            self.session = attach(features, self.owner, message)
+        except ResumeRefused as exc:
+            self.context.metrics.resume_answered("refused")
+            log.info("peer=%s session.resume refused: %s", self.client, exc.message)
+            extra = {} if exc.oldest is None else {"oldest_resumable_index": exc.oldest}
+            self.refuse(ErrorCode.INVALID_RESUME, exc.message, **extra)
+            return
+        self.phase = ConnectionPhase.IN_SESSION
+        self.context.metrics.resume_answered("resumed")
 
+    async def shutdown(self) -> None:
+        """Server shutdown while waiting for the first message: `server_shutdown`, the empty
+        `session.done`, close 1001."""
+        self.refuse(ErrorCode.SERVER_SHUTDOWN, "the server is shutting down; reconnect to go on", close_code=1001)
+        await self._tasks.wait(5.0)
+
+    # --- the link -----------------------------------------------------------------------------
     async def responsive(self, timeout: float) -> bool:
         """A ping, and whether its pong comes within `timeout` (the session's connection check)."""
         pong = self._pong = asyncio.Event()
@@ -170,12 +274,10 @@ class RealtimeVideoHandler(WebSocketHandler):
     def on_close(self) -> None:
         if self.session is not None:  # without a close frame, or not 1000: a resumable session detaches
             self.session.on_disconnect(dropped=self.close_code != 1000)
-
-
-def _attached(sessions: set[ProxySession]) -> list[ProxySession]:
-    """The sessions that hold a connection: a detached one (waiting for its resume, bounded by the
-    grace and the model's slots) counts in neither connection bound, so that its own resume fits."""
-    return [s for s in sessions if not s.detached]
+        else:
+            if self.owner is not None:
+                self.owner.close_outbox()
+            self._stop_waiting(ConnectionPhase.CLOSED)
 
 
 class _StrictTextProtocol(WebSocketProtocol13):

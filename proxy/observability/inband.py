@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.start_request import METRICS
@@ -29,21 +29,31 @@ MAX_IN_FLIGHT = 256
 Answer = Callable[[Callable[[], Mapping[str, Any]]], None]
 
 
+class InbandSource(Protocol):
+    """What the figures read of their session (`ProxySession`)."""
+
+    @property
+    def request_id(self) -> str | None: ...
+    @property
+    def buffered_seconds(self) -> float | None:
+        """The player's buffer from its latest report."""
+
+    @property
+    def queued_events(self) -> int:
+        """Acked events that no chunk has started yet."""
+
+
 class InbandMetrics:
     """One session's `session.metrics`; inert until `asked()` sees `"metrics": true`."""
 
     def __init__(
         self,
         answer: Answer,
-        request_id: Callable[[], str | None],
-        buffered: Callable[[], float | None],
-        queued: Callable[[], int],
+        source: InbandSource,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._answer = answer
-        self._request_id = request_id
-        self._buffered = buffered  # the player's buffer from its latest report
-        self._queued = queued  # acked events that no chunk has started yet
+        self._source = source
         self._clock = clock
         self._on = False
         self._arrived: dict[int, float] = {}  # transport index → when the chunk reached the proxy
@@ -101,11 +111,11 @@ class InbandMetrics:
 
     def message(self) -> dict[str, Any]:
         """The `session.metrics` of the last media chunk handed out (built when it is written)."""
-        buffered = self._buffered()
+        buffered = self._source.buffered_seconds
         return {
             "type": protocol.METRICS,
-            "request_id": self._request_id(),
+            "request_id": self._source.request_id,
             **(self._latest or {}),
             "buffered_seconds": None if buffered is None else round(buffered, 3),
-            "queued_events": self._queued(),
+            "queued_events": self._source.queued_events,
         }

@@ -1,9 +1,10 @@
 """How participants come and go on a live session (docs/protocol.md §9).
 
-- The owner's link drops (`detach_on_drop`): a resumable session keeps its sequence, parks
-  what the owner had not taken, pauses the generator, and waits out the grace.
-- A resume attaches a new owner (`attach_owner`): it is given what it may have lost, and
-  the session goes on (or, if the model ended it meanwhile, it is told and the session ends).
+- The owner's link drops (`may_detach`, `detached`): a resumable session keeps its sequence,
+  parks what the owner had not taken, pauses the generator, and waits out the grace.
+- A resume seats a new owner (`check_resume`, `reseat`, `resumed`): it is given what it may
+  have lost, and the session goes on (or, if the model ended it meanwhile, it is told and
+  the session ends).
 - An owner that no longer answers is taken for dropped when a resume names its session
   (`drop_if_silent`): one owner at a time, but a dead one does not hold the seat.
 - A watcher attaches (`attach_watcher`) while the session is live and has room; so does a
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from rtvideo.proxy.participants.invitations import Invitations, Joinable
 from rtvideo.proxy.participants.links import Link, Owner
@@ -23,32 +23,24 @@ from rtvideo.proxy.participants.steerers import GuestSteerer
 from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.participants.watchers import Watcher
 from rtvideo.proxy.session.handouts import Handouts
-from rtvideo.proxy.session.lifecycle import Lifecycle, Phase
+from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
 from rtvideo.proxy.session.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SessionEnds:
-    """How the session ends, for the attachments that end it."""
-
-    close: Callable[[], None]  # over now: the owner's link is gone (its on_disconnect)
-    finish: Callable[[], None]  # its last messages go to the owner, then the close
-
-
 class Attachments:
-    """The coming and going of one session's participants."""
+    """The coming and going of one session's participants. It reads the session's phase and
+    never moves it: the session does, around these calls (one writer)."""
 
     def __init__(
         self,
         session: Joinable,
-        life: Lifecycle,
+        life: SessionPhase,
         seat: OwnerSeat,
         invites: Invitations,
         handouts: Handouts,
         upstream: Upstream,
-        ends: SessionEnds,
     ) -> None:
         self._session = session  # what its tokens name
         self._life = life
@@ -56,49 +48,39 @@ class Attachments:
         self._invites = invites
         self._handouts = handouts
         self._upstream = upstream
-        self._ends = ends
 
-    def detach_on_drop(self) -> bool:
-        """The owner's link dropped: STREAMING → DETACHED when the session is resumable (True).
-        What the owner had not taken is parked, the generator pauses, and the grace runs."""
-        if self._life.phase is not Phase.STREAMING or not self._invites.resumable:
-            return False
+    def may_detach(self) -> bool:
+        """The owner's link dropped: whether the session detaches (STREAMING and resumable)."""
+        return self._life.phase is Phase.STREAMING and self._invites.resumable
+
+    def detached(self, grace_over: Callable[[], None]) -> None:
+        """Just DETACHED: what the owner had not taken is parked, the generator pauses, and the
+        grace runs (`grace_over` when it is over)."""
         self._seat.park()
-        self._life.detach()
         self._upstream.pause(True)
-        grace = self._invites.hold_open(self._grace_over)
+        grace = self._invites.hold_open(grace_over)
         log.info(
             "request_id=%s peer=%s connection dropped: detached for %g s",
             self._life.request_id,
             self._seat.owner.peer,
             grace,
         )
-        return True
 
-    def _grace_over(self) -> None:
-        if self._life.phase is Phase.DETACHED and self._invites.enabled:
-            log.info("request_id=%s not resumed within the grace: ending", self._life.request_id)
-            self._invites.expire()
-            self._ends.close()
-
-    def attach_owner(self, owner: Owner, last: int, token: str) -> None:
-        """DETACHED → STREAMING with `owner`: video.start again (a new token), the init pair, every
-        frame after the pair `last` as first sent, what was parked, then the live stream.
-        ResumeRefused (nothing changes) when it cannot."""
+    def check_resume(self) -> None:
+        """ResumeRefused unless the session waits for a new owner (DETACHED)."""
         if self._life.attached:
             raise ResumeRefused("the session is attached to another connection (one controller at a time)")
         if self._life.phase is not Phase.DETACHED:
             raise ResumeRefused("the session has ended")
+
+    def reseat(self, owner: Owner, last: int, token: str) -> None:
+        """`owner` takes the seat: video.start again (a new token), the init pair, every frame after
+        the pair `last` as first sent, what was parked; ResumeRefused (nothing changes) when the
+        frames after `last` are no longer kept."""
         frames = self._invites.replay_after(last)
         start = self._handouts.start_for(resumed=True, **self._invites.taken_up(self._session, token))
         assert start is not None  # a resume token is handed out with video.start
-        self._life.reattach()
         parked = self._seat.hand_over(owner, start, self._handouts.init_frame(self._life.request_id), frames)
-        if self._life.done_while_detached and self._life.claim_end():  # ended while detached: now told
-            self._ends.finish()
-            return
-        self._upstream.pause(False)
-        self._invites.uncount()
         log.info(
             "request_id=%s peer=%s resumed after index %d: %d frame(s) replayed, %d parked",
             self._life.request_id,
@@ -107,6 +89,11 @@ class Attachments:
             len(frames),
             parked,
         )
+
+    def resumed(self) -> None:
+        """Back to STREAMING with a new owner: the generator goes on."""
+        self._upstream.pause(False)
+        self._invites.uncount()
 
     async def drop_if_silent(self, timeout: float) -> None:
         """Before a resume is answered for this attached session: a connection that went silent

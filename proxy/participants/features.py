@@ -7,7 +7,7 @@ attach) and `"steerable": true` (a steer token: guest steerers may attach). The 
 these options out before forwarding the start (`take_options`); the model never sees them.
 A token names a session through the Protocol of what may be done with it (`Resumable`,
 `Watchable`, `Steerable`), so that the doors (rtvideo.proxy.participants.resume,
-rtvideo.proxy.edge.watch_door, rtvideo.proxy.edge.steer_door) depend on these seams, not on the
+rtvideo.proxy.edge.guest_doors, rtvideo.proxy.edge.guest_doors) depend on these seams, not on the
 session's class.
 """
 

@@ -32,6 +32,7 @@ from rtvideo.proxy.recordings.recorder import SessionRecorder
 from rtvideo.proxy.recordings.service import NoRoom
 from rtvideo.proxy.session.handouts import Handouts
 from rtvideo.proxy.session.outbox import Frame
+from rtvideo.proxy.session.record import token_hash
 from rtvideo.proxy.settings import ProxySettings
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,15 @@ class Invitations:
         if self._steer_token is not None:
             marks["steer_token"] = self._steer_token
         return marks
+
+    def token_hashes(self) -> dict[str, str]:
+        """The live tokens of the session, hashed, by kind (rtvideo.proxy.session.record)."""
+        live = {"resume": self._resume_token, **{k.removesuffix("_token"): v for k, v in self._marks().items()}}
+        return {kind: token_hash(token) for kind, token in live.items() if token is not None}
+
+    @property
+    def recording_id(self) -> str | None:
+        return None if self._recorder is None else self._recorder.rid
 
     def revoke_steering(self) -> int:
         """The owner revoked steering: the steer token is retired, every steerer closed. Returns

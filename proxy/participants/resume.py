@@ -8,9 +8,9 @@ what the old socket had not taken is parked. A new connection whose first messag
 `session.resume` with that token attaches as the session's new owner within
 `--resume-grace-seconds`; after that the session ends as a dropped session always did.
 
-Every connection starts with a session of its own, waiting for its first message; when
-that is a `session.resume`, the connection's owner participant is attached to the session
-the token names, and its own session retires (`take_over`).
+A connection is not a session: when its first message is a `session.resume`, its owner
+participant is attached to the session the token names (`attach`), or it is refused with
+`invalid_resume`; no session is made for it either way.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 from rtvideo.core import resume
 from rtvideo.core.errors import ProtocolError
 from rtvideo.proxy.participants.features import Features
-from rtvideo.proxy.participants.links import Connection
+from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.session.session import ProxySession
 
@@ -32,8 +32,8 @@ RESUME_PROBE_SECONDS = 2.0
 
 
 async def drop_silent_owner(features: Features, raw: str | bytes) -> None:
-    """Before `take_over`: the session a resume names, if attached to a connection that no longer
-    answers, detaches (what is wrong with the resume itself, `take_over` answers)."""
+    """Before `attach`: the session a resume names, if attached to a connection that no longer
+    answers, detaches (what is wrong with the resume itself, `attach` answers)."""
     try:
         request = resume.parse_resume(raw)
         session = features.resume_tokens.find(request.resume_token)
@@ -42,30 +42,17 @@ async def drop_silent_owner(features: Features, raw: str | bytes) -> None:
     await session.drop_if_silent(RESUME_PROBE_SECONDS)
 
 
-def take_over(features: Features, placeholder: ProxySession, conn: Connection, raw: str | bytes) -> ProxySession:
-    """A connection whose first message is `session.resume`: its owner is attached to the session
-    the token names (and the placeholder session of the connection retires), or the placeholder
-    answers `invalid_resume` and closes. Returns the session the connection now belongs to.
-    `conn` is the placeholder owner's link."""
-    assert placeholder.owner.link is conn
+def attach(features: Features, owner: Owner, raw: str | bytes) -> ProxySession:
+    """A connection whose first message is `session.resume`: `owner` (its participant) is attached
+    to the session the token names, which is returned. ResumeRefused (with the oldest index
+    still kept, where that is why) when it cannot; `owner` is then attached to nothing."""
     try:
         request = resume.parse_resume(raw)
-        if features.resume_grace <= 0:
-            raise ResumeRefused("resume is off on this server (--resume-grace-seconds 0)")
-        session = features.resume_tokens.find(request.resume_token)
-        session.attach_owner(placeholder.owner, request.last_transport_chunk_index, request.resume_token)
     except ProtocolError as exc:
-        return _refuse(placeholder, exc.message, None)
-    except ResumeRefused as exc:
-        return _refuse(placeholder, exc.message, exc.oldest)
-    placeholder.retire()
-    placeholder.metrics.resume_answered("resumed")
+        raise ResumeRefused(exc.message) from exc
+    if features.resume_grace <= 0:
+        raise ResumeRefused("resume is off on this server (--resume-grace-seconds 0)")
+    session = features.resume_tokens.find(request.resume_token)
     assert isinstance(session, ProxySession)  # the only kind that issues resume tokens
+    session.attach_owner(owner, request.last_transport_chunk_index, request.resume_token)
     return session
-
-
-def _refuse(placeholder: ProxySession, message: str, oldest: int | None) -> ProxySession:
-    placeholder.metrics.resume_answered("refused")
-    log.info("peer=%s session.resume refused: %s", placeholder.peer, message)
-    placeholder.refuse_resume(message, oldest)
-    return placeholder

@@ -18,7 +18,7 @@ from typing import Any
 from rtvideo.core import protocol, server_messages
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.links import Owner
-from rtvideo.proxy.session.lifecycle import Lifecycle, Phase
+from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
 from rtvideo.proxy.session.outbox import Frame
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class OwnerSeat:
             owner.put(frame, force=True)
         return len(parked)
 
-    async def drop_if_silent(self, timeout: float, life: Lifecycle) -> None:
+    async def drop_if_silent(self, timeout: float, life: SessionPhase) -> None:
         """A holder whose connection does not answer a ping within `timeout` is taken for dropped:
         its TCP connection is closed, and this waits (briefly) until the close has reached the
         session (no longer attached)."""

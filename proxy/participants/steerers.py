@@ -2,7 +2,7 @@
 (docs/protocol.md §9.3).
 
 A session that asked for it (`"steerable": true`) gets a `steer_token` in `video.start`.
-`WebSocket /v1/realtime/video/steer?steer_token=...` (rtvideo.proxy.edge.steer_door) then
+`WebSocket /v1/realtime/video/steer?steer_token=...` (rtvideo.proxy.edge.guest_doors) then
 attaches a `GuestSteerer`: it is fed what a watcher is fed (video.start marked
 `"steerer": true`, an init pair, every chunk pair the owner is handed, the owner's
 `session.done`), and its frames go to the session's steering (rtvideo.proxy.session.steering) with

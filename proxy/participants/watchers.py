@@ -9,7 +9,7 @@ Fan-out never waits: each pair is queued on every watcher's own `Outbox` (the fr
 objects are shared, nothing is copied), bounded by `--watcher-buffer-bytes`; a watcher
 whose queue is full is dropped with `slow_consumer`, so it delays neither the owner nor
 another watcher. A watcher may send `session.ping` (answered `session.pong`); anything
-else is answered with `invalid_message` and the watch goes on (rtvideo.proxy.edge.watch_door,
+else is answered with `invalid_message` and the watch goes on (rtvideo.proxy.edge.guest_doors,
 the door a watcher comes in by).
 """
 

@@ -24,6 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import MEDIA, TRAILER
@@ -36,7 +37,7 @@ from rtvideo.proxy.placement.first_frame import NoFrame, image_url, last_frame
 from rtvideo.proxy.placement.move_log import MoveLog, Unmovable
 from rtvideo.proxy.placement.splice import Coordinates, Splice, SpliceState
 from rtvideo.proxy.placement.streams import StreamSource
-from rtvideo.proxy.session.lifecycle import Lifecycle, Phase
+from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
 from rtvideo.proxy.session.upstream import Upstream
 from rtvideo.triton.wire import Reply
 
@@ -138,7 +139,7 @@ class Mover:
             self._moving = None
             self._metrics.moved(reason.value, time.monotonic() - since)
 
-    def move(self, reason: MoveReason, life: Lifecycle, upstream: Upstream, book: EventBook) -> bool:
+    def move(self, reason: MoveReason, life: SessionPhase, upstream: Upstream, book: EventBook) -> bool:
         """Go on with a new stream, placed on an endpoint with room (waiting up to the patience
         for one); False, the reason logged and counted, when the session cannot move. A
         detached session's generator is paused there too."""
@@ -198,6 +199,17 @@ class Mover:
         )
         encoded = server_messages.encode(start).encode("utf-8", "surrogatepass")
         return encoded, resend
+
+    def continuation(self) -> tuple[dict[str, Any] | None, int, int, str | None]:
+        """The start that continues the session at its next chunk, that chunk's generation and
+        transport indices, and why there is none (rtvideo.proxy.session.record)."""
+        if self._log is None:
+            return None, self._next_generation, self._next_transport, "the session has not started"
+        try:
+            start = self._log.start_at(self._next_generation, *self._last_frame())
+        except Unmovable as exc:
+            return None, self._next_generation, self._next_transport, str(exc)
+        return start, self._next_generation, self._next_transport, None
 
     def _last_frame(self) -> tuple[str | None, int]:
         """What an approximate move starts from: the last frame sent as a data URL (None before

@@ -31,7 +31,7 @@ from rtvideo.proxy.observability.session_timing import PlayheadTiming
 from rtvideo.proxy.participants.links import Guest
 from rtvideo.proxy.participants.seat import OwnerSeat
 from rtvideo.proxy.session.acks import Answer, ProxyAcks
-from rtvideo.proxy.session.lifecycle import Lifecycle
+from rtvideo.proxy.session.lifecycle import SessionPhase
 from rtvideo.proxy.session.ordering import OutboundOrder, Send
 from rtvideo.triton.wire import START_TAG, Reply
 
@@ -79,7 +79,7 @@ class Dispatch:
 
     def __init__(
         self,
-        life: Lifecycle,
+        life: SessionPhase,
         ack_wait: float,
         bound: int,
         seat: OwnerSeat,

@@ -1,26 +1,28 @@
 """How one proxy session ends from the proxy's side (docs/protocol.md §2, §8).
 
-Each end is claimed on the session's `Lifecycle` first (`claim_end`), so exactly one runs,
-then reported by a task of the session: the error, a complete `session.done` from the ledger
-(what the owner was actually handed), then the Triton sequence is ended before the owner's
-socket is flushed and closed, so the model's slot is freed whatever the client does.
+Each end is claimed on the session's `Lifecycle` first (`claim_end`, by the session), so
+exactly one runs, then reported by a task of the session: the error, a complete
+`session.done` from the ledger (what the owner was actually handed), then the Triton sequence
+is ended before the owner's socket is flushed and closed, so the model's slot is freed
+whatever the client does. A connection refused before it had a session is answered by
+`refuse_connection`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.participants.seat import OwnerSeat
 from rtvideo.proxy.session.ledger import Ledger
-from rtvideo.proxy.session.lifecycle import Lifecycle
+from rtvideo.proxy.session.lifecycle import SessionPhase
+from rtvideo.proxy.session.outbox import Frame
 from rtvideo.proxy.tasks import TaskSet, cancel_and_wait
-
-__all__ = ["FLUSH_SECONDS", "Ending", "SequenceEnd"]
 
 log = logging.getLogger(__name__)
 
@@ -35,50 +37,31 @@ class SequenceEnd(Protocol):
 
 
 class Ending:
-    """The ends the proxy reports itself, and the close after the model's own `session.done`."""
+    """How an end the session claimed is reported: the error, a complete `session.done`, the
+    sequence ended, the owner's socket flushed and closed. It never claims an end itself: the
+    session claims it on its `Lifecycle` (one writer) and then calls one of these."""
 
     def __init__(
-        self,
-        life: Lifecycle,
-        tasks: TaskSet,
-        seat: OwnerSeat,
-        ledger: Ledger,
-        upstream: SequenceEnd,
-        request_id: Callable[[], str | None],
-        gone: Callable[[], None],
+        self, life: SessionPhase, tasks: TaskSet, seat: OwnerSeat, ledger: Ledger, upstream: SequenceEnd
     ) -> None:
         self._life = life
         self._tasks = tasks
         self._seat = seat
         self._ledger = ledger
         self._upstream = upstream
-        self._request_id = request_id
-        #: the session's close when no connection will report one (it ended while detached)
-        self._gone = gone
 
-    def fail(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
-        """End the session from the proxy's side: claimed at once, reported by a task."""
-        if self._life.claim_end():
-            self._tasks.spawn(self._report_failure(code, message, close_code))
+    def report(self, code: ErrorCode, message: str, close_code: int = 1000) -> asyncio.Task[None]:
+        """A claimed end from the proxy's side, reported by a task; returns it."""
+        return self._tasks.spawn(self._report_failure(code, message, close_code))
 
-    def finish_soon(self) -> None:
+    def finish_soon(self) -> asyncio.Task[None]:
         """The end is claimed and the owner has its last message queued: finish in a task."""
-        self._tasks.spawn(self._finish(FLUSH_SECONDS))
+        return self._tasks.spawn(self._finish(FLUSH_SECONDS))
 
-    def refuse_resume(self, message: str, oldest: int | None) -> None:
-        """`invalid_resume`, then close (no `session.done`: no session of this connection ended)."""
-        if not self._life.claim_end():
-            return
-        answer = server_messages.error(ErrorCode.INVALID_RESUME, message)
-        if oldest is not None:
-            answer["oldest_resumable_index"] = oldest
-        self._seat.emit(answer, force=True)
-        self._tasks.spawn(self._seat.close_after_flush(FLUSH_SECONDS))
-
-    async def shutdown(self, timeout: float) -> None:
-        """`server_shutdown`, a complete `session.done` and close 1001; an end already under way
-        goes on. Returns within about twice `timeout` whatever Triton and the client do."""
-        self.fail(ErrorCode.SERVER_SHUTDOWN, "the server is shutting down; reconnect to go on", close_code=1001)
+    async def closed_within(self, timeout: float) -> None:
+        """After a claimed shutdown: the session closed within `timeout`, or its owner's socket is
+        closed (1001) now; then its tasks get `timeout` more, and what is left is cancelled.
+        Returns within about twice `timeout` whatever Triton and the client do."""
         try:
             await asyncio.wait_for(self._life.closed.wait(), timeout)
         except asyncio.TimeoutError:
@@ -87,7 +70,7 @@ class Ending:
         # Triton never ends must not hold the server's stop: what is left after `timeout` goes.
         pending = await self._tasks.wait(timeout)
         for task in pending:
-            log.warning("request_id=%s a task did not end at shutdown: %s", self._request_id(), task.get_coro())
+            log.warning("request_id=%s a task did not end at shutdown: %s", self._life.request_id, task.get_coro())
         await cancel_and_wait(pending)
 
     async def _report_failure(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
@@ -98,7 +81,8 @@ class Ending:
             owner.discard()  # the client cannot take more; the end must still fit
         # Nothing is queued now but the error: the ledger has seen every frame before the done.
         # A stuck writer would never reach them: they go to the socket directly, before the close.
-        self._seat.emit(server_messages.error(code, message, request_id=self._request_id()), force=True, now=stuck)
+        request_id = self._life.request_id
+        self._seat.emit(server_messages.error(code, message, request_id=request_id), force=True, now=stuck)
         self._seat.emit(self._ledger.done(), force=True, now=stuck)
         await self._finish(1.0 if code is ErrorCode.SLOW_CONSUMER else FLUSH_SECONDS, close_code)
 
@@ -106,5 +90,27 @@ class Ending:
         """After the session's last message: end the sequence, flush, close (normally, by default)."""
         await self._upstream.end()
         await self._seat.close_after_flush(flush_seconds, close_code)
-        if self._seat.gone:  # ended while detached: no connection will report its close
-            self._gone()
+
+
+def refuse_connection(
+    owner: Owner,
+    metrics: ProxyMetrics,
+    tasks: TaskSet,
+    answer: dict[str, Any],
+    *,
+    done: bool,
+    close_code: int = 1000,
+) -> None:
+    """A connection that did not become (or join) a session: `answer` (an error), with `done` an
+    empty `session.done` as for any refused start (docs/protocol.md §2), then flush and close."""
+    metrics.error_sent(str(answer.get("code")))
+    owner.put(Frame(server_messages.encode(answer), answer), force=True)
+    if done:
+        empty = Ledger().done()
+        owner.put(Frame(server_messages.encode(empty), empty), force=True)
+    tasks.spawn(_close_after_flush(owner, close_code))
+
+
+async def _close_after_flush(owner: Owner, close_code: int) -> None:
+    await owner.flush(FLUSH_SECONDS)
+    owner.close(close_code)

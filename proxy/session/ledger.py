@@ -24,6 +24,7 @@ class Ledger:
     book: EventBook = field(default_factory=EventBook)
     request_id: str | None = None  # of the video.start handed out
     chunks: int = 0  # binary frames handed out
+    last_transport: int | None = None  # the transport index of the last chunk handed out
 
     def taken(self, frame: Frame) -> Frame:
         """One frame (or pair) handed to the socket, in order; returns what is written: the frame,
@@ -41,6 +42,8 @@ class Ledger:
             }
             return frame if done == message else Frame(server_messages.encode(done), done)
         self.chunks += frame.data is not None
+        if frame.data is not None and isinstance(index := message.get("transport_chunk_index"), int):
+            self.last_transport = index
         if kind == protocol.VIDEO_START:
             self.request_id = message.get("request_id")
         self.book.observe(message)

@@ -6,7 +6,9 @@ back is a resumable session's STREAMING → DETACHED → STREAMING (rtvideo.prox
 end is claimed at once (`claim_end`), so nothing else is forwarded or accepted, not even
 later in the same synchronous burst.
 
-Pure state (no I/O): the session and its parts read it and ask it to move.
+Pure state (no I/O). One writer: `ProxySession` alone moves it and names it; its parts hold
+it as a `SessionPhase` (read-only) and tell the session what happened through their return
+values, so no part can move the phase behind the session's back.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from typing import Protocol
 
 
 class Phase(enum.Enum):
@@ -36,20 +39,58 @@ LIVE = frozenset({Phase.AWAITING_START, Phase.STREAMING, Phase.STOP_SENT, Phase.
 ATTACHED = frozenset({Phase.STREAMING, Phase.STOP_SENT})
 
 
+class SessionPhase(Protocol):
+    """What a session's parts may read of its `Lifecycle` (they never write it)."""
+
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def live(self) -> bool: ...
+    @property
+    def attached(self) -> bool: ...
+    @property
+    def request_id(self) -> str | None: ...
+    @property
+    def done_while_detached(self) -> bool: ...
+    @property
+    def closed(self) -> asyncio.Event: ...
+
+
 class Lifecycle:
     """One session's phase, the model's name for it (`request_id`), and its end."""
 
     def __init__(self) -> None:
         self._phase = Phase.AWAITING_START
-        self.request_id: str | None = None  # from the model's video.start, once forwarded
+        self._request_id: str | None = None  # from the model's video.start, once forwarded
         self.opened = time.monotonic()
-        self.closed = asyncio.Event()  # set once CLOSED (awaited by shutdown)
+        self._closed = asyncio.Event()  # set once CLOSED (awaited by shutdown)
         #: the model's session.done arrived while DETACHED: the end waits for a resume or the grace
-        self.done_while_detached = False
+        self._done_while_detached = False
 
     @property
     def phase(self) -> Phase:
         return self._phase
+
+    @property
+    def request_id(self) -> str | None:
+        return self._request_id
+
+    @property
+    def done_while_detached(self) -> bool:
+        return self._done_while_detached
+
+    @property
+    def closed(self) -> asyncio.Event:
+        return self._closed
+
+    def named(self, request_id: str | None) -> None:
+        """The model's video.start named the session."""
+        self._request_id = request_id
+
+    def done_arrived_detached(self) -> None:
+        """DETACHED, and the model's session.done is queued: the end waits for the owner."""
+        assert self._phase is Phase.DETACHED
+        self._done_while_detached = True
 
     @property
     def live(self) -> bool:
@@ -95,5 +136,5 @@ class Lifecycle:
     def mark_closed(self) -> Phase:
         """Any phase → CLOSED; returns the phase it left."""
         left, self._phase = self._phase, Phase.CLOSED
-        self.closed.set()
+        self._closed.set()
         return left

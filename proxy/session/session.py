@@ -22,6 +22,11 @@ handed every reply, read-only watchers (rtvideo.proxy.participants.watchers), an
 (`attach_owner`); a watch attaches a watcher (`attach_watcher`); a steer link a steerer
 (`attach_steerer`).
 
+A session is made by a connection's `session.start` (rtvideo.proxy.edge.socket): a connection
+is not a session until its first message says so, and a resume attaches to an existing one.
+Its phase and request id are written here alone (`Lifecycle`); its parts read them and tell
+it what happened by their return values or the `SteeredSession` and `InbandSource` seams.
+
 Each session ends exactly once: the model's `session.done`, or an end the proxy reports
 itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`,
 `server_shutdown`), or the owner going away. In every case the Triton sequence is ended
@@ -38,16 +43,16 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
-from rtvideo.core import server_messages, start_request
+from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.observability.inband import InbandMetrics
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming, StreamTiming
 from rtvideo.proxy.observability.tracing import session_trace
-from rtvideo.proxy.participants.attachments import Attachments, SessionEnds
+from rtvideo.proxy.participants.attachments import Attachments
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.invitations import Invitations
-from rtvideo.proxy.participants.links import Connection, Guest, Link, Owner, Steerer
+from rtvideo.proxy.participants.links import Guest, Link, Owner, Steerer
 from rtvideo.proxy.participants.seat import OwnerSeat
 from rtvideo.proxy.participants.steerers import GuestSteerer
 from rtvideo.proxy.participants.watchers import Watcher
@@ -61,7 +66,8 @@ from rtvideo.proxy.session.handouts import Handouts, RecordingSink
 from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.session.lifecycle import LIVE, Lifecycle, Phase
 from rtvideo.proxy.session.outbox import Frame
-from rtvideo.proxy.session.steering import Steering, raw_bytes
+from rtvideo.proxy.session.record import SessionRecord
+from rtvideo.proxy.session.steering import Steering
 from rtvideo.proxy.session.upstream import Upstream, UpstreamTimes
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.tasks import TaskSet
@@ -83,14 +89,15 @@ class ProxySession:
 
     def __init__(
         self,
-        conn: Connection,
+        owner: Owner,
         bridge: StreamSource,
         settings: ProxySettings,
         metrics: ProxyMetrics,
-        peer: str,
         on_closed: Callable[[ProxySession], None],
         features: Features | None = None,
     ) -> None:
+        """A session for `owner`, whose connection's first message was a valid `session.start`
+        (`begin` is given it next)."""
         self._bridge = bridge
         self._settings = settings
         self.metrics = metrics
@@ -99,7 +106,7 @@ class ProxySession:
         self.tasks = TaskSet()
         self.ledger = Ledger()  # what the owner was handed; holds the session's EventBook
         self._acks = ProxyAcks(self.ledger.book)
-        self._seat = OwnerSeat(Owner(conn, peer, settings, metrics), metrics, self._taken)
+        self._seat = OwnerSeat(owner, metrics, self._taken)
         self._handouts = Handouts()
         self._invites = Invitations(features, settings, metrics)
         self._timing = StreamTiming(metrics)  # time to first chunk, chunk lead
@@ -117,39 +124,13 @@ class ProxySession:
         self.upstream = Upstream(
             self._life, settings, times, self.tasks, self._on_reply, self._stream_broke, self._mover.forwarded
         )
-        self._inband = InbandMetrics(  # session.metrics, when the start asks (rtvideo.proxy.observability.inband)
-            self._dispatch.answer,
-            lambda: self._life.request_id,
-            lambda: self._playhead.buffered_seconds,
-            lambda: len(self.ledger.book.outcome(acked_only=True).unapplied),
-        )
+        # session.metrics, when the start asks (rtvideo.proxy.observability.inband)
+        self._inband = InbandMetrics(self._dispatch.answer, self)
         self._steering = Steering(
-            self._life,
-            settings,
-            self.upstream,
-            self._acks,
-            self._dispatch,
-            self._playhead,
-            trace=self._trace,
-            revoke=self._invites.revoke_steering,
-            heard=self._invites.heard,
-            share=self._share,
-            guest_message=metrics.steer_message,
+            self, self._life, settings, self.upstream, self._acks, self._dispatch, self._playhead, metrics, self._trace
         )
-        self._ending = Ending(  # the ends the proxy reports itself (rtvideo.proxy.session.ending)
-            self._life,
-            self.tasks,
-            self._seat,
-            self.ledger,
-            self.upstream,
-            lambda: self._life.request_id,
-            self.on_disconnect,
-        )
-        ends = SessionEnds(self.on_disconnect, self._ending.finish_soon)
-        self._attachments = Attachments(
-            self, self._life, self._seat, self._invites, self._handouts, self.upstream, ends
-        )
-        self._start_timer = asyncio.get_running_loop().call_later(settings.start_timeout, self._start_timed_out)
+        self._ending = Ending(self._life, self.tasks, self._seat, self.ledger, self.upstream)
+        self._attachments = Attachments(self, self._life, self._seat, self._invites, self._handouts, self.upstream)
         metrics.session_opened()
 
     # --- what the handler and the doors read --------------------------------------------------
@@ -170,58 +151,42 @@ class ProxySession:
         return self._life.closed
 
     @property
-    def awaiting_start(self) -> bool:
-        """Connected, and no session.start accepted yet: what the waiting share counts."""
+    def starting(self) -> bool:
+        """Made by a start whose sequence is not open yet (a branch reads its recording first)."""
         return self._life.phase is Phase.AWAITING_START
-
-    @property
-    def waited(self) -> float:
-        """Seconds since the connection was opened."""
-        return self._life.waited
 
     @property
     def detached(self) -> bool:
         return self._life.phase is Phase.DETACHED
 
-    def displace(self) -> None:
-        """Still waiting for its session.start while the waiting share is full and another client
-        connects: it ends as if its start timeout were over (`start_timeout`, done, close)."""
-        if self.awaiting_start:
-            self._start_timer.cancel()
-            self._ending.fail(
-                ErrorCode.START_TIMEOUT,
-                f"no session.start after {self.waited:.1f} s while other clients wait to connect",
-            )
+    # --- what InbandMetrics reads (InbandSource) ----------------------------------------------
+    @property
+    def buffered_seconds(self) -> float | None:
+        return self._playhead.buffered_seconds
 
-    def refuse_start(self, code: ErrorCode, message: str) -> None:
-        """A connection that may not become a session (the handler's admission): the error,
-        session.done, close, as for a refused start."""
-        if self.awaiting_start:
-            self._start_timer.cancel()
-            self._ending.fail(code, message)
+    @property
+    def queued_events(self) -> int:
+        return len(self.ledger.book.outcome(acked_only=True).unapplied)
 
     # --- participants → Triton ----------------------------------------------------------------
     def on_frame(self, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
-        """A frame from the owner; an awaitable when Tornado should read the next one only later."""
-        if self.awaiting_start:
-            return self._on_first(raw, binary)
+        """A frame from the owner after its start; an awaitable when Tornado should read the next
+        one only later."""
         return self.steer(self._seat.owner, raw, binary)
 
     def steer(self, steerer: Steerer, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
         """A frame of a steering participant, once the sequence is open (rtvideo.proxy.session.steering)."""
         return self._steering.frame(steerer, raw, binary)
 
-    def _on_first(self, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
-        """The start; a branch (`from_recording`) reads its recording first, and the next frame
-        is read only once its sequence is open (the returned task)."""
-        self._start_timer.cancel()
+    def begin(self, first: dict[str, Any], raw: bytes) -> Awaitable[None] | None:
+        """The session.start that made this session (parsed and bounded by the connection); a
+        branch (`from_recording`) reads its recording first, and the next frame is read only once
+        its sequence is open (the returned task)."""
         try:
-            first = start_request.check_first_message(raw, binary=binary)
-            start_request.check_object_bounds(first)  # before it is recorded or forwarded
             self._inband.asked(first)
-            start = self._invites.take_options(first, raw_bytes(raw), self._handouts)
+            start = self._invites.take_options(first, raw, self._handouts)
         except ProtocolError as exc:
-            self._ending.fail(exc.code, exc.message)
+            self._fail(exc.code, exc.message)
             return None
         if self._invites.branching:
             return self.tasks.spawn(self._open_branch(first))
@@ -232,12 +197,25 @@ class ProxySession:
         try:
             start = await self._invites.branch_start(given)
         except ProtocolError as exc:
-            self._ending.fail(exc.code, exc.message)
+            self._fail(exc.code, exc.message)
             return
-        if self.awaiting_start:  # not ended while its recording was read
+        if self.starting:  # not ended while its recording was read
             self._open(start)
 
-    def _share(self, notice: Mapping[str, Any], sender: Guest | None) -> None:
+    # --- what steering asks of the session (SteeredSession) ----------------------------------
+    def stop(self) -> None:
+        """The owner's session.stop: STREAMING → STOP_SENT, with sequence_end going to Triton once."""
+        if self._life.phase is Phase.STREAMING:
+            self.upstream.send_stop()
+            self._life.stop_sent()
+
+    def revoke_steering(self) -> int:
+        return self._invites.revoke_steering()
+
+    def heard(self, message: Mapping[str, Any], sender: Guest | None) -> None:
+        self._invites.heard(message, sender)
+
+    def share(self, notice: Mapping[str, Any], sender: Guest | None) -> None:
         """`session.interaction.shared` to everyone but its sender (docs/protocol.md §9.4): the
         owner in the session's order (it never precedes video.start), steerers and watchers ahead
         of their queued video."""
@@ -259,14 +237,26 @@ class ProxySession:
             self._life.open_sequence()
             self.upstream.open(stream)
 
-    def _start_timed_out(self) -> None:
-        if self.awaiting_start:
-            self._ending.fail(ErrorCode.START_TIMEOUT, f"no session.start within {self._settings.start_timeout:g} s")
-
     def move(self, reason: MoveReason) -> bool:
         """Go on on another Triton (rtvideo.proxy.placement.mover); its participants, event book and
         replay buffer stay. False when it cannot: it is not live, or its state cannot be rebuilt."""
         return self._mover.move(reason, self._life, self.upstream, self.ledger.book)
+
+    def record(self) -> SessionRecord | None:
+        """What another process needs to continue this session (None before video.start)."""
+        if self._life.request_id is None:
+            return None
+        start, generation, transport, why = self._mover.continuation()
+        return SessionRecord(
+            request_id=self._life.request_id,
+            continuation=start,
+            next_generation_chunk=generation,
+            next_transport_chunk=transport,
+            delivered=self.ledger.last_transport,
+            token_hashes=self._invites.token_hashes(),
+            recording_id=self._invites.recording_id,
+            why_not_movable=why,
+        )
 
     def streams_on(self, streams: Collection[object]) -> bool:
         """Whether this session's Triton stream is one of `streams` (an endpoint's, to drain it)."""
@@ -292,12 +282,12 @@ class ProxySession:
             log.warning("request_id=%s peer=%s moving after a backend failure: %s", self.request_id, self.peer, reason)
             return
         log.warning("request_id=%s peer=%s backend failure: %s", self.request_id, self.peer, reason)
-        self._ending.fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
+        self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
 
     def _started(self, message: dict[str, Any], text: str) -> tuple[dict[str, Any], str]:
         """The model's video.start, about to be written: the session has its name, and the owner
         is offered the tokens its start asked for."""
-        self._life.request_id = message.get("request_id")
+        self._life.named(message.get("request_id"))
         self._trace.named(self._life.request_id)
         log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
         return self._invites.offer(self, self._handouts, message, text)
@@ -306,12 +296,12 @@ class ProxySession:
         """The model's session.done was queued for the owner: the end (once the owner is back,
         when it is detached: a resume or the grace)."""
         if self.detached:
-            self._life.done_while_detached = True
+            self._life.done_arrived_detached()
         elif self._life.claim_end():
-            self._ending.finish_soon()
+            self._finish()
 
     def _slow_consumer(self) -> None:
-        self._ending.fail(
+        self._fail(
             ErrorCode.SLOW_CONSUMER,
             f"the client reads too slowly: more than {self._settings.outbound_buffer_bytes} bytes are waiting",
         )
@@ -330,23 +320,37 @@ class ProxySession:
         return frame
 
     # --- ending (rtvideo.proxy.session.ending) -------------------------------------------------------
+    def _fail(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
+        """End the session from the proxy's side: claimed at once, reported by a task."""
+        if self._life.claim_end():
+            self._ending.report(code, message, close_code).add_done_callback(self._ended_detached)
+
+    def _finish(self) -> None:
+        """The end is claimed and the owner's last message is queued."""
+        self._ending.finish_soon().add_done_callback(self._ended_detached)
+
+    def _ended_detached(self, _: object) -> None:
+        """An end reported while detached: no connection will report its close, so it is over now."""
+        if self._seat.gone:
+            self.on_disconnect()
+
     def on_invalid_text(self) -> None:
         """A text frame that is not UTF-8 breaks the WebSocket contract (RFC 6455 §8.1): the
         error and a complete `session.done` while the socket still takes them, then close 1007."""
-        self._start_timer.cancel()
-        code = ErrorCode.INVALID_START if self.awaiting_start else ErrorCode.INVALID_JSON
-        self._ending.fail(code, "a text frame was not valid UTF-8; closing (1007)", close_code=1007)
+        code = ErrorCode.INVALID_START if self.starting else ErrorCode.INVALID_JSON
+        self._fail(code, "a text frame was not valid UTF-8; closing (1007)", close_code=1007)
 
     def on_disconnect(self, *, dropped: bool = False) -> None:
         """The owner's WebSocket is closed (by either side): free everything, exactly once.
         `dropped`: it went without a close frame or with a code other than 1000; a resumable
         session is then detached instead."""
-        if dropped and self._attachments.detach_on_drop():
+        if dropped and self._attachments.may_detach():
+            self._life.detach()
+            self._attachments.detached(self._grace_over)
             return
         left = self._life.mark_closed()
         if left is Phase.CLOSED:
             return
-        self._start_timer.cancel()
         self._dispatch.stop()
         self.upstream.stop_timers()
         self._seat.owner.close_outbox()
@@ -362,22 +366,37 @@ class ProxySession:
             self.request_id,
             self.peer,
             self.ledger.chunks,
-            self.waited,
+            self._life.waited,
         )
         self._on_closed(self)
 
     async def shutdown(self, timeout: float) -> None:
         """Server shutdown (after the drain): `server_shutdown`, a complete `session.done` and close
         1001; the sequence is ended on Triton as for any end. An end already under way goes on."""
-        self._start_timer.cancel()
-        await self._ending.shutdown(timeout)
+        self._fail(ErrorCode.SERVER_SHUTDOWN, "the server is shutting down; reconnect to go on", close_code=1001)
+        await self._ending.closed_within(timeout)
 
     # --- attaching participants (rtvideo.proxy.participants.attachments) ------------------------------------
     async def drop_if_silent(self, timeout: float) -> None:
         await self._attachments.drop_if_silent(timeout)
 
     def attach_owner(self, owner: Owner, last: int, token: str) -> None:
-        self._attachments.attach_owner(owner, last, token)
+        """DETACHED → STREAMING with `owner` (a resume), who is given what it may have lost;
+        ResumeRefused (nothing changes) when it cannot. A session the model ended meanwhile
+        tells the new owner and ends."""
+        self._attachments.check_resume()
+        self._attachments.reseat(owner, last, token)
+        self._life.reattach()
+        if self._life.done_while_detached and self._life.claim_end():  # ended while detached: now told
+            self._finish()
+            return
+        self._attachments.resumed()
+
+    def _grace_over(self) -> None:
+        if self._life.phase is Phase.DETACHED and self._invites.enabled:
+            log.info("request_id=%s not resumed within the grace: ending", self._life.request_id)
+            self._invites.expire()
+            self.on_disconnect()
 
     def watch_refusal(self) -> str | None:
         return self._attachments.watch_refusal()
@@ -390,16 +409,3 @@ class ProxySession:
 
     def attach_steerer(self, conn: Link, peer: str) -> GuestSteerer | None:
         return self._attachments.attach_steerer(conn, peer)
-
-    def refuse_resume(self, message: str, oldest: int | None) -> None:
-        """This connection's `session.resume` is refused: `invalid_resume`, then close (no
-        `session.done`: no session of this connection ended)."""
-        self._start_timer.cancel()
-        self._ending.refuse_resume(message, oldest)
-
-    def retire(self) -> None:
-        """This connection's owner was attached to the session its resume named: this one never was."""
-        self._start_timer.cancel()
-        self._life.mark_closed()
-        self.metrics.session_closed()
-        self._on_closed(self)

@@ -26,18 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming
 from rtvideo.proxy.observability.tracing import NO_TRACE, SessionTrace
 from rtvideo.proxy.participants.links import Guest, Steerer
 from rtvideo.proxy.participants.steerers import in_flight_share
 from rtvideo.proxy.session.acks import ProxyAcks
 from rtvideo.proxy.session.dispatch import Dispatch
-from rtvideo.proxy.session.lifecycle import Lifecycle, Phase
+from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
 from rtvideo.proxy.session.limits import event_id_in, over_rate_stop, refused_event_id
 from rtvideo.proxy.session.upstream import Upstream
 from rtvideo.proxy.settings import ProxySettings
@@ -48,24 +49,38 @@ from rtvideo.proxy.settings import ProxySettings
 OVER_RATE_READ_PAUSE_SECONDS = 0.001
 
 
+class SteeredSession(Protocol):
+    """What steering asks of the session it steers (`ProxySession`)."""
+
+    def stop(self) -> None:
+        """The owner's session.stop: sequence_end goes to Triton once, and the session moves on."""
+
+    def revoke_steering(self) -> int:
+        """Ends every guest's steer link; returns how many there were."""
+
+    def heard(self, message: Mapping[str, Any], sender: Guest | None) -> None:
+        """Every message parsed, with its sender (None: the owner): for the recording."""
+
+    def share(self, notice: Mapping[str, Any], sender: Guest | None) -> None:
+        """A new event acked to `sender`, told to every other participant (docs/protocol.md §9.4)."""
+
+
 class Steering:
     """The messages of one session's steering participants, after its session.start."""
 
     def __init__(
         self,
-        life: Lifecycle,
+        session: SteeredSession,
+        life: SessionPhase,
         settings: ProxySettings,
         upstream: Upstream,
         acks: ProxyAcks,
         dispatch: Dispatch,
         playhead: PlayheadTiming,
-        *,
+        metrics: ProxyMetrics,
         trace: SessionTrace = NO_TRACE,
-        revoke: Callable[[], int] = lambda: 0,
-        heard: Callable[[Mapping[str, Any], Guest | None], None] = lambda message, guest: None,
-        share: Callable[[Mapping[str, Any], Guest | None], None] = lambda notice, guest: None,
-        guest_message: Callable[[], None] = lambda: None,
     ) -> None:
+        self._session = session
         self._trace = trace  # the session's trace (rtvideo.proxy.observability.tracing): received, forwarded
         self._life = life
         self._settings = settings
@@ -73,12 +88,8 @@ class Steering:
         self._acks = acks
         self._dispatch = dispatch
         self._playhead = playhead
-        self._revoke = revoke  # ends every guest's steer link; returns how many there were
+        self._metrics = metrics
         self._share = in_flight_share(settings)
-        self._heard = heard  # every message parsed, with its sender (None: the owner): the recording
-        # a new event acked to its sender, told to every other participant (docs/protocol.md §9.4)
-        self._tell_others = share
-        self._guest_message = guest_message  # counts a guest's message (its playhead reports aside)
 
     def frame(self, steerer: Steerer, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
         """A frame from `steerer`: early checks, then forwarded verbatim (or answered here).
@@ -90,7 +101,7 @@ class Steering:
             return None  # the end is claimed: frames still buffered behind it are ignored
         if not steerer.within_rate(time.monotonic()) and (guest is not None or not over_rate_stop(raw, binary)):
             if guest is not None:
-                self._guest_message()
+                self._metrics.steer_message()
             self._dispatch.reject(
                 ErrorCode.RATE_LIMITED,
                 f"over the rate of {self._settings.max_messages_per_second:g} "
@@ -107,20 +118,20 @@ class Steering:
             message = protocol.decode_later(raw, binary=binary)
         except ProtocolError as exc:
             if guest is not None:
-                self._guest_message()
+                self._metrics.steer_message()
             self._dispatch.reject(exc.code, exc.message, to=guest)
             return
-        self._heard(message, guest)
+        self._session.heard(message, guest)
         kind = message["type"]
         if guest is not None and kind != protocol.PLAYBACK:  # a report steers nothing: not counted
-            self._guest_message()
+            self._metrics.steer_message()
         if guest is not None and kind in (protocol.STOP, protocol.REVOKE_STEERING):
             self._dispatch.reject(ErrorCode.INVALID_MESSAGE, f"only the session's owner may send {kind}", to=guest)
         elif kind == protocol.REVOKE_STEERING:
-            revoked, life = self._revoke(), self._life
+            revoked, life = self._session.revoke_steering(), self._life
             self._dispatch.answer(lambda: server_messages.steering_revoked(life.request_id, revoked))
         elif kind == protocol.STOP:
-            self._upstream.send_stop()  # once; a repeated stop is harmless
+            self._session.stop()  # a repeated stop is harmless
         elif kind == protocol.PING:
             self._dispatch.answer(server_messages.pong, to=guest)
             self._upstream.forward_ping()
@@ -170,7 +181,7 @@ class Steering:
         life = self._life
         if ack.new:  # told to the others before its sender's ack: no chunk can name it ahead of this
             sender = "owner" if guest is None else "steerer"
-            self._tell_others(
+            self._session.share(
                 server_messages.interaction_shared(life.request_id, event_id, sender, message["interaction"]), guest
             )
         self._dispatch.answer(

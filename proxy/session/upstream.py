@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from rtvideo.core import protocol, server_messages
 from rtvideo.proxy.placement.bridge import KEEPALIVE, PING, STOP, BackendUnavailable
 from rtvideo.proxy.placement.streams import SessionStream
-from rtvideo.proxy.session.lifecycle import Lifecycle, Phase
+from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.tasks import TaskSet
 from rtvideo.triton.access import short_hash
@@ -54,7 +54,7 @@ class Upstream:
 
     def __init__(
         self,
-        life: Lifecycle,
+        life: SessionPhase,
         settings: ProxySettings,
         times: UpstreamTimes,
         tasks: TaskSet,
@@ -199,12 +199,10 @@ class Upstream:
             self._forwarded = time.monotonic()
 
     def send_stop(self) -> None:
-        """STREAMING → STOP_SENT: session.stop goes with sequence_end (once; flags-only, so never
-        counted in flight)."""
-        if self._life.phase is Phase.STREAMING:
-            assert self._stream is not None
-            self._stop_tag = self._send(self._stream, STOP, end=True)
-            self._life.stop_sent()
+        """session.stop goes with sequence_end (flags-only, so never counted in flight); the
+        session sends it once, as it moves STREAMING → STOP_SENT."""
+        assert self._stream is not None and self._life.phase is Phase.STREAMING
+        self._stop_tag = self._send(self._stream, STOP, end=True)
 
     def forward_ping(self) -> None:
         """Pings are answered by the session; one a second at most, and one at a time, goes to

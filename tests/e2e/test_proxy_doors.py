@@ -30,7 +30,7 @@ from rtvideo.proxy.edge import socket as handler
 from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS
 from rtvideo.triton import free_port
 from tests.support.processes import RTVIDEO, descendants, stop_serve
-from tests.support.proxy_client import Ws, ws
+from tests.support.proxy_client import Ws, first_message_answers, ws
 from tests.support.proxy_host import run, wait_idle
 from tests.support.streams import FAST_MODEL, PACED_MODEL
 
@@ -352,3 +352,51 @@ def test_the_backends_shared_memory_is_readable_by_its_owner_only(triton) -> Non
     # The stub sets its own region too (a stub Triton starts again later): it finds its name.
     regions = {stub_region(_cmdline(p)) for p in descendants(triton.pid) if b"python_backend_stub" in _cmdline(p)}
     assert regions and regions <= set(names), (regions, names)
+
+
+# --- C: a connection is not a session ----------------------------------------------------------
+def test_only_a_start_makes_a_session(proxies) -> None:
+    """Connections that wait, are refused before a start, or resume an existing session make no
+    session: the sessions counter and gauge count starts alone (before, every connection built
+    one, and a resume's was thrown away)."""
+    server = proxies.server(max_sessions_per_client=4, resume_grace_seconds=10)
+    made = server.context.metrics.registry
+
+    def sessions() -> tuple[float, float]:
+        total = made.get_sample_value("rtvideo_proxy_sessions_total") or 0.0
+        return total, made.get_sample_value("rtvideo_proxy_sessions_active") or 0.0
+
+    async def body() -> None:
+        before = sessions()
+        async with ws(server.url) as idle:  # waits, says nothing
+            answers = await first_message_answers(server.url, b"binary first")
+            assert [(a["type"], a.get("code")) for a in answers] == [("error", "invalid_start"), ("session.done", None)]
+            async with ws(server.url) as forger_conn:
+                forger = Ws(forger_conn)
+                await forger.send({"type": "session.resume", "resume_token": "rt1." + "A" * 43})
+                assert (await forger.next(10))["code"] == "invalid_resume"
+                with pytest.raises(ConnectionClosed):
+                    await asyncio.wait_for(forger_conn.recv(), 10)
+            assert sessions() == before and not server.context.sessions
+            assert len(server.context.waiting) == 1 and idle.close_code is None
+        owner_conn = await ws(server.url)
+        owner = Ws(owner_conn)
+        started = await owner.start("a harbour", seed=3, resumable=True)
+        assert sessions() == (before[0] + 1, before[1] + 1)
+        await owner.next_media()
+        owner_conn.transport.abort()  # dropped: the session detaches
+        async with ws(server.url) as back_conn:
+            back = Ws(back_conn)
+            await back.send(
+                {"type": "session.resume", "resume_token": started["resume_token"], "last_transport_chunk_index": 0}
+            )
+            assert (await back.until("video.start"))["request_id"] == started["request_id"]
+            assert sessions() == (before[0] + 1, before[1] + 1), "a resume made a session"
+            await back.send({"type": "session.stop"})
+            await back.finish()
+        deadline = time.monotonic() + 10
+        while server.context.sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert sessions() == (before[0] + 1, before[1])
+
+    run(body())

@@ -9,7 +9,9 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from rtvideo.core.start_request import check_first_message
 from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.session import session as proxy_session
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG, Reply
@@ -122,16 +124,16 @@ VIDEO_START = reply(START_TAG, {"type": "video.start", "request_id": "r"})
 
 def session(**settings: Any) -> tuple[proxy_session.ProxySession, FakeConnection, FakeBridge]:
     conn, bridge = FakeConnection(), FakeBridge()
-    s = proxy_session.ProxySession(
-        conn,
-        bridge,
-        ProxySettings(**settings),
-        ProxyMetrics(),  # type: ignore[arg-type]
-        "test",
-        lambda _: None,
-    )
+    config, metrics = ProxySettings(**settings), ProxyMetrics()
+    owner = Owner(conn, "test", config, metrics)  # type: ignore[arg-type]
+    s = proxy_session.ProxySession(owner, bridge, config, metrics, lambda _: None)  # type: ignore[arg-type]
     conn.on_close = s.on_disconnect
     return s, conn, bridge
+
+
+def begin(s: proxy_session.ProxySession, raw: str = START) -> Awaitable[None] | None:
+    """The session's start, as its connection hands it over (parsed by the product's rules)."""
+    return s.begin(check_first_message(raw), raw.encode())
 
 
 async def ended(s: proxy_session.ProxySession, conn: FakeConnection) -> None:

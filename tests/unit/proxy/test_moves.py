@@ -15,7 +15,7 @@ from rtvideo.proxy.placement.bridge import BackendUnavailable
 from rtvideo.proxy.placement.mover import MoveReason
 from rtvideo.proxy.placement.placed_stream import PlacedStream
 from rtvideo.triton.wire import START_TAG
-from tests.support.fake_bridge import FakeConnection, ended, reply, run, session
+from tests.support.fake_bridge import FakeConnection, begin, ended, reply, run, session
 
 START = json.dumps({"type": "session.start", "prompt": "a harbour", "width": 64, "height": 48})
 CONFIG = {"seed": 7, "fps": 16, "width": 64, "height": 48, "frames_per_chunk": 9}
@@ -58,7 +58,7 @@ async def settle() -> None:
 async def moved_session() -> tuple[Any, FakeConnection, Any]:
     """A session with one chunk (p1 started in it) and p2 acked, whose stream then breaks."""
     s, conn, bridge = session()
-    s.on_frame(START, False)
+    begin(s)
     s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
     s.on_frame(interaction("p1", "a storm"), False)
     s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "p1"}))
@@ -178,7 +178,7 @@ def test_a_superseded_event_retried_after_a_move_is_acked_and_never_reaches_the_
 
     async def body() -> tuple[list[Any], list[Any], list[Any]]:
         s, conn, bridge = session()
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
         s.on_frame(interaction("p0", "a fog"), False)
         s.on_frame(interaction("p1", "a storm"), False)
@@ -209,3 +209,30 @@ def test_a_superseded_event_retried_after_a_move_is_acked_and_never_reaches_the_
     assert len(new_sent) == 1  # nothing sent again: no acked event was left unstarted
     acks = [t["event_id"] for t in texts if t["type"] == "session.interaction.queued"]
     assert acks == ["p0", "p1", "p0", "p1"]  # each retry acked again
+
+
+def test_the_session_record_holds_what_another_process_continues_it_from() -> None:
+    """`ProxySession.record()`: the start that goes on at the next chunk (seed pinned, the
+    started event as a rebuild), the last chunk the owner took, and no token in clear."""
+
+    async def body() -> Any:
+        s, conn, bridge = session()
+        begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "width": 64, "height": 48}))
+        assert s.record() is None  # not started by the model yet
+        s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
+        s.on_frame(interaction("p1", "a storm"), False)
+        s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "p1"}))
+        s._on_reply(media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",)))
+        await settle()
+        record = s.record()
+        conn.close(1000)
+        await ended(s, conn)
+        return record
+
+    record = run(body())
+    assert record.request_id == "r" and record.delivered == 0 and record.why_not_movable is None
+    assert (record.next_generation_chunk, record.next_transport_chunk) == (1, 1)
+    start = record.continuation
+    assert start["seed"] == 7 and start["prompt"] == "a harbour"
+    assert [e["interaction"]["event_id"] for e in start["rebuild"]["events"]] == ["p1"]
+    assert start["rebuild"]["generation_chunk_index"] == 1

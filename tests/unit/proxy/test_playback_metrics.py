@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -115,6 +116,13 @@ def test_the_timings_export_underruns_late_chunks_and_ack_to_screen() -> None:
     assert got["rtvideo_interaction_to_screen_seconds_count[]"] == 1
 
 
+@dataclass(frozen=True)
+class _Figures:  # what InbandMetrics reads of its session
+    request_id: str = "video_stream-" + "0" * 32
+    buffered_seconds: float = 0.75
+    queued_events: int = 2
+
+
 def test_session_metrics_go_out_at_most_once_a_second_and_only_when_asked() -> None:
     async def body() -> tuple[list[dict], list[dict]]:
         now = [0.0]
@@ -122,9 +130,7 @@ def test_session_metrics_go_out_at_most_once_a_second_and_only_when_asked() -> N
         for asked in (True, False):
             inband = InbandMetrics(
                 lambda build, asked=asked: out[asked].append(dict(build())),
-                lambda: "video_stream-" + "0" * 32,
-                lambda: 0.75,
-                lambda: 2,
+                _Figures(),
                 clock=lambda: now[0],
             )
             inband.asked({"type": "session.start", "prompt": "x", "metrics": asked})

@@ -20,13 +20,13 @@ from rtvideo.proxy.session.acks import Answer, ProxyAcks
 from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.session.outbox import Frame
 from rtvideo.triton.wire import START_TAG
-from tests.support.fake_bridge import START, VIDEO_START, ended, reply, settle
+from tests.support.fake_bridge import START, VIDEO_START, begin, ended, reply, settle
 from tests.support.fake_bridge import run as run_unit
 from tests.support.fake_bridge import session as unit_session
 from tests.support.proxy_client import Ws, ws
 from tests.support.proxy_host import run
 from tests.support.recorder import Recorder
-from tests.support.streams import check_stream_rules
+from tests.support.streams import check_stream_rules, event_ends
 
 #: the session secret every request of these tests' sessions carries (docs/protocol.md §8)
 SECRET = "unit-test-session-secret"
@@ -207,7 +207,7 @@ def test_the_proxy_acks_exactly_what_the_model_acks(manager: Any, messages: list
 def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() -> None:
     async def body() -> list[dict[str, Any]]:
         s, conn, _bridge = unit_session()
-        s.on_frame(START, False)
+        begin(s)
         s.on_frame(json.dumps(interaction("early")), False)  # before video.start: its ack waits behind it
         assert conn.texts() == []
         s._on_reply(VIDEO_START)
@@ -251,7 +251,7 @@ def test_an_interaction_that_raced_the_end_is_unapplied_in_the_done() -> None:
 
     async def body() -> list[dict[str, Any]]:
         s, conn, _bridge = unit_session()
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         s.on_frame(json.dumps(interaction("applied")), False)
         s._on_reply(reply("m2", server_messages.queued("r", "applied")))
@@ -327,17 +327,7 @@ def test_interactions_racing_the_end_through_triton_each_get_one_end(proxies) ->
         errors = t.of_type("error")
         assert all(m["code"] == "rate_limited" and "in flight" in m["message"] for m in errors), errors
         acked = [m["event_id"] for m in t.of_type("session.interaction.queued")]
-        done = t.messages[-1]
-        ends = (
-            [
-                e
-                for m in t.media
-                for key in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
-                for e in m[key]
-            ]
-            + done["unapplied_event_ids"]
-            + done["unfinished_event_ids"]
-        )
+        ends = event_ends(t)
         assert sorted(ends) == sorted(acked), "each acked event reaches exactly one end"
 
     before = refused()

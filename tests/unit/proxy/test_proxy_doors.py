@@ -12,7 +12,7 @@ from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.placement.bridge import BackendUnavailable
 from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
 from rtvideo.proxy.settings import ProxySettings
-from tests.support.fake_bridge import START, VIDEO_START, ended, kinds, run, session, settle
+from tests.support.fake_bridge import VIDEO_START, begin, ended, kinds, run, session, settle
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_after_a_stop_bad_json_is_invalid_json_and_a_message_invalid_message() -
 
     async def body() -> list[Any]:
         s, conn, bridge = session()
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         bridge.streams[0].auto_done = False  # the model has not answered the stop yet
         s.on_frame('{"type": "session.stop"}', False)
@@ -141,22 +141,3 @@ def test_after_a_stop_bad_json_is_invalid_json_and_a_message_invalid_message() -
         return frames
 
     assert run(body()) == [("video.start", None), ("error", "invalid_json"), ("error", "invalid_message")]
-
-
-def test_a_connection_waiting_for_its_start_can_be_displaced() -> None:
-    async def body() -> tuple[bool, list[Any]]:
-        s, conn, _ = session()
-        assert s.awaiting_start and s.waited >= 0
-        s.displace()
-        waiting = s.awaiting_start
-        await ended(s, conn)
-        started, _, _ = session()
-        started.on_frame(START, False)
-        assert not started.awaiting_start  # a start accepted: no longer waiting, and not displaced
-        started.displace()
-        assert not started.closed.is_set()
-        started.on_disconnect()
-        return waiting, kinds(conn.frames)
-
-    waiting, frames = run(body())
-    assert waiting is False and frames == [("error", "start_timeout"), ("session.done", None)]

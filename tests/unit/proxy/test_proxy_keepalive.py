@@ -21,7 +21,7 @@ from rtvideo.proxy.placement.heartbeat import Heartbeat, heartbeat_in, metrics_u
 from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
 from rtvideo.proxy.session import session as proxy_session
 from rtvideo.triton.wire import START_TAG
-from tests.support.fake_bridge import START, VIDEO_START, chunk, ended, kinds, reply, run, session, settle
+from tests.support.fake_bridge import VIDEO_START, begin, chunk, ended, kinds, reply, run, session, settle
 
 
 # --- the keep-alive ---------------------------------------------------------------------------------
@@ -32,7 +32,7 @@ def test_a_quiet_live_sequence_gets_keepalives_whose_pongs_never_reach_the_clien
 
     async def body() -> tuple[list, list, Any]:
         s, conn, bridge = session(max_requests_in_flight=1, message_burst=1, max_messages_per_second=0.001)
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         stream = bridge.streams[0]
         for index in range(4):  # video flows: the model speaks, but nothing goes to it
@@ -64,7 +64,7 @@ def test_forwarded_requests_put_the_keepalive_off(monkeypatch: pytest.MonkeyPatc
 
     async def body() -> list:
         s, conn, bridge = session()
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         stream = bridge.streams[0]
         for _ in range(8):  # a client ping every 0.1 s, each forwarded: the sequence is never quiet
@@ -86,7 +86,7 @@ def test_no_keepalive_after_the_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     async def body() -> list:
         s, conn, bridge = session()
         stream_sent: list = []
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         stream = bridge.streams[0]
         stream.auto_done = False  # the model takes its time to end
@@ -123,7 +123,7 @@ def test_every_refused_start_ends_its_sequence_at_once(code: ErrorCode) -> None:
 
     async def body() -> tuple[list, list]:
         s, conn, bridge = session()
-        s.on_frame(START, False)
+        begin(s)
         stream = bridge.streams[0]
         s._on_reply(reply(START_TAG, {"type": "error", "code": code.value, "message": "refused"}))
         s._on_reply(

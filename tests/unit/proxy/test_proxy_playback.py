@@ -11,7 +11,7 @@ from rtvideo.core import protocol
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import MAX_TRACKED_EVENTS, PlayheadTiming
 from rtvideo.triton.wire import START_TAG
-from tests.support.fake_bridge import START, chunk, ended, kinds, reply, run, session, settle
+from tests.support.fake_bridge import begin, chunk, ended, kinds, reply, run, session, settle
 
 
 def playback(position: float, **more: Any) -> str:
@@ -21,7 +21,7 @@ def playback(position: float, **more: Any) -> str:
 def test_reports_are_forwarded_never_answered_and_not_in_flight() -> None:
     async def body() -> tuple[list[Any], list[tuple[bytes, bool, bool]], int, int]:
         s, conn, bridge = session(max_requests_in_flight=1)
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": {"fps": 16}}))
         for n in range(10):
             s.on_frame(playback(n * 0.25, buffered_seconds=0.5), False)
@@ -43,7 +43,7 @@ def test_reports_are_forwarded_never_answered_and_not_in_flight() -> None:
 def test_reports_over_the_rate_are_rate_limited_like_any_message() -> None:
     async def body() -> list[Any]:
         s, conn, _ = session(max_messages_per_second=0.001, message_burst=2)
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": {"fps": 16}}))
         for n in range(3):
             s.on_frame(playback(n), False)

@@ -10,7 +10,7 @@ import pytest
 
 from rtvideo.core import protocol
 from rtvideo.proxy.session.limits import STOP_PEEK_BYTES, event_id_in, over_rate_stop, refused_event_id
-from tests.support.fake_bridge import START, VIDEO_START, ended, run, session
+from tests.support.fake_bridge import VIDEO_START, begin, ended, run, session
 
 
 def interaction(event_id: Any = "e1", **extra: Any) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def test_rate_limited_answers_name_the_refused_interaction() -> None:
 
     async def body() -> list[dict[str, Any]]:
         s, conn, _ = session(max_messages_per_second=0.01, message_burst=3, max_requests_in_flight=1)
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         s.on_frame(json.dumps(interaction("first")), False)  # within the rate: acked, in flight
         s.on_frame(json.dumps(interaction("second")), False)  # within the rate, over the bound in flight

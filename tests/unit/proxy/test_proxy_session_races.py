@@ -16,10 +16,9 @@ from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
 from rtvideo.proxy.session import session as proxy_session
 from rtvideo.triton.wire import START_TAG, Reply
 from tests.support.fake_bridge import (
-    START,
     VIDEO_START,
-    FakeBridge,
     FakeConnection,
+    begin,
     chunk,
     ended,
     kinds,
@@ -39,7 +38,7 @@ def test_a_refused_chunk_stops_everything_after_it_in_the_same_burst() -> None:
 
     async def body() -> FakeConnection:
         s, conn, _ = session(outbound_buffer_bytes=3000)
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         await settle()
         conn.paused = True
@@ -65,25 +64,12 @@ def test_a_refused_chunk_stops_everything_after_it_in_the_same_burst() -> None:
     assert conn.closed == 1000
 
 
-def test_frames_behind_an_invalid_first_message_start_nothing() -> None:
-    async def body() -> tuple[FakeConnection, FakeBridge]:
-        s, conn, bridge = session()
-        s.on_frame(b"binary first", True)  # refused
-        s.on_frame(START, False)  # already buffered behind it: the connection is being refused
-        await ended(s, conn)
-        return conn, bridge
-
-    conn, bridge = run(body())
-    assert bridge.streams == [], "a session was started on a refused connection"
-    assert kinds(conn.frames) == [("error", "invalid_start"), ("session.done", None)]
-
-
 def test_answers_never_overtake_video_start() -> None:
     """An ack (from Triton) and a proxy's own error that come before video.start wait behind it."""
 
     async def body() -> FakeConnection:
         s, conn, _ = session()
-        s.on_frame(START, False)
+        begin(s)
         s.on_frame(
             json.dumps({"type": "session.interaction", "interaction": {"event_id": "e1", "event": {"prompt": "b"}}}),
             False,
@@ -129,7 +115,7 @@ def test_a_held_chunk_waits_for_its_ack_from_its_own_arrival(monkeypatch) -> Non
 
     async def body() -> tuple[FakeConnection, float]:
         s, conn, _ = session()
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         s._on_reply(naming(0, "e1"))  # overtook its ack
         await asyncio.sleep(0.3)
@@ -162,7 +148,7 @@ def test_a_local_answer_that_does_not_fit_ends_the_session(monkeypatch, answer: 
 
     async def body() -> FakeConnection:
         s, conn, bridge = session(outbound_buffer_bytes=3000)
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         await settle()
         conn.paused = True

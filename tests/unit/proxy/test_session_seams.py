@@ -14,10 +14,10 @@ from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import (
-    START,
     VIDEO_START,
     FakeBridge,
     FakeConnection,
+    begin,
     chunk,
     ended,
     kinds,
@@ -48,7 +48,9 @@ def _joinable(**settings: Any) -> tuple[ProxySession, FakeConnection, FakeBridge
     conn, bridge = FakeConnection(), FakeBridge()
     config = ProxySettings(**settings)
     features = Features(config)
-    s = ProxySession(conn, bridge, config, ProxyMetrics(), "first", lambda _: None, features)  # type: ignore[arg-type]
+    metrics = ProxyMetrics()
+    owner = Owner(conn, "first", config, metrics)  # type: ignore[arg-type]
+    s = ProxySession(owner, bridge, config, metrics, lambda _: None, features)  # type: ignore[arg-type]
     conn.on_close = s.on_disconnect
     return s, conn, bridge, features
 
@@ -58,7 +60,7 @@ def test_a_recording_sink_sees_every_frame_handed_out_and_the_end_once() -> None
         s, conn, _ = session()
         sink = Recording()
         s.record_to(sink)
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         s._on_reply(chunk(0, 10))
         s._on_reply(reply(START_TAG, DONE))
@@ -77,7 +79,7 @@ def test_a_replaced_stream_carries_the_session_on() -> None:
 
     async def body() -> tuple[list[Any], list[Any], list[Any], int]:
         s, conn, bridge = session()
-        s.on_frame(START, False)
+        begin(s)
         s._on_reply(VIDEO_START)
         await settle()
         s.on_frame(json.dumps({"type": "session.interaction", "interaction": {"prompt": "x"}}), False)
@@ -102,7 +104,7 @@ def test_a_replaced_stream_carries_the_session_on() -> None:
 def test_a_resume_attaches_a_new_owner_with_what_the_old_one_lost() -> None:
     async def body() -> tuple[FakeConnection, FakeConnection, list[Any]]:
         s, first, bridge, features = _joinable(resume_grace_seconds=30)
-        s.on_frame(json.dumps({"type": "session.start", "prompt": "a harbour", "resumable": True}), False)
+        begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "resumable": True}))
         s._on_reply(VIDEO_START)
         s._on_reply(chunk(0, 10))
         await settle()
@@ -138,7 +140,7 @@ def test_a_resume_attaches_a_new_owner_with_what_the_old_one_lost() -> None:
 def test_a_watcher_attaches_and_follows_the_pairs() -> None:
     async def body() -> FakeConnection:
         s, owner, _, features = _joinable()
-        s.on_frame(json.dumps({"type": "session.start", "prompt": "a harbour", "watchable": True}), False)
+        begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "watchable": True}))
         s._on_reply(VIDEO_START)
         await settle()
         token = owner.texts()[0]["watch_token"]

@@ -10,12 +10,13 @@ import pytest
 
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
+from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.participants.steerers import REVOKED_CLOSE_CODE, GuestSteerer
 from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG
-from tests.support.fake_bridge import VIDEO_START, FakeBridge, FakeConnection, reply, run, settle
+from tests.support.fake_bridge import VIDEO_START, FakeBridge, FakeConnection, begin, reply, run, settle
 
 
 def _interaction(event_id: str, prompt: str = "a harbour") -> str:
@@ -28,9 +29,11 @@ def _steerable(**settings: Any) -> tuple[ProxySession, FakeConnection, FakeBridg
     conn, bridge = FakeConnection(), FakeBridge()
     config = ProxySettings(**settings)
     features = Features(config)
-    s = ProxySession(conn, bridge, config, ProxyMetrics(), "owner", lambda _: None, features)  # type: ignore[arg-type]
+    metrics = ProxyMetrics()
+    owner = Owner(conn, "owner", config, metrics)  # type: ignore[arg-type]
+    s = ProxySession(owner, bridge, config, metrics, lambda _: None, features)  # type: ignore[arg-type]
     conn.on_close = s.on_disconnect
-    s.on_frame(json.dumps({"type": "session.start", "prompt": "a harbour", "steerable": True}), False)
+    begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "steerable": True}))
     s._on_reply(VIDEO_START)
     return s, conn, bridge, features
 
