@@ -41,6 +41,7 @@ from tests.support.streams import (
     PACED_MODEL,
     Transcript,
     check_stream_rules,
+    event_ends,
 )
 
 REPO = REPO_ROOT
@@ -288,17 +289,7 @@ def test_an_interaction_flood_is_bounded_and_loses_nothing(proxies, triton, tmp_
     assert sum(answers.values()) == flood["sent"] and set(answers) == {"session.interaction.queued", "rate_limited"}
     acked = [m["event_id"] for m in t.of_type("session.interaction.queued")]
     assert len(acked) == len(set(acked)) <= 40 + 20 * (flood["answered"] + 0.5)
-    done = t.messages[-1]
-    ends = (
-        [
-            e
-            for m in t.media
-            for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
-            for e in m[k]
-        ]
-        + done["unapplied_event_ids"]
-        + done["unfinished_event_ids"]
-    )
+    ends = event_ends(t)
     assert sorted(ends) == sorted(acked), "each acked event reaches exactly one end"
 
 
@@ -384,12 +375,12 @@ def test_pings_are_answered_here_and_coalesced(monkeypatch) -> None:
         await asyncio.sleep(0.25)
         s.on_frame(PING, False)  # the first is still unanswered: nothing more goes on
         assert forwarded() == [1]
-        s._on_reply(unit_reply("m2", {"type": "session.pong"}))  # the model's pong: dropped
+        s.on_reply(unit_reply("m2", {"type": "session.pong"}))  # the model's pong: dropped
         s.on_frame(PING, False)
         assert forwarded() == [1, 2]
         s.on_frame(PING, False)  # too soon after the last
         assert forwarded() == [1, 2]
-        s._on_reply(unit_reply("m3", {"type": "session.pong"}))
+        s.on_reply(unit_reply("m3", {"type": "session.pong"}))
         await asyncio.sleep(0.01)
         s.on_disconnect()
         await unit_ended(s, conn)

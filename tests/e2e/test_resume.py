@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.proxy_host import run, wait_idle
 from tests.support.resume_client import Leg, continuous_stream, leg_stream, media_pairs
-from tests.support.streams import FAST_MODEL, PACED_MODEL, decode, metric, wait_for_metric
+from tests.support.streams import ENDS, FAST_MODEL, PACED_MODEL, decode, metric, wait_for_metric
 
 PROMPT = "a lighthouse on a cliff at dusk"
 
@@ -88,9 +88,6 @@ def test_a_dropped_connection_resumes_with_nothing_lost(proxies, triton, case: i
 
 
 # --- drops with events (the paced model: an event sent right after a payload starts at the next chunk) ---
-ENDS = ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
-
-
 def _schedule(legs: list[Leg]) -> list[tuple]:
     """What decides the frames of each generation chunk: the events it starts and their progress."""
     return [

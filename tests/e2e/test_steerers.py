@@ -11,10 +11,16 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rtvideo.proxy.session.ordering import named_event_ids
+from rtvideo.proxy.session.dispatch import named_event_ids
 from tests.support.proxy_host import run, wait_idle
 from tests.support.resume_client import NO_KEEPALIVE, Leg
-from tests.support.streams import Transcript, check_event_lifetimes, check_server_message, check_stream_rules
+from tests.support.streams import (
+    ENDS,
+    Transcript,
+    check_event_lifetimes,
+    check_server_message,
+    check_stream_rules,
+)
 
 PROMPT = "a market square at dawn"
 
@@ -135,7 +141,7 @@ def test_owner_and_three_steerers_steer_one_session(proxies, triton) -> None:
         for m in media:
             for e in m["started_event_ids"]:
                 starts[e] += 1
-            for key in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids"):
+            for key in ENDS:
                 for e in m[key]:
                     ends[e] += 1
         for e in (*done["unapplied_event_ids"], *done["unfinished_event_ids"]):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.support.proxy_client import Ws
-from tests.support.streams import Transcript, check_stream_rules
+from tests.support.streams import Transcript, check_stream_rules, event_ends
 
 
 @dataclass(frozen=True)
@@ -108,17 +108,7 @@ def check_steered(t: Transcript, script: list[Step], refused: frozenset[str] = f
     assert len(conflicts) == sum(s.conflict for s in script), (conflicts, script)
     assert acked == {s.event_id for s in script if not s.conflict}, (acked, script)
     failed = {e["event_id"] for e in errors if e["code"] == "interaction_failed"}
-    done = t.messages[-1]
-    ends = (
-        [
-            e
-            for m in t.media
-            for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
-            for e in m[k]
-        ]
-        + done["unapplied_event_ids"]
-        + done["unfinished_event_ids"]
-    )
+    ends = event_ends(t)
     assert sorted(ends) == sorted(acked - failed), (ends, acked, failed)
     assert not failed or {s.event_id.split("-")[0] for s in script if s.event_id in failed} <= refused, failed
     return {"chunks": len(t.media), "acked": len(acked), "failed": len(failed), "conflicts": len(conflicts)}

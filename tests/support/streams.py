@@ -23,6 +23,8 @@ FAST_MODEL = "realtime_video"  # unpaced, so tests run at generator speed
 HELIOS_ID = "BestWishYsh/Helios-Distilled"
 FAST_MODEL_NAMES = (FAST_MODEL, HELIOS_ID)
 PACED_MODEL = "realtime_video_paced"  # the shipped pacing, two sessions at most
+#: a media chunk's lists of the events that ended in it (docs/protocol.md §6)
+ENDS = ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
 
 
 @functools.cache
@@ -103,6 +105,15 @@ def check_stream_rules(t: Transcript) -> None:
     assert done["type"] == "session.done" and done["chunks"] == len(t.pairs)
 
 
+def event_ends(t: Transcript) -> list[str]:
+    """Every end an event of the session reached, an id once per end (docs/protocol.md §6): each
+    completed, superseded or interrupted in a media chunk, then each the done names unapplied or
+    unfinished. An acked event stands here exactly once."""
+    done = t.messages[-1]
+    in_chunks = [e for m in t.media for key in ENDS for e in m[key]]
+    return in_chunks + done["unapplied_event_ids"] + done["unfinished_event_ids"]
+
+
 def check_event_lifetimes(media: list[dict[str, Any]]) -> None:
     """The chunk lists of every kind of event (docs/protocol.md §6): started and completed events
     are active in that chunk; an event starts once and completes once; it is active in every
@@ -124,7 +135,7 @@ def check_event_lifetimes(media: list[dict[str, Any]]) -> None:
             assert e not in ended, (f"{e} listed after its end", i, lists)
             assert started_at[e] == i or last_active.get(e) == i - 1, (f"{e} active with a gap", i, lists)
             last_active[e] = i
-        ended |= set(m["completed_event_ids"]) | set(m["superseded_event_ids"]) | set(m["interrupted_event_ids"])
+        ended |= {e for key in ENDS for e in m[key]}
 
 
 def decode(video: bytes) -> np.ndarray:
