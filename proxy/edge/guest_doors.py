@@ -23,10 +23,10 @@ from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.edge.access import origin_allowed, refused_without_token
 from rtvideo.proxy.edge.socket import ProxyContext
 from rtvideo.proxy.participants.features import Steerable, Watchable
+from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.participants.steerers import GuestSteerer
 from rtvideo.proxy.participants.tokens import ResumeRefused, TokenBook
 from rtvideo.proxy.participants.watchers import Watcher
-from rtvideo.proxy.session.outbox import Frame
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ import logging
 from collections.abc import Callable
 
 from rtvideo.proxy.participants.invitations import Invitations, Joinable
-from rtvideo.proxy.participants.links import Link, Owner
-from rtvideo.proxy.participants.seat import OwnerSeat
+from rtvideo.proxy.participants.links import Link, Owner, OwnerSeat
 from rtvideo.proxy.participants.steerers import GuestSteerer
 from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.participants.watchers import Watcher

@@ -22,7 +22,7 @@ from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features, Resumable, Steerable, Watchable, take_options
-from rtvideo.proxy.participants.links import Guest
+from rtvideo.proxy.participants.links import Frame, Guest
 from rtvideo.proxy.participants.replay import ReplayBuffer, ReplayGap
 from rtvideo.proxy.participants.steerers import SteerHub
 from rtvideo.proxy.participants.tokens import ResumeRefused
@@ -31,7 +31,6 @@ from rtvideo.proxy.recordings.branch import Branch, branch_start, take_branch
 from rtvideo.proxy.recordings.recorder import SessionRecorder
 from rtvideo.proxy.recordings.service import NoRoom
 from rtvideo.proxy.session.handouts import Handouts
-from rtvideo.proxy.session.outbox import Frame
 from rtvideo.proxy.session.record import token_hash
 from rtvideo.proxy.settings import ProxySettings
 

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rtvideo.core import protocol
-from rtvideo.proxy.session.outbox import Frame
+from rtvideo.proxy.participants.links import Frame
 
 #: messages not replayed: `video.start` is sent afresh; a pong answers a ping of the old
 #: connection; `session.done` ends the session, so nothing could resume after it

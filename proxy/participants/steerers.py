@@ -27,9 +27,8 @@ from typing import Any
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.links import Guest, Link
+from rtvideo.proxy.participants.links import Frame, Guest, Link, Outbox
 from rtvideo.proxy.session.limits import TokenBucket
-from rtvideo.proxy.session.outbox import Frame, Outbox
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.tasks import TaskSet
 

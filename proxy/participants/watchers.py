@@ -22,8 +22,7 @@ from typing import Any
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.links import Link
-from rtvideo.proxy.session.outbox import Frame, Outbox
+from rtvideo.proxy.participants.links import Frame, Link, Outbox
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.tasks import TaskSet
 

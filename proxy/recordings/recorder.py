@@ -36,8 +36,8 @@ from typing import IO, Any
 
 from rtvideo.core import protocol
 from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
+from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings.store import EVENTS, TOKEN_DIGEST, VIDEO, Charge, RecordingStore, open_private
-from rtvideo.proxy.session.outbox import Frame
 
 log = logging.getLogger(__name__)
 

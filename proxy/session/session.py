@@ -52,20 +52,17 @@ from rtvideo.proxy.observability.tracing import session_trace
 from rtvideo.proxy.participants.attachments import Attachments
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.invitations import Invitations
-from rtvideo.proxy.participants.links import Guest, Link, Owner, Steerer
-from rtvideo.proxy.participants.seat import OwnerSeat
+from rtvideo.proxy.participants.links import Frame, Guest, Link, Owner, OwnerSeat, Steerer
 from rtvideo.proxy.participants.steerers import GuestSteerer
 from rtvideo.proxy.participants.watchers import Watcher
 from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS
 from rtvideo.proxy.placement.mover import Mover, MoveReason
 from rtvideo.proxy.placement.streams import StreamSource
-from rtvideo.proxy.session.acks import ProxyAcks
-from rtvideo.proxy.session.dispatch import Dispatch, DispatchHooks
+from rtvideo.proxy.session.dispatch import Dispatch, DispatchHooks, ProxyAcks
 from rtvideo.proxy.session.ending import Ending
 from rtvideo.proxy.session.handouts import Handouts, RecordingSink
 from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.session.lifecycle import LIVE, Lifecycle, Phase
-from rtvideo.proxy.session.outbox import Frame
 from rtvideo.proxy.session.record import SessionRecord
 from rtvideo.proxy.session.steering import Steering
 from rtvideo.proxy.session.upstream import Upstream, UpstreamTimes
@@ -122,7 +119,7 @@ class ProxySession:
         times = UpstreamTimes(KEEPALIVE_SECONDS, PING_FORWARD_SECONDS, END_GRACE_SECONDS)
         self._mover = Mover(bridge, settings.move_patience_seconds, metrics.moves)  # rtvideo.proxy.placement.mover
         self.upstream = Upstream(
-            self._life, settings, times, self.tasks, self._on_reply, self._stream_broke, self._mover.forwarded
+            self._life, settings, times, self.tasks, self.on_reply, self._stream_broke, self._mover.forwarded
         )
         # session.metrics, when the start asks (rtvideo.proxy.observability.inband)
         self._inband = InbandMetrics(self._dispatch.answer, self)
@@ -267,7 +264,8 @@ class ProxySession:
         self._handouts.record_to(sink)
 
     # --- Triton → the owner -------------------------------------------------------------------
-    def _on_reply(self, reply: Reply) -> None:
+    def on_reply(self, reply: Reply) -> None:
+        """One reply of the session's Triton stream, as its `Upstream` pump reads it."""
         if not self.upstream.received(reply):  # flags-only, or the answer to a request of the proxy's own
             return
         spliced = self._mover.arrived(reply)  # in the session's coordinates after a move

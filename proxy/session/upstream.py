@@ -66,7 +66,7 @@ class Upstream:
         self._settings = settings
         self._times = times
         self._tasks = tasks
-        self._on_reply = on_reply  # every reply the pump reads, in arrival order
+        self.on_reply = on_reply  # every reply the pump reads, in arrival order
         self._on_broken = on_broken  # the current stream broke while the session is live
         self._on_sent = on_sent  # every later request, as it goes to Triton (a move's log)
         self._report: Callable[[bytes], bytes] = lambda raw: raw  # a report, into the stream's media time
@@ -149,7 +149,7 @@ class Upstream:
                     break  # taken over: what the old stream still says is nobody's
                 if epoch:
                     reply = dataclasses.replace(reply, tag=self._tag(reply.tag, epoch))
-                self._on_reply(reply)
+                self.on_reply(reply)
             if self._life.live and self._stream is stream and not self._life.done_while_detached:
                 raise BackendUnavailable("Triton ended the stream before session.done")
         except BackendUnavailable as exc:

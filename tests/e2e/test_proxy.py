@@ -23,11 +23,11 @@ from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.edge.access import origin_allowed
 from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.links import Frame, Owner
 from rtvideo.proxy.placement import bridge as bridge_module
 from rtvideo.proxy.placement.bridge import TritonBridge
 from rtvideo.proxy.session import session as proxy_session
 from rtvideo.proxy.session.ledger import Ledger
-from rtvideo.proxy.session.outbox import Frame
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton import free_port
 from rtvideo.triton.wire import START_TAG, Reply
@@ -39,7 +39,6 @@ from tests.support.streams import (
     Transcript,
     check_stream_rules,
     decode,
-    event_ends,
     ids,
     wait_for_metric,
 )
@@ -240,15 +239,16 @@ def test_session_forwards_a_mention_only_after_its_ack(monkeypatch) -> None:
     async def body() -> list[Any]:
         conn = FakeConnection()
         settings = ProxySettings(triton_url="127.0.0.1:1")
-        s = proxy_session.ProxySession(
-            conn, TritonBridge(settings.triton_url, settings.model), settings, ProxyMetrics(), "test", lambda _: None
-        )
-        s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r"}))
-        s._on_reply(chunk(0, ["e1"]))  # overtook its ack
-        s._on_reply(chunk(1, []))  # and must stay behind it
+        metrics = ProxyMetrics()
+        bridge = TritonBridge(settings.triton_url, settings.model)
+        owner = Owner(conn, "test", settings, metrics)  # type: ignore[arg-type]
+        s = proxy_session.ProxySession(owner, bridge, settings, metrics, lambda _: None)
+        s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r"}))
+        s.on_reply(chunk(0, ["e1"]))  # overtook its ack
+        s.on_reply(chunk(1, []))  # and must stay behind it
         await asyncio.sleep(0.05)
-        s._on_reply(reply("m1", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
-        s._on_reply(chunk(2, ["e2"]))  # an ack that never comes: released after the bound
+        s.on_reply(reply("m1", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
+        s.on_reply(chunk(2, ["e2"]))  # an ack that never comes: released after the bound
         await asyncio.sleep(2.0)
         s.on_disconnect()
         return conn.frames
@@ -596,7 +596,17 @@ def test_eight_concurrent_sessions_lose_nothing(proxies, triton) -> None:
             acks[m["event_id"]] = acks.get(m["event_id"], 0) + 1
         assert acks == sent, "every send is acked exactly once"
         assert not t.of_type("error")
-        ends = event_ends(t)
+        done = t.messages[-1]
+        ends = (
+            [
+                e
+                for m in t.media
+                for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+                for e in m[k]
+            ]
+            + done["unapplied_event_ids"]
+            + done["unfinished_event_ids"]
+        )
         assert sorted(ends) == sorted(sent), "each admitted event reaches exactly one end"
         assert decode(t.video).shape[0] == sum(m["num_frames"] for m in t.media)
 
@@ -741,4 +751,10 @@ def test_triton_dying_mid_session(proxies, tmp_path) -> None:
     assert [e["code"] for e in errors] == ["backend_unavailable"]
     done = s.t.messages[-1]
     assert done["chunks"] == len(s.t.pairs)
-    assert "late" in event_ends(s.t)
+    named = {
+        e
+        for m in s.t.media
+        for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+        for e in m[k]
+    }
+    assert "late" in named | set(done["unapplied_event_ids"]) | set(done["unfinished_event_ids"])

@@ -22,12 +22,12 @@ from websockets.exceptions import ConnectionClosed
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.event_book import MAX_EVENTS_PER_SESSION
 from rtvideo.proxy.edge.access import host_allowed, origin_allowed
+from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.session import session as proxy_session
+from rtvideo.proxy.session.dispatch import OutboundOrder
 from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.session.limits import RecentIds, TokenBucket
-from rtvideo.proxy.session.ordering import OutboundOrder
-from rtvideo.proxy.session.outbox import Frame
-from tests.support.fake_bridge import START, VIDEO_START, FakeConnection, kinds
+from tests.support.fake_bridge import VIDEO_START, FakeConnection, begin, kinds
 from tests.support.fake_bridge import chunk as unit_chunk
 from tests.support.fake_bridge import ended as unit_ended
 from tests.support.fake_bridge import reply as unit_reply
@@ -41,7 +41,6 @@ from tests.support.streams import (
     PACED_MODEL,
     Transcript,
     check_stream_rules,
-    event_ends,
 )
 
 REPO = REPO_ROOT
@@ -289,7 +288,17 @@ def test_an_interaction_flood_is_bounded_and_loses_nothing(proxies, triton, tmp_
     assert sum(answers.values()) == flood["sent"] and set(answers) == {"session.interaction.queued", "rate_limited"}
     acked = [m["event_id"] for m in t.of_type("session.interaction.queued")]
     assert len(acked) == len(set(acked)) <= 40 + 20 * (flood["answered"] + 0.5)
-    ends = event_ends(t)
+    done = t.messages[-1]
+    ends = (
+        [
+            e
+            for m in t.media
+            for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
+            for e in m[k]
+        ]
+        + done["unapplied_event_ids"]
+        + done["unfinished_event_ids"]
+    )
     assert sorted(ends) == sorted(acked), "each acked event reaches exactly one end"
 
 
@@ -332,14 +341,14 @@ GENEROUS = {"max_messages_per_second": 1000.0, "message_burst": 1000}
 def test_requests_in_flight_to_triton_are_bounded() -> None:
     async def body() -> tuple[list[Any], list[Any]]:
         s, conn, bridge = unit_session(max_requests_in_flight=3, **GENEROUS)
-        s.on_frame(START, False)
-        s._on_reply(VIDEO_START)
+        begin(s)
+        s.on_reply(VIDEO_START)
         for i in range(5):
             s.on_frame(interaction(i), False)
         s.on_frame(PING, False)  # answered here; not forwarded while the bound is reached
         stream = bridge.streams[0]
         assert [json.loads(raw)["type"] for raw, _, _ in stream.sent] == ["session.start"] + ["session.interaction"] * 3
-        s._on_reply(unit_reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e0"}))
+        s.on_reply(unit_reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e0"}))
         s.on_frame(interaction(5), False)  # one answer came: room for one more
         s.on_frame(json.dumps({"type": "session.stop"}), False)  # never counted, never refused
         sent = [(json.loads(raw).get("interaction", {}).get("event_id"), end) for raw, _, end in stream.sent]
@@ -361,9 +370,9 @@ def test_pings_are_answered_here_and_coalesced(monkeypatch) -> None:
 
     async def body() -> tuple[list[str], list[Any]]:
         s, conn, bridge = unit_session(**GENEROUS)
-        s.on_frame(START, False)
+        begin(s)
         s.on_frame(PING, False)  # before video.start: the pong waits behind it
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         stream = bridge.streams[0]
         for _ in range(9):
             s.on_frame(PING, False)
@@ -394,8 +403,8 @@ def test_the_rate_limit_answers_and_lets_a_stop_through() -> None:
     async def body() -> tuple[list[Any], list[Any]]:
         # a slow refill: a loaded machine's late wake-ups add no token where the test counts them
         s, conn, bridge = unit_session(max_messages_per_second=1.0, message_burst=3)
-        s.on_frame(START, False)  # the start is not counted
-        s._on_reply(VIDEO_START)
+        begin(s)  # the start is not counted
+        s.on_reply(VIDEO_START)
         for _ in range(5):
             s.on_frame(PING, False)
         s.on_frame(b"\x00" * 100_000, True)  # refused before it is even looked at
@@ -546,11 +555,11 @@ def test_a_silent_backend_ends_the_session() -> None:
 
     async def body() -> tuple[FakeConnection, float, bool]:
         s, conn, bridge = unit_session(backend_silence_seconds=0.3)
-        s.on_frame(START, False)
-        s._on_reply(VIDEO_START)
+        begin(s)
+        s.on_reply(VIDEO_START)
         for i in range(4):  # 0.8 s in all, never 0.3 s quiet
             await asyncio.sleep(0.2)
-            s._on_reply(unit_chunk(i, 5))
+            s.on_reply(unit_chunk(i, 5))
         quiet_from = time.monotonic()
         await unit_ended(s, conn)
         return conn, time.monotonic() - quiet_from, bridge.streams[0].sent[-1][2]

@@ -59,10 +59,10 @@ async def moved_session() -> tuple[Any, FakeConnection, Any]:
     """A session with one chunk (p1 started in it) and p2 acked, whose stream then breaks."""
     s, conn, bridge = session()
     begin(s)
-    s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
+    s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
     s.on_frame(interaction("p1", "a storm"), False)
-    s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "p1"}))
-    s._on_reply(media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",)))
+    s.on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "p1"}))
+    s.on_reply(media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",)))
     s.on_frame(interaction("p2", "a desert"), False)
     await settle()
     bridge.streams[0].cancel()  # the stream ends under the live session: Triton is gone
@@ -179,11 +179,11 @@ def test_a_superseded_event_retried_after_a_move_is_acked_and_never_reaches_the_
     async def body() -> tuple[list[Any], list[Any], list[Any]]:
         s, conn, bridge = session()
         begin(s)
-        s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
+        s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
         s.on_frame(interaction("p0", "a fog"), False)
         s.on_frame(interaction("p1", "a storm"), False)
         chunk = media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",))
-        s._on_reply(reply(START_TAG, {**chunk.message, "superseded_event_ids": ["p0"]}, chunk.data))
+        s.on_reply(reply(START_TAG, {**chunk.message, "superseded_event_ids": ["p0"]}, chunk.data))
         await settle()
         old_sent = list(bridge.streams[0].sent)
         bridge.streams[0].cancel()
@@ -216,13 +216,13 @@ def test_the_session_record_holds_what_another_process_continues_it_from() -> No
     started event as a rebuild), the last chunk the owner took, and no token in clear."""
 
     async def body() -> Any:
-        s, conn, bridge = session()
+        s, conn, _ = session()
         begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "width": 64, "height": 48}))
         assert s.record() is None  # not started by the model yet
-        s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
+        s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
         s.on_frame(interaction("p1", "a storm"), False)
-        s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "p1"}))
-        s._on_reply(media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",)))
+        s.on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "p1"}))
+        s.on_reply(media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",)))
         await settle()
         record = s.record()
         conn.close(1000)

@@ -1,4 +1,4 @@
-"""The proxy's own acks (rtvideo.proxy.session.acks): the same decisions as the model, in lockstep with
+"""The proxy's own acks (rtvideo.proxy.session.dispatch): the same decisions as the model, in lockstep with
 it, taken on the session's one EventBook, and every acked event with exactly one end when an
 interaction races the session's end."""
 
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
 from rtvideo.core import protocol, server_messages
-from rtvideo.proxy.session.acks import Answer, ProxyAcks
+from rtvideo.proxy.participants.links import Frame
+from rtvideo.proxy.session.dispatch import Answer, ProxyAcks
 from rtvideo.proxy.session.ledger import Ledger
-from rtvideo.proxy.session.outbox import Frame
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import START, VIDEO_START, begin, ended, reply, settle
 from tests.support.fake_bridge import run as run_unit
@@ -210,7 +210,7 @@ def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() ->
         begin(s)
         s.on_frame(json.dumps(interaction("early")), False)  # before video.start: its ack waits behind it
         assert conn.texts() == []
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         s.on_frame(json.dumps(interaction("e1")), False)
         s.on_frame(json.dumps(interaction("e1", prompt="another")), False)  # a conflict: the model answers
         await settle()  # the writer hands them to the socket
@@ -219,14 +219,14 @@ def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() ->
             "session.interaction.queued",
             "session.interaction.queued",
         ]
-        s._on_reply(reply("m2", server_messages.queued("r", "early")))  # the model's identical acks: dropped
-        s._on_reply(reply("m3", server_messages.queued("r", "e1")))
-        s._on_reply(
+        s.on_reply(reply("m2", server_messages.queued("r", "early")))  # the model's identical acks: dropped
+        s.on_reply(reply("m3", server_messages.queued("r", "e1")))
+        s.on_reply(
             reply(
                 "m4", server_messages.error(protocol.ErrorCode.EVENT_ID_CONFLICT, "used", request_id="r", event_id="e1")
             )
         )
-        s._on_reply(reply(START_TAG, model_done))  # the model's end, listing both as the real one does
+        s.on_reply(reply(START_TAG, model_done))  # the model's end, listing both as the real one does
         await ended(s, conn)
         return conn.texts()
 
@@ -252,11 +252,11 @@ def test_an_interaction_that_raced_the_end_is_unapplied_in_the_done() -> None:
     async def body() -> list[dict[str, Any]]:
         s, conn, _bridge = unit_session()
         begin(s)
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         s.on_frame(json.dumps(interaction("applied")), False)
-        s._on_reply(reply("m2", server_messages.queued("r", "applied")))
+        s.on_reply(reply("m2", server_messages.queued("r", "applied")))
         s.on_frame(json.dumps(interaction("late")), False)
-        s._on_reply(
+        s.on_reply(
             reply(
                 START_TAG,
                 {
@@ -271,13 +271,13 @@ def test_an_interaction_that_raced_the_end_is_unapplied_in_the_done() -> None:
                 b"x",
             )
         )
-        s._on_reply(
+        s.on_reply(
             reply(
                 START_TAG,
                 server_messages.done("r", chunks=1, stopped=False, unapplied_event_ids=[], unfinished_event_ids=[]),
             )
         )
-        s._on_reply(
+        s.on_reply(
             reply(
                 "m3",
                 {"type": "error", "code": "invalid_message", "message": "the session has ended", "request_id": "r"},

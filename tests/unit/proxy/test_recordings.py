@@ -12,10 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
+from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings import ids, recorder
 from rtvideo.proxy.recordings.recorder import RecordingState, SessionRecorder
 from rtvideo.proxy.recordings.store import Limits, LocalBacking, RecordingStore, backing_for
-from rtvideo.proxy.session.outbox import Frame
 
 START = {
     "type": "video.start",

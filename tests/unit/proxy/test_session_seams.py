@@ -8,8 +8,7 @@ from typing import Any
 
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
-from rtvideo.proxy.participants.links import Owner
-from rtvideo.proxy.session.outbox import Frame
+from rtvideo.proxy.participants.links import Frame, Owner
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG
@@ -61,9 +60,9 @@ def test_a_recording_sink_sees_every_frame_handed_out_and_the_end_once() -> None
         sink = Recording()
         s.record_to(sink)
         begin(s)
-        s._on_reply(VIDEO_START)
-        s._on_reply(chunk(0, 10))
-        s._on_reply(reply(START_TAG, DONE))
+        s.on_reply(VIDEO_START)
+        s.on_reply(chunk(0, 10))
+        s.on_reply(reply(START_TAG, DONE))
         await ended(s, conn)
         return sink
 
@@ -80,7 +79,7 @@ def test_a_replaced_stream_carries_the_session_on() -> None:
     async def body() -> tuple[list[Any], list[Any], list[Any], int]:
         s, conn, bridge = session()
         begin(s)
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         await settle()
         s.on_frame(json.dumps({"type": "session.interaction", "interaction": {"prompt": "x"}}), False)
         assert s.upstream.in_flight == 1
@@ -105,20 +104,20 @@ def test_a_resume_attaches_a_new_owner_with_what_the_old_one_lost() -> None:
     async def body() -> tuple[FakeConnection, FakeConnection, list[Any]]:
         s, first, bridge, features = _joinable(resume_grace_seconds=30)
         begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "resumable": True}))
-        s._on_reply(VIDEO_START)
-        s._on_reply(chunk(0, 10))
+        s.on_reply(VIDEO_START)
+        s.on_reply(chunk(0, 10))
         await settle()
         token = next(f for f in first.texts() if f["type"] == "video.start")["resume_token"]
         s.on_disconnect(dropped=True)
         assert s.detached
-        s._on_reply(chunk(1, 10))  # parked for the next owner
+        s.on_reply(chunk(1, 10))  # parked for the next owner
         second = FakeConnection()
         second.on_close = s.on_disconnect  # as the resumed connection's handler does
         owner = Owner(second, "second", ProxySettings(), s.metrics)  # type: ignore[arg-type]
         features.resume_tokens.find(token).attach_owner(owner, -1, token)
         assert s.peer == "second" and not s.detached
         await settle()
-        s._on_reply(reply(START_TAG, DONE))
+        s.on_reply(reply(START_TAG, DONE))
         await ended(s, second)
         return first, second, bridge.streams[0].sent
 
@@ -141,15 +140,15 @@ def test_a_watcher_attaches_and_follows_the_pairs() -> None:
     async def body() -> FakeConnection:
         s, owner, _, features = _joinable()
         begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "watchable": True}))
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         await settle()
         token = owner.texts()[0]["watch_token"]
         session_for_watch = features.watch_tokens.find(token)
         assert session_for_watch.watch_refusal() is None
         link = FakeConnection()
         assert session_for_watch.attach_watcher(link) is not None
-        s._on_reply(chunk(0, 10))
-        s._on_reply(reply(START_TAG, DONE))
+        s.on_reply(chunk(0, 10))
+        s.on_reply(reply(START_TAG, DONE))
         await ended(s, owner)
         await settle()
         return link

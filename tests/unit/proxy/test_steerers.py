@@ -34,7 +34,7 @@ def _steerable(**settings: Any) -> tuple[ProxySession, FakeConnection, FakeBridg
     s = ProxySession(owner, bridge, config, metrics, lambda _: None, features)  # type: ignore[arg-type]
     conn.on_close = s.on_disconnect
     begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "steerable": True}))
-    s._on_reply(VIDEO_START)
+    s.on_reply(VIDEO_START)
     return s, conn, bridge, features
 
 
@@ -64,7 +64,7 @@ def test_answers_go_to_their_sender_only() -> None:
         tag = bridge.streams[0].sent[-1]
         assert b'"g2"' in tag[0]
         await settle()
-        s._on_reply(
+        s.on_reply(
             reply(
                 f"m{len(bridge.streams[0].sent)}",
                 {"type": "error", "code": "invalid_interaction", "event_id": "g2", "message": "x"},
@@ -77,7 +77,7 @@ def test_answers_go_to_their_sender_only() -> None:
             "message": "not supported",
             "request_id": "r",
         }
-        s._on_reply(reply(START_TAG, failed))  # decided after the ack, on the start stream
+        s.on_reply(reply(START_TAG, failed))  # decided after the ack, on the start stream
         await settle()
         return owner, link, bridge
 
