@@ -1,8 +1,8 @@
 """Tornado WebSocket proxy: `/v1/realtime/video` sessions onto Triton gRPC streams.
 
-settings (flags/env) → app (routes, ProxyServer) → handler (admission, thin) → session
-(one connection's protocol state), which writes through outbox (writer, bound) in the order
-ordering allows, acks through acks, and keeps its events in one EventBook held by ledger
-(what the client was handed); it reads from a streams.SessionStream: bridge (one Triton
-server) or placement (many, with a supervisor each); plus access, limits, metrics, tasks.
+Rooms by flow (docs/architecture.md "The proxy's rooms"): `edge` (sockets, doors, HTTP
+routes, access) → `session` (one session: phase, steering, Triton stream, replies in order,
+ending) with `participants` (owner, watchers, steerers and the tokens that attach them) →
+`placement` (the Tritons, supervision, moves); `recordings` and `observability` beside;
+`app` composes them, `settings` declares every flag once.
 """
