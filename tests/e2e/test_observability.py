@@ -7,7 +7,6 @@ import asyncio
 import itertools
 import logging
 import os
-import select
 import signal
 import subprocess
 import time
@@ -24,9 +23,10 @@ from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import StreamTiming
 from rtvideo.triton import STDERR, ServerLog, free_port, is_ready
 from rtvideo.triton.access import KEY_ENV, generate_key
-from tests.support.processes import RTVIDEO, descendants, end_all
+from tests.support.processes import end_all
 from tests.support.proxy_client import Ws, ws
 from tests.support.proxy_host import run
+from tests.support.serve_session import launch
 
 OLD_FAMILIES = (  # counters without `_total`, as the parser names them
     "rtvideo_proxy_sessions_active",
@@ -191,51 +191,29 @@ def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None
     and the model's per-session line reaches the serve process's standard error. Published, Triton
     needs a key (given here in the environment) and the serve warns that this Triton release
     (2.51, nvidia-pytriton's) carries the shared-memory CVEs; the key is in no line."""
-    ports = [free_port() for _ in range(3)]
-    stderr_path = tmp_path / "serve.stderr"
     key = generate_key()
-    with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [
-                str(RTVIDEO),
-                "serve",
-                "--port",
-                str(ports[0]),
-                "--triton-grpc-port",
-                str(ports[1]),
-                "--triton-metrics-port",
-                str(ports[2]),
-                "--triton-host",
-                "0.0.0.0",
-                "--triton-log",
-                "-",
-                "--pacing-lead",
-                "off",
-                "--frames-per-chunk",
-                "6",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            env={**os.environ, KEY_ENV: key},
-        )
+    served = launch(
+        tmp_path,
+        *("--triton-host", "0.0.0.0", "--pacing-lead", "off", "--frames-per-chunk", "6"),
+        triton_log="-",
+        env={**os.environ, KEY_ENV: key},
+    )
+    proc = served.proc
     children: set[int] = set()
     try:
-        assert proc.stdout is not None
-        assert select.select([proc.stdout], [], [], 300)[0], "no ready line:\n" + stderr_path.read_text()[-3000:]
-        line = proc.stdout.readline()
-        assert line.endswith(f"(triton grpc 127.0.0.1:{ports[1]})\n"), line + stderr_path.read_text()[-3000:]
-        warning = [entry for entry in stderr_path.read_text().splitlines() if "CVE-2025-23319" in entry]
-        assert warning and "WARNING" in warning[0] and "2.51.0" in warning[0], stderr_path.read_text()[-3000:]
-        assert is_ready(f"127.0.0.1:{ports[1]}")
-        children = descendants(proc.pid)
+        line = served.ready_line()
+        assert line.endswith(f"(triton grpc 127.0.0.1:{served.grpc_port})\n"), line + served.tail()
+        warning = [entry for entry in served.log.read_text().splitlines() if "CVE-2025-23319" in entry]
+        assert warning and "WARNING" in warning[0] and "2.51.0" in warning[0], served.tail()
+        assert is_ready(f"127.0.0.1:{served.grpc_port}")
+        children = served.children()
         commands = [Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in children]
         triton = [c for c in commands if c and c[0].endswith(b"tritonserver")]
         assert triton and b"--grpc-address=0.0.0.0" in triton[0]
         assert b"--metrics-address=0.0.0.0" in triton[0]
 
         async def session() -> str:
-            async with RealtimeVideoClient(f"ws://127.0.0.1:{ports[0]}/v1/realtime/video") as c:
+            async with RealtimeVideoClient(served.url) as c:
                 start = await c.start("a lighthouse in fog", num_frames=6, seed=1)
                 async for _ in c.chunks():
                     pass
@@ -244,12 +222,12 @@ def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None
         request_id = asyncio.run(asyncio.wait_for(session(), 60))
         wanted = f"request_id={request_id} "
         deadline = time.monotonic() + 30
-        while not any(wanted in line and " started" in line for line in stderr_path.read_text().splitlines()):
-            assert time.monotonic() < deadline, "no per-session line:\n" + stderr_path.read_text()[-3000:]
+        while not any(wanted in entry and " started" in entry for entry in served.log.read_text().splitlines()):
+            assert time.monotonic() < deadline, "no per-session line:\n" + served.tail()
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-        assert key not in stderr_path.read_text() + line + proc.stdout.read()
+        assert proc.stdout is not None and key not in served.log.read_text() + line + proc.stdout.read()
     finally:
         end_all(proc, children)
 

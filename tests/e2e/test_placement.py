@@ -11,7 +11,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -36,7 +35,8 @@ from rtvideo.proxy.placement.pool import EndpointPool
 from rtvideo.proxy.placement.supervisor import BackendState
 from rtvideo.triton.wire import START_TAG, Reply
 from tests.support.processes import RTVIDEO, alive, descendants
-from tests.support.streams import check_stream_rules
+from tests.support.serve_session import launch
+from tests.support.streams import check_stream_rules, event_ends
 from tests.support.triton_pair import (
     MODEL,
     Client,
@@ -588,48 +588,26 @@ def test_a_name_that_resolves_to_both_servers_gives_two_endpoints(pair: Pair, ho
 
 # --- the drain on SIGTERM -------------------------------------------------------------------------
 def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_path: Path) -> None:
-    from rtvideo.triton import free_port
-
     # The drain is long enough that the short session, started before the SIGTERM, is still
     # running when it comes on a loaded machine too, and ends within the drain.
     drain = 6.0
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [
-                str(RTVIDEO),
-                "serve",
-                "--port",
-                str(port),
-                "--triton-url",
-                pair.a,
-                "--triton-url",
-                pair.b,
-                "--model",
-                MODEL,
-                "--drain-seconds",
-                str(drain),
-                "--probe-interval",
-                "0.5",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    url = f"ws://127.0.0.1:{port}/v1/realtime/video"
+    served = launch(
+        tmp_path,
+        *("--triton-url", pair.a, "--triton-url", pair.b, "--model", MODEL),
+        *("--drain-seconds", str(drain), "--probe-interval", "0.5"),
+        own_triton=False,
+    )
+    proc, url, log = served.proc, served.url, served.log
 
     def status(path: str) -> int:
         try:
-            with urllib.request.urlopen(base + path, timeout=5) as resp:
+            with urllib.request.urlopen(f"http://127.0.0.1:{served.port}{path}", timeout=5) as resp:
                 return resp.status
         except urllib.error.HTTPError as err:
             return err.code
 
     try:
-        assert proc.stdout is not None and select.select([proc.stdout], [], [], 60)[0], log.read_text()
-        assert proc.stdout.readline().startswith("rtvideo ready:"), log.read_text()
+        assert served.ready_line(60).startswith("rtvideo ready:"), log.read_text()
         deadline = time.monotonic() + 30
         while status("/readyz") != 200:
             assert time.monotonic() < deadline, log.read_text()
@@ -684,13 +662,7 @@ def test_sigterm_drains_then_ends_the_rest_with_server_shutdown(pair: Pair, tmp_
     assert drain <= timings["server_shutdown"] < drain + 10, timings  # at the drain's end, not before
     done = long.t.messages[-1]
     assert done["type"] == "session.done" and done["chunks"] == len(long.t.pairs) and done["stopped"] is False
-    named = {
-        e
-        for m in long.t.media
-        for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
-        for e in m[k]
-    }
-    assert "slow" in named | set(done["unapplied_event_ids"]) | set(done["unfinished_event_ids"])
+    assert "slow" in event_ends(long.t)
     assert [m["type"] for m in long.t.messages if m["type"] != "video.chunk_metadata"][-2:] == ["error", "session.done"]
     assert not [p for p in descendants(proc.pid) if alive(p)]
 

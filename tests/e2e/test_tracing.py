@@ -5,7 +5,6 @@ proxy's and the model's spans, under one trace id, to a collector stand-in here.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from concurrent import futures
 from pathlib import Path
@@ -14,10 +13,10 @@ from typing import Any
 import pytest
 
 from rtvideo.proxy.observability import tracing
-from rtvideo.triton import free_port
-from tests.support.processes import RTVIDEO, descendants, end_all, stop_serve
+from tests.support.processes import end_all, stop_serve
 from tests.support.proxy_client import Ws, ws
 from tests.support.proxy_host import run
+from tests.support.serve_session import launch
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("opentelemetry.sdk")
@@ -108,36 +107,25 @@ def test_serve_exports_proxy_and_model_spans_over_otlp(tmp_path: Path) -> None:
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, grpc_server)
     otlp_port = grpc_server.add_insecure_port("127.0.0.1:0")
     grpc_server.start()
-    ports = [free_port() for _ in range(3)]
-    log = tmp_path / "serve.log"
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [
-                str(RTVIDEO),
-                "serve",
-                *("--port", str(ports[0]), "--triton-grpc-port", str(ports[1])),
-                *("--triton-metrics-port", str(ports[2]), "--triton-log", str(tmp_path / "triton.log")),
-                *("--pacing-lead", "off", "--frames-per-chunk", "6", "--render-workers", "0"),
-                *("--otlp-endpoint", f"http://127.0.0.1:{otlp_port}"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
+    served = launch(
+        tmp_path,
+        *("--pacing-lead", "off", "--frames-per-chunk", "6", "--render-workers", "0"),
+        *("--otlp-endpoint", f"http://127.0.0.1:{otlp_port}"),
+    )
+    proc = served.proc
     children: set[int] = set()
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("rtvideo ready:"), line + log.read_text()[-3000:]
-        children = descendants(proc.pid)
-        request_id = asyncio.run(asyncio.wait_for(two_updates(f"ws://127.0.0.1:{ports[0]}/v1/realtime/video"), 120))
+        line = served.ready_line()
+        assert line.startswith("rtvideo ready:"), line + served.tail()
+        children = served.children()
+        request_id = asyncio.run(asyncio.wait_for(two_updates(served.url), 120))
         deadline = time.monotonic() + 20
         while True:
             services = {service for service, span in collector.spans}
             names = {span.name for _, span in collector.spans}
             if {"rtvideo-proxy", "rtvideo-model"} <= services and "session" in names:
                 break
-            assert time.monotonic() < deadline, (services, names, log.read_text()[-2000:])
+            assert time.monotonic() < deadline, (services, names, served.tail())
             time.sleep(0.1)
         time.sleep(1.0)  # the model's last batch
         (session,) = [s for service, s in collector.spans if s.name == "session"]

@@ -15,10 +15,8 @@ import contextlib
 import json
 import os
 import queue
-import select
 import signal
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +31,8 @@ from tritonclient.utils import InferenceServerException
 
 from rtvideo.triton import free_port, wire
 from rtvideo.triton.access import KEY_ENV, KEY_NAME, key_headers
-from tests.support.processes import RTVIDEO, descendants, end_all
+from tests.support.processes import end_all
+from tests.support.serve_session import launch
 from tests.support.streams import FAST_MODEL
 
 REFUSED = f"expecting header 'triton-grpc-protocol-{KEY_NAME}'"
@@ -262,38 +261,14 @@ def test_serve_generates_a_key_for_its_triton_and_shows_it_nowhere(tmp_path: Pat
     neither the serve output nor Triton's log."""
     from rtvideo.client.session import RealtimeVideoClient
 
-    ports = [free_port() for _ in range(3)]
-    err_path, triton_log = tmp_path / "serve.err", tmp_path / "triton.log"
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
-    with err_path.open("wb") as err:
-        proc = subprocess.Popen(
-            [
-                str(RTVIDEO),
-                "serve",
-                "--port",
-                str(ports[0]),
-                "--triton-grpc-port",
-                str(ports[1]),
-                "--triton-metrics-port",
-                str(ports[2]),
-                "--triton-log",
-                str(triton_log),
-                "--pacing-lead",
-                "off",
-                "--log-level",
-                "DEBUG",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            env=env,
-        )
+    served = launch(tmp_path, "--pacing-lead", "off", "--log-level", "DEBUG", env=env)
+    proc = served.proc
     children: set[int] = set()
     try:
-        assert proc.stdout is not None
-        assert select.select([proc.stdout], [], [], 300)[0], "no ready line:\n" + err_path.read_text()[-3000:]
-        ready = proc.stdout.readline().decode()
-        assert ready.startswith("rtvideo ready:"), ready + err_path.read_text()[-3000:]
-        children = descendants(proc.pid)
+        ready = served.ready_line()
+        assert ready.startswith("rtvideo ready:"), ready + served.tail()
+        children = served.children()
         commands = [Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in children]
         (triton,) = [c for c in commands if c and c[0].endswith(b"tritonserver")]
         (flag,) = [a.decode() for a in triton if a.startswith(b"--grpc-restricted-protocol=")]
@@ -302,20 +277,26 @@ def test_serve_generates_a_key_for_its_triton_and_shows_it_nowhere(tmp_path: Pat
         assert "health" not in groups.split(",") and len(key) >= 32
 
         async def session() -> dict | None:
-            async with RealtimeVideoClient(f"ws://127.0.0.1:{ports[0]}/v1/realtime/video") as c:
+            async with RealtimeVideoClient(served.url) as c:
                 await c.start("a lighthouse in fog", num_frames=9, seed=1)
                 async for _ in c.chunks():
                     pass
                 return c.done
 
         assert asyncio.run(asyncio.wait_for(session(), 60)) is not None  # the proxy holds the key
-        url = f"127.0.0.1:{ports[1]}"
+        url = f"127.0.0.1:{served.grpc_port}"
         assert _stream(url, _request(b'{"type":"session.ping"}', 5)).endswith(REFUSED)
         assert _stream(url, _request(b'{"type":"session.ping"}', 5), key_headers(key)) == '{"type":"session.pong"}'
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-        rest = proc.stdout.read().decode()
-        for name, text in (("stdout", ready + rest), ("stderr", err_path.read_text()), ("log", triton_log.read_text())):
+        assert proc.stdout is not None
+        rest = proc.stdout.read()
+        triton_log = tmp_path / "triton.log"
+        for name, text in (
+            ("stdout", ready + rest),
+            ("stderr", served.log.read_text()),
+            ("log", triton_log.read_text()),
+        ):
             assert key not in text, f"the generated key is in the serve {name}"
     finally:
         end_all(proc, children)
