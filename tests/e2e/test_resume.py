@@ -423,7 +423,7 @@ def test_rtvideo_record_resumes_and_its_mp4_has_no_gap_and_no_duplicate(proxies,
 
     import av
 
-    from tests.support.resume_client import CuttingRelay
+    from tests.support.tcp_relay import TcpRelay
 
     wait_idle(triton, PACED_MODEL)
     server = proxies.server(model=PACED_MODEL)
@@ -431,7 +431,7 @@ def test_rtvideo_record_resumes_and_its_mp4_has_no_gap_and_no_duplicate(proxies,
     out, timeline = tmp_path / "resumed.mp4", tmp_path / "resumed.json"
 
     async def body() -> None:
-        relay = await CuttingRelay(server.port).start()
+        relay = await TcpRelay(server.port).up()
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "rtvideo.cli", "record", PROMPT, "--url", f"ws://127.0.0.1:{relay.port}",
@@ -444,7 +444,7 @@ def test_rtvideo_record_resumes_and_its_mp4_has_no_gap_and_no_duplicate(proxies,
             assert proc.returncode == 0, stderr.decode()[-2000:]
             assert b"resuming" in stderr
         finally:
-            await relay.close()
+            await relay.down()
         _, reference = await _uninterrupted(server.url, frames, seed)
         record = json.loads(timeline.read_text())
         starts = [e["message"] for e in record["messages"] if e.get("message", {}).get("type") == "video.start"]

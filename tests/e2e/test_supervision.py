@@ -27,6 +27,7 @@ from tests.support.processes import alive, descendants, stop_serve
 from tests.support.proxy_client import NO_KEEPALIVE
 from tests.support.serve_session import Served, cmdline, serve, triton_pids
 from tests.support.streams import FAST_MODEL, metric, wait_for_metric
+from tests.support.tcp_relay import TcpRelay
 
 
 # --- the probe, directly over gRPC -------------------------------------------------------------
@@ -100,51 +101,6 @@ def test_health_probe_is_answered_without_a_session(triton) -> None:
     assert [m["type"] for m, _ in refused] == ["error", "session.done"] and refused[0][0]["code"] == "invalid_start"
 
 
-class _Relay:
-    """A TCP relay to 127.0.0.1:`to_port` that can go away (its connections cut) and come back."""
-
-    def __init__(self, port: int, to_port: int) -> None:
-        self.port, self.to_port = port, to_port
-        self._server: asyncio.AbstractServer | None = None
-        self._writers: list[asyncio.StreamWriter] = []
-        self._tasks: set[asyncio.Task] = set()
-
-    async def up(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-
-    async def down(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for writer in self._writers:
-            writer.transport.abort()
-        self._writers.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.ensure_future(self._forward(reader, writer))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.to_port)
-        self._writers += [writer, up_writer]
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except ConnectionError:
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-
 def test_probe_reaches_a_triton_back_after_an_outage(triton) -> None:
     """gRPC's reconnect backoff grows with an outage (1.6x a try, to 120 s by default): a Triton back
     after a restart went unreached for up to about half the outage again (probes failing on the
@@ -153,7 +109,7 @@ def test_probe_reaches_a_triton_back_after_an_outage(triton) -> None:
     from rtvideo.proxy.placement.bridge import BackendUnavailable, TritonBridge
 
     async def body() -> float:
-        relay = _Relay(free_port(), int(triton.grpc_url.rsplit(":", 1)[1]))
+        relay = TcpRelay(int(triton.grpc_url.rsplit(":", 1)[1]), free_port())
         bridge = TritonBridge(f"127.0.0.1:{relay.port}", FAST_MODEL, triton.config.key)
         try:
             await relay.up()
