@@ -53,11 +53,13 @@ class Ws:
         self.t.add(message, data)
         return message
 
-    async def until(self, match: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
+    async def until(self, match: str | Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
+        """Read until a message of type `match` (a type name) or one `match` accepts; that message."""
+        accepts = (lambda m: m["type"] == match) if isinstance(match, str) else match
         deadline = time.monotonic() + timeout
         while True:
             message = await self.next(max(0.01, deadline - time.monotonic()))
-            if match(message):
+            if accepts(message):
                 return message
 
     async def next_media(self) -> dict[str, Any]:

@@ -22,8 +22,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.support.proxy_client import NO_KEEPALIVE
-from tests.support.streams import Transcript
+from tests.support.proxy_client import NO_KEEPALIVE, Ws
 
 T = TypeVar("T")
 MODEL = "realtime_video"  # max_sessions 2 at the shipped pacing
@@ -166,39 +165,21 @@ def metric_values(server: Any) -> dict[str, float]:
     }
 
 
-class Client:
-    """One WebSocket session, recording what it receives."""
+class Client(Ws):
+    """One WebSocket session, recording what it receives, and its request id once started."""
 
     def __init__(self, conn: ClientConnection) -> None:
-        self.conn = conn
-        self.t = Transcript()
+        super().__init__(conn)
         self.request_id: str | None = None
 
     @classmethod
     async def open(cls, url: str, **start: Any) -> Client:
         client = cls(await connect(url, max_size=None, **NO_KEEPALIVE))
-        await client.conn.send(json.dumps({"type": "session.start", "prompt": "a harbour at dawn", **start}))
+        await client.send({"type": "session.start", "prompt": "a harbour at dawn", **start})
         first = await client.next()
         if first["type"] == "video.start":
             client.request_id = first["request_id"]
         return client
-
-    async def next(self, timeout: float = 30.0) -> dict:
-        frame = await asyncio.wait_for(self.conn.recv(), timeout)
-        assert isinstance(frame, str), "a binary frame without its metadata"
-        message = json.loads(frame)
-        data = b""
-        if message["type"] == "video.chunk_metadata":
-            data = await asyncio.wait_for(self.conn.recv(), timeout)
-            assert isinstance(data, bytes)
-        self.t.add(message, data)
-        return message
-
-    async def until(self, kind: str, timeout: float = 30.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while (message := await self.next(max(0.01, deadline - time.monotonic())))["type"] != kind:
-            pass
-        return message
 
     async def media(self, count: int = 1) -> None:
         for _ in range(count):
@@ -213,7 +194,7 @@ class Client:
         return self.conn.close_code
 
     async def stop(self) -> None:
-        await self.conn.send(json.dumps({"type": "session.stop"}))
+        await self.send({"type": "session.stop"})
         await self.until("session.done")
         await self.conn.close()
 
