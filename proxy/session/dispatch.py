@@ -7,7 +7,7 @@ until video.start did. This class feeds it, drops the model's answers to interac
 proxy acked itself (rtvideo.proxy.session.dispatch), keeps the one timer for the ordering's deadline,
 bounds the answers held for video.start like the outbound buffer, and writes each released
 item to the owner's seat, in order, until the end is claimed. What a video.start or a
-session.done means for the session is the session's (`DispatchHooks`).
+session.done means for the session is the session's (`DispatchedSession`).
 
 A guest steerer's answers (rtvideo.proxy.participants.steerers) take the same ordering, so that a chunk
 naming its event still waits for that event's ack, but are written to the guest alone: the
@@ -67,7 +67,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import mentioned_event_ids
@@ -105,19 +105,24 @@ class Routed:
 Item = Reply | OwnAnswer | Routed
 
 
-@dataclass(frozen=True)
-class DispatchHooks:
-    """What the session does when the owner is written certain messages."""
+class DispatchedSession(Protocol):
+    """What the session does when its owner (or a guest) is written certain messages
+    (`ProxySession` implements it)."""
 
-    #: the model's video.start (message, text) → what the owner is handed (with its tokens)
-    started: Callable[[dict[str, Any], str], tuple[dict[str, Any], str]]
-    done: Callable[[], None]  # the model's session.done was queued for the owner
-    overflow: Callable[[], None]  # the owner reads too slowly: more than the outbound bound waits
-    #: a message written to a guest steerer, not the owner: the session's book must see it as the
-    #: owner's ledger sees what the owner is handed (acks, interaction_failed)
-    aside: Callable[[Mapping[str, Any]], None] = lambda message: None
-    #: the same message, with the guest it was written to (the session's recording)
-    told: Callable[[Mapping[str, Any], Guest], None] = lambda message, guest: None
+    def started(self, message: dict[str, Any], text: str) -> tuple[dict[str, Any], str]:
+        """The model's video.start → what the owner is handed (with its tokens)."""
+        ...
+
+    def model_done(self) -> None:
+        """The model's session.done was queued for the owner."""
+
+    def slow_consumer(self) -> None:
+        """The owner reads too slowly: more than the outbound bound waits."""
+
+    def told_guest(self, message: Mapping[str, Any], guest: Guest) -> None:
+        """A message written to a guest steerer, not the owner: the session's book sees it as
+        the owner's ledger sees what the owner is handed (acks, interaction_failed), and the
+        recording hears it."""
 
 
 class Dispatch:
@@ -132,7 +137,7 @@ class Dispatch:
         acks: ProxyAcks,
         metrics: ProxyMetrics,
         playhead: PlayheadTiming,
-        hooks: DispatchHooks,
+        session: DispatchedSession,
     ) -> None:
         self._life = life
         self._order: OutboundOrder[Item] = OutboundOrder(ack_wait=ack_wait)
@@ -141,7 +146,7 @@ class Dispatch:
         self._acks = acks
         self._metrics = metrics
         self._playhead = playhead
-        self._hooks = hooks
+        self._session = session
         self._ack_due: dict[str, float] = {}  # request tag → when its interaction arrived (the model acks it)
         self._routes: dict[str, Guest] = {}  # request tag → the guest steerer that sent it
         self._senders: dict[str, Guest | None] = {}  # event id → whom it was first acked to (None: owner)
@@ -165,7 +170,7 @@ class Dispatch:
         to = self._routes.pop(reply.tag, None)
         answer = self._acks.answered(reply.tag, message)
         if answer is Answer.REFUSED:
-            self._metrics.ack_refused()
+            self._metrics.acks_refused.inc()
             log.info(
                 "request_id=%s an interaction acked by the proxy was refused by the model (%s); "
                 "session.done lists it as unapplied",
@@ -221,7 +226,7 @@ class Dispatch:
             if send.item.received is not None:
                 self._acked(message, send.item.received)
         elif not self._seat.emit(message := send.item.build(), urgent=send.urgent):
-            self._hooks.overflow()
+            self._session.slow_consumer()
         elif send.item.received is not None:
             self._note_sender(message, None)
             self._acked(message, send.item.received)
@@ -238,12 +243,12 @@ class Dispatch:
             self._aside(guest, message, text)
             return
         if kind == protocol.VIDEO_START:
-            message, text = self._hooks.started(message, text)
+            message, text = self._session.started(message, text)
         data = reply.data if kind == protocol.CHUNK_METADATA else None
         if not self._seat.emit(message, text=text, data=data, urgent=urgent):
-            self._hooks.overflow()
+            self._session.slow_consumer()
         elif kind == protocol.DONE:
-            self._hooks.done()
+            self._session.model_done()
         if kind == protocol.QUEUED:
             self._note_sender(message, None)
             if received is not None:
@@ -252,8 +257,7 @@ class Dispatch:
     def _aside(self, to: Guest, message: Mapping[str, Any], text: str | None = None, tag: str | None = None) -> None:
         """A message for a guest steerer alone; the session's book sees it (its acks count)."""
         self._note_sender(message, to)
-        self._hooks.aside(message)
-        self._hooks.told(message, to)
+        self._session.told_guest(message, to)
         to.answer(message, text)
         received = self._ack_due.pop(tag, None) if tag is not None else None
         if received is not None and message.get("type") == protocol.QUEUED:
@@ -264,7 +268,7 @@ class Dispatch:
             self._senders.setdefault(message["event_id"], to)
 
     def _acked(self, message: Mapping[str, Any], received: float) -> None:
-        self._metrics.observe_ack(time.perf_counter() - received)
+        self._metrics.ack_latency_seconds.observe(time.perf_counter() - received)
         self._playhead.sent(message["event_id"], received)
         log.debug("request_id=%s event_id=%s queued", self._life.request_id, message["event_id"])
 
@@ -272,7 +276,7 @@ class Dispatch:
         """Write what the ordering released, in order, until the end is claimed (a refused
         write, session.done)."""
         if self._order.early_bytes > self._bound:
-            self._hooks.overflow()
+            self._session.slow_consumer()
         for send in sends:
             if not self._life.live:
                 return

@@ -58,7 +58,7 @@ from rtvideo.proxy.participants.watchers import Watcher
 from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS
 from rtvideo.proxy.placement.mover import Mover, MoveReason
 from rtvideo.proxy.placement.streams import StreamSource
-from rtvideo.proxy.session.dispatch import Dispatch, DispatchHooks, ProxyAcks
+from rtvideo.proxy.session.dispatch import Dispatch, ProxyAcks
 from rtvideo.proxy.session.ending import Ending
 from rtvideo.proxy.session.handouts import Handouts, RecordingSink
 from rtvideo.proxy.session.ledger import Ledger
@@ -109,15 +109,12 @@ class ProxySession:
         self._timing = StreamTiming(metrics)  # time to first chunk, chunk lead
         self._trace = session_trace(settings.otlp_endpoint, settings.model)  # rtvideo.proxy.observability.tracing
         self._playhead = PlayheadTiming(metrics, on_shown=self._trace.on_screen)  # on-screen latency and lead
-        hooks = DispatchHooks(
-            self._started, self._model_done, self._slow_consumer, self.ledger.book.observe, self._invites.told
-        )
         bound = settings.outbound_buffer_bytes
         self._dispatch = Dispatch(
-            self._life, ACK_WAIT_SECONDS, bound, self._seat, self._acks, metrics, self._playhead, hooks
+            self._life, ACK_WAIT_SECONDS, bound, self._seat, self._acks, metrics, self._playhead, self
         )
         times = UpstreamTimes(KEEPALIVE_SECONDS, PING_FORWARD_SECONDS, END_GRACE_SECONDS)
-        self._mover = Mover(bridge, settings.move_patience_seconds, metrics.moves)  # rtvideo.proxy.placement.mover
+        self._mover = Mover(bridge, settings.move_patience_seconds, metrics)  # rtvideo.proxy.placement.mover
         self.upstream = Upstream(
             self._life, settings, times, self.tasks, self.on_reply, self._stream_broke, self._mover.forwarded
         )
@@ -282,7 +279,8 @@ class ProxySession:
         log.warning("request_id=%s peer=%s backend failure: %s", self.request_id, self.peer, reason)
         self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the video backend is unavailable; try again later")
 
-    def _started(self, message: dict[str, Any], text: str) -> tuple[dict[str, Any], str]:
+    # --- what dispatch tells the session (DispatchedSession) ----------------------------------
+    def started(self, message: dict[str, Any], text: str) -> tuple[dict[str, Any], str]:
         """The model's video.start, about to be written: the session has its name, and the owner
         is offered the tokens its start asked for."""
         self._life.named(message.get("request_id"))
@@ -290,7 +288,7 @@ class ProxySession:
         log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
         return self._invites.offer(self, self._handouts, message, text)
 
-    def _model_done(self) -> None:
+    def model_done(self) -> None:
         """The model's session.done was queued for the owner: the end (once the owner is back,
         when it is detached: a resume or the grace)."""
         if self.detached:
@@ -298,11 +296,15 @@ class ProxySession:
         elif self._life.claim_end():
             self._finish()
 
-    def _slow_consumer(self) -> None:
+    def slow_consumer(self) -> None:
         self._fail(
             ErrorCode.SLOW_CONSUMER,
             f"the client reads too slowly: more than {self._settings.outbound_buffer_bytes} bytes are waiting",
         )
+
+    def told_guest(self, message: Mapping[str, Any], guest: Guest) -> None:
+        self.ledger.book.observe(message)
+        self._invites.told(message, guest)
 
     def _taken(self, frame: Frame) -> Frame:
         """A frame handed to the owner's socket; returns what is written (a done with the book's lists)."""
@@ -354,7 +356,7 @@ class ProxySession:
         self._seat.owner.close_outbox()
         if left in LIVE:  # no end was claimed: the sequence is still open
             self.tasks.spawn(self.upstream.end())
-        self.metrics.session_closed()
+        self.metrics.sessions_active.dec()
         self._playhead.finish()
         self._trace.end()
         self._invites.close()
