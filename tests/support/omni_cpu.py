@@ -164,7 +164,7 @@ def run_session(model: Path) -> dict[str, Any]:
     from rtvideo.backend.runtime.sources import FailedEvent, Interaction
     from rtvideo.backend.vllm_omni.engine import EngineHost, is_start_notice
     from rtvideo.backend.vllm_omni.source import EngineSources
-    from rtvideo.core.session_config import SessionConfig
+    from tests.support.session_configs import session_config
 
     raw: list[dict[str, Any]] = []
 
@@ -198,13 +198,12 @@ def run_session(model: Path) -> dict[str, Any]:
     started_in = time.monotonic() - t0
     encoded: list[dict[str, Any]] = []
     sources = EngineSources(host, {}, 3600, lambda w, h, fps: _Encoder(encoded), pipeline=PIPELINE)
-    config = SessionConfig(
+    config = session_config(
         prompt="a harbour at dawn",
         format="mp4",
         model="tiny-helios",
         width=WIDTH,
         height=HEIGHT,
-        fps=16,
         frames_per_chunk=FRAMES_PER_CHUNK,
         default_transition_chunks=1,
         num_frames=CHUNKS * FRAMES_PER_CHUNK,

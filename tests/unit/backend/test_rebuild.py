@@ -24,20 +24,17 @@ from rtvideo.core.chunks import media_metadata
 from rtvideo.core.interaction import Interaction
 from rtvideo.core.protocol import validate_interaction
 from rtvideo.core.rebuild import Rebuild, parse_rebuild
-from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.session_log import read_log
+from tests.support.session_configs import session_config
 
 FPS, FPC, CHUNKS = 16, 9, 11
-CONFIG = SessionConfig(
+CONFIG = session_config(
     prompt="a quiet harbour at dawn",
     format="m4s",
     model="realtime_video",
-    width=64,
     height=48,
     fps=FPS,
     frames_per_chunk=FPC,
-    default_transition_chunks=3,
-    num_frames=None,
     seed=4242,
 )
 #: (chunk during which it is received, seconds after that chunk's boundary, interaction)

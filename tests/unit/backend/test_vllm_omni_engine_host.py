@@ -17,7 +17,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
 import numpy as np
@@ -27,36 +27,21 @@ from rtvideo.backend.vllm_omni import engine as engine_module
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue
 from rtvideo.core.session_config import SessionConfig
+from tests.support.omni_standin import StandInSamplingParams
+from tests.support.session_configs import session_config
 from tests.support.vllm_omni_wheel import wheel_source
 
-
-@dataclass
-class Params:
-    """`OmniDiffusionSamplingParams`' fields the host sets (`emit_request_lifecycle` included)."""
-
-    width: int | None = None
-    height: int | None = None
-    num_frames: int = 1
-    fps: float | None = None
-    frame_rate: float | None = None
-    seed: int | None = None
-    num_inference_steps: int | None = None
-    extra_args: dict[str, Any] = field(default_factory=dict)
-    emit_request_lifecycle: bool = False
-
-
-@dataclass
-class OldParams:
-    """Params of an engine without the lifecycle opt-in: its first output is the only sign."""
-
-    width: int | None = None
-    height: int | None = None
-    num_frames: int = 1
-    fps: float | None = None
-    frame_rate: float | None = None
-    seed: int | None = None
-    num_inference_steps: int | None = None
-    extra_args: dict[str, Any] = field(default_factory=dict)
+#: `OmniDiffusionSamplingParams`' fields the host sets (`emit_request_lifecycle` included)
+Params = StandInSamplingParams
+#: the params of an engine without the lifecycle opt-in: its first output is the only sign
+OldParams = make_dataclass(
+    "OldParams",
+    [
+        (f.name, f.type, field(default=f.default, default_factory=f.default_factory))
+        for f in fields(Params)
+        if f.name != "emit_request_lifecycle"
+    ],
+)
 
 
 @dataclass
@@ -107,17 +92,8 @@ class ScriptedEngine:
 
 
 def config() -> SessionConfig:
-    return SessionConfig(
-        prompt="p",
-        format="h264",
-        model="m",
-        width=8,
-        height=8,
-        fps=16,
-        frames_per_chunk=1,
-        default_transition_chunks=1,
-        num_frames=3,
-        seed=0,
+    return session_config(
+        prompt="p", format="h264", width=8, height=8, frames_per_chunk=1, default_transition_chunks=1, num_frames=3
     )
 
 

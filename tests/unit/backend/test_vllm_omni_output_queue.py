@@ -18,6 +18,7 @@ from rtvideo.backend.vllm_omni.output_queue import OVERFLOW, OutputQueue, output
 from rtvideo.backend.vllm_omni.source import EngineChunkSource
 from rtvideo.core.session_config import SessionConfig
 from tests.support.omni_standin import StandInAsyncOmni, StandInOutput
+from tests.support.session_configs import session_config
 
 HELIOS_CHUNK = 97_320_960  # one 640x384 Helios chunk: 33 x 384 x 640 x 3 float32
 
@@ -68,17 +69,14 @@ def test_a_worker_that_keeps_up_gets_everything_in_order() -> None:
 
 
 def _config(frames: int) -> SessionConfig:
-    return SessionConfig(
+    return session_config(
         prompt="p",
         format="h264",
-        model="m",
         width=128,
         height=128,
-        fps=16,
         frames_per_chunk=8,
         default_transition_chunks=1,
         num_frames=frames,
-        seed=0,
     )
 
 

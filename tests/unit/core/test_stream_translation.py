@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rtvideo.core.event_book import EventBook
-from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import EngineStreamTranslator
 from rtvideo.core.transitions import ChunkPlan, TransitionTracker
+from tests.support.session_configs import session_config
 from tests.support.vllm_omni_wheel import (
     Sampling,
     StepRequestState,
@@ -32,18 +32,7 @@ from tests.support.vllm_omni_wheel import (
 )
 
 PROMPTS = ("src", "A", "B", "C", "D")
-CONFIG = SessionConfig(
-    prompt="src",
-    format="fmp4",
-    model="m",
-    width=64,
-    height=64,
-    fps=16,
-    frames_per_chunk=9,
-    default_transition_chunks=3,
-    num_frames=None,
-    seed=0,
-)
+CONFIG = session_config()
 
 
 def embedding(prompt: str) -> torch.Tensor:

@@ -14,33 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rtvideo.core.event_book import EventBook, Outcome
-from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.transitions import ChunkPlan, TransitionTracker
+from tests.support.session_configs import session_config
 
 VALUES = {"src": 0.0, "A": 1.0, "B": 10.0}
-
-
-def session_config(default_n: int) -> SessionConfig:
-    """A session whose default N is `default_n` (what resolves an interaction's N)."""
-    return SessionConfig(
-        prompt="src",
-        format="fmp4",
-        model="m",
-        width=64,
-        height=64,
-        fps=16,
-        frames_per_chunk=9,
-        default_transition_chunks=default_n,
-        num_frames=None,
-        seed=0,
-    )
 
 
 class Booked:
     """A tracker and the event book a session keeps beside it (every plan counted as sent)."""
 
     def __init__(self, default_n: int) -> None:
-        self.config = session_config(default_n)
+        self.config = session_config(default_transition_chunks=default_n)
         self.tracker = TransitionTracker("src")
         self.book = EventBook()
 
@@ -293,7 +277,11 @@ def test_matches_reference(default_n: int, raw_steps: list) -> None:
 @given(default_n=st.integers(0, 6), raw_steps=steps_strategy)
 def test_invariants(default_n: int, raw_steps: list) -> None:
     tracker, plans, steps, admitted = run_both(default_n, raw_steps)
-    n_of = {s[1]: session_config(default_n).transition_chunks(s[3]) for s in steps if s[0] == "admit"}
+    n_of = {
+        s[1]: session_config(default_transition_chunks=default_n).transition_chunks(s[3])
+        for s in steps
+        if s[0] == "admit"
+    }
     ends: dict[str, list[str]] = {}
     start_at: dict[str, int] = {}
     for plan in plans:
