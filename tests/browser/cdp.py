@@ -21,6 +21,7 @@ from typing import Any
 from websockets.sync.client import ClientConnection, connect
 
 from tests.support.browser import HEADLESS_FLAGS, chromium
+from tests.support.processes import terminate
 
 #: JavaScript: the video element's state, and how much of its picture is not black (pixels
 #: sampled through a canvas: the mean level and the share of pixels brighter than 24 of 255)
@@ -182,9 +183,4 @@ def browser() -> Iterator[Browser]:
             with stack:
                 yield Browser(int(port), path, stack)
         finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            terminate(process)

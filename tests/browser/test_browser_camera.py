@@ -19,12 +19,11 @@ from urllib.parse import urlencode
 import numpy as np
 
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from tests.support.browser import drive_page
+from tests.support.browser import TEXT_OF, TIMELINE_ROWS, drive_page
 from tests.support.image_motion import shift
 from tests.support.proxy_host import wait_idle
 from tests.support.streams import PACED_MODEL, decode
 
-TEXT_OF = "document.getElementById(%r).textContent"
 #: the MSE player's recording (every payload, trailer included), base64
 RECORDING = """(async () => {
   const bytes = new Uint8Array(await window.rtvideoDemo.session.player.recording().arrayBuffer());
@@ -74,8 +73,7 @@ def test_demo_page_drives_the_camera(demo_proxy, triton, tmp_path: Path) -> None
         {
             "summary": TEXT_OF % "summary",
             "log": TEXT_OF % "log",
-            "rows": "JSON.stringify([...document.querySelectorAll('#timeline li[data-event-id]')].map("
-            "li => ({id: li.dataset.eventId, end: li.dataset.end || null, text: li.innerText})))",
+            "rows": TIMELINE_ROWS,
             "recording": RECORDING,
             "keys": "import(new URL('rtvideo.js', location.href).href).then(m => JSON.stringify("
             "[m.cameraFromKeys(['w', 'd', 'i', 'l']), m.cameraFromKeys(['s', 'a', 'k', 'j'])]))",

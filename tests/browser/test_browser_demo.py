@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
-from tests.support.browser import drive_page
+from tests.support.browser import TEXT_OF, TIMELINE_ROWS, drive_page
 from tests.support.proxy_host import wait_idle
 from tests.support.streams import PACED_MODEL
 
@@ -23,7 +23,6 @@ def run_page(url: str, timeout: float = 120.0) -> tuple[str, str]:
 
 
 #: an element's text; textContent, since the log is folded in a <details> (innerText skips hidden content)
-TEXT_OF = "document.getElementById(%r).textContent"
 
 
 def keep_screenshot(path: Path) -> None:
@@ -97,8 +96,7 @@ def test_demo_timeline_follows_two_updates_to_their_ends(demo_proxy, triton, tmp
         {
             "summary": TEXT_OF % "summary",
             "log": TEXT_OF % "log",
-            "rows": "JSON.stringify([...document.querySelectorAll('#timeline li[data-event-id]')].map("
-            "li => ({id: li.dataset.eventId, end: li.dataset.end || null, text: li.innerText})))",
+            "rows": TIMELINE_ROWS,
             "lead": "document.getElementById('m-lead').innerText",
             "ack": "document.getElementById('m-ack').innerText",
             "log_open": "document.getElementById('log-panel').open",

@@ -13,12 +13,11 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.support.browser import drive_page
+from tests.support.browser import TEXT_OF, drive_page
 from tests.support.proxy_host import ProxyHost, wait_idle
 from tests.support.streams import PACED_MODEL
 
 #: an element's text; textContent, since the log is folded in a <details>
-TEXT_OF = "document.getElementById(%r).textContent"
 #: the first timeline row's text once it says "on screen in" (or after 30 s, whatever it says)
 SHOWN_ROW = """new Promise(resolve => {
   const began = Date.now();

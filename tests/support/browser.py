@@ -16,8 +16,17 @@ from typing import Any
 
 from websockets.sync.client import connect
 
+from tests.support.processes import terminate
+
 #: the title the demo page (proxy/static/index.html) sets once its session is over
 DONE_TITLE = "rtvideo demo: done"
+#: an expression for `drive_page`: the text of the page's element with this id (`TEXT_OF % "log"`)
+TEXT_OF = "document.getElementById(%r).textContent"
+#: an expression for `drive_page`: the timeline's event rows (JSON: id, end, text of each)
+TIMELINE_ROWS = (
+    "JSON.stringify([...document.querySelectorAll('#timeline li[data-event-id]')].map("
+    "li => ({id: li.dataset.eventId, end: li.dataset.end || null, text: li.innerText})))"
+)
 
 
 #: how every test starts Chromium: headless, no network of its own, video that plays by itself,
@@ -103,9 +112,4 @@ def drive_page(
                     screenshot.write_bytes(base64.b64decode(shot["data"]))
             return results
         finally:
-            browser.terminate()
-            try:
-                browser.wait(10)
-            except subprocess.TimeoutExpired:
-                browser.kill()
-                browser.wait()
+            terminate(browser)

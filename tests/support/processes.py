@@ -51,6 +51,16 @@ def end_all(proc: subprocess.Popen, children: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def terminate(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def stop_serve(proc: subprocess.Popen) -> None:
     """End `rtvideo serve` as an operator would (SIGTERM, 60 s), then anything of it left."""
     pids = descendants(proc.pid)
