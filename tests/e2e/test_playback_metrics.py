@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-from tests.e2e.test_record import record_command
+from tests.e2e.test_record import run_record
 from tests.support.promql import scrape_series
 from tests.support.proxy_client import NO_KEEPALIVE, Ws, ws
 from tests.support.proxy_host import run
@@ -171,12 +170,7 @@ def test_record_writes_the_session_metrics_beside_the_video(proxies, triton, tmp
     url = proxies.url(model=PACED_MODEL)
     out = tmp_path / "dunes.mp4"
     common = ("--url", url, "--num-frames", "45", "--seed", "2", "--report-playback", "0.25")
-    done = subprocess.run(
-        record_command("dunes at noon", *common, "-o", str(out), "--metrics"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_record("dunes at noon", *common, "-o", str(out), "--metrics")
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in (tmp_path / "dunes.metrics.jsonl").read_text().splitlines()]
     assert len(lines) >= 2, done.stderr
@@ -187,8 +181,6 @@ def test_record_writes_the_session_metrics_beside_the_video(proxies, triton, tmp
     assert "dunes.metrics.jsonl" in done.stderr
 
     plain = tmp_path / "plain.mp4"
-    done = subprocess.run(
-        record_command("dunes at noon", *common, "-o", str(plain)), capture_output=True, text=True, timeout=120
-    )
+    done = run_record("dunes at noon", *common, "-o", str(plain))
     assert done.returncode == 0, done.stderr
     assert plain.exists() and not (tmp_path / "plain.metrics.jsonl").exists()

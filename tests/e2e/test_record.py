@@ -47,6 +47,11 @@ def record_command(*args: str, block: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-c", NO_SERVING_STACK, "record", *args]
 
 
+def run_record(*args: str, block: tuple[str, ...] = (), timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`rtvideo record` with `args`, to its end; its exit status and output."""
+    return subprocess.run(record_command(*args, block=block), capture_output=True, text=True, timeout=timeout)
+
+
 def top_level_boxes(data: bytes) -> list[str]:
     boxes, at = [], 0
     while at + 8 <= len(data):
@@ -81,27 +86,17 @@ def transcript_from(timeline: dict[str, Any], raw: bytes) -> Transcript:
 def test_record_with_an_update(proxies, triton, tmp_path: Path) -> None:
     wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
     out, raw, timeline = tmp_path / "canyon.mp4", tmp_path / "canyon.fmp4", tmp_path / "canyon.json"
-    done = subprocess.run(
-        record_command(
-            "a red desert canyon",
-            "--url",
-            proxies.url(model=PACED_MODEL),
-            "--num-frames",
-            "72",
-            "--seed",
-            "3",
-            "--update",
-            "1.0:a blue frozen ocean: at night:2",
-            "-o",
-            str(out),
-            "--raw",
-            str(raw),
-            "--timeline",
-            str(timeline),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_record(
+        "a red desert canyon",
+        "--url",
+        proxies.url(model=PACED_MODEL),
+        "--num-frames",
+        "72",
+        "--seed",
+        "3",
+        "--update",
+        "1.0:a blue frozen ocean: at night:2",
+        *("-o", str(out), "--raw", str(raw), "--timeline", str(timeline)),
     )
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
@@ -213,12 +208,7 @@ def test_sigint_stops_and_saves_what_arrived(proxies, triton, tmp_path: Path) ->
 
 
 def test_record_without_pyav_says_how_to_install(tmp_path: Path) -> None:
-    done = subprocess.run(
-        record_command("x", "--url", "ws://127.0.0.1:9/v1/realtime/video", block=("av",)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_record("x", "--url", "ws://127.0.0.1:9/v1/realtime/video", block=("av",), timeout=60)
     assert done.returncode == 1 and "pip install av" in done.stderr, done.stderr
 
 
@@ -233,12 +223,12 @@ def test_record_without_pyav_says_how_to_install(tmp_path: Path) -> None:
     ],
 )
 def test_record_usage_errors_exit_2(args: list[str]) -> None:
-    done = subprocess.run(record_command(*args), capture_output=True, text=True, timeout=60)
+    done = run_record(*args, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
 
 
 def test_unreachable_server_exits_1() -> None:
-    done = subprocess.run(record_command("x", "--url", "ws://127.0.0.1:9"), capture_output=True, text=True, timeout=60)
+    done = run_record("x", "--url", "ws://127.0.0.1:9", timeout=60)
     assert done.returncode == 1 and "cannot connect" in done.stderr, done.stderr
 
 
@@ -260,31 +250,21 @@ def test_record_with_a_camera_and_an_image_reference(proxies, triton, tmp_path: 
     turn = '{"mode":"velocity","data":{"translation":[0,0,0.05],"rotation":[0,0.0523,0,0.9986]}}'
     home = '{"mode":"target","data":{"translation":[0,0,0],"rotation":[0,0,0,1]}}'
     out, raw, timeline = tmp_path / "cam.mp4", tmp_path / "cam.fmp4", tmp_path / "cam.json"
-    done = subprocess.run(
-        record_command(
-            "a city street with buildings",
-            "--url",
-            proxies.url(model=PACED_MODEL),
-            "--num-frames",
-            "54",
-            "--seed",
-            "4",
-            "--image-reference",
-            str(picture),
-            "--camera",
-            f"0.2:{turn}",
-            "--camera",
-            f"1.4:{home}",
-            "-o",
-            str(out),
-            "--raw",
-            str(raw),
-            "--timeline",
-            str(timeline),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_record(
+        "a city street with buildings",
+        "--url",
+        proxies.url(model=PACED_MODEL),
+        "--num-frames",
+        "54",
+        "--seed",
+        "4",
+        "--image-reference",
+        str(picture),
+        "--camera",
+        f"0.2:{turn}",
+        "--camera",
+        f"1.4:{home}",
+        *("-o", str(out), "--raw", str(raw), "--timeline", str(timeline)),
     )
     assert done.returncode == 0, done.stderr
     record = json.loads(timeline.read_text())
@@ -316,7 +296,7 @@ def test_record_with_a_camera_and_an_image_reference(proxies, triton, tmp_path: 
     ],
 )
 def test_record_camera_and_image_usage_errors_exit_2(args: list[str]) -> None:
-    done = subprocess.run(record_command(*args), capture_output=True, text=True, timeout=60)
+    done = run_record(*args, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
 
 
@@ -328,12 +308,7 @@ def test_record_flag_has_the_server_record_it_and_prints_its_token(proxies, trit
     wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
     server = proxies.server(model=PACED_MODEL, recordings=str(tmp_path / "rec"))
     out = tmp_path / "kept.mp4"
-    done = subprocess.run(
-        record_command("a red desert canyon", "--url", server.url, "--num-frames", "27", "--record", "-o", str(out)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_record("a red desert canyon", "--url", server.url, "--num-frames", "27", "--record", "-o", str(out))
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stderr.splitlines() if line.startswith("recorded by the server as "))
     link = line.split(": ", 1)[1].split(" ", 1)[0]

@@ -155,44 +155,38 @@ def test_a_prompt_only_pipeline_refuses_a_camera_event_by_name(tmp_path: Path) -
     assert records(record, "submit") == []
 
 
-def test_lora_reaches_the_engine_request(tmp_path: Path) -> None:
+def first_generate(
+    tmp_path: Path, pipeline: str, start: dict[str, Any] | None = None, image: np.ndarray | None = None
+) -> dict[str, Any]:
+    """A session's first chunk; the engine request it made, as the stand-in recorded it."""
     record = tmp_path / "calls.jsonl"
-    lora = {"name": "style", "path": "/loras/style", "scale": 0.5}
-    host, source = host_and_source("HeliosPyramidPipeline", record, {"lora": lora})
-    try:
-        source.next_chunk(4)
-    finally:
-        source.close()
-        host.shutdown()
-    (generate,) = records(record, "generate")
-    assert generate["lora_request"] == lora
-
-
-def test_the_reference_image_goes_to_the_engine_as_multi_modal_data_image(tmp_path: Path) -> None:
-    record = tmp_path / "calls.jsonl"
-    image = np.zeros((48, 64, 3), np.uint8)
-    host, source = host_and_source("LingBotWorldCausalDMDPipeline", record, image=image)
-    try:
-        source.next_chunk(4)
-    finally:
-        source.close()
-        host.shutdown()
-    (generate,) = records(record, "generate")
-    assert generate["image_shape"] == [48, 64, 3] and generate["prompt"] == {"prompt": "p"}
-
-
-def test_helios_takes_the_reference_image_where_its_step_mode_reads_it(tmp_path: Path) -> None:
-    """`extra_args["image"]`, straight into its VAE: a float tensor [1, 3, H, W] in [-1, 1]."""
-    record = tmp_path / "calls.jsonl"
-    image = np.zeros((128, 128, 3), np.uint8)
-    image[:, 64:] = 255
-    host, source = host_and_source("HeliosPyramidPipeline", record, image=image)
+    host, source = host_and_source(pipeline, record, start, image)
     try:
         assert isinstance(source.next_chunk(4), SourceChunk)
     finally:
         source.close()
         host.shutdown()
     (generate,) = records(record, "generate")
+    return generate
+
+
+def test_lora_reaches_the_engine_request(tmp_path: Path) -> None:
+    lora = {"name": "style", "path": "/loras/style", "scale": 0.5}
+    generate = first_generate(tmp_path, "HeliosPyramidPipeline", {"lora": lora})
+    assert generate["lora_request"] == lora
+
+
+def test_the_reference_image_goes_to_the_engine_as_multi_modal_data_image(tmp_path: Path) -> None:
+    image = np.zeros((48, 64, 3), np.uint8)
+    generate = first_generate(tmp_path, "LingBotWorldCausalDMDPipeline", image=image)
+    assert generate["image_shape"] == [48, 64, 3] and generate["prompt"] == {"prompt": "p"}
+
+
+def test_helios_takes_the_reference_image_where_its_step_mode_reads_it(tmp_path: Path) -> None:
+    """`extra_args["image"]`, straight into its VAE: a float tensor [1, 3, H, W] in [-1, 1]."""
+    image = np.zeros((128, 128, 3), np.uint8)
+    image[:, 64:] = 255
+    generate = first_generate(tmp_path, "HeliosPyramidPipeline", image=image)
     assert generate["image_shape"] is None  # not in the prompt, where Helios would never read it
     assert generate["extra_args_image"] == {
         "shape": [1, 3, 128, 128],
