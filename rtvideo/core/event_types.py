@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypedDict
 
-if TYPE_CHECKING:  # the module that defines the real type (the presets test reads it from here)
+if TYPE_CHECKING:  # the module that defines the real type
     from vllm_omni.inputs.data import OmniInteractionEvent as _Real  # noqa: F401
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from rtvideo.backend import catalog
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineHost, engine_prompt
 from rtvideo.backend.vllm_omni.source import EngineSources
-from rtvideo.core import event_types
 from rtvideo.core.event_types import EVENT_FIELDS
 from rtvideo.core.session_config import SessionConfig, resolve_session_config
 from rtvideo.core.start_request import SAMPLING_FIELDS, parse_start
@@ -207,18 +205,6 @@ def test_the_engine_request_is_never_sized_for_an_hour() -> None:
     assert sources.engine_frames(SessionConfig(**{**base.__dict__, "num_frames": 99_999})) == 1452
 
 
-# --- the import of OmniInteractionEvent ------------------------------------------------
-def test_the_import_names_the_module_that_defines_omni_interaction_event() -> None:
-    tree = ast.parse(Path(event_types.__file__).read_text())
-    (imported,) = [
-        n.module
-        for n in ast.walk(tree)
-        if isinstance(n, ast.ImportFrom) and any(a.name == "OmniInteractionEvent" for a in n.names)
-    ]
-    assert imported is not None
-    class_node(wheel_source(imported.replace(".", "/") + ".py"), "OmniInteractionEvent")  # raises if absent
-
-
 def test_the_fallbacks_keys_are_the_real_types() -> None:
     data = wheel_source("vllm_omni/inputs/data.py")
     event = class_node(data, "OmniInteractionEvent")
@@ -227,7 +213,4 @@ def test_the_fallbacks_keys_are_the_real_types() -> None:
     assert [b.id for b in omni_prompt.bases if isinstance(b, ast.Name)] == ["TextPrompt"]
     assert "from vllm.inputs import EmbedsPrompt, PromptType, TextPrompt, TokensPrompt" in data
     real = VLLM_TEXT_PROMPT_KEYS | annotated(omni_prompt)
-    tree = ast.parse(Path(event_types.__file__).read_text())
-    fallback = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "OmniInteractionEvent")
-    assert annotated(fallback) == real
-    assert real == EVENT_FIELDS
+    assert real == EVENT_FIELDS  # the keys our copy of the type takes, as the real one
