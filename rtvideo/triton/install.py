@@ -155,7 +155,7 @@ def _warn_if_numpy2() -> None:
         )
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
     """`$XDG_CACHE_HOME/rtvideo` (`~/.cache/rtvideo`), else `<tmp>/rtvideo-<uid>`. tritonserver
     loads backends from there, so a directory in the shared temp dir that another user made
     (or can write to, or a link) is refused: it would run their code as this user."""
@@ -187,7 +187,7 @@ def _prepare_backend_directory(wheel_root: Path, stub: Path, version: str) -> Pa
     st = stub.stat()
     key = f"{wheel_root.resolve()}|{version}|{st.st_size}|{st.st_mtime_ns}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = _cache_root()
+    root = cache_root()
     target = root / f"triton-backends-{digest}"
     if _backend_directory_ok(target):
         return target

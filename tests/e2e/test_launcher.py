@@ -222,23 +222,23 @@ def test_the_temp_cache_must_be_this_users_own(tmp_path, monkeypatch):
     monkeypatch.setattr(install.tempfile, "gettempdir", lambda: str(shared))
     root = shared / f"rtvideo-{os.getuid()}"
 
-    assert install._cache_root() == root and root.is_dir()
+    assert install.cache_root() == root and root.is_dir()
     assert root.stat().st_mode & 0o777 == 0o700
     root.chmod(0o777)  # others may write: they could plant backends
     with pytest.raises(RuntimeError, match="only it may write"):
-        install._cache_root()
+        install.cache_root()
     root.rmdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     root.symlink_to(elsewhere)  # a link (to anywhere) made in the shared dir
     with pytest.raises(RuntimeError, match="only it may write"):
-        install._cache_root()
+        install.cache_root()
     root.unlink()
     if os.getuid() == 0:  # another user's directory
         root.mkdir(mode=0o755)
         os.chown(root, 12345, 12345)
         with pytest.raises(RuntimeError, match="owner uid 12345"):
-            install._cache_root()
+            install.cache_root()
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory in /dev/shm")

@@ -6,6 +6,8 @@ and a model-based property test of first-payload-wins.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -115,11 +117,13 @@ def test_an_unacked_admitted_event_is_unapplied_until_a_chunk_starts_it() -> Non
 
 def finish_rule_oracle(tracker: TransitionTracker) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """TEST ORACLE, not product code: the end-of-stream rule `TransitionTracker.finish()` had
-    before `EventBook` replaced it, read off the tracker's state. Unapplied: the targets
-    dropped since the last chunk, then the pending one; unfinished: the one in flight."""
-    unapplied = [*tracker._dropped, *([tracker._pending.event_id] if tracker._pending is not None else [])]
-    unfinished = (tracker._flight.target.event_id,) if tracker._flight is not None else ()
-    return tuple(unapplied), unfinished
+    before `EventBook` replaced it. Unapplied: the targets dropped since the last chunk, then
+    the pending one; unfinished: the one in flight. Read off the boundary a copy of the tracker
+    would resolve next: the dropped ones are superseded there and the pending one starts; the
+    one in flight is the active one that does not start."""
+    boundary = copy.deepcopy(tracker).next_chunk()
+    unfinished = tuple(e for e in boundary.active if e not in boundary.started)
+    return (*boundary.superseded, *boundary.started), unfinished
 
 
 _steps = st.lists(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,14 +49,16 @@ def test_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert access.key_from_env() == "abc"
 
 
-def _server(tmp_path: Path, **config: Any) -> TritonServer:
-    install = TritonInstall(binary=Path("/opt/tritonserver/bin/tritonserver"), kind="path")
+INSTALL = TritonInstall(binary=Path("/opt/tritonserver/bin/tritonserver"), kind="path")
+
+
+def _server(tmp_path: Path, install: TritonInstall = INSTALL, **config: Any) -> TritonServer:
     return TritonServer(TritonConfig(tmp_path, **config), install=install)
 
 
 def test_the_key_is_on_the_command_line_and_hidden_where_it_is_shown(tmp_path: Path) -> None:
     server = _server(tmp_path, key="s3cret-key", http=True)
-    server.command = server.build_command(server._install)  # type: ignore[arg-type]
+    server.command = server.build_command(INSTALL)
     assert access.restricted_protocol_flag("s3cret-key") in server.command
     assert access.restricted_http_flag("s3cret-key") in server.command  # the HTTP endpoint too, when open
     assert "--grpc-infer-allocation-pool-size=0" in server.command
@@ -64,22 +67,41 @@ def test_the_key_is_on_the_command_line_and_hidden_where_it_is_shown(tmp_path: P
     assert server.client_headers() == {"triton-grpc-protocol-rtvideo-key": "s3cret-key"}
     assert "s3cret-key" not in repr(server.config)
     open_server = _server(tmp_path)
-    command = open_server.build_command(open_server._install)  # type: ignore[arg-type]
+    command = open_server.build_command(INSTALL)
     assert not any("restricted" in a for a in command) and open_server.client_headers() == {}
+
+
+def _spawned_environment(tmp_path: Path) -> tuple[TritonServer, dict[str, str]]:
+    """A server spawned on a stand-in `tritonserver` that writes out the environment it got."""
+    dump = tmp_path / "environment"
+    dump.unlink(missing_ok=True)
+    binary = tmp_path / "tritonserver"
+    binary.write_text(f"#!/bin/sh\nenv -0 > {dump}.part && mv {dump}.part {dump}\nexec sleep 60\n")
+    binary.chmod(0o755)
+    server = _server(tmp_path, TritonInstall(binary=binary, kind="path"))
+    server.spawn()
+    deadline = time.monotonic() + 30
+    while not dump.exists():
+        assert time.monotonic() < deadline and server.is_alive(), "the stand-in tritonserver did not start"
+        time.sleep(0.05)
+    entries = dump.read_bytes().decode().split("\0")
+    return server, dict(entry.split("=", 1) for entry in entries if "=" in entry)
 
 
 def test_the_malloc_setting_is_for_tritonserver_not_its_stubs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.delenv("BASH_ENV", raising=False)
-    server = _server(tmp_path)
-    env = server._server_environment(server._install)  # type: ignore[arg-type]
-    assert env["MALLOC_MMAP_THRESHOLD_"] == "65536"
-    # The Python backend starts a stub with `bash -c "exec <stub> ..."`: bash runs BASH_ENV first.
-    assert Path(env["BASH_ENV"]).read_text() == "unset MALLOC_MMAP_THRESHOLD_ BASH_ENV\n"
-    server.stop()  # never spawned: only the file goes
-    assert not Path(env["BASH_ENV"]).exists()
+    server, env = _spawned_environment(tmp_path)
+    try:
+        assert env["MALLOC_MMAP_THRESHOLD_"] == "65536"
+        # The Python backend starts a stub with `bash -c "exec <stub> ..."`: bash runs BASH_ENV first.
+        assert Path(env["BASH_ENV"]).read_text() == "unset MALLOC_MMAP_THRESHOLD_ BASH_ENV\n"
+    finally:
+        server.stop(timeout=5)
+    assert not Path(env["BASH_ENV"]).exists()  # gone with the server
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # the deployer's own setting wins
-    env = server._server_environment(server._install)  # type: ignore[arg-type]
+    server, env = _spawned_environment(tmp_path)
+    server.stop(timeout=5)
     assert env["MALLOC_MMAP_THRESHOLD_"] == "131072" and "BASH_ENV" not in env
 
 
