@@ -355,6 +355,11 @@ class RealtimeVideoClient:
         """Connections resumed so far."""
         return self._link.resumes
 
+    @property
+    def awaiting_acks(self) -> tuple[str, ...]:
+        """The event ids of the interactions waiting for their ack now."""
+        return tuple(self._acks)
+
     async def _resume(self) -> bool:
         """The connection dropped before session.done: resume it (True) or give up (False)."""
         token = (self.video_start or {}).get("resume_token")

@@ -384,30 +384,35 @@ def test_after_a_proxy_restart_resume_fails_cleanly(proxies, triton) -> None:
 # --- the Python client resumes by itself ----------------------------------------------------------------
 def test_the_python_client_resumes_with_no_gap_and_no_duplicate(proxies, triton, tmp_path) -> None:
     from rtvideo.client.session import RealtimeVideoClient
+    from tests.support.tcp_relay import TcpRelay
 
     wait_idle(triton)
-    url = proxies.url()
+    server = proxies.server()
     frames, seed = 9 * 40, 71
 
     async def body() -> None:
-        _, reference = await _uninterrupted(url, frames, seed)
-        async with RealtimeVideoClient(url, resume_backoff=0.05) as client:
-            start = await client.start(PROMPT, num_frames=frames, seed=seed, resumable=True)
-            assert start["resume_token"]
-            received = bytearray()
-            indices = []
-            async for chunk in client.chunks():
-                received += chunk.data
-                indices.append(chunk.metadata["transport_chunk_index"])
-                if len(indices) in (3, 17):  # twice, mid-stream
-                    assert client._ws is not None
-                    client._ws.transport.abort()
-                if len(indices) == 20:
-                    ack = await client.interact(PROMPT)  # interactions go on after resumes
-                    assert ack["type"] == "session.interaction.queued"
-            assert client.resumes == 2 and client.done is not None
-            assert indices == list(range(len(indices)))
-            (tmp_path / "resumed.mp4").write_bytes(received)
+        _, reference = await _uninterrupted(server.url, frames, seed)
+        relay = await TcpRelay(server.port).up()
+        url = server.url.replace(f":{server.port}/", f":{relay.port}/")
+        try:
+            async with RealtimeVideoClient(url, resume_backoff=0.05) as client:
+                start = await client.start(PROMPT, num_frames=frames, seed=seed, resumable=True)
+                assert start["resume_token"]
+                received = bytearray()
+                indices = []
+                async for chunk in client.chunks():
+                    received += chunk.data
+                    indices.append(chunk.metadata["transport_chunk_index"])
+                    if len(indices) in (3, 17):  # twice, mid-stream: the network drops (RST, no close frame)
+                        relay.cut()
+                    if len(indices) == 20:
+                        ack = await client.interact(PROMPT)  # interactions go on after resumes
+                        assert ack["type"] == "session.interaction.queued"
+                assert client.resumes == 2 and client.done is not None
+                assert indices == list(range(len(indices)))
+                (tmp_path / "resumed.mp4").write_bytes(received)
+        finally:
+            await relay.down()
         # the event changes the frames after chunk 20; the frames before it equal the reference's
         ours, theirs = decode(bytes(received)), decode(reference)
         assert len(ours) == len(theirs) == frames

@@ -254,7 +254,7 @@ def test_client_concurrent_interacts_with_one_event_id_all_resolve() -> None:
         impatient = c.interact("y", event_id="e", timeout=0.2, attempts=1)
         patient = c.interact("y", event_id="e", timeout=3, attempts=1)
         results = await asyncio.gather(impatient, patient, return_exceptions=True)
-        assert c._acks == {}, "a finished interact left its waiter behind"
+        assert c.awaiting_acks == (), "a finished interact left its waiter behind"
         return results
 
     impatient, patient = run(scripted(script, body))
