@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from rtvideo.backend.runtime.sources import SourceChunk
 from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED, LINGBOT_WORLD
+from rtvideo.backend.vllm_omni.output_queue import OutputQueue
 from rtvideo.backend.vllm_omni.source import EngineSources
 from rtvideo.core.rebuild import Rebuild
 from rtvideo.core.session_config import SessionConfig
@@ -19,10 +21,17 @@ from tests.support.vllm_omni_wheel import wheel_source
 
 
 class _Host:
+    """Records what the engine is asked for; the test hands the engine's outputs to the request's
+    sink, as `EngineHost` does."""
+
     dead = None
 
     def start_request(self, *args: Any, **kwargs: Any) -> None:
         self.frames = args[3]  # what the engine is asked for
+        self.sink: OutputQueue = args[5]
+
+    def output(self, video: np.ndarray) -> None:
+        self.sink.offer(StandInOutput("r1", {}, images=[video]), 0.0, video.nbytes)
 
     def end_request(self, request_id: str) -> None:
         pass
@@ -56,10 +65,13 @@ def test_a_lingbot_continuation_drops_the_repeated_frame_and_asks_for_one_more()
     assert host.frames == 57 and sources.engine_frames(CONFIG) == 45  # one more, still n % 12 == 9
     video = np.zeros((1, 9, 480, 832, 3), np.float32)
     video[0, 0] = 200 / 255  # the engine's frame 0: the viewer's last frame again
-    chunk = source._chunk(StandInOutput("r1", {}, images=[video]), 0.0)
+    host.output(video)
+    chunk = source.next_chunk(9)
+    assert isinstance(chunk, SourceChunk)
     assert chunk.media.frames == 8 and int(encoder.first.max()) == 0  # frame 0 was not encoded
-    second = source._chunk(StandInOutput("r1", {}, images=[video]), 0.0)
-    assert second.media.frames == 9  # only the request's first frame repeats
+    host.output(video)
+    second = source.next_chunk(9)
+    assert isinstance(second, SourceChunk) and second.media.frames == 9  # only the request's first frame repeats
 
 
 def test_a_fresh_start_and_helios_keep_every_frame() -> None:

@@ -56,6 +56,7 @@ class ScriptedEngine:
     interaction when `take` is set (it is set unless a test clears it)."""
 
     def __init__(self, model: str = "", params: type = Params, **_: Any) -> None:
+        self.loop = asyncio.get_running_loop()  # the host makes its engine on the engine's loop
         self.default_sampling_params_list = [params()]
         self.calls: list[tuple[str, Any]] = []
         self.admitted = False
@@ -98,24 +99,28 @@ def config() -> SessionConfig:
 
 
 def started(params: type = Params) -> tuple[EngineHost, ScriptedEngine, OutputQueue]:
-    host = EngineHost(lambda **kw: ScriptedEngine(params=params, **kw), model="m", engine_args={}, health_seconds=60)
+    engines: list[ScriptedEngine] = []
+
+    def engine_of(**kwargs: Any) -> ScriptedEngine:
+        engines.append(ScriptedEngine(params=params, **kwargs))
+        return engines[-1]
+
+    host = EngineHost(engine_of, model="m", engine_args={}, health_seconds=60)
     sink = OutputQueue()
     host.start_request("r", {"prompt": "p"}, config(), 3, {}, sink)
-    engine = host._engine
-    assert isinstance(engine, ScriptedEngine)
+    (engine,) = engines
     return host, engine, sink
 
 
-def on_loop(host: EngineHost, action: Any) -> None:
+def on_loop(engine: ScriptedEngine, action: Any) -> None:
     """Run `action()` on the engine's loop (the fake's events belong to it) and wait for it."""
-    assert host._loop is not None
     done = threading.Event()
 
     def run() -> None:
         action()
         done.set()
 
-    host._loop.call_soon_threadsafe(run)
+    engine.loop.call_soon_threadsafe(run)
     assert done.wait(10)
 
 
@@ -141,14 +146,14 @@ def test_an_interaction_queued_behind_another_never_reaches_an_ended_request() -
     it still took the lock and reached the engine, for a request the engine had aborted."""
     host, engine, _ = started()
     try:
-        on_loop(host, engine.admit.set)
-        on_loop(host, engine.take.clear)  # the engine is slow to take the first interaction
+        on_loop(engine, engine.admit.set)
+        on_loop(engine, engine.take.clear)  # the engine is slow to take the first interaction
         first = host.interact("r", event("a"))
         second = host.interact("r", event("b"))  # waits for the lock the first one holds
         wait_for(lambda: ("submit", "a") in engine.calls)
         host.end_request("r")
         wait_for(lambda: ("abort", "r") in engine.calls)
-        on_loop(host, engine.take.set)
+        on_loop(engine, engine.take.set)
         first.result(10)
         with pytest.raises(EngineError, match="ended before the interaction reached the engine"):
             second.result(10)
@@ -175,11 +180,11 @@ def test_interactions_go_in_order_once_the_engine_admits_the_request_before_any_
         futures = [host.interact("r", event(e)) for e in ("a", "b", "c")]
         time.sleep(0.2)
         assert submitted(engine) == []  # not admitted: the engine would refuse and abort the request
-        on_loop(host, engine.admit.set)  # its start notice: no output yet
+        on_loop(engine, engine.admit.set)  # its start notice: no output yet
         concurrent.futures.wait(futures, 10)
         assert [f.exception() for f in futures] == [None, None, None]
         assert submitted(engine) == [("submit", "a"), ("submit", "b"), ("submit", "c")]
-        on_loop(host, engine.produce.set)
+        on_loop(engine, engine.produce.set)
         kinds = [sink.get(timeout=10)[0] for _ in range(4)]
         assert kinds == ["output", "output", "output", "end"]  # the notice is no chunk
         assert engine.default_sampling_params_list[0].emit_request_lifecycle is False  # a copy was asked
@@ -191,10 +196,10 @@ def test_without_a_start_notice_interactions_wait_for_the_first_output() -> None
     host, engine, _ = started(OldParams)
     try:
         future = host.interact("r", event("a"))
-        on_loop(host, engine.admit.set)
+        on_loop(engine, engine.admit.set)
         time.sleep(0.2)
         assert submitted(engine) == []
-        on_loop(host, engine.produce.set)
+        on_loop(engine, engine.produce.set)
         future.result(10)
         assert submitted(engine)[:2] == [("output", 0), ("submit", "a")]
     finally:

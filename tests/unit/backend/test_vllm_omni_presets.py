@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import queue
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from rtvideo.backend import catalog
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineHost, engine_prompt
+from rtvideo.backend.vllm_omni.output_queue import OutputQueue
 from rtvideo.backend.vllm_omni.source import EngineSources
 from rtvideo.core.event_types import EVENT_FIELDS
 from rtvideo.core.session_config import SessionConfig, resolve_session_config
@@ -54,6 +56,44 @@ def start(**fields: Any) -> Any:
 
 def omni(**params: str) -> BackendSettings:
     return BackendSettings.from_parameters({"generator": "vllm_omni", "width": "640", "height": "384", **params})
+
+
+class _Capturing:
+    """An engine that keeps the params each request hands it, and makes nothing."""
+
+    def __init__(self, **_: Any) -> None:
+        self.default_sampling_params_list = [StandInSamplingParams(extra_args={"d": 0})]
+        self.given: queue.Queue[Any] = queue.Queue()
+
+    async def generate(self, prompt: Any, request_id: str = "", *, sampling_params_list: Any = None, **_: Any) -> Any:
+        self.given.put(sampling_params_list[0])
+        return
+        yield  # an async generator with no output
+
+    async def abort(self, request_id: str, *, timeout: float | None = None) -> None:
+        return None
+
+    async def check_health(self) -> None:
+        return None
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        return None
+
+
+def engine_params(config: SessionConfig, num_frames: int, preset: dict[str, Any]) -> Any:
+    """The params an `EngineHost` hands its engine for a request of `config`."""
+    engines: list[_Capturing] = []
+
+    def engine_of(**kwargs: Any) -> _Capturing:
+        engines.append(_Capturing(**kwargs))
+        return engines[-1]
+
+    host = EngineHost(engine_of, model="m", engine_args={}, health_seconds=60)
+    try:
+        host.start_request("r", {"prompt": "p"}, config, num_frames, preset, OutputQueue())
+        return engines[0].given.get(timeout=10)
+    finally:
+        host.shutdown()
 
 
 # --- real-time defaults, the start's sampling honoured -------------------------------
@@ -143,9 +183,7 @@ def test_a_starts_sampling_fields_are_merged_over_the_preset_and_none_is_ignored
         "extra_params": {**HELIOS_PRESET_EXTRA, "pyramid_num_inference_steps_list": [2, 2, 2], "zero_steps": 1},
     }
     # what the engine receives: its defaults with all of it set, as the streaming endpoint would
-    host = EngineHost.__new__(EngineHost)
-    host._engine = type("E", (), {"default_sampling_params_list": [StandInSamplingParams(extra_args={"d": 0})]})()
-    params = host._sampling_params(config, 33, {"preset_only": 1})
+    params = engine_params(config, 33, {"preset_only": 1})
     assert (params.guidance_scale, params.num_inference_steps, params.true_cfg_scale) == (2.5, 4, 3.0)
     assert (params.guidance_scale_2, params.boundary_ratio, params.num_frames) == (1.5, 0.8, 33)
     assert params.extra_args == {
@@ -158,7 +196,7 @@ def test_a_starts_sampling_fields_are_merged_over_the_preset_and_none_is_ignored
     }
     assert engine_prompt({"prompt": "a reef"}, config) == {"prompt": "a reef", "negative_prompt": "blur"}
     plain = resolve_session_config(start(), omni().capabilities("m"))
-    assert host._sampling_params(plain, 33, {}).guidance_scale == 1.0  # the preset's: no CFG
+    assert engine_params(plain, 33, {}).guidance_scale == 1.0  # the preset's: no CFG
     assert engine_prompt({"prompt": "a reef"}, plain) == {"prompt": "a reef"}
 
 
