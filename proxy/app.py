@@ -270,7 +270,7 @@ def make_app(
     """The Tornado application; its shared state is `app.settings["context"]`. `restart`, when given,
     restarts the backend after the supervisor found it down (`rtvideo serve` with its own Triton);
     `resolver` resolves the names among the Triton URLs (default: the system's)."""
-    metrics = ProxyMetrics()
+    metrics = ProxyMetrics(recordings=bool(settings.recordings))
     pool = EndpointPool(
         settings.triton_url,
         settings.model,
@@ -290,7 +290,7 @@ def make_app(
         max_bytes=settings.recordings_max_bytes,
         max_age=settings.recordings_max_age,
         record_all=settings.record_all,
-        registry=metrics.registry,
+        metrics=metrics,
         per_recording=settings.recording_cap,
     )
     handlers = [
@@ -380,7 +380,7 @@ class ProxyServer:
             max_open=room,
             max_per_client=s.max_open_connections_per_client,
             trusted=lambda address: is_trusted(address, trusted),
-            on_refused=self.context.metrics.connection_rejected,
+            on_refused=lambda reason: self.context.metrics.rejected.labels(reason).inc(),
         )
         self._server.add_sockets(sockets)
         if s.health_port is not None:
@@ -402,7 +402,7 @@ class ProxyServer:
                 body_timeout=HEALTH_IDLE_SECONDS,
                 max_open=health_open,
                 max_per_client=max(1, health_open // 4),
-                on_refused=lambda reason: self.context.metrics.connection_rejected(f"health_{reason}"),
+                on_refused=lambda reason: self.context.metrics.rejected.labels(f"health_{reason}").inc(),
             )
             self._health_server.add_sockets(health_sockets)
             log.info("health and metrics listening on %s", self.health_url)
@@ -415,7 +415,7 @@ class ProxyServer:
         1001. Returns how many sessions were ended so."""
         ctx = self.context
         ctx.draining = True
-        ctx.metrics.set_draining(True)
+        ctx.metrics.draining.set(1)
         seconds = self.settings.drain_seconds if seconds is None else seconds
         deadline = asyncio.get_running_loop().time() + seconds
         log.info("draining: no new sessions; %d live session(s) get up to %g s", len(ctx.sessions), seconds)

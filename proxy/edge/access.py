@@ -78,7 +78,7 @@ def refused_without_token(
     handler: RequestHandler, token: str | None, rejected: Callable[[str], None] | None = None
 ) -> bool:
     """Answer 401 with the Bearer challenge when the request lacks the token (`rejected` counts
-    it, as `ProxyMetrics.connection_rejected` does for upgrades); True when it was refused."""
+    it, as the upgrades' refusals are); True when it was refused."""
     if token_ok(handler.request, token):
         return False
     if rejected is not None:

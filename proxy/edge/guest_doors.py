@@ -55,7 +55,7 @@ class _GuestDoor(WebSocketHandler, Generic[S]):
 
     def prepare(self) -> None:
         ctx = self.context
-        if refused_without_token(self, ctx.settings.token, ctx.metrics.connection_rejected):
+        if refused_without_token(self, ctx.settings.token, lambda reason: ctx.metrics.rejected.labels(reason).inc()):
             return
         values = self.request.query_arguments.get(f"{self.kind}_token") or [b""]
         try:
@@ -119,7 +119,7 @@ class WatchHandler(_GuestDoor[Watchable]):
                     "a watcher cannot send messages other than session.ping and session.playback",
                 )
         if answer.get("type") == protocol.ERROR:
-            self.context.metrics.error_sent(str(answer["code"]))  # counted as every other refusal is
+            self.context.metrics.errors.labels(str(answer["code"])).inc()  # counted as every other refusal is
         self.watcher.put(Frame(server_messages.encode(answer), answer), urgent=True, force=True)
 
     def on_close(self) -> None:

@@ -91,23 +91,23 @@ class RealtimeVideoHandler(WebSocketHandler):
     def prepare(self) -> None:
         ctx = self.context
         self.client = client_of(self.request, ctx.settings.trusted_proxies)
-        if refused_without_token(self, ctx.settings.token, ctx.metrics.connection_rejected):
+        if refused_without_token(self, ctx.settings.token, lambda reason: ctx.metrics.rejected.labels(reason).inc()):
             return
         if ctx.draining:
-            ctx.metrics.connection_rejected("draining")
+            ctx.metrics.rejected.labels("draining").inc()
             self.set_header("Retry-After", "1")
             self.send_error(503, reason="Server shutting down")
         elif ctx.connections() >= ctx.settings.max_connections:
-            ctx.metrics.connection_rejected("capacity")
+            ctx.metrics.rejected.labels("capacity").inc()
             self.set_header("Retry-After", "5")
             self.send_error(503, reason="Too many connections")
         elif not ctx.pool.admitting:
             busy = ctx.pool.state is BackendState.BUSY  # alive, every sequence slot held
-            ctx.metrics.connection_rejected("backend_busy" if busy else "backend_down")
+            ctx.metrics.rejected.labels("backend_busy" if busy else "backend_down").inc()
             self.set_header("Retry-After", "5")
             self.send_error(503, reason="Video backend busy" if busy else "Video backend unavailable")
         elif not self._room_to_wait():
-            ctx.metrics.connection_rejected("awaiting_start")
+            ctx.metrics.rejected.labels("awaiting_start").inc()
             self.set_header("Retry-After", "1")
             self.send_error(503, reason="Too many connections waiting to start")
 
@@ -138,7 +138,7 @@ class RealtimeVideoHandler(WebSocketHandler):
     def check_origin(self, origin: str) -> bool:
         allowed = origin_allowed(origin, self.context.settings.allowed_origins, self.request.host)
         if not allowed:
-            self.context.metrics.connection_rejected("origin")
+            self.context.metrics.rejected.labels("origin").inc()
             log.info("peer=%s origin %r refused", self.request.remote_ip, origin)
         return allowed
 
@@ -196,7 +196,7 @@ class RealtimeVideoHandler(WebSocketHandler):
             self._stop_waiting(ConnectionPhase.ATTACHING)
             return self._resume(message)  # its session is counted already: no share is asked
         if (over := self._over_share()) is not None:
-            self.context.metrics.connection_rejected("per_client")
+            self.context.metrics.rejected.labels("per_client").inc()
             self.refuse(ErrorCode.SERVER_BUSY, over)
             return None
         try:
@@ -237,13 +237,13 @@ class RealtimeVideoHandler(WebSocketHandler):
         try:
             self.session = attach(features, self.owner, message)
         except ResumeRefused as exc:
-            self.context.metrics.resume_answered("refused")
+            self.context.metrics.resumes.labels("refused").inc()
             log.info("peer=%s session.resume refused: %s", self.client, exc.message)
             extra = {} if exc.oldest is None else {"oldest_resumable_index": exc.oldest}
             self.refuse(ErrorCode.INVALID_RESUME, exc.message, **extra)
             return
         self.phase = ConnectionPhase.IN_SESSION
-        self.context.metrics.resume_answered("resumed")
+        self.context.metrics.resumes.labels("resumed").inc()
 
     async def shutdown(self) -> None:
         """Server shutdown while waiting for the first message: `server_shutdown`, the empty

@@ -1,181 +1,348 @@
 """Proxy metrics, exposed with `prometheus_client` on `GET /metrics`.
 
+Every metric is declared once, as a `MetricSpec` in `ProxyMetrics`'s body (name, type, help,
+labels, buckets); the registry is built from those declarations, and
+tests/unit/proxy/test_metric_specs.py checks docs/operations.md's tables and the dashboards and
+alerts in deploy/ against them. On an instance each declaration reads as its metric object:
+callers update it themselves (`metrics.errors.labels(code).inc()`); the few methods here do
+more (two series together, every series of an endpoint). An attribute is named as its metric,
+less `rtvideo_proxy_` (or `rtvideo_`).
+
 Each proxy application has its own `CollectorRegistry` (tests run several proxies in one
 process; the global registry would mix them), with the process collector
 (`process_resident_memory_bytes`, CPU seconds, open fds, …), the platform and the GC
 collectors. Everything is fed from the proxy's event loop; each session's own clocks for the
-latency histograms are in rtvideo.proxy.observability.session_timing.
-
-The families are held by concern (sessions and attachments, delivery and latency, playback,
-admission, the backend and its endpoints); `ProxyMetrics` composes them in one registry and is
-the one object the rest of the proxy reports to.
+latency histograms are in rtvideo.proxy.observability.session_timing, its playback rules in
+rtvideo.proxy.observability.playback_metrics.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter as Tally
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast, overload
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from rtvideo.proxy.observability.admission_metrics import REJECT_REASONS, AdmissionMetrics
-from rtvideo.proxy.observability.attach_metrics import AttachMetrics
-from rtvideo.proxy.observability.backend_metrics import BackendMetrics, EndpointMetrics
-from rtvideo.proxy.observability.delivery_metrics import (
-    ACK_BUCKETS,
-    FIRST_CHUNK_BUCKETS,
-    LEAD_BUCKETS,
-    REPORTED_LEAD_BUCKETS,
-    VISIBLE_BUCKETS,
-    DeliveryMetrics,
-)
-from rtvideo.proxy.observability.move_metrics import MoveMetrics
-from rtvideo.proxy.observability.playback_metrics import PlaybackMetrics
+__all__ = ["DECLARED", "MetricSpec", "ProxyMetrics", "by_label", "value"]
 
-__all__ = [
-    "ACK_BUCKETS",
-    "FIRST_CHUNK_BUCKETS",
-    "LEAD_BUCKETS",
-    "REJECT_REASONS",
-    "REPORTED_LEAD_BUCKETS",
-    "VISIBLE_BUCKETS",
-    "ProxyMetrics",
-]
+M = TypeVar("M", bound=MetricWrapperBase)
+
+#: reasons a connection is refused before the upgrade (exported at 0 from the start)
+REJECT_REASONS = (
+    "unauthorized",
+    "origin",
+    "capacity",
+    "per_client",
+    "backend_down",
+    "backend_busy",  # the model is alive but every sequence slot of its batcher is held
+    "draining",
+    "open_connections",
+    "client_connections",
+    "awaiting_start",  # the share of connections waiting for their session.start is full
+    "health_open_connections",  # the health listener's own bounds (--health-port)
+    "health_client_connections",
+)
+#: ack latency histogram bounds in seconds (what a person looks at: 1, 2, 5 ms, …)
+ACK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+#: session.start → first media chunk handed to the socket, in seconds
+FIRST_CHUNK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: how far a stream runs ahead of real-time playback, in seconds (negative: behind)
+LEAD_BUCKETS = (-10.0, -5.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: a prompt update's send (or its ack) → shown on the player (from its playhead reports), in seconds
+TO_SCREEN_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+#: the buffer a player reports (session.playback), in seconds
+REPORTED_LEAD_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
+#: underrun lengths in seconds (a stall a person notices starts at a few hundred ms)
+UNDERRUN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+#: a move costs the new endpoint's time to rebuild and render one chunk, plus detection for a loss
+MOVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: why a live recording is dropped (exported at 0 from the start)
+RECORDING_FAILURES = ("the store is too slow", "write failed")
+
+
+@dataclass(frozen=True)
+class MetricSpec(Generic[M]):
+    """One metric: its type (`kind`), family name, help, label names, histogram buckets, the
+    values of its one label exported at 0 from the start (`initial`), and whether only a proxy
+    that keeps recordings has it. Read on a `ProxyMetrics`, it is that registry's metric object."""
+
+    kind: type[M]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    initial: tuple[str, ...] = ()
+    recordings: bool = False
+
+    def build(self, registry: CollectorRegistry) -> M:
+        options: dict[str, Any] = {"registry": registry}
+        if self.buckets is not None:
+            options["buckets"] = self.buckets
+        metric = self.kind(self.name, self.help, self.labels, **options)
+        for label in self.initial:
+            metric.labels(label)
+        return metric
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> MetricSpec[M]: ...
+
+    @overload
+    def __get__(self, obj: ProxyMetrics, owner: type) -> M: ...
+
+    def __get__(self, obj: ProxyMetrics | None, owner: type) -> MetricSpec[M] | M:
+        if obj is None:
+            return self
+        return cast(M, obj.families[self.name])
 
 
 class ProxyMetrics:
     """The metrics of one proxy application, in their own registry."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    # --- sessions, resume and attachments (docs/operations.md) ----------------------------
+    sessions_active = MetricSpec(Gauge, "rtvideo_proxy_sessions_active", "WebSocket sessions open now")
+    sessions = MetricSpec(Counter, "rtvideo_proxy_sessions", "WebSocket sessions opened")
+    sessions_detached = MetricSpec(
+        Gauge,
+        "rtvideo_proxy_sessions_detached",
+        "Sessions whose connection dropped, held for a resume (their generator paused)",
+    )
+    resumes = MetricSpec(
+        Counter, "rtvideo_proxy_resumes", "session.resume answers, by outcome (resumed, refused)", ("outcome",)
+    )
+    watchers = MetricSpec(Gauge, "rtvideo_proxy_watchers", "Read-only watchers connected now")
+    watchers_dropped = MetricSpec(Counter, "rtvideo_proxy_watchers_dropped", "Watchers dropped with slow_consumer")
+    steerers = MetricSpec(Gauge, "rtvideo_proxy_steerers", "Steerers (besides owners) connected now")
+    steer_messages = MetricSpec(
+        Counter, "rtvideo_proxy_steer_messages", "Messages received from steerers (besides owners)"
+    )
+    steerers_dropped = MetricSpec(
+        Counter,
+        "rtvideo_proxy_steerers_dropped",
+        "Steerers dropped by the proxy, by reason (slow_consumer, revoked)",
+        ("reason",),
+    )
+
+    # --- delivery and latency (each session's clocks: session_timing) ----------------------
+    bytes_out = MetricSpec(Counter, "rtvideo_proxy_bytes_out", "Bytes written to clients (text and binary frames)")
+    chunks_out = MetricSpec(Counter, "rtvideo_proxy_chunks_out", "Binary chunk frames written to clients")
+    ack_latency_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_proxy_ack_latency_seconds",
+        "From a client's session.interaction to its ack, in the proxy",
+        buckets=ACK_BUCKETS,
+    )
+    acks_refused = MetricSpec(
+        Counter,
+        "rtvideo_proxy_acks_refused",
+        "Interactions acked by the proxy that the model refused (they raced the session's end; "
+        "session.done lists each as unapplied)",
+    )
+    time_to_first_chunk_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_proxy_time_to_first_chunk_seconds",
+        "From a session.start to its first media chunk handed to the socket",
+        buckets=FIRST_CHUNK_BUCKETS,
+    )
+    chunk_lead_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_proxy_chunk_lead_seconds",
+        "Per media chunk handed out: its end time in the stream minus the wall time since the first "
+        "media chunk (how far ahead of real-time playback; negative = behind)",
+        buckets=LEAD_BUCKETS,
+    )
+    interaction_visible_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_proxy_interaction_visible_seconds",
+        "From a client's session.interaction to the player showing the first chunk that lists it in "
+        "started_event_ids (from the client's session.playback reports; sessions without reports add none)",
+        buckets=TO_SCREEN_BUCKETS,
+    )
+    reported_lead_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_proxy_reported_lead_seconds",
+        "Per session.playback report: media the player holds beyond its playhead (buffered_seconds, "
+        "else the media handed out minus position_seconds)",
+        buckets=REPORTED_LEAD_BUCKETS,
+    )
+
+    # --- playback, as players live it (never a per-session label) -------------------------------
+    playback_underruns = MetricSpec(
+        Counter,
+        "rtvideo_playback_underruns",
+        "Underruns reported by players: the position stood still with nothing buffered (counted when one begins)",
+    )
+    playback_underrun_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_playback_underrun_seconds",
+        "How long each underrun lasted (observed when it ends: playback moves on, or the session ends)",
+        buckets=UNDERRUN_BUCKETS,
+    )
+    delivery_late_chunks = MetricSpec(
+        Counter,
+        "rtvideo_delivery_late_chunks",
+        "Media chunks handed to a client after a real-time player started on the first chunk needed "
+        "them (pacing's view; the player's clock waits for a late chunk, then runs on)",
+    )
+    interaction_to_screen_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_interaction_to_screen_seconds",
+        "From a prompt update's ack handed to the client to the player showing its first chunk "
+        "(from session.playback reports; sessions without reports add none)",
+        buckets=TO_SCREEN_BUCKETS,
+    )
+
+    # --- admission ---------------------------------------------------------------------------
+    errors = MetricSpec(Counter, "rtvideo_proxy_errors", "Error messages sent to clients, by code", ("code",))
+    rejected = MetricSpec(
+        Counter,
+        "rtvideo_proxy_rejected",
+        "Connections refused before the upgrade, by reason",
+        ("reason",),
+        initial=REJECT_REASONS,
+    )
+    draining = MetricSpec(Gauge, "rtvideo_proxy_draining", "1 while the proxy drains for shutdown (no new sessions)")
+
+    # --- the backend -------------------------------------------------------------------------
+    backend_up = MetricSpec(Gauge, "rtvideo_proxy_backend_up", "1 while the model answers the health probe, else 0")
+    probe_latency_seconds = MetricSpec(
+        Gauge, "rtvideo_proxy_probe_latency_seconds", "Round trip of the last answered health probe"
+    )
+    probe_failures = MetricSpec(Counter, "rtvideo_proxy_probe_failures", "Health probes that failed or timed out")
+    probe_busy = MetricSpec(
+        Counter,
+        "rtvideo_proxy_probe_busy",
+        "Health probes not answered while the model's heartbeat moved (every sequence slot held: busy, not down)",
+    )
+    backend_restarts = MetricSpec(
+        Counter, "rtvideo_proxy_backend_restarts", "Restarts of the Triton started by rtvideo serve"
+    )
+
+    # --- per Triton endpoint (rtvideo.proxy.placement.pool); `endpoint_removed` drops them ----
+    endpoint_up = MetricSpec(
+        Gauge, "rtvideo_proxy_endpoint_up", "1 while the endpoint's model answers the health probe", ("endpoint",)
+    )
+    endpoint_sessions_active = MetricSpec(
+        Gauge,
+        "rtvideo_proxy_endpoint_sessions_active",
+        "This proxy's sessions on the endpoint (placed or being placed)",
+        ("endpoint",),
+    )
+    endpoint_capacity = MetricSpec(
+        Gauge,
+        "rtvideo_proxy_endpoint_capacity",
+        "Session slots of the endpoint: max_sessions times its model instances",
+        ("endpoint",),
+    )
+    endpoint_placements = MetricSpec(
+        Counter, "rtvideo_proxy_endpoint_placements", "Sessions the endpoint accepted", ("endpoint",)
+    )
+    endpoint_refusals = MetricSpec(
+        Counter,
+        "rtvideo_proxy_endpoint_refusals",
+        "Session starts the endpoint answered with server_busy",
+        ("endpoint",),
+    )
+    endpoint_start_failures = MetricSpec(
+        Counter,
+        "rtvideo_proxy_endpoint_start_failures",
+        "Session starts that failed on the endpoint before an answer",
+        ("endpoint",),
+    )
+    endpoint_probe_latency_seconds = MetricSpec(
+        Gauge,
+        "rtvideo_proxy_endpoint_probe_latency_seconds",
+        "Round trip of the endpoint's last answered health probe",
+        ("endpoint",),
+    )
+    endpoint_probe_failures = MetricSpec(
+        Counter,
+        "rtvideo_proxy_endpoint_probe_failures",
+        "Health probes of the endpoint that failed or timed out",
+        ("endpoint",),
+    )
+
+    # --- live sessions moved between Tritons (rtvideo.proxy.placement.mover) -----------------
+    sessions_moved = MetricSpec(
+        Counter,
+        "rtvideo_proxy_sessions_moved",
+        "Live sessions that went on on another Triton (or the same one restarted), by reason",
+        ("reason",),
+    )
+    session_moves_failed = MetricSpec(
+        Counter,
+        "rtvideo_proxy_session_moves_failed",
+        "Live sessions that could not move and ended (backend_unavailable), by reason",
+        ("reason",),
+    )
+    session_move_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_proxy_session_move_seconds",
+        "From the move's start to the new stream's first chunk: the wait a move added",
+        ("reason",),
+        buckets=MOVE_BUCKETS,
+    )
+
+    # --- recordings (docs/recordings.md), only with --recordings -----------------------------
+    recordings_written = MetricSpec(
+        Counter, "rtvideo_recordings_written", "Recordings finished and stored", recordings=True
+    )
+    recording_bytes = MetricSpec(
+        Counter, "rtvideo_recording_bytes", "Bytes of the recordings stored (video and event log)", recordings=True
+    )
+    recording_failures = MetricSpec(
+        Counter,
+        "rtvideo_recording_failures",
+        "Recordings dropped while live (the session went on), by reason",
+        ("reason",),
+        initial=RECORDING_FAILURES,
+        recordings=True,
+    )
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, recordings: bool = False) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
-        #: sessions open, detached, resumed; watchers and steerers
-        self.attach = AttachMetrics(r)
-        #: bytes and chunks out, ack and first-chunk latency, lead, send to screen
-        self.delivery = DeliveryMetrics(r)
-        #: underruns, late chunks, ack to screen (rtvideo.proxy.observability.playback_metrics)
-        self.playback = PlaybackMetrics(r)
-        #: refusals before the upgrade, errors sent, the drain
-        self.admission = AdmissionMetrics(r)
-        #: the model's health probe and restarts
-        self.backend = BackendMetrics(r)
-        #: the same per Triton endpoint (rtvideo.proxy.placement.pool)
-        self.endpoints = EndpointMetrics(r)
-        #: live sessions moved between Tritons (rtvideo.proxy.placement.mover)
-        self.moves = MoveMetrics(r)
+        #: every declared metric this proxy has, by name (what the declarations read)
+        self.families: dict[str, MetricWrapperBase] = {
+            spec.name: spec.build(r) for spec in DECLARED if recordings or not spec.recordings
+        }
 
-    # --- sessions, resume and attachments (docs/operations.md) ----------------------------
+    # --- what updates more than one series ---------------------------------------------------
     def session_opened(self) -> None:
-        self.attach.session_opened()
+        self.sessions_active.inc()
+        self.sessions.inc()
 
-    def session_closed(self) -> None:
-        self.attach.session_closed()
-
-    def session_detached(self, delta: int) -> None:
-        self.attach.session_detached(delta)
-
-    def resume_answered(self, outcome: str) -> None:
-        self.attach.resume_answered(outcome)
-
-    def watcher_joined(self, delta: int) -> None:
-        self.attach.watcher_joined(delta)
-
-    def watcher_dropped(self) -> None:
-        self.attach.watcher_dropped()
-
-    def steerer_joined(self, delta: int) -> None:
-        self.attach.steerer_joined(delta)
-
-    def steer_message(self) -> None:
-        self.attach.steer_message()
-
-    def steerer_dropped(self, reason: str) -> None:
-        self.attach.steerer_dropped(reason)
-
-    # --- delivery and latency ----------------------------------------------------------------
     def sent(self, nbytes: int, chunk: bool) -> None:
-        self.delivery.sent(nbytes, chunk)
+        """A frame written to a client: its bytes, and a chunk frame when it carries media."""
+        self.bytes_out.inc(nbytes)
+        if chunk:
+            self.chunks_out.inc()
 
-    def observe_ack(self, seconds: float) -> None:
-        self.delivery.observe_ack(seconds)
+    def session_moved(self, reason: str, seconds: float) -> None:
+        self.sessions_moved.labels(reason).inc()
+        self.session_move_seconds.labels(reason).observe(seconds)
 
-    def ack_refused(self) -> None:
-        self.delivery.ack_refused()
+    def recording_written(self, size: int) -> None:
+        self.recordings_written.inc()
+        self.recording_bytes.inc(size)
 
-    def first_chunk(self, seconds: float) -> None:
-        self.delivery.first_chunk(seconds)
-
-    def chunk_lead(self, seconds: float) -> None:
-        self.delivery.chunk_lead(seconds)
-
-    def interaction_visible(self, seconds: float) -> None:
-        self.delivery.interaction_visible(seconds)
-
-    def reported_lead(self, seconds: float) -> None:
-        self.delivery.reported_lead(seconds)
-
-    # --- admission ---------------------------------------------------------------------------
-    def error_sent(self, code: str) -> None:
-        self.admission.error_sent(code)
-
-    def connection_rejected(self, reason: str) -> None:
-        self.admission.connection_rejected(reason)
-
-    def set_draining(self, draining: bool) -> None:
-        self.admission.set_draining(draining)
-
-    # --- the backend -------------------------------------------------------------------------
-    def probe_answered(self, seconds: float) -> None:
-        self.backend.probe_answered(seconds)
-
-    def probe_failed(self) -> None:
-        self.backend.probe_failed()
-
-    def probe_busy(self) -> None:
-        self.backend.probe_busy()
-
-    def backend_restarted(self) -> None:
-        self.backend.backend_restarted()
-
-    def set_backend_up(self, up: bool) -> None:
-        self.backend.set_backend_up(up)
-
-    # --- per Triton endpoint -----------------------------------------------------------------
     def endpoint_added(self, endpoint: str) -> None:
         """Export the endpoint's series (at 0) from the moment it is known."""
-        self.endpoints.added(endpoint)
+        for spec in ENDPOINT_SERIES:
+            self.families[spec.name].labels(endpoint)
 
     def endpoint_removed(self, endpoint: str) -> None:
-        self.endpoints.removed(endpoint)
-
-    def endpoint_up(self, endpoint: str, up: bool) -> None:
-        self.endpoints.up(endpoint, up)
-
-    def endpoint_sessions(self, endpoint: str, count: int) -> None:
-        self.endpoints.sessions(endpoint, count)
-
-    def endpoint_capacity(self, endpoint: str, slots: int) -> None:
-        self.endpoints.capacity(endpoint, slots)
-
-    def endpoint_placed(self, endpoint: str) -> None:
-        self.endpoints.placed(endpoint)
-
-    def endpoint_refused(self, endpoint: str) -> None:
-        self.endpoints.refused(endpoint)
-
-    def endpoint_start_failed(self, endpoint: str) -> None:
-        self.endpoints.start_failed(endpoint)
-
-    def endpoint_probe_answered(self, endpoint: str, seconds: float) -> None:
-        self.endpoints.probe_answered(endpoint, seconds)
-
-    def endpoint_probe_failed(self, endpoint: str) -> None:
-        self.endpoints.probe_failed(endpoint)
+        for spec in ENDPOINT_SERIES:
+            with contextlib.suppress(KeyError):
+                self.families[spec.name].remove(endpoint)
 
     # --- exposition --------------------------------------------------------------------------
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
@@ -188,65 +355,31 @@ class ProxyMetrics:
         """The Prometheus text exposition."""
         return generate_latest(self.registry).decode("utf-8")
 
-    # --- current values (for tests and status pages) -----------------------------------------
-    @property
-    def sessions_active(self) -> int:
-        return self.attach.sessions_active
 
-    @property
-    def sessions_total(self) -> int:
-        return self.attach.sessions_total
+#: every metric of the proxy, in the order of their declaration (and of the exposition)
+DECLARED: tuple[MetricSpec[Any], ...] = tuple(v for v in vars(ProxyMetrics).values() if isinstance(v, MetricSpec))
+#: the series of one Triton endpoint (labelled `endpoint` alone)
+ENDPOINT_SERIES = tuple(spec for spec in DECLARED if spec.labels == ("endpoint",))
 
-    @property
-    def bytes_out(self) -> int:
-        return self.delivery.bytes_out
 
-    @property
-    def chunks_out(self) -> int:
-        return self.delivery.chunks_out
+# --- current values, as a scrape would show them (for tests and status pages) -------------------
+def _samples(metric: MetricWrapperBase, suffix: str) -> list[Any]:
+    """The samples of `metric`'s family named with `suffix` (`_total`, `_count`, or none)."""
+    return [s for family in metric.collect() for s in family.samples if s.name == family.name + suffix]
 
-    @property
-    def ack_count(self) -> int:
-        return self.delivery.ack_count
 
-    @property
-    def visible_count(self) -> int:
-        return self.delivery.visible_count
+def _suffix(metric: MetricWrapperBase, suffix: str | None) -> str:
+    if suffix is not None:
+        return suffix
+    return "_total" if isinstance(metric, Counter) else ""
 
-    @property
-    def reported_lead_count(self) -> int:
-        return self.delivery.reported_lead_count
 
-    @property
-    def errors(self) -> Tally:
-        """Errors sent, by code (0 for a code never sent)."""
-        return self.admission.errors
+def value(metric: MetricWrapperBase, suffix: str | None = None) -> float:
+    """The value of an unlabelled metric: a counter's `_total`, a gauge, or a histogram's `suffix`
+    (`_count`, `_sum`)."""
+    return sum(s.value for s in _samples(metric, _suffix(metric, suffix)))
 
-    @property
-    def rejected(self) -> Tally:
-        return self.admission.rejected
 
-    @property
-    def backend_up(self) -> int:
-        return self.backend.backend_up
-
-    @property
-    def probe_latency(self) -> float:
-        return self.backend.probe_latency
-
-    @property
-    def probe_failures(self) -> int:
-        return self.backend.probe_failures
-
-    @property
-    def probe_busy_count(self) -> int:
-        return self.backend.probe_busy_count
-
-    @property
-    def backend_restarts(self) -> int:
-        return self.backend.backend_restarts
-
-    def by_endpoint(self, name: str) -> dict[str, float]:
-        """One per-endpoint series by endpoint: `up`, `sessions_active`, `capacity`, `placements`,
-        `refusals`, `start_failures`, `probe_latency_seconds`, `probe_failures`."""
-        return self.endpoints.series(name)
+def by_label(metric: MetricWrapperBase, label: str, suffix: str | None = None) -> Tally:
+    """A labelled metric's values by `label` (0 for a value never seen)."""
+    return Tally({s.labels[label]: s.value for s in _samples(metric, _suffix(metric, suffix))})

@@ -1,25 +1,14 @@
-"""What players live through, as the proxy sees it: underruns from their `session.playback`
-reports, chunks handed out late for real-time playback, and an update's ack to its first frame
-on screen (docs/operations.md, "Playback and model health metrics", lists their names and
-healthy values).
-
-`PlaybackMetrics` holds the families (in the proxy's registry, never a per-session label);
-`UnderrunDetector` and `LateChunks` are one session's pure rules (times passed in), fed by
-rtvideo.proxy.observability.session_timing.
+"""The rules behind the playback metrics (docs/operations.md, "Playback and model health
+metrics", lists their names and healthy values; rtvideo.proxy.observability.metrics declares
+them): `UnderrunDetector` and `LateChunks` are one session's pure rules (times passed in), fed
+by rtvideo.proxy.observability.session_timing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-
-__all__ = ["LateChunks", "PlaybackMetrics", "UnderrunDetector"]
-
-#: underrun lengths in seconds (a stall a person notices starts at a few hundred ms)
-UNDERRUN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
-#: an update's ack → its first frame on the player's screen, in seconds
-TO_SCREEN_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+__all__ = ["LateChunks", "UnderrunDetector"]
 
 #: a reported buffer at or below this many seconds counts as empty (a frame at 30 fps is 0.033 s)
 EMPTY_SECONDS = 0.05
@@ -27,48 +16,6 @@ EMPTY_SECONDS = 0.05
 STILL_SECONDS = 0.01
 #: a chunk handed out later than its media start by more than this is late (timer jitter)
 LATE_TOLERANCE_SECONDS = 0.01
-
-
-class PlaybackMetrics:
-    """The playback families of one proxy application's registry."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._underruns = Counter(
-            "rtvideo_playback_underruns",
-            "Underruns reported by players: the position stood still with nothing buffered (counted when one begins)",
-            registry=registry,
-        )
-        self._underrun_seconds = Histogram(
-            "rtvideo_playback_underrun_seconds",
-            "How long each underrun lasted (observed when it ends: playback moves on, or the session ends)",
-            buckets=UNDERRUN_BUCKETS,
-            registry=registry,
-        )
-        self._late = Counter(
-            "rtvideo_delivery_late_chunks",
-            "Media chunks handed to a client after a real-time player started on the first chunk needed "
-            "them (pacing's view; the player's clock waits for a late chunk, then runs on)",
-            registry=registry,
-        )
-        self._to_screen = Histogram(
-            "rtvideo_interaction_to_screen_seconds",
-            "From a prompt update's ack handed to the client to the player showing its first chunk "
-            "(from session.playback reports; sessions without reports add none)",
-            buckets=TO_SCREEN_BUCKETS,
-            registry=registry,
-        )
-
-    def underrun_began(self) -> None:
-        self._underruns.inc()
-
-    def underrun_ended(self, seconds: float) -> None:
-        self._underrun_seconds.observe(seconds)
-
-    def chunk_late(self) -> None:
-        self._late.inc()
-
-    def interaction_to_screen(self, seconds: float) -> None:
-        self._to_screen.observe(seconds)
 
 
 @dataclass(frozen=True)

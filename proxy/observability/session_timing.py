@@ -54,14 +54,14 @@ class StreamTiming:
             if self._first is None:
                 self._first = now
                 if self._started is not None:
-                    self._metrics.first_chunk(now - self._started)
+                    self._metrics.time_to_first_chunk_seconds.observe(now - self._started)
             frames = message.get("num_frames")
             self._frames += frames if isinstance(frames, int) else 0
             if self._fps:
-                self._metrics.chunk_lead(self._frames / self._fps - (now - self._first))
+                self._metrics.chunk_lead_seconds.observe(self._frames / self._fps - (now - self._first))
                 seconds = frames / self._fps if isinstance(frames, int) else 0.0
                 if self._late.chunk(now, seconds):
-                    self._metrics.playback.chunk_late()
+                    self._metrics.delivery_late_chunks.inc()
 
 
 #: event ids a session's `PlayheadTiming` keeps while waiting to see them on screen
@@ -131,15 +131,17 @@ class PlayheadTiming:
         now = self._clock()
         lead = buffered if buffered is not None else self._seconds - position
         self.buffered_seconds = max(0.0, min(lead, self._seconds))
-        self._metrics.reported_lead(self.buffered_seconds)
+        self._metrics.reported_lead_seconds.observe(self.buffered_seconds)
         self._underrun(self._underruns.report(now, position, max(0.0, lead)))
         for event_id, start in list(self._starts.items()):
             if position >= start:
                 shown = now - (position - start)
                 if self._on_shown is not None:
                     self._on_shown(event_id, shown)
-                self._metrics.interaction_visible(max(0.0, shown - self._sent_at.pop(event_id)))
-                self._metrics.playback.interaction_to_screen(max(0.0, shown - self._acked_at.pop(event_id, shown)))
+                self._metrics.interaction_visible_seconds.observe(max(0.0, shown - self._sent_at.pop(event_id)))
+                self._metrics.interaction_to_screen_seconds.observe(
+                    max(0.0, shown - self._acked_at.pop(event_id, shown))
+                )
                 del self._starts[event_id]
 
     def finish(self) -> None:
@@ -150,6 +152,6 @@ class PlayheadTiming:
         if change is None:
             return
         if change.began:
-            self._metrics.playback.underrun_began()
+            self._metrics.playback_underruns.inc()
         else:
-            self._metrics.playback.underrun_ended(change.seconds)
+            self._metrics.playback_underrun_seconds.observe(change.seconds)

@@ -197,7 +197,7 @@ class Invitations:
         assert self._features is not None
         grace = self._features.resume_grace
         self._grace_timer = asyncio.get_running_loop().call_later(grace, self._grace_over, on_over)
-        self._metrics.session_detached(1)
+        self._metrics.sessions_detached.inc()
         self._detached_counted = True
         return grace
 
@@ -233,7 +233,7 @@ class Invitations:
     def uncount(self) -> None:
         """No longer detached: out of the gauge."""
         if self._detached_counted:
-            self._metrics.session_detached(-1)
+            self._metrics.sessions_detached.dec()
             self._detached_counted = False
 
     def _cancel_grace(self) -> None:

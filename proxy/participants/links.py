@@ -397,7 +397,7 @@ class OwnerSeat:
         """Queue one message (a pair with `data`) for the holder; False when it reads too slowly.
         `now`: handed to the socket at once (the last messages to a reader that does not read)."""
         if message.get("type") == protocol.ERROR:
-            self._metrics.error_sent(str(message.get("code")))
+            self._metrics.errors.labels(str(message.get("code"))).inc()
         frame = Frame(text if text is not None else server_messages.encode(message), message, data)
         if now:
             self._owner.write_now(frame)

@@ -95,7 +95,7 @@ class GuestSteerer:
         if self.over:
             return
         if message.get("type") == protocol.ERROR:
-            self._metrics.error_sent(str(message.get("code")))
+            self._metrics.errors.labels(str(message.get("code"))).inc()
         frame = Frame(text if text is not None else server_messages.encode(message), message)
         if not self.outbox.put(frame, urgent=True):
             self._hub.drop(self)
@@ -140,7 +140,7 @@ class SteerHub:
             steerer.put(init, urgent=True, force=True)
         self._steerers.append(steerer)
         self._census.count += 1
-        self._metrics.steerer_joined(1)
+        self._metrics.steerers.inc()
         log.info("peer=%s steerer joined (%d on the session)", peer, len(self._steerers))
         return steerer
 
@@ -175,7 +175,7 @@ class SteerHub:
         """A steerer that reads too slowly: its queue goes, the error is written at once, close."""
         if steerer.over:
             return
-        self._metrics.steerer_dropped("slow_consumer")
+        self._metrics.steerers_dropped.labels("slow_consumer").inc()
         steerer.outbox.discard()
         limit = self._settings.watcher_buffer_bytes
         message = server_messages.error(
@@ -191,7 +191,7 @@ class SteerHub:
         self._closed = True
         revoked = list(self._steerers)
         for steerer in revoked:
-            self._metrics.steerer_dropped("revoked")
+            self._metrics.steerers_dropped.labels("revoked").inc()
             self._remove(steerer)
             steerer.outbox.close()
             steerer.conn.close(REVOKED_CLOSE_CODE, REVOKED_REASON)
@@ -204,7 +204,7 @@ class SteerHub:
         if steerer in self._steerers:
             self._steerers.remove(steerer)
             self._census.count -= 1
-            self._metrics.steerer_joined(-1)
+            self._metrics.steerers.dec()
 
     def _end(self, steerer: GuestSteerer, code: int) -> None:
         self._remove(steerer)

@@ -89,7 +89,7 @@ class WatchHub:
             watcher.put(init, force=True)
         self._watchers.append(watcher)
         self._census.count += 1
-        self._metrics.watcher_joined(1)
+        self._metrics.watchers.inc()
         return watcher
 
     def leave(self, watcher: Watcher) -> None:
@@ -97,7 +97,7 @@ class WatchHub:
         if watcher in self._watchers:
             self._watchers.remove(watcher)
             self._census.count -= 1
-            self._metrics.watcher_joined(-1)
+            self._metrics.watchers.dec()
         watcher.outbox.close()
 
     def publish(self, frame: Frame) -> None:
@@ -125,7 +125,7 @@ class WatchHub:
 
     def _drop(self, watcher: Watcher) -> None:
         """A watcher that reads too slowly: its queue goes, the error is written at once, close."""
-        self._metrics.watcher_dropped()
+        self._metrics.watchers_dropped.inc()
         watcher.outbox.discard()
         limit = self._settings.watcher_buffer_bytes
         message = server_messages.error(
@@ -140,7 +140,7 @@ class WatchHub:
         if watcher in self._watchers:
             self._watchers.remove(watcher)
             self._census.count -= 1
-            self._metrics.watcher_joined(-1)
+            self._metrics.watchers.dec()
         conn = watcher.conn
 
         async def close() -> None:

@@ -31,7 +31,7 @@ from rtvideo.core.chunks import MEDIA, TRAILER
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.event_book import EventBook
 from rtvideo.core.fmp4 import Continuation, ContinuationError, FragmentCursor, split_init
-from rtvideo.proxy.observability.move_metrics import MoveMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.placement.bridge import BackendUnavailable
 from rtvideo.proxy.placement.first_frame import NoFrame, image_url, last_frame
 from rtvideo.proxy.placement.move_log import MoveLog, Unmovable
@@ -58,7 +58,7 @@ class Mover:
     Fed on the event loop: `opened` with the start, `forwarded` with every request sent, and
     `arrived` with every reply for the client, which it returns in the session's coordinates."""
 
-    def __init__(self, streams: StreamSource, patience: float, metrics: MoveMetrics) -> None:
+    def __init__(self, streams: StreamSource, patience: float, metrics: ProxyMetrics) -> None:
         self._streams = streams
         self._patience = patience  # how long a move waits for an endpoint (0: moves off)
         self._metrics = metrics
@@ -137,7 +137,7 @@ class Mover:
         if self._moving is not None:
             reason, since = self._moving
             self._moving = None
-            self._metrics.moved(reason.value, time.monotonic() - since)
+            self._metrics.session_moved(reason.value, time.monotonic() - since)
 
     def move(self, reason: MoveReason, life: SessionPhase, upstream: Upstream, book: EventBook) -> bool:
         """Go on with a new stream, placed on an endpoint with room (waiting up to the patience
@@ -150,7 +150,7 @@ class Mover:
             start, resend = self._plan(reason, life.request_id, unstarted)
         except Unmovable as exc:
             log.warning("request_id=%s cannot move (%s): %s", life.request_id, reason.value, exc)
-            self._metrics.failed(reason.value)
+            self._metrics.session_moves_failed.labels(reason.value).inc()
             return False
         stream = self._streams.open_stream(patience=self._patience)
         upstream.take_over(stream, self.report)

@@ -45,28 +45,28 @@ _STATE_ORDER = (
 )
 
 
-class _EndpointMetrics:
+class EndpointProbes:
     """What one endpoint's supervisor reports: the endpoint's series and the proxy-wide ones."""
 
     def __init__(self, metrics: ProxyMetrics, endpoint: str, changed: Callable[[], None]) -> None:
         self._metrics, self._endpoint, self._changed = metrics, endpoint, changed
 
     def probe_answered(self, seconds: float) -> None:
-        self._metrics.probe_answered(seconds)
-        self._metrics.endpoint_probe_answered(self._endpoint, seconds)
+        self._metrics.probe_latency_seconds.set(seconds)
+        self._metrics.endpoint_probe_latency_seconds.labels(self._endpoint).set(seconds)
 
     def probe_failed(self) -> None:
-        self._metrics.probe_failed()
-        self._metrics.endpoint_probe_failed(self._endpoint)
+        self._metrics.probe_failures.inc()
+        self._metrics.endpoint_probe_failures.labels(self._endpoint).inc()
 
     def probe_busy(self) -> None:
-        self._metrics.probe_busy()
+        self._metrics.probe_busy.inc()
 
     def backend_restarted(self) -> None:
-        self._metrics.backend_restarted()
+        self._metrics.backend_restarts.inc()
 
     def set_backend_up(self, up: bool) -> None:
-        self._metrics.endpoint_up(self._endpoint, up)
+        self._metrics.endpoint_up.labels(self._endpoint).set(int(up))
         self._changed()
 
 
@@ -179,7 +179,7 @@ class EndpointPool:
         endpoint = Endpoint(address, source, TritonBridge(address, self.model, self._key))
         endpoint.supervisor = Supervisor(
             endpoint.bridge,
-            _EndpointMetrics(self._metrics, address, self._health_changed),
+            EndpointProbes(self._metrics, address, self._health_changed),
             interval=self._probe["interval"],
             timeout=self._probe["timeout"],
             failures=int(self._probe["failures"]),
@@ -217,7 +217,7 @@ class EndpointPool:
 
     # --- health and capacity --------------------------------------------------------------------
     def _health_changed(self) -> None:
-        self._metrics.set_backend_up(any(e.supervisor.ready for e in self.endpoints.values()))
+        self._metrics.backend_up.set(int(any(e.supervisor.ready for e in self.endpoints.values())))
 
     def _down(self, endpoint: Endpoint, reason: str) -> None:
         """The endpoint's model stopped answering: its sessions move to another endpoint, or end
@@ -244,7 +244,7 @@ class EndpointPool:
             log.info("triton endpoint %s: %s session slot(s)", endpoint.address, capacity)
         endpoint.capacity = capacity
         if capacity is not None:
-            self._metrics.endpoint_capacity(endpoint.address, capacity)
+            self._metrics.endpoint_capacity.labels(endpoint.address).set(capacity)
 
     # --- placement ----------------------------------------------------------------------------
     def candidates(self) -> list[Endpoint]:
@@ -282,7 +282,7 @@ class EndpointPool:
     def attach(self, endpoint: Endpoint, stream: PlacedStream) -> None:
         """`stream` takes a slot at `endpoint` (an attempt begins there)."""
         endpoint.streams.add(stream)
-        self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
+        self._metrics.endpoint_sessions_active.labels(endpoint.address).set(len(endpoint.streams))
 
     def detach(self, endpoint: Endpoint, stream: PlacedStream) -> None:
         """`stream` left `endpoint` (its attempt was refused or failed, or the session is over)."""
@@ -290,7 +290,7 @@ class EndpointPool:
             endpoint.refused_at = -math.inf  # a session that had a slot there ended: one is free
         endpoint.streams.discard(stream)
         if self._current(endpoint):
-            self._metrics.endpoint_sessions(endpoint.address, len(endpoint.streams))
+            self._metrics.endpoint_sessions_active.labels(endpoint.address).set(len(endpoint.streams))
         self._retire_if_idle(endpoint)
 
     def start_answered(self, endpoint: Endpoint, busy: bool) -> None:
@@ -299,12 +299,12 @@ class EndpointPool:
             self.start_refused(endpoint, final=True)
         else:
             endpoint.refused_at = -math.inf  # it took a session: it had room after all
-            self._metrics.endpoint_placed(endpoint.address)
+            self._metrics.endpoint_placements.labels(endpoint.address).inc()
 
     def start_refused(self, endpoint: Endpoint, final: bool = False) -> None:
         """The model at `endpoint` answered `server_busy` (`final`: no other endpoint is left)."""
         endpoint.refused_at = time.monotonic()
-        self._metrics.endpoint_refused(endpoint.address)
+        self._metrics.endpoint_refusals.labels(endpoint.address).inc()
         log.info(
             "triton endpoint %s answered server_busy%s",
             endpoint.address,
@@ -314,7 +314,7 @@ class EndpointPool:
     def start_failed(self, endpoint: Endpoint, reason: str) -> None:
         """A session start at `endpoint` failed (the stream broke, or the endpoint went down):
         it is not healthy until its next probe is answered (`Supervisor.suspect`)."""
-        self._metrics.endpoint_start_failed(endpoint.address)
+        self._metrics.endpoint_start_failures.labels(endpoint.address).inc()
         endpoint.supervisor.suspect(f"a session start failed: {reason}")
         log.warning("triton endpoint %s: a session start failed (%s); trying the next", endpoint.address, reason)
 

@@ -42,7 +42,7 @@ SUSPECT_PROBE_GAP_SECONDS = 0.2
 
 
 class ProbeMetrics(Protocol):
-    """What a supervisor reports: `ProxyMetrics`, or one endpoint's view of it (rtvideo.proxy.placement.pool)."""
+    """What a supervisor reports: its endpoint's view of the proxy's metrics (rtvideo.proxy.placement.pool)."""
 
     def probe_answered(self, seconds: float) -> None: ...
 

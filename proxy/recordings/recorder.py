@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rtvideo.core import protocol
-from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings.store import EVENTS, TOKEN_DIGEST, VIDEO, Charge, RecordingStore, open_private
 
@@ -128,7 +128,7 @@ class SessionRecorder:
         store: RecordingStore,
         rid: str,
         writer: Executor,
-        metrics: RecordingMetrics,
+        metrics: ProxyMetrics,
         *,
         received_at: float,
         on_end: Callable[[SessionRecorder], None] | None = None,
@@ -233,7 +233,7 @@ class SessionRecorder:
             return
         self.state = RecordingState.FAILED
         log.error("recording_id=%s request_id=%s recording dropped: %s", self.rid, self.request_id, reason)
-        self._metrics.failed(reason.split(":")[0])
+        self._metrics.recording_failures.labels(reason.split(":")[0]).inc()
         manifest = self._manifest.snapshot(RecordingState.FAILED, ended_at=time.time(), reason=reason)
         self._submit(lambda: self._abandon(manifest))
 
@@ -254,7 +254,7 @@ class SessionRecorder:
             self.state = RecordingState.FAILED
             reason = f"write failed: {type(exc).__name__}: {exc}"
             log.error("recording_id=%s request_id=%s recording dropped: %s", self.rid, self.request_id, reason)
-            self._metrics.failed("write failed")
+            self._metrics.recording_failures.labels("write failed").inc()
             try:
                 self._abandon(self._manifest.snapshot(RecordingState.FAILED, ended_at=time.time(), reason=reason))
             except Exception as again:  # noqa: BLE001 - the store is gone: nothing is left to clean
@@ -293,7 +293,7 @@ class SessionRecorder:
         )
         self.state = RecordingState.TRUNCATED
         log.warning("recording_id=%s request_id=%s recording truncated: %s", self.rid, self.request_id, reason)
-        self._metrics.failed("truncated")
+        self._metrics.recording_failures.labels("truncated").inc()
         manifest = self._manifest.snapshot(RecordingState.TRUNCATED, ended_at=time.time(), reason=reason)
         self._finish(manifest)
 
@@ -313,7 +313,7 @@ class SessionRecorder:
         manifest = {**manifest, "bytes": self._written}
         self._store.finish(self.rid, manifest)
         self._closed = True
-        self._metrics.written(int(manifest["bytes"]))
+        self._metrics.recording_written(int(manifest["bytes"]))
         log.info(
             "recording_id=%s request_id=%s recorded: %d chunks, %d bytes",
             self.rid,

@@ -19,9 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry
-
-from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.recorder import SessionRecorder
 from rtvideo.proxy.recordings.store import Limits, RecordingStore, backing_for, token_digest
@@ -49,7 +47,7 @@ def new_token() -> str:
 
 
 class Recordings:
-    def __init__(self, store: RecordingStore, *, record_all: bool, metrics: RecordingMetrics) -> None:
+    def __init__(self, store: RecordingStore, *, record_all: bool, metrics: ProxyMetrics) -> None:
         self.store = store
         self.record_all = record_all
         self._metrics = metrics
@@ -67,14 +65,14 @@ class Recordings:
         max_bytes: int,
         max_age: float,
         record_all: bool,
-        registry: CollectorRegistry | None,
+        metrics: ProxyMetrics,
         per_recording: int = 0,
     ) -> Recordings | None:
         if not location:
             return None
         limits = Limits(max_bytes=max_bytes, max_age=max_age, per_recording=per_recording)
         store = RecordingStore(backing_for(location), limits)
-        return cls(store, record_all=record_all, metrics=RecordingMetrics(registry))
+        return cls(store, record_all=record_all, metrics=metrics)
 
     def wants(self, asked: bool) -> bool:
         return self.record_all or asked

@@ -101,7 +101,7 @@ def refuse_connection(
 ) -> None:
     """A connection that did not become (or join) a session: `answer` (an error), with `done` an
     empty `session.done` as for any refused start (docs/protocol.md §2), then flush and close."""
-    metrics.error_sent(str(answer.get("code")))
+    metrics.errors.labels(str(answer.get("code"))).inc()
     owner.put(Frame(server_messages.encode(answer), answer), force=True)
     if done:
         empty = Ledger().done()

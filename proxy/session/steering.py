@@ -100,7 +100,7 @@ class Steering:
             return None  # the end is claimed: frames still buffered behind it are ignored
         if not steerer.within_rate(time.monotonic()) and (guest is not None or not over_rate_stop(raw, binary)):
             if guest is not None:
-                self._metrics.steer_message()
+                self._metrics.steer_messages.inc()
             self._dispatch.reject(
                 ErrorCode.RATE_LIMITED,
                 f"over the rate of {self._settings.max_messages_per_second:g} "
@@ -117,13 +117,13 @@ class Steering:
             message = protocol.decode_later(raw, binary=binary)
         except ProtocolError as exc:
             if guest is not None:
-                self._metrics.steer_message()
+                self._metrics.steer_messages.inc()
             self._dispatch.reject(exc.code, exc.message, to=guest)
             return
         self._session.heard(message, guest)
         kind = message["type"]
         if guest is not None and kind != protocol.PLAYBACK:  # a report steers nothing: not counted
-            self._metrics.steer_message()
+            self._metrics.steer_messages.inc()
         if guest is not None and kind in (protocol.STOP, protocol.REVOKE_STEERING):
             self._dispatch.reject(ErrorCode.INVALID_MESSAGE, f"only the session's owner may send {kind}", to=guest)
         elif kind == protocol.REVOKE_STEERING:

@@ -26,7 +26,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics, by_label
 from rtvideo.proxy.placement.addresses import parse_urls, split_address
 from rtvideo.proxy.placement.bridge import BackendUnavailable
 from rtvideo.proxy.placement.endpoint import capacity_of
@@ -313,9 +313,9 @@ def test_a_refused_start_is_replayed_on_the_next_endpoint_unseen() -> None:
         stream.send(b"later")  # once placed, nothing more is kept for replay
         assert len(ok.streams[0].sent) == 3 and stream._sent == []
         metrics = pool._metrics
-        assert metrics.by_endpoint("refusals") == {busy_ep.address: 1, ok_ep.address: 0}
-        assert metrics.by_endpoint("placements") == {busy_ep.address: 0, ok_ep.address: 1}
-        assert metrics.by_endpoint("sessions_active") == {busy_ep.address: 0, ok_ep.address: 1}
+        assert by_label(metrics.endpoint_refusals, "endpoint") == {busy_ep.address: 1, ok_ep.address: 0}
+        assert by_label(metrics.endpoint_placements, "endpoint") == {busy_ep.address: 0, ok_ep.address: 1}
+        assert by_label(metrics.endpoint_sessions_active, "endpoint") == {busy_ep.address: 0, ok_ep.address: 1}
         stream.cancel()
         assert ok.streams[0].cancelled and not ok_ep.streams
         await pool.stop()
@@ -331,7 +331,7 @@ def test_when_all_refuse_the_last_refusal_is_the_answer() -> None:
         got = await _Reader(stream).take(2)
         assert [r.message for r in got] == [BUSY, BUSY_DONE]
         assert stream.attempts == 2 and sum(len(s.streams) for s in servers) == 2
-        assert sum(pool._metrics.by_endpoint("refusals").values()) == 2
+        assert sum(by_label(pool._metrics.endpoint_refusals, "endpoint").values()) == 2
         stream.cancel()
         await pool.stop()
 
@@ -345,7 +345,9 @@ def test_a_failed_start_moves_on_and_all_failing_is_backend_unavailable() -> Non
         stream = pool.open_stream()
         stream.send(b"start", start=True)
         assert [r.message["type"] for r in await _Reader(stream).take(1)] == ["video.start"]
-        assert fail.streams[0].cancelled and sum(pool._metrics.by_endpoint("start_failures").values()) == 1
+        assert (
+            fail.streams[0].cancelled and sum(by_label(pool._metrics.endpoint_start_failures, "endpoint").values()) == 1
+        )
         stream.cancel()
 
         pool, _ = await _pool("fail", "fail")
@@ -428,7 +430,7 @@ def test_names_resolve_to_endpoints_that_join_and_leave() -> None:
         assert [e["endpoint"] for e in pool.status()["endpoints"] if e["leaving"]] == ["10.1.0.1:8001"]
         stream.cancel()  # its last session ends: it is gone
         assert sorted(pool.endpoints) == ["10.1.0.2:8001", "10.9.9.9:8001"]
-        assert "10.1.0.1:8001" not in pool._metrics.by_endpoint("sessions_active")
+        assert "10.1.0.1:8001" not in by_label(pool._metrics.endpoint_sessions_active, "endpoint")
         await pool.stop()
 
     asyncio.run(body())
@@ -489,9 +491,9 @@ def test_a_server_filled_by_another_client_is_passed_over_unnoticed(pair: Pair, 
             return clients
 
         run(body())
-        refusals = server.context.metrics.by_endpoint("refusals")
+        refusals = by_label(server.context.metrics.endpoint_refusals, "endpoint")
         assert refusals[pair.a] >= 1 and refusals[pair.b] == 0, refusals
-        assert server.context.metrics.errors["server_busy"] == 0
+        assert by_label(server.context.metrics.errors, "code")["server_busy"] == 0
     finally:
         for d in direct:
             d.stop()

@@ -22,7 +22,7 @@ from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
 from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.edge.access import origin_allowed
-from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics, by_label
 from rtvideo.proxy.participants.links import Frame, Owner
 from rtvideo.proxy.placement import bridge as bridge_module
 from rtvideo.proxy.placement.bridge import TritonBridge
@@ -534,10 +534,10 @@ async def _read_after_slow_consumer(server: ProxyServer, pause: float) -> tuple[
     sock.connect(("127.0.0.1", server.port))
     sock.setblocking(False)
     conn = await connect(server.url, sock=sock, max_size=None, max_queue=1, proxy=None)
-    before = server.context.metrics.errors["slow_consumer"]
+    before = by_label(server.context.metrics.errors, "code")["slow_consumer"]
     await conn.send(json.dumps({"type": "session.start", "prompt": "firehose", "seed": 1}))
     deadline = time.monotonic() + 60
-    while server.context.metrics.errors["slow_consumer"] == before:
+    while by_label(server.context.metrics.errors, "code")["slow_consumer"] == before:
         assert time.monotonic() < deadline, "the proxy never noticed the slow consumer"
         await asyncio.sleep(0.05)
     await asyncio.sleep(pause)

@@ -27,6 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.process.shm import stub_region
 from rtvideo.proxy.edge import socket as handler
+from rtvideo.proxy.observability.metrics import by_label
 from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS
 from rtvideo.triton import free_port
 from tests.support.processes import RTVIDEO, descendants, stop_serve
@@ -107,9 +108,9 @@ def test_the_health_listener_has_its_own_bound(proxies) -> None:
     held = socket.create_connection(("127.0.0.1", server.health_port))  # a quarter of 4 from one client: 1
     try:
         time.sleep(0.2)
-        before = server.context.metrics.rejected["health_client_connections"]
+        before = by_label(server.context.metrics.rejected, "reason")["health_client_connections"]
         assert closed_unanswered(server.health_port)
-        assert server.context.metrics.rejected["health_client_connections"] == before + 1
+        assert by_label(server.context.metrics.rejected, "reason")["health_client_connections"] == before + 1
         assert get(server.port, "/livez")[0] == 200  # the main port is not concerned
     finally:
         held.close()
@@ -128,7 +129,7 @@ def test_connections_that_never_start_cannot_lock_the_others_out(proxies, monkey
     monkeypatch.setattr(handler, "AWAITING_START_GRACE_SECONDS", grace)
 
     def refused() -> int:
-        return server.context.metrics.rejected["awaiting_start"]
+        return by_label(server.context.metrics.rejected, "reason")["awaiting_start"]
 
     async def body() -> None:
         async with ws(server.url) as live_conn:

@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.event_book import MAX_EVENTS_PER_SESSION
 from rtvideo.proxy.edge.access import host_allowed, origin_allowed
+from rtvideo.proxy.observability.metrics import by_label
 from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.session import session as proxy_session
 from rtvideo.proxy.session.dispatch import OutboundOrder
@@ -593,7 +594,7 @@ def test_open_connections_are_bounded_and_idle_ones_closed(proxies) -> None:
     host, port = "127.0.0.1", server.port
 
     def refused() -> int:
-        return server.context.metrics.rejected["open_connections"]
+        return by_label(server.context.metrics.rejected, "reason")["open_connections"]
 
     def raw() -> socket.socket:
         sock = socket.create_connection((host, port))
@@ -656,12 +657,12 @@ def test_one_client_cannot_hold_every_open_connection(proxies) -> None:
     async def body() -> None:
         held = [raw("127.0.0.1") for _ in range(3)]
         try:
-            before = server.context.metrics.rejected["client_connections"]
+            before = by_label(server.context.metrics.rejected, "reason")["client_connections"]
             one_more = raw("127.0.0.1")
             took = await _eof_after(one_more, 2.0)
             one_more.close()
             assert took is not None, "a client's connection beyond its bound was not closed at once"
-            assert server.context.metrics.rejected["client_connections"] == before + 1
+            assert by_label(server.context.metrics.rejected, "reason")["client_connections"] == before + 1
             other = raw("127.0.0.2")  # another client is still served
             try:
                 assert (await livez(other)).startswith(b"HTTP/1.1 200"), "another client was refused"

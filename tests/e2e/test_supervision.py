@@ -387,14 +387,15 @@ class _Backend:
 
 
 def test_supervisor_turns_down_once_restarts_and_comes_back() -> None:
-    from rtvideo.proxy.observability.metrics import ProxyMetrics
+    from rtvideo.proxy.observability.metrics import ProxyMetrics, by_label, value
+    from rtvideo.proxy.placement.pool import EndpointProbes
     from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
 
     async def body() -> None:
         backend, metrics, downs = _Backend(), ProxyMetrics(), []
         sup = Supervisor(
             backend,
-            metrics,
+            EndpointProbes(metrics, "stub", lambda: None),
             interval=0.01,
             timeout=1,
             failures=2,  # type: ignore[arg-type]
@@ -403,14 +404,18 @@ def test_supervisor_turns_down_once_restarts_and_comes_back() -> None:
         )
         assert sup.state is BackendState.STARTING and sup.admitting and not sup.ready
         await sup.check()
-        assert sup.ready and metrics.backend_up == 1
+        assert sup.ready and by_label(metrics.endpoint_up, "endpoint")["stub"] == 1
         backend.alive = False
         await sup.check()
         assert sup.ready and downs == []  # one failure is not enough
         await sup.check()
         assert sup.state is BackendState.DOWN and not sup.admitting and downs == ["stub gone"]
         await sup.check()
-        assert downs == ["stub gone"] and metrics.probe_failures == 3 and metrics.backend_up == 0
+        assert (
+            downs == ["stub gone"]
+            and value(metrics.probe_failures) == 3
+            and by_label(metrics.endpoint_up, "endpoint")["stub"] == 0
+        )
         backend.alive = True
         await sup.check()
         assert sup.ready and sup.status()["restarts"] == 0
@@ -419,7 +424,7 @@ def test_supervisor_turns_down_once_restarts_and_comes_back() -> None:
         backend.alive = False
         sup = Supervisor(
             backend,
-            metrics,
+            EndpointProbes(metrics, "stub", lambda: None),
             interval=0.01,
             timeout=1,
             failures=2,  # type: ignore[arg-type]
@@ -432,7 +437,12 @@ def test_supervisor_turns_down_once_restarts_and_comes_back() -> None:
                 break
             await asyncio.sleep(0.01)
         await sup.stop()
-        assert backend.restarts == 1 and sup.ready and sup.status()["restarts"] == 1 and metrics.backend_restarts == 1
+        assert (
+            backend.restarts == 1
+            and sup.ready
+            and sup.status()["restarts"] == 1
+            and value(metrics.backend_restarts) == 1
+        )
 
     asyncio.run(body())
 
@@ -458,13 +468,14 @@ def test_supervisor_stop_ends_a_probe_loop_whose_cancel_was_swallowed() -> None:
     and drops the cancel, and the probe loop ran on; the proxy's stop then waited for good (a CI
     run hung 90 s in a fixture's teardown)."""
     from rtvideo.proxy.observability.metrics import ProxyMetrics
+    from rtvideo.proxy.placement.pool import EndpointProbes
     from rtvideo.proxy.placement.supervisor import Supervisor
 
     async def body() -> None:
         backend = _RacingBackend()
         sup = Supervisor(
             backend,
-            ProxyMetrics(),
+            EndpointProbes(ProxyMetrics(), "triton", lambda: None),
             interval=0.01,
             timeout=0.2,
             failures=2,  # type: ignore[arg-type]
@@ -534,6 +545,7 @@ def test_a_probe_answered_with_garbage_is_a_failed_probe_and_probing_goes_on() -
     supervisor's task: the endpoint's state froze for good."""
     from rtvideo.proxy.observability.metrics import ProxyMetrics
     from rtvideo.proxy.placement.bridge import TritonBridge
+    from rtvideo.proxy.placement.pool import EndpointProbes
     from rtvideo.proxy.placement.supervisor import Supervisor
 
     async def body() -> None:
@@ -549,7 +561,7 @@ def test_a_probe_answered_with_garbage_is_a_failed_probe_and_probing_goes_on() -
         )()
         sup = Supervisor(
             bridge,
-            ProxyMetrics(),
+            EndpointProbes(ProxyMetrics(), "triton", lambda: None),
             interval=0.01,
             timeout=1,
             failures=100,  # never down: same client

@@ -15,12 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry
 
 from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.image_reference import MediaPolicy, load_image_reference
 from rtvideo.core.errors import ProtocolError
-from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.recordings import branch as branch_module
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.branch import Branch, branch_start
@@ -73,7 +72,7 @@ def write_recording(root: Path, config: dict[str, Any]) -> str:
 @pytest.fixture
 def recordings(tmp_path: Path) -> Recordings:
     store = RecordingStore(LocalBacking(tmp_path), Limits(max_bytes=10**9, max_age=None))
-    return Recordings(store, record_all=False, metrics=RecordingMetrics(CollectorRegistry()))
+    return Recordings(store, record_all=False, metrics=ProxyMetrics(recordings=True))
 
 
 def branch(recordings: Recordings, rid: str, n: int, token: str = TOKEN, **given: Any) -> tuple[dict[str, Any], Branch]:

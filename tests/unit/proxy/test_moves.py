@@ -91,7 +91,7 @@ def test_the_new_model_rebuilds_the_session_and_its_stream_continues_the_old() -
         await settle()
         s.on_frame(json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
-        return conn.frames, conn.texts(), s.metrics.moves  # type: ignore[return-value]
+        return conn.frames, conn.texts(), s.metrics  # type: ignore[return-value]
 
     frames_out, texts, _ = run(body())
     kinds = [t["type"] for t in texts]

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics, by_label
 from rtvideo.proxy.placement.bridge import BackendUnavailable
+from rtvideo.proxy.placement.pool import EndpointProbes
 from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
 from rtvideo.proxy.settings import ProxySettings
 from tests.support.fake_bridge import VIDEO_START, begin, ended, kinds, run, session, settle
@@ -55,7 +56,7 @@ class _Backend:
 def _supervisor(backend: _Backend, metrics: ProxyMetrics, interval: float = 0.01) -> Supervisor:
     return Supervisor(
         backend,  # type: ignore[arg-type]
-        metrics,
+        EndpointProbes(metrics, "stub", lambda: None),
         interval=interval,
         timeout=1,
         failures=2,
@@ -68,14 +69,16 @@ def test_a_failed_session_makes_the_backend_unready_until_a_probe_answers() -> N
         backend, metrics = _Backend(), ProxyMetrics()
         sup = _supervisor(backend, metrics)
         await sup.check()
-        assert sup.ready and metrics.backend_up == 1
+        assert sup.ready and by_label(metrics.endpoint_up, "endpoint")["stub"] == 1
         sup.suspect("a session start failed: Stub process is not healthy")
         assert not sup.ready and sup.admitting and sup.state is BackendState.UP  # not down: nothing ended
-        assert metrics.backend_up == 0
+        assert by_label(metrics.endpoint_up, "endpoint")["stub"] == 0
         status = sup.status()
         assert status["session_failed"] is True and "not healthy" in str(status["last_error"])
         await sup.check()
-        assert sup.ready and metrics.backend_up == 1 and sup.status()["last_error"] is None
+        assert (
+            sup.ready and by_label(metrics.endpoint_up, "endpoint")["stub"] == 1 and sup.status()["last_error"] is None
+        )
 
         # A probe that fails leaves its error; the next answered one clears it.
         backend.alive = False

@@ -18,6 +18,7 @@ from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.placement import heartbeat as heartbeat_module
 from rtvideo.proxy.placement.bridge import KEEPALIVE, PING, STOP, BackendUnavailable, ProbeTimeout
 from rtvideo.proxy.placement.heartbeat import Heartbeat, heartbeat_in, metrics_url
+from rtvideo.proxy.placement.pool import EndpointProbes
 from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
 from rtvideo.proxy.session import session as proxy_session
 from rtvideo.triton.wire import START_TAG
@@ -263,7 +264,7 @@ def test_a_probe_timeout_with_a_moving_heartbeat_is_busy_not_down() -> None:
         backend, beat, downs = _Full(), _Beat(), []
         sup = Supervisor(
             backend,  # type: ignore[arg-type]
-            ProxyMetrics(),
+            EndpointProbes(ProxyMetrics(), "triton", lambda: None),
             interval=0.01,
             timeout=1,
             failures=2,
@@ -300,7 +301,7 @@ def test_an_error_answer_is_a_failure_whatever_the_heartbeat() -> None:
         backend.mode = "error"
         sup = Supervisor(
             backend,  # type: ignore[arg-type]
-            ProxyMetrics(),
+            EndpointProbes(ProxyMetrics(), "triton", lambda: None),
             interval=0.01,
             timeout=1,
             failures=2,
@@ -323,7 +324,7 @@ def test_without_a_heartbeat_a_timeout_is_a_failure() -> None:
         backend, downs = _Full(), []
         sup = Supervisor(
             backend,  # type: ignore[arg-type]
-            ProxyMetrics(),
+            EndpointProbes(ProxyMetrics(), "triton", lambda: None),
             interval=0.01,
             timeout=1,
             failures=2,

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from rtvideo.core import protocol
-from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics, value
 from rtvideo.proxy.observability.session_timing import MAX_TRACKED_EVENTS, PlayheadTiming
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import begin, chunk, ended, kinds, reply, run, session, settle
@@ -30,7 +30,7 @@ def test_reports_are_forwarded_never_answered_and_not_in_flight() -> None:
         in_flight = s.upstream.in_flight
         s.on_frame(json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
-        return conn.frames, bridge.streams[0].sent, in_flight, s.metrics.reported_lead_count
+        return conn.frames, bridge.streams[0].sent, in_flight, value(s.metrics.reported_lead_seconds, "_count")
 
     frames, sent, in_flight, leads = run(body())
     forwarded = [json.loads(raw) for raw, _, _ in sent if b"session.playback" in raw]
@@ -77,14 +77,17 @@ def test_playhead_timing_measures_send_to_shown_from_the_reports() -> None:
     timing.taken(media(1, ["e1"]))  # its first chunk starts at 9/16 s of media
     clock.now = 10.5
     timing.report(0.5, None)  # not there yet
-    assert metrics.visible_count == 0
+    assert value(metrics.interaction_visible_seconds, "_count") == 0
     clock.now = 10.8
     timing.report(0.6625, 0.4)  # 0.1 s past its start: shown at 10.7
-    assert metrics.visible_count == 1 and metrics.reported_lead_count == 2
+    assert (
+        value(metrics.interaction_visible_seconds, "_count") == 1
+        and value(metrics.reported_lead_seconds, "_count") == 2
+    )
     text = metrics.render()
     assert "rtvideo_proxy_interaction_visible_seconds_sum 0.7" in text
     timing.report(5.0, None)  # counted once
-    assert metrics.visible_count == 1
+    assert value(metrics.interaction_visible_seconds, "_count") == 1
 
 
 def test_playhead_timing_stays_bounded_and_silent_without_reports() -> None:
@@ -95,4 +98,7 @@ def test_playhead_timing_stays_bounded_and_silent_without_reports() -> None:
         timing.sent(f"e{n}", 1.0)
         timing.taken(media(n, [f"e{n}"]))
     assert len(timing._sent_at) <= MAX_TRACKED_EVENTS and len(timing._starts) <= MAX_TRACKED_EVENTS
-    assert metrics.visible_count == 0 and metrics.reported_lead_count == 0
+    assert (
+        value(metrics.interaction_visible_seconds, "_count") == 0
+        and value(metrics.reported_lead_seconds, "_count") == 0
+    )

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rtvideo.proxy.observability.recording_metrics import RecordingMetrics
+from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings import ids, recorder
 from rtvideo.proxy.recordings.recorder import RecordingState, SessionRecorder
@@ -37,7 +37,9 @@ def pair(kind: str, index: int | None, frames: int, data: bytes) -> Frame:
 
 def record(store: RecordingStore, frames: list[Frame], registry: CollectorRegistry | None = None) -> SessionRecorder:
     writer = ThreadPoolExecutor(max_workers=1)
-    r = SessionRecorder(store, ids.new_id(), writer, RecordingMetrics(registry), received_at=time.monotonic())
+    r = SessionRecorder(
+        store, ids.new_id(), writer, ProxyMetrics(registry, recordings=True), received_at=time.monotonic()
+    )
     r.received({"type": "session.start", "prompt": "a harbour"}, None)
     for frame in frames:
         r.handed_out(frame)
@@ -148,7 +150,7 @@ def test_a_slow_store_drops_the_recording_at_its_pending_bound(tmp_path: Path, m
     store = RecordingStore(LocalBacking(tmp_path), Limits(max_bytes=10**9, max_age=0))
     blocked = ThreadPoolExecutor(max_workers=1)
     gate = blocked.submit(time.sleep, 0.5)  # the writer is busy: nothing queued is written yet
-    r = SessionRecorder(store, ids.new_id(), blocked, RecordingMetrics(None), received_at=time.monotonic())
+    r = SessionRecorder(store, ids.new_id(), blocked, ProxyMetrics(recordings=True), received_at=time.monotonic())
     r.handed_out(pair("media", 0, 9, b"x" * 200))
     assert r.state is RecordingState.FAILED  # decided on the loop, at once
     gate.result()
@@ -177,7 +179,9 @@ def test_live_recordings_never_take_the_store_past_its_bound(tmp_path: Path) -> 
     first = record(store, stream())
     assert first.state is RecordingState.COMPLETE and store.room_for_new()
     writer = ThreadPoolExecutor(max_workers=1)
-    live = [SessionRecorder(store, ids.new_id(), writer, RecordingMetrics(None), received_at=0.0) for _ in range(2)]
+    live = [
+        SessionRecorder(store, ids.new_id(), writer, ProxyMetrics(recordings=True), received_at=0.0) for _ in range(2)
+    ]
     for frame in stream()[:-1]:
         for r in live:
             r.handed_out(frame)
@@ -205,7 +209,7 @@ def test_files_and_folders_are_the_proxy_users_alone(tmp_path: Path) -> None:
 def test_only_what_a_replay_reads_is_logged(tmp_path: Path) -> None:
     store = RecordingStore(LocalBacking(tmp_path), Limits(max_bytes=10**9, max_age=0))
     writer = ThreadPoolExecutor(max_workers=1)
-    r = SessionRecorder(store, ids.new_id(), writer, RecordingMetrics(None), received_at=time.monotonic())
+    r = SessionRecorder(store, ids.new_id(), writer, ProxyMetrics(recordings=True), received_at=time.monotonic())
     padding = "x" * 100_000
     r.received({"type": "session.start", "prompt": "a harbour"}, None)
     r.received({"type": "session.ping", "padding": padding}, None)
