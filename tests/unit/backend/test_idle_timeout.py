@@ -152,8 +152,10 @@ def test_the_dispatcher_moves_until_one_request_is_in_hand_too_long(monkeypatch:
     assert not dispatcher.moving()  # its thread is gone
 
 
-def _model_module(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """model.py with a stand-in `triton_python_backend_utils` whose metrics record their values."""
+def _model_module(monkeypatch: pytest.MonkeyPatch, made: list[Any] | None = None) -> Any:
+    """model.py with a stand-in `triton_python_backend_utils` whose metrics record their values
+    (each one the model makes is appended to `made`: what Triton would publish)."""
+    made = [] if made is None else made
 
     class _Metric:
         def __init__(self, family: str, labels: dict) -> None:
@@ -179,6 +181,7 @@ def _model_module(monkeypatch: pytest.MonkeyPatch) -> Any:
         def Metric(self, labels: dict, buckets: list | None = None) -> _Metric:
             self.metrics.append(_Metric(self.name, labels))
             self.metrics[-1].buckets = buckets
+            made.append(self.metrics[-1])
             return self.metrics[-1]
 
     fake = types.ModuleType("triton_python_backend_utils")
@@ -193,12 +196,13 @@ def _model_module(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_the_flush_beats_only_while_the_request_path_moves(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = _model_module(monkeypatch)
+    made: list[Any] = []
+    module = _model_module(monkeypatch, made)
     publisher = module.TritonMetricsPublisher("realtime_video", BufferedMetrics(), interval=60.0)
     try:
-        heartbeat = publisher._metric(HEARTBEAT)
         before = time.time()
         publisher.flush()
+        (heartbeat,) = [m for m in made if m.family == HEARTBEAT]
         assert heartbeat.value is not None and before <= heartbeat.value <= time.time()
         last = heartbeat.value
         publisher.alive = lambda: False  # a wedged request path: the beat stops, the value stays
@@ -216,18 +220,20 @@ def test_the_flush_observes_each_chunk_in_the_histograms(monkeypatch: pytest.Mon
     """Per-chunk times and the realtime factor go to Triton histograms, one observation per chunk."""
     from rtvideo.backend.runtime import metrics
 
-    module = _model_module(monkeypatch)
+    made: list[Any] = []
+    module = _model_module(monkeypatch, made)
     buffered = BufferedMetrics()
     publisher = module.TritonMetricsPublisher("realtime_video", buffered, interval=60.0)
     try:
         buffered.observe_chunk(0.5, 0.25, 9, 1000, 16)  # 9/16 s of video in 0.75 s: 0.75
         buffered.observe_chunk(0.1, 0.0, 16, 1000, 16)  # 1 s in 0.1 s: 10
         publisher.flush()
-        factor = publisher._observers[metrics.REALTIME_FACTOR]
+        histograms = {m.family: m for m in made if m.buckets is not None}
+        factor = histograms[metrics.REALTIME_FACTOR]
         assert factor.observed == pytest.approx([0.75, 10.0])
         assert factor.buckets == list(metrics.FACTOR_BUCKETS)
-        assert publisher._observers[metrics.GENERATE_DURATION].observed == [0.5, 0.1]
-        assert publisher._observers[metrics.ENCODE_DURATION].observed == [0.25, 0.0]
+        assert histograms[metrics.GENERATE_DURATION].observed == [0.5, 0.1]
+        assert histograms[metrics.ENCODE_DURATION].observed == [0.25, 0.0]
         publisher.flush()  # drained: nothing twice
         assert len(factor.observed) == 2
     finally:

@@ -34,11 +34,11 @@ def _queue_up(lock: PriorityLock, kinds: list[bool]) -> list[bool]:
     with lock.hold():
         for thread in threads:
             thread.start()
-        # Every thread is waiting now: counted in the lock's condition (CPython's own list of its
-        # waiters), not assumed after a fixed sleep, which a loaded machine can outlast.
+        # Every thread is waiting now: counted by the lock, not assumed after a fixed sleep, which
+        # a loaded machine can outlast.
         deadline = time.monotonic() + 60
-        while len(lock._turn._waiters) < len(threads):  # type: ignore[attr-defined]
-            assert time.monotonic() < deadline, f"{len(lock._turn._waiters)} of {len(threads)} threads waiting"
+        while lock.waiting < len(threads):
+            assert time.monotonic() < deadline, f"{lock.waiting} of {len(threads)} threads waiting"
             time.sleep(0.001)
     for thread in threads:
         thread.join(60)

@@ -198,10 +198,10 @@ def test_a_rebuild_skips_the_reference_image(generator: BuiltinGenerator) -> Non
     straight_session = generator.open_session(width=64, height=48, seed=1, fps=FPS, image=image)
     straight_frames = [straight_session.generate({"p": 1.0}, FPC) for _ in range(3)]
     rebuilt = generator.open_session(width=64, height=48, seed=1, fps=FPS, image=image)
-    source = GeneratorChunkSource(FrameRenderer(rebuilt), replace(CONFIG, prompt="p", rebuild=Rebuild(2)))
+    renderer = FrameRenderer(rebuilt)
+    source = GeneratorChunkSource(renderer, replace(CONFIG, prompt="p", rebuild=Rebuild(2)))
     source.next_chunk(FPC)
-    renderer_frames = source._renderer.last  # type: ignore[attr-defined]
-    assert np.array_equal(renderer_frames, straight_frames[2])
+    assert renderer.last is not None and np.array_equal(renderer.last, straight_frames[2])
 
 
 def test_a_generator_that_cannot_rebuild_refuses_a_rebuild_before_video_start() -> None:
