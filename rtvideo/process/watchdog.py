@@ -38,7 +38,7 @@ def _parent_of(pid: int) -> int:
     return int(text[text.rfind(")") + 2 :].split()[1])
 
 
-def _wait_for_end(watched: int, target: int) -> None:
+def wait_for_end(watched: int, target: int) -> None:
     """Return once `watched` is no longer `target`'s parent (it ended: `target` was re-parented)."""
     try:
         handle = os.pidfd_open(watched)
@@ -55,7 +55,7 @@ def _wait_for_end(watched: int, target: int) -> None:
 
 def main() -> None:
     watched, target = int(sys.argv[1]), os.getppid()
-    _wait_for_end(watched, target)
+    wait_for_end(watched, target)
     # The target's pid cannot have been reused: this process dies with it (rtvideo.process.launch).
     os.kill(target, signal.SIGKILL)
 

@@ -129,7 +129,7 @@ def test_waiting_ends_when_the_parent_does(pidfds: bool, monkeypatch: pytest.Mon
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     try:
-        waiter = threading.Thread(target=watchdog._wait_for_end, args=(parent.pid, child), daemon=True)
+        waiter = threading.Thread(target=watchdog.wait_for_end, args=(parent.pid, child), daemon=True)
         waiter.start()
         waiter.join(0.5)
         assert waiter.is_alive(), "returned while the parent lives"
@@ -138,6 +138,6 @@ def test_waiting_ends_when_the_parent_does(pidfds: bool, monkeypatch: pytest.Mon
         waiter.join(GONE_SECONDS)
         assert not waiter.is_alive(), "still waiting after the parent ended"
         # A pid that is not (or no longer) the child's parent: nothing to wait for.
-        watchdog._wait_for_end(os.getpid(), child)
+        watchdog.wait_for_end(os.getpid(), child)
     finally:
         _end(child)
