@@ -32,6 +32,8 @@ from tests.support.vllm_omni_wheel import (
 )
 
 PROMPTS = ("src", "A", "B", "C", "D")
+#: a plan's event lists
+LISTS = ("started", "active", "completed", "superseded", "interrupted")
 CONFIG = session_config()
 
 
@@ -46,14 +48,8 @@ def enter(book: EventBook, plan: ChunkPlan) -> None:
 
 
 def wire(plan: ChunkPlan) -> dict:
-    return {
-        "started": plan.started,
-        "active": plan.active,
-        "completed": plan.completed,
-        "superseded": plan.superseded,
-        "interrupted": plan.interrupted,
-        "progress": plan.progress,
-    }
+    """What the chunk's metadata carries of the plan: its event lists and progress."""
+    return {key: getattr(plan, key) for key in (*LISTS, "progress")}
 
 
 @dataclass

@@ -49,13 +49,8 @@ def value(plan: ChunkPlan) -> float:
 
 
 def ids(plan: ChunkPlan) -> dict[str, tuple[str, ...]]:
-    return {
-        "started": plan.started,
-        "active": plan.active,
-        "completed": plan.completed,
-        "superseded": plan.superseded,
-        "interrupted": plan.interrupted,
-    }
+    """The plan's event lists."""
+    return {key: getattr(plan, key) for key in ("started", "active", "completed", "superseded", "interrupted")}
 
 
 def lists(started=(), active=(), completed=(), superseded=(), interrupted=()):
