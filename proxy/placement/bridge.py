@@ -87,7 +87,7 @@ def _request_tensor(raw: bytes) -> InferInput:
     return tensor
 
 
-def _request(
+def triton_request(
     model: str,
     raw: bytes,
     tag: str,
@@ -139,7 +139,7 @@ class TritonStream:
         self._open = (self._open or start) and not end
         tag = START_TAG if start else f"m{self._count}"
         self._requests.put_nowait(
-            _request(
+            triton_request(
                 self._model,
                 raw,
                 tag,
@@ -196,7 +196,7 @@ class TritonStream:
 
     async def _end_sequence(self) -> None:
         call = self._client.stream_infer(
-            _one(_request(self._model, STOP, "end", self.sequence_id, end=True, secret=self._secret)),
+            _one(triton_request(self._model, STOP, "end", self.sequence_id, end=True, secret=self._secret)),
             headers=self._headers,
         )
         ended = False
@@ -280,7 +280,7 @@ class TritonBridge:
         """The health probe (docs/protocol.md §8): `session.ping` alone on a fresh sequence, with
         `sequence_start` and `sequence_end`; returns the round trip in seconds. Raises
         BackendUnavailable unless a `session.pong` comes back within `timeout`."""
-        request = _request(self.model, PROBE, "probe", new_sequence_id(), start=True, end=True)
+        request = triton_request(self.model, PROBE, "probe", new_sequence_id(), start=True, end=True)
 
         t0 = time.perf_counter()
         call: Any = None

@@ -87,6 +87,11 @@ class PlacedStream:
         self._next_attempt()
 
     @property
+    def replayable(self) -> int:
+        """Requests kept to be sent again on the next endpoint (none once placed)."""
+        return len(self._sent)
+
+    @property
     def placed(self) -> bool:
         return self.state is Placement.PLACED
 

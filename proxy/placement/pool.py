@@ -183,7 +183,7 @@ class EndpointPool:
             interval=self._probe["interval"],
             timeout=self._probe["timeout"],
             failures=int(self._probe["failures"]),
-            on_down=lambda reason: self._down(endpoint, reason),
+            on_down=lambda reason: self.down(endpoint, reason),
             restart=self._restart,
             on_up=lambda: self.spawn(self._read_capacity(endpoint)),
             name=f"triton {address}",
@@ -219,7 +219,11 @@ class EndpointPool:
     def _health_changed(self) -> None:
         self._metrics.backend_up.set(int(any(e.supervisor.ready for e in self.endpoints.values())))
 
-    def _down(self, endpoint: Endpoint, reason: str) -> None:
+    @property
+    def metrics(self) -> ProxyMetrics:
+        return self._metrics
+
+    def down(self, endpoint: Endpoint, reason: str) -> None:
         """The endpoint's model stopped answering: its sessions move to another endpoint, or end
         (backend_unavailable) when they cannot (rtvideo.proxy.placement.mover); one not placed yet moves on."""
         if endpoint.streams:

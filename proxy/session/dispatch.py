@@ -362,6 +362,11 @@ class OutboundOrder(Generic[T]):
     _held: deque[_Held[T]] = field(default_factory=deque, init=False)  # in arrival order
     _overdue: int = field(default=0, init=False)  # held messages at the front that go regardless of acks
 
+    @property
+    def acked(self) -> RecentIds:
+        """The events whose ack was handed out (the most recent, bounded)."""
+        return self._acked
+
     def stream(self, item: T, message: Mapping[str, Any], now: float) -> list[Send[T]]:
         """A message on the start request's stream (video.start, chunks, session.done, ...)."""
         names = frozenset(named_event_ids(message))

@@ -311,8 +311,8 @@ def test_a_refused_start_is_replayed_on_the_next_endpoint_unseen() -> None:
         assert refused.sent[-1][2] is True and refused.cancelled  # that sequence was ended there, then dropped
         assert busy_ep.streams == set() and ok_ep.streams == {stream}
         stream.send(b"later")  # once placed, nothing more is kept for replay
-        assert len(ok.streams[0].sent) == 3 and stream._sent == []
-        metrics = pool._metrics
+        assert len(ok.streams[0].sent) == 3 and stream.replayable == 0
+        metrics = pool.metrics
         assert by_label(metrics.endpoint_refusals, "endpoint") == {busy_ep.address: 1, ok_ep.address: 0}
         assert by_label(metrics.endpoint_placements, "endpoint") == {busy_ep.address: 0, ok_ep.address: 1}
         assert by_label(metrics.endpoint_sessions_active, "endpoint") == {busy_ep.address: 0, ok_ep.address: 1}
@@ -331,7 +331,7 @@ def test_when_all_refuse_the_last_refusal_is_the_answer() -> None:
         got = await _Reader(stream).take(2)
         assert [r.message for r in got] == [BUSY, BUSY_DONE]
         assert stream.attempts == 2 and sum(len(s.streams) for s in servers) == 2
-        assert sum(by_label(pool._metrics.endpoint_refusals, "endpoint").values()) == 2
+        assert sum(by_label(pool.metrics.endpoint_refusals, "endpoint").values()) == 2
         stream.cancel()
         await pool.stop()
 
@@ -346,7 +346,7 @@ def test_a_failed_start_moves_on_and_all_failing_is_backend_unavailable() -> Non
         stream.send(b"start", start=True)
         assert [r.message["type"] for r in await _Reader(stream).take(1)] == ["video.start"]
         assert (
-            fail.streams[0].cancelled and sum(by_label(pool._metrics.endpoint_start_failures, "endpoint").values()) == 1
+            fail.streams[0].cancelled and sum(by_label(pool.metrics.endpoint_start_failures, "endpoint").values()) == 1
         )
         stream.cancel()
 
@@ -379,10 +379,10 @@ def test_an_endpoint_going_down_ends_placed_sessions_and_moves_pending_ones() ->
         took = asyncio.ensure_future(reader.take(1))
         await asyncio.sleep(0.01)
         assert pending.endpoint is silent_ep
-        pool._down(silent_ep, "stub gone")
+        pool.down(silent_ep, "stub gone")
         assert [r.message["type"] for r in await took] == ["video.start"] and pending.endpoint is ok_ep
 
-        pool._down(ok_ep, "stub gone too")  # now placed: it ends
+        pool.down(ok_ep, "stub gone too")  # now placed: it ends
         with pytest.raises(BackendUnavailable, match="stub gone too"):
             await reader.take(1)
         pending.cancel()
@@ -430,7 +430,7 @@ def test_names_resolve_to_endpoints_that_join_and_leave() -> None:
         assert [e["endpoint"] for e in pool.status()["endpoints"] if e["leaving"]] == ["10.1.0.1:8001"]
         stream.cancel()  # its last session ends: it is gone
         assert sorted(pool.endpoints) == ["10.1.0.2:8001", "10.9.9.9:8001"]
-        assert "10.1.0.1:8001" not in by_label(pool._metrics.endpoint_sessions_active, "endpoint")
+        assert "10.1.0.1:8001" not in by_label(pool.metrics.endpoint_sessions_active, "endpoint")
         await pool.stop()
 
     asyncio.run(body())

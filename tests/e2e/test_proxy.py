@@ -489,7 +489,7 @@ def test_a_cancelled_stream_still_ends_its_sequence_on_triton(triton) -> None:
         """One `session.stop` with sequence_end on `sequence_id`, on a call of its own."""
 
         async def one() -> Any:
-            yield bridge_module._request(FAST_MODEL, bridge_module.STOP, "check", sequence_id, end=True)
+            yield bridge_module.triton_request(FAST_MODEL, bridge_module.STOP, "check", sequence_id, end=True)
 
         call = client.stream_infer(one(), headers=triton.client_headers())
         try:

@@ -498,8 +498,8 @@ def test_per_event_sets_are_bounded() -> None:
         ):
             ledger.taken(Frame(server_messages.encode(message), message))
         order.answer(f"ack e{i}", 10, ack=f"e{i}")
-    assert len(ledger.book) == len(order._acked) == MAX_EVENTS_PER_SESSION
-    assert "e0" not in order._acked and f"e{MAX_EVENTS_PER_SESSION + 4}" in order._acked
+    assert len(ledger.book) == len(order.acked) == MAX_EVENTS_PER_SESSION
+    assert "e0" not in order.acked and f"e{MAX_EVENTS_PER_SESSION + 4}" in order.acked
     assert ledger.done()["unapplied_event_ids"] == []  # every one it recorded ended
 
 

@@ -97,7 +97,7 @@ def test_playhead_timing_stays_bounded_and_silent_without_reports() -> None:
     for n in range(MAX_TRACKED_EVENTS * 3):
         timing.sent(f"e{n}", 1.0)
         timing.taken(media(n, [f"e{n}"]))
-    assert len(timing._sent_at) <= MAX_TRACKED_EVENTS and len(timing._starts) <= MAX_TRACKED_EVENTS
+    assert max(timing.tracked) <= MAX_TRACKED_EVENTS
     assert (
         value(metrics.interaction_visible_seconds, "_count") == 0
         and value(metrics.reported_lead_seconds, "_count") == 0
