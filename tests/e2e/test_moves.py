@@ -22,14 +22,13 @@ from rtvideo.backend.builtin.generator import BuiltinGenerator
 from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.replay import replay_frames
 from rtvideo.core.session_log import read_log
-from tests.support.http_calls import drain, fetch
+from tests.support.http_calls import drain, fetch, metric_values
 from tests.support.streams import check_stream_rules, decode
 from tests.support.triton_pair import (
     ROOMY_MODEL,
     Host,
     LiveClient,
     Pair,
-    metric_values,
     restart,
     run_beside_main,
     wait_endpoints,
@@ -125,7 +124,7 @@ def test_sessions_survive_a_kill_and_a_drain_with_the_frames_of_undisturbed_ones
     finally:
         if not a.is_alive():
             restart(a)
-    values = metric_values(server)
+    values = metric_values(server.port)
     assert values['rtvideo_proxy_sessions_moved_total{reason="drain"}'] >= 1
     assert values['rtvideo_proxy_sessions_moved_total{reason="loss"}'] >= 1
     worst = float("inf")

@@ -34,6 +34,7 @@ from rtvideo.proxy.placement.placed_stream import PlacedStream
 from rtvideo.proxy.placement.pool import EndpointPool
 from rtvideo.proxy.placement.supervisor import BackendState
 from rtvideo.triton.wire import START_TAG, Reply
+from tests.support.http_calls import metric_values
 from tests.support.processes import RTVIDEO, alive, descendants
 from tests.support.serve_session import launch
 from tests.support.streams import check_stream_rules, event_ends
@@ -44,7 +45,6 @@ from tests.support.triton_pair import (
     LiveClient,
     Pair,
     healthz,
-    metric_values,
     restart,
     run,
     run_beside_main,
@@ -452,7 +452,7 @@ def test_sessions_fill_both_servers_then_server_busy(pair: Pair, host: Host) -> 
         fifth = await Client.open(server.url)
         assert [m["type"] for m in fifth.t.messages] == ["error"] and fifth.t.messages[0]["code"] == "server_busy"
         assert (await fifth.next())["type"] == "session.done"
-        values = metric_values(server)
+        values = metric_values(server.port)
         for url in (pair.a, pair.b):
             assert values[f'rtvideo_proxy_endpoint_sessions_active{{endpoint="{url}"}}'] == 2
             assert values[f'rtvideo_proxy_endpoint_placements_total{{endpoint="{url}"}}'] == 2
@@ -548,7 +548,7 @@ def test_a_killed_servers_session_moves_to_the_other_and_it_comes_back(pair: Pai
         done = on_a.t.of_type("session.done")[-1]
         assert done["chunks"] == len(on_a.t.pairs) and not on_a.t.of_type("error")
         check_stream_rules(on_a.t)  # one request id, acks before mentions, the stream decodes as one
-        assert metric_values(server)['rtvideo_proxy_sessions_moved_total{reason="loss"}'] == 1
+        assert metric_values(server.port)['rtvideo_proxy_sessions_moved_total{reason="loss"}'] == 1
 
     try:
         run_beside_main(body)

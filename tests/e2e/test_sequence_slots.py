@@ -30,6 +30,7 @@ from rtvideo.proxy.session import session as proxy_session
 from rtvideo.triton import TritonConfig, TritonServer, free_port
 from rtvideo.triton.access import generate_key
 from rtvideo.triton.model_repo import derive_model
+from tests.support.http_calls import metric_values
 from tests.support.processes import stop_serve
 from tests.support.proxy_client import Ws, ws
 from tests.support.proxy_host import ProxyHost
@@ -308,7 +309,7 @@ def test_a_full_batcher_under_rtvideo_serve_is_busy_and_nothing_is_restarted(tmp
                 busy_probes = 0
                 while time.monotonic() - filled < 40 and busy_probes < 4:
                     seen.append(await asyncio.to_thread(served.get, "/healthz"))
-                    metrics = await asyncio.to_thread(_proxy_metrics, served.port)
+                    metrics = await asyncio.to_thread(metric_values, served.port)
                     busy_probes = int(metrics.get("rtvideo_proxy_probe_busy_total", 0))
                     await asyncio.sleep(0.5)
                 found["busy probes"] = busy_probes
@@ -338,15 +339,6 @@ def test_a_full_batcher_under_rtvideo_serve_is_busy_and_nothing_is_restarted(tmp
         assert triton_pids(served.proc.pid) == (server_pid, stubs), "Triton was restarted"
     finally:
         stop_serve(served.proc)
-
-
-def _proxy_metrics(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
 
 
 def _end_sequence(held: TritonStreamSession) -> None:

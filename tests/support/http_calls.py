@@ -1,4 +1,5 @@
-"""Plain HTTP calls the end-to-end tests make to a proxy: its recordings and its drain endpoint."""
+"""Plain HTTP calls the end-to-end tests make to a proxy: its recordings, its drain endpoint and
+its metrics."""
 
 from __future__ import annotations
 
@@ -60,3 +61,13 @@ def drain(server: Any, endpoint: str, method: str = "POST") -> tuple[int, dict[s
     url = f"http://127.0.0.1:{server.port}/v1/endpoints/{endpoint}/drain"
     status, body, headers = fetch(url, method=method, token=server.settings.admin_token)
     return status, json.loads(body) if headers.get("Content-Type") == "application/json" else {}
+
+
+def metric_values(port: int) -> dict[str, float]:
+    """The proxy's /metrics on 127.0.0.1:`port`: each sample (name and labels) with its value."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }

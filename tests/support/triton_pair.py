@@ -156,15 +156,6 @@ def wait_endpoints(server: Any, want: dict[str, str], timeout: float = 60.0, cap
         time.sleep(0.1)
 
 
-def metric_values(server: Any) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
-
-
 class Client(Ws):
     """One WebSocket session, recording what it receives, and its request id once started."""
 
