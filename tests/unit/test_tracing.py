@@ -88,9 +88,11 @@ def test_session_and_interaction_spans() -> None:
 
 
 def test_model_chunk_span_is_a_child_of_the_traceparent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A traced start channel's chunk spans, recorded in memory (their export over OTLP, from a
+    `traced` channel: tests/e2e/test_tracing.py)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
     provider, exporter = memory_provider()
-    monkeypatch.setattr(model_tracing, "_provider", provider)
-    monkeypatch.setenv(model_tracing.ENDPOINT_ENV, "http://127.0.0.1:1")
     sent: list[object] = []
 
     class Plain:
@@ -102,9 +104,12 @@ def test_model_chunk_span_is_a_child_of_the_traceparent(monkeypatch: pytest.Monk
 
     plain = Plain()
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    assert model_tracing.traced(plain, None) is plain
-    channel = model_tracing.traced(plain, parent)
-    assert isinstance(channel, model_tracing.TracedChannel)
+    monkeypatch.setenv(model_tracing.ENDPOINT_ENV, "http://127.0.0.1:1")
+    assert model_tracing.traced(plain, None) is plain  # no traceparent: off
+    monkeypatch.delenv(model_tracing.ENDPOINT_ENV)
+    assert model_tracing.traced(plain, parent) is plain  # no collector: off
+    context = TraceContextTextMapPropagator().extract({"traceparent": parent})
+    channel = model_tracing.TracedChannel(plain, provider.get_tracer("test"), context)
     meta = {"type": "video.chunk_metadata", "request_id": "r", "generation_chunk_index": 2, "num_frames": 6}
     channel.send(meta)
     model_tracing.chunk_sent(channel, {**meta, "started_event_ids": ["e1"], "active_event_ids": ["e1"]}, 0.25)
@@ -117,8 +122,6 @@ def test_model_chunk_span_is_a_child_of_the_traceparent(monkeypatch: pytest.Monk
     assert span.attributes["rtvideo.generation_chunk_index"] == 2
     assert list(span.attributes["rtvideo.started_event_ids"]) == ["e1"]
     assert 0.24 < (span.end_time - span.start_time) / 1e9 < 0.26
-    monkeypatch.delenv(model_tracing.ENDPOINT_ENV)
-    assert model_tracing.traced(plain, parent) is plain  # no collector: off
 
 
 def test_triton_trace_flags_and_logged_endpoint() -> None:
