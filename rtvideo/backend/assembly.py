@@ -42,7 +42,6 @@ def build_manager(
     sources: ChunkSourceFactory
     if settings.generator == "vllm_omni":
         from rtvideo.backend.vllm_omni.engine import load_factory
-        from rtvideo.backend.vllm_omni.interaction_rules import pipeline_class
         from rtvideo.backend.vllm_omni.source import EngineSources
 
         host = EngineHost(
@@ -62,7 +61,6 @@ def build_manager(
             settings.extra_params(),
             settings.max_session_seconds,
             encoder_factory,
-            pipeline=pipeline_class(settings.vllm_omni_model, settings.engine_args()),
             max_request_frames=settings.vllm_omni_max_request_frames,
             rules=settings.model_rules(),
             output_queue_bytes=settings.vllm_omni_output_queue_bytes,

@@ -83,7 +83,7 @@ GENERATORS: dict[str, GeneratorEntry] = {
         start_fields=frozenset({"lora"}),  # vLLM-Omni's per-request LoRA (`_apply_lora`)
         # vLLM-Omni 0.30's engine takes `prompt` (and its pipeline's modalities) and interpolates
         # linearly: a blend or slerp is acked, then `interaction_failed`. Its kinds are its
-        # pipeline's (`BackendSettings.capabilities`), unknown (None) without model rules
+        # pipeline's (`BackendSettings.interactions`), unknown (None) without a known pipeline
         interactions=PROMPT_ONLY,
     ),
 }

@@ -20,6 +20,7 @@ from rtvideo.backend.runtime import capacity
 from rtvideo.backend.vllm_omni import interaction_rules, model_rules
 from rtvideo.backend.vllm_omni.model_rules import ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES
+from rtvideo.core.interaction.refusal import PipelineInteractions
 from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.settings_text import setting
@@ -320,15 +321,25 @@ class BackendSettings:
             max_num_frames=self.vllm_omni_max_request_frames if engine else None,
             model_rules=rules.describe() if rules is not None else None,
             interactions=self.interactions(),
+            pipeline_interactions=self.pipeline_interactions(),
         )
 
     def interactions(self) -> InteractionSupport:
         """The active generator's interactions (its catalog entry), with a known pipeline's kinds."""
         support = catalog.GENERATORS[self.generator].interactions
-        rules = self.model_rules() if self.generator == "vllm_omni" else None
-        if rules is not None:
-            support = dataclasses.replace(support, kinds=tuple(sorted(rules.interactions)))
+        pipeline = self.pipeline_interactions()
+        if pipeline is not None:
+            support = dataclasses.replace(support, kinds=tuple(sorted(pipeline.modalities)))
         return support
+
+    def pipeline_interactions(self) -> PipelineInteractions | None:
+        """The modalities the deployed vLLM-Omni pipeline registers (the model rule table's, by its
+        class or model id: `model_rules.pipeline_interactions`), which the model's admission refuses
+        beyond; None for the built-in generator, or a pipeline that cannot be known here."""
+        if self.generator != "vllm_omni":
+            return None
+        pipeline = interaction_rules.pipeline_class(self.vllm_omni_model, self.engine_args())
+        return model_rules.pipeline_interactions(self.vllm_omni_model, pipeline)
 
 
 #: a served model name: what a Hugging Face id or a Triton model name looks like, and what a

@@ -38,8 +38,8 @@ EVENT_FIELDS: frozenset[str] = frozenset(
     OmniInteractionEvent.__required_keys__ | OmniInteractionEvent.__optional_keys__
 )
 #: Keys with a handler today; the others are acked and then fail with `interaction_failed`.
-#: Which modalities of `multi_modal_data` apply is the active generator's to say
-#: (`rtvideo.backend.runtime.sources.source_modalities`).
+#: Which modalities of `multi_modal_data` apply is the active model's to say
+#: (`rtvideo.core.interaction.refusal.interaction_refusal` decides).
 SUPPORTED_EVENT_FIELDS: frozenset[str] = frozenset({"prompt", "multi_modal_data"})
 #: Our additions to `interaction.event` (docs/protocol.md §2.2): `prompts`, a weighted blend in
 #: place of `prompt`. Kept apart from `EVENT_FIELDS` (which is exactly vLLM-Omni's type); which

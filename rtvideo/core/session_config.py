@@ -11,6 +11,7 @@ from typing import Any
 
 from rtvideo.core.conditioning import LINEAR
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.interaction.refusal import PipelineInteractions
 from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.interaction.types import PROMPT, resolve_chunks
 from rtvideo.core.protocol import MAX_SEED
@@ -88,6 +89,9 @@ class ModelCapabilities:
     model_rules: Mapping[str, Any] | None = None
     #: the interactions it takes (`config.interactions`; the catalog's entry for its generator)
     interactions: InteractionSupport | None = None
+    #: a hosted engine's model's own rule about interactions (the modalities its pipeline
+    #: registers), which `interaction_refusal` applies; None: the built-in generator, or unknown
+    pipeline_interactions: PipelineInteractions | None = None
 
     def ignored_fields(self, start: StartRequest) -> list[str]:
         """What `start` sets that this generator does not use, sorted (`extra_params.KEY` for extras)."""
@@ -156,6 +160,8 @@ class SessionConfig:
     interpolation: str = LINEAR
     #: `ModelCapabilities.interactions`, sent as `config.interactions` when known
     interactions: InteractionSupport | None = None
+    #: `ModelCapabilities.pipeline_interactions`. Never sent (not in `to_json`)
+    pipeline_interactions: PipelineInteractions | None = None
     #: the start asked for in-band timing (`timing` on each media chunk); sent as `config.metrics`
     #: only when true, so a client that did not ask sees nothing new
     metrics: bool = False
@@ -182,6 +188,7 @@ class SessionConfig:
         out.pop("prompts")
         if self.prompts is not None:
             out["prompts"] = [{"text": text, "weight": weight} for text, weight in self.prompts]
+        out.pop("pipeline_interactions")
         out.pop("interactions")
         if self.interactions is not None:
             out["interactions"] = self.interactions.describe()
@@ -233,4 +240,5 @@ def resolve_session_config(
         prompts=start.prompts,
         interpolation=start.interpolation or (caps.interactions.interpolation[0] if caps.interactions else LINEAR),
         interactions=caps.interactions,
+        pipeline_interactions=caps.pipeline_interactions,
     )

@@ -205,11 +205,6 @@ def check_first_message(raw: bytes | str, *, binary: bool = False) -> dict[str, 
     return obj
 
 
-def parse_start(raw: bytes | str) -> StartRequest:
-    """Validate the first message of a session; anything but a valid start ends the session."""
-    return validate_start(check_first_message(raw))
-
-
 def check_bounded(value: Any, name: str, *, sized: bool = True) -> None:
     """`value` (a start's free-form object) within `MAX_OBJECT_ENTRIES` entries and
     `MAX_OBJECT_DEPTH` levels, and (`sized`) `MAX_OBJECT_BYTES` as JSON; `invalid_start` naming

@@ -26,7 +26,7 @@ from rtvideo import cli
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
-from rtvideo.core.start_request import SAMPLING_FIELDS, parse_start
+from rtvideo.core.start_request import SAMPLING_FIELDS, check_first_message, validate_start
 from rtvideo.triton.model_repo import derive_model, read_parameters
 from tests.support.omni_example_client import play_example_client
 from tests.support.proxy_client import first_message_answers
@@ -164,15 +164,17 @@ def caps(**kwargs: Any) -> ModelCapabilities:
 
 
 def test_ignored_fields_follow_the_generators_capabilities() -> None:
-    start = parse_start(
-        json.dumps(
-            {
-                **VLLM_OMNI_START,
-                "model": None,
-                "negative_prompt": "blur",
-                "boundary_ratio": 0.9,
-                "sampling_params": {"flow_shift": 5.0, "strength": 0.4},
-            }
+    start = validate_start(
+        check_first_message(
+            json.dumps(
+                {
+                    **VLLM_OMNI_START,
+                    "model": None,
+                    "negative_prompt": "blur",
+                    "boundary_ratio": 0.9,
+                    "sampling_params": {"flow_shift": 5.0, "strength": 0.4},
+                }
+            )
         )
     )
     everything = ["boundary_ratio", "extra_params.strength", *IGNORED, "flow_shift", "negative_prompt"]
@@ -184,7 +186,9 @@ def test_ignored_fields_follow_the_generators_capabilities() -> None:
     assert list(resolve_session_config(start, uses_some).ignored_fields) == sorted(
         set(everything) - {"guidance_scale", "flow_shift", "extra_params.pyramid_num_stages", "extra_params.strength"}
     )
-    plain = resolve_session_config(parse_start('{"type": "session.start", "prompt": "x"}'), caps())
+    plain = resolve_session_config(
+        validate_start(check_first_message('{"type": "session.start", "prompt": "x"}')), caps()
+    )
     assert plain.ignored_fields == () and plain.to_json()["ignored_fields"] == []
     assert set(SAMPLING_FIELDS) == {
         "negative_prompt",
@@ -201,7 +205,9 @@ def test_the_vllm_omni_generator_honours_the_example_clients_sampling() -> None:
     """vllm_omni passes every sampling field and extra_params key on, as vLLM-Omni does: nothing
     of the example client's start is ignored, and config.sampling says what the engine runs with."""
     settings = BackendSettings.from_parameters({"generator": "vllm_omni", "width": "640", "height": "384"})
-    start = parse_start(json.dumps({**VLLM_OMNI_START, "negative_prompt": "blur", "num_inference_steps": 2}))
+    start = validate_start(
+        check_first_message(json.dumps({**VLLM_OMNI_START, "negative_prompt": "blur", "num_inference_steps": 2}))
+    )
     config = resolve_session_config(start, settings.capabilities("realtime_video"))
     assert config.ignored_fields == () and config.to_json()["ignored_fields"] == []
     assert config.to_json()["sampling"] == {
@@ -213,15 +219,22 @@ def test_the_vllm_omni_generator_honours_the_example_clients_sampling() -> None:
     assert config.num_frames == 429  # below the length cap: as asked
     # the same start without its preset: the model's preset fills it in
     bare = {k: v for k, v in VLLM_OMNI_START.items() if k not in ("extra_params", "guidance_scale")}
-    preset = resolve_session_config(parse_start(json.dumps(bare)), settings.capabilities("realtime_video"))
+    preset = resolve_session_config(
+        validate_start(check_first_message(json.dumps(bare))), settings.capabilities("realtime_video")
+    )
     assert preset.to_json()["sampling"] == {"guidance_scale": 1.0, "extra_params": HELIOS_DISTILLED_EXTRA_PARAMS}
 
 
 def test_seconds_as_vllm_omni_sends_it() -> None:
-    assert parse_start(json.dumps({"type": "session.start", "prompt": "x", "seconds": "5"})).seconds == 5.0
+    assert (
+        validate_start(
+            check_first_message(json.dumps({"type": "session.start", "prompt": "x", "seconds": "5"}))
+        ).seconds
+        == 5.0
+    )
     for bad in ("2.5", "0", "five", "05"):
         with pytest.raises(ProtocolError) as info:
-            parse_start(json.dumps({"type": "session.start", "prompt": "x", "seconds": bad}))
+            validate_start(check_first_message(json.dumps({"type": "session.start", "prompt": "x", "seconds": bad})))
         assert info.value.code is ErrorCode.INVALID_START
 
 
@@ -237,7 +250,7 @@ def test_served_model_names_setting() -> None:
     )
     with pytest.raises(ProtocolError) as info:
         resolve_session_config(
-            parse_start(json.dumps({**VLLM_OMNI_START, "model": "realtime_video"})),
+            validate_start(check_first_message(json.dumps({**VLLM_OMNI_START, "model": "realtime_video"}))),
             BackendSettings.from_parameters({"served_model_names": HELIOS_ID}).capabilities("realtime_video"),
         )
     assert info.value.code is ErrorCode.MODEL_MISMATCH  # like vLLM: served names replace the model's own

@@ -197,7 +197,7 @@ def run_session(model: Path) -> dict[str, Any]:
     )
     started_in = time.monotonic() - t0
     encoded: list[dict[str, Any]] = []
-    sources = EngineSources(host, {}, 3600, lambda w, h, fps: _Encoder(encoded), pipeline=PIPELINE)
+    sources = EngineSources(host, {}, 3600, lambda w, h, fps: _Encoder(encoded))
     config = session_config(
         prompt="a harbour at dawn",
         format="mp4",
@@ -220,7 +220,7 @@ def run_session(model: Path) -> dict[str, Any]:
         )  # before the first output: held by the host until the engine admits the request
         source.admit_event(
             Interaction.prompt_update("empty", "", 1)
-        )  # refused before forwarding, with the engine's own words
+        )  # the parser refuses it from a client; forwarded here, the engine itself refuses it
         while len(chunks) < CHUNKS:
             item = source.next_chunk(FRAMES_PER_CHUNK)
             if isinstance(item, FailedEvent):
@@ -239,8 +239,8 @@ def run_session(model: Path) -> dict[str, Any]:
                 }
             )
             if plan.generation_chunk_index == 0:
-                # what AsyncOmni.submit_interaction_async itself refuses (interaction_rules says the
-                # same), asked while the request runs: a finished one is refused by the host first
+                # what AsyncOmni.submit_interaction_async itself refuses, asked while the request
+                # runs: a finished one is refused by the host first
                 try:
                     host.interact("cpu-session", {"event_id": "raw", "event": {"prompt": ""}}).result(30)
                 except Exception as exc:  # noqa: BLE001 - reported

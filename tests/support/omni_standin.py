@@ -6,7 +6,9 @@ the interaction path is vLLM-Omni's own code, loaded from the pinned wheel
 (`tests/support/vllm_omni_wheel.py`):
 
 - `submit_interaction_async` refuses synchronously exactly what `AsyncOmni.submit_interaction_async`
-  does (empty prompt, negative `transition_chunks`, no active request); everything else is
+  does (empty prompt, negative `transition_chunks`, no active request; tests/unit/backend/
+  test_vllm_omni_refusals.py runs the wheel's own method beside it on every kind of event and
+  compares where and in which words each refuses); everything else is
   queued and handed, as the worker does (`DiffusionModelRunner.submit_interaction`), to the
   wheel's `InteractionCoordinator.enqueue_parts`, built with `InteractionCoordinator.build`
   from the wheel's registry for the configured pipeline class (`model_class_name`, default

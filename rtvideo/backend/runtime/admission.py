@@ -16,10 +16,11 @@ from typing import Any
 
 from rtvideo.backend.runtime.endings import ended_error
 from rtvideo.backend.runtime.ports import Channel, Metrics
-from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, Interaction, source_modalities
+from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, Interaction
 from rtvideo.core import server_messages
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.event_book import EventBook, Outcome
+from rtvideo.core.interaction import interaction_refusal
 from rtvideo.core.protocol import InteractionRequest
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.transitions import ChunkPlan
@@ -74,13 +75,15 @@ class EventDesk:
         Admission and the ended check are one step under the state lock, so an event is
         either admitted before the session's end is computed, and so reaches an end in
         `session.done`, or refused because the session has ended. Returns the failure of an
-        event acked but refused (`refusal`), which the session sends as `interaction_failed`.
+        event acked but refused (`interaction_refusal`, the one place that decides it, from the
+        generator's `config.interactions` and the engine's pipeline rules), which the session
+        sends as its error (`interaction_failed`).
         """
         received = time.monotonic() if received is None else received
         request = request.with_event_id()
         event_id = request.event_id
         assert event_id is not None
-        refusal = self.refusal(request)
+        refusal = interaction_refusal(request, self._config.interactions, self._config.pipeline_interactions)
         with self.lock:
             if self._ended:
                 reply.send(ended_error(self._request_id), final=True)
@@ -121,30 +124,8 @@ class EventDesk:
                     ack_seconds * 1e3,
                 )
                 return None
-        log.info("request_id=%s event_id=%s refused: %s", self._request_id, event_id, refusal)
-        return FailedEvent(event_id, refusal)
-
-    def refusal(self, request: InteractionRequest) -> str | None:
-        """Why the active model applies nothing of `request` (acked, then `interaction_failed`),
-        or None: an `OmniTextPrompt` field no model applies, a field or interpolation this
-        generator does not take (`config.interactions`: a blend, slerp), a modality its source
-        does not register (none when only its engine knows)."""
-        unsupported = request.unsupported_fields
-        if unsupported:
-            return (
-                f"event field(s) {', '.join(unsupported)} not supported by the active model; "
-                "nothing of this event was applied"
-            )
-        support = self._config.interactions
-        refusal = support.refusal(request) if support is not None else None
-        accepted = source_modalities(self._source)
-        missing = [] if accepted is None else [kind for kind in request.kinds if kind not in accepted]
-        if refusal is None and missing:
-            return (
-                f"interaction modality {', '.join(map(repr, missing))} is not supported by the active model "
-                f"(it registers {', '.join(sorted(accepted or ())) or 'none'}); nothing of this event was applied"
-            )
-        return refusal
+        log.info("request_id=%s event_id=%s refused: %s", self._request_id, event_id, refusal.message)
+        return FailedEvent(event_id, refusal.message, refusal.code)
 
     def chunk_sent(self, plan: ChunkPlan) -> None:
         """Enter a sent chunk's event lists (call holding the stream lock, right after the send)."""

@@ -25,7 +25,6 @@ from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, SourceChun
 from rtvideo.backend.runtime.tracing import chunk_sent
 from rtvideo.core import server_messages
 from rtvideo.core.chunks import chunk_timing, media_metadata, trailer_metadata
-from rtvideo.core.errors import ErrorCode
 from rtvideo.core.pacing import PacingPolicy, PlayheadPacer, ReportClamp
 from rtvideo.core.protocol import InteractionRequest, PlaybackReport
 from rtvideo.core.session_config import SessionConfig
@@ -289,12 +288,10 @@ class Session:
         with self._stream_lock:
             if self._cancelled or not self._desk.failed(failure.event_id):
                 return
-            self._metrics.count_interaction("interaction_failed")
+            self._metrics.count_interaction(failure.code.value)
             log.info("request_id=%s event_id=%s failed: %s", self.request_id, failure.event_id, failure.why)
             self.channel.send(
-                server_messages.error(
-                    ErrorCode.INTERACTION_FAILED, failure.why, request_id=self.request_id, event_id=failure.event_id
-                )
+                server_messages.error(failure.code, failure.why, request_id=self.request_id, event_id=failure.event_id)
             )
 
     # --- ending -------------------------------------------------------------------------

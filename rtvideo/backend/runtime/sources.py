@@ -31,6 +31,7 @@ import numpy as np
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory, GeneratorSession, VideoGenerator
 from rtvideo.core import camera, conditioning
 from rtvideo.core.conditioning import Conditioning
+from rtvideo.core.errors import ErrorCode
 from rtvideo.core.interaction import (
     BLEND,
     CAMERA,
@@ -69,30 +70,23 @@ class SourceChunk:
 
 @dataclass(frozen=True)
 class FailedEvent:
-    """An acked event the source could not apply (the engine refused it). The source has
-    dropped it from its open events; the session reports it with `interaction_failed`."""
+    """An acked event that will not be applied: refused at admission (`EventDesk.admit`, by
+    `rtvideo.core.interaction.interaction_refusal`), or refused by the engine after it was
+    forwarded (the source has dropped it from its open events). The session reports it with
+    `code` and `why`."""
 
     event_id: str
     why: str
-
-
-#: what a source applies when it does not say (`ChunkSource.modalities`)
-PROMPT_ONLY: frozenset[str] = frozenset({"prompt"})
-
-
-def source_modalities(source: object) -> frozenset[str] | None:
-    """The modalities a source applies: its `modalities` attribute (None: whatever the engine
-    accepts, unknown here), else the prompt only."""
-    return getattr(source, "modalities", PROMPT_ONLY)
+    code: ErrorCode = ErrorCode.INTERACTION_FAILED
 
 
 class ChunkSource(Protocol):
     """One session's chunks. `admit` runs on the request path, `interrupt` on any thread,
     the rest on the session's worker.
 
-    Every acked event reaches `admit_event` (the one way in). A source that applies more than
-    prompts says so with `modalities` (a frozenset, or None when only its engine knows); one
-    without gets prompt-only events.
+    Every acked event the model does not refuse reaches `admit_event` (the one way in): the
+    model refused beforehand what the generator does not take (`config.interactions`) or the
+    engine's pipeline does not register (`config.pipeline_interactions`).
     """
 
     #: whether waiting before `next_chunk` holds generation back (then the session paces it)
@@ -224,7 +218,6 @@ class GeneratorChunkSource:
         self._handlers = HandlerRegistry(
             {PROMPT: self._admit_prompt, BLEND: self._admit_blend, CAMERA: self._admit_camera}
         )
-        self.modalities = self._handlers.kinds
         self._config = config
         rebuild = config.rebuild
         self._script: dict[int, list[ScriptedEvent]] = {}

@@ -1,19 +1,12 @@
-"""What vLLM-Omni 0.30 refuses of an interaction, checked before it is forwarded.
+"""Which pipeline class the deployed vLLM-Omni model runs, and what its deploy config sets.
 
-`AsyncOmni.submit_interaction_async` refuses synchronously (raises) only an empty prompt, a
-negative `transition_chunks`, a pipeline that is not single-stage diffusion, and no (or more
-than one) active request of that id; everything else only queues. The worker refuses later
-(`DiffusionModelRunner.submit_interaction` → `InteractionCoordinator.enqueue_parts` →
-`PromptInteractionHandler.validate_payload`): a modality the pipeline class has no handler
-for in `STRUCTURED_HANDLER_REGISTRY` (`diffusion/interaction/registry.py`), a request whose
-prompt is not yet encoded ("not allowed before initial generation has started"), an empty
-prompt or event id, a negative `transition_chunks`, or the pipeline's `encode_prompt` failing.
-Those come back as a non-fatal `ErrorMessage` that `generate()` raises, and the request is
-aborted (`orchestrator.py` `_handle_interaction`, `async_omni_base.py`, `async_omni.py`).
-
-So the adapter checks every one of those rules it can know beforehand (`refusal`), and holds
-events until the request's first output (the prompt is encoded before it); what only the
-engine can detect ends the session.
+vLLM-Omni's rules about interactions are keyed by the pipeline class (its handler registry,
+`STRUCTURED_HANDLER_REGISTRY`), as are its models' other rules (`model_rules.py`):
+`pipeline_class` finds the class the engine will resolve, and the `deploy_*` readers the deploy
+config's stages. Whether an interaction is refused is decided by the model's admission, with the
+table's data (`model_rules.pipeline_interactions`, `rtvideo.core.interaction.refusal`), before
+the engine sees it: the engine's own refusals come back through `generate()`, which aborts the
+request (`orchestrator.py` `_handle_interaction`, `async_omni.py`).
 """
 
 from __future__ import annotations
@@ -23,16 +16,6 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from rtvideo.core.interaction import kinds_of
-
-#: `vllm_omni.diffusion.interaction.registry.STRUCTURED_HANDLER_REGISTRY` of the pinned wheel:
-#: pipeline class -> the interaction modalities it has a handler for (a unit test compares it)
-INTERACTION_MODALITIES: dict[str, frozenset[str]] = {
-    "HeliosPipeline": frozenset({"prompt"}),
-    "HeliosPyramidPipeline": frozenset({"prompt"}),
-    "LingBotWorldCausalDMDPipeline": frozenset({"camera"}),
-}
 
 
 def pipeline_class(model: str, engine_args: Mapping[str, Any]) -> str | None:
@@ -124,28 +107,3 @@ def deploy_model_config(path: Any) -> dict[str, Any]:
         if isinstance(config, dict):
             return config
     return {}
-
-
-def modalities(pipeline: str | None) -> frozenset[str] | None:
-    """The modalities the engine accepts for `pipeline` (None: unknown, nothing is checked)."""
-    if pipeline is None:
-        return None
-    return INTERACTION_MODALITIES.get(pipeline, frozenset())
-
-
-def refusal(event: Mapping[str, Any], transition_chunks: int | None, pipeline: str | None) -> str | None:
-    """Why the engine would refuse this interaction (its own message), or None."""
-    prompt = event.get("prompt")
-    if "prompt" in event and (not isinstance(prompt, str) or not prompt):
-        return "prompt must be non-empty"
-    if transition_chunks is not None and transition_chunks < 0:
-        return "transition_chunks must be >= 0"
-    accepted = modalities(pipeline)
-    if accepted is not None:
-        parts = kinds_of(event)
-        if not parts:
-            return "interaction event requires prompt and/or multi_modal_data"
-        for modality in parts:
-            if modality not in accepted:
-                return f"interaction modality {modality!r} is not supported by pipeline {pipeline!r}"
-    return None

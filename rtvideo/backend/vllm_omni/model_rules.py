@@ -24,7 +24,9 @@ reads every one of them in the wheel):
   whole number of 3-frame latent blocks (so num_frames % 12 == 9), and one image in
   `multi_modal_data.image` on every request; a chunk is one block, 9 frames first (the
   opening latent decodes to one frame) and 12 after (`_chunk_media_frame_count`).
-- Interaction kinds: `diffusion/interaction/registry.py` (`STRUCTURED_HANDLER_REGISTRY`).
+- Interaction kinds: `diffusion/interaction/registry.py` (`STRUCTURED_HANDLER_REGISTRY`), which
+  lists exactly the table's pipeline classes; `pipeline_interactions` hands them to the model's
+  admission as data (tests/unit/backend/test_vllm_omni_refusals.py runs the wheel's coordinator).
 - fps: both pipelines read the request's fps for the interaction timeline only (any positive
   value passes); the cap is the rate each model was trained at. `default_fps` is the rate a
   deployment serves it at, the one its reference GPU holds by upstream's published figure
@@ -38,7 +40,8 @@ refused start gets (None when allowed); `request_problem(...)` what the pipeline
 refuses of an engine request; `valid_frames(n)`, `request_frames(wanted, cap)` and
 `frame_cap(w, h, cap)` the frame-count rule; `chunk_frames(n)` the chunks a request yields;
 `for_deployment(extra, (w, h))` the entry as a deployment's `extra_params` and default size
-make it; `describe()` what a client is told.
+make it; `describe()` what a client is told. `pipeline_interactions(model, pipeline_class)`
+gives the modalities the deployed pipeline registers.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtvideo.core.interaction.refusal import PipelineInteractions
 from rtvideo.core.session_config import GeneratorLimits
 from rtvideo.core.start_request import StartRequest
 
@@ -431,3 +435,19 @@ def find(model: str, pipeline: str | None) -> ModelRules | None:
         if model in rules.model_ids:
             return rules
     return None
+
+
+def pipeline_interactions(model: str, pipeline: str | None) -> PipelineInteractions | None:
+    """The deployed model's rule about interactions, as the model's admission applies it
+    (`rtvideo.core.interaction.refusal`): the modalities vLLM-Omni's handler registry
+    (`diffusion/interaction/registry.py`, `STRUCTURED_HANDLER_REGISTRY`) gives its pipeline
+    class. The registry lists exactly this table's classes (a test reads it in the wheel), so a
+    class no entry names has no handler at all; without a class, the entry of the model id
+    names it; None when neither is known (then every event is forwarded and the engine decides)."""
+    if pipeline is not None:
+        entry = next((rules for rules in MODELS if pipeline in rules.pipeline_classes), None)
+        return PipelineInteractions(pipeline, entry.interactions if entry is not None else frozenset())
+    entry = find(model, None)
+    if entry is None or not entry.pipeline_classes:
+        return None
+    return PipelineInteractions(entry.pipeline_classes[0], entry.interactions)

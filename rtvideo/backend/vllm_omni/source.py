@@ -23,7 +23,6 @@ from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
 from rtvideo.backend.runtime.sources import FailedEvent, Interaction, LazyEncoder, SourceChunk
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
-from rtvideo.backend.vllm_omni.interaction_rules import modalities, refusal
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OVERFLOW, OutputQueue
 from rtvideo.core.camera import CameraMode, chunk_lists, merge_ids
@@ -49,7 +48,6 @@ class EngineChunkSource:
         num_frames: int,
         preset: Mapping[str, Any],
         open_encoder: Callable[[], ChunkEncoder],
-        pipeline: str | None = None,
         image_at: FirstFrameAt = FirstFrameAt.PROMPT,
         output_queue_bytes: int = DEFAULT_OUTPUT_QUEUE_BYTES,
         *,
@@ -59,7 +57,6 @@ class EngineChunkSource:
         continuation on a model that `repeats_first_frame`): not shown twice."""
         self._host = host
         self._drop_first = drop_first_frame
-        self._pipeline = pipeline  # the engine's pipeline class (its interaction modalities), if known
         self._unstarted: list[str] = []  # forwarded, not yet started, superseded or refused
         self._config = config
         self._request_id = request_id
@@ -82,18 +79,10 @@ class EngineChunkSource:
         self._cut_open = tuple(e.event_id for e in rebuild.named if e.open) if rebuild is not None else ()
         host.start_request(request_id, {"prompt": config.prompt}, config, num_frames, preset, self._queue, image_at)
 
-    #: every event reaches `admit_event`: what the pipeline does not register is refused here, at
-    #: forwarding, with the engine's own words (`interaction_rules.refusal`), not by the session
-    modalities = None
-
-    @property
-    def registered_modalities(self) -> frozenset[str] | None:
-        """What the engine's pipeline registers (vLLM-Omni's registry); None: unknown here, every
-        event is forwarded and the engine decides."""
-        return modalities(self._pipeline)
-
     def admit_event(self, interaction: Interaction) -> None:
-        """Any event, forwarded as sent (`multi_modal_data` unchanged). One with a prompt is
+        """An event the model did not refuse (what the pipeline does not register never gets here:
+        `rtvideo.core.interaction.interaction_refusal`), forwarded as sent (`multi_modal_data`
+        unchanged); what the engine still refuses comes back as `event_failed`. One with a prompt is
         translated as a prompt update (its N resolved); one without (a camera command) keeps
         the engine's own lists."""
         event_id = interaction.event_id
@@ -125,12 +114,6 @@ class EngineChunkSource:
             interaction = {"event_id": event_id, "event": dict(event)}
             if n is not None:
                 interaction["transition_chunks"] = n
-        # what the engine would refuse is refused here: the engine reports such refusals through
-        # `generate()`, which aborts the request (`interaction_rules`)
-        reason = refusal(event, n, self._pipeline)
-        if reason is not None:
-            self._queue.put("event_failed", (event_id, ValueError(reason)), time.monotonic())
-            return
         self._unstarted.append(event_id)
         try:
             future = self._host.interact(self._request_id, interaction)
@@ -279,7 +262,6 @@ class EngineSources:
         preset: Mapping[str, Any],
         max_session_seconds: float,
         encoder_factory: EncoderFactory,
-        pipeline: str | None = None,
         max_request_frames: int = DEFAULT_MAX_REQUEST_FRAMES,
         rules: ModelRules | None = None,
         output_queue_bytes: int = DEFAULT_OUTPUT_QUEUE_BYTES,
@@ -287,7 +269,6 @@ class EngineSources:
         self.host = host
         #: what one session's engine outputs may hold while its worker encodes (`OutputQueue`)
         self.output_queue_bytes = output_queue_bytes
-        self.pipeline = pipeline
         #: the model's own rules (`model_rules.py`): its frame-count rule, where it reads a first frame
         self.rules = rules
         #: the longest engine request (`vllm_omni_max_request_frames`): its decoded frames stay on the GPU
@@ -313,7 +294,6 @@ class EngineSources:
             frames,
             self._preset,
             open_encoder,
-            self.pipeline,
             image_at,
             self.output_queue_bytes,
             drop_first_frame=drop,

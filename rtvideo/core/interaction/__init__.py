@@ -1,7 +1,9 @@
-"""Interactions parsed once into typed parts (`types`), by one parser (`parse`), applied by
-per-kind handlers (`registry`). Pure: the proxy, the model and direct gRPC share it."""
+"""Interactions parsed once into typed parts (`types`), by one parser (`parse`), refused or not
+by one function (`refusal`), applied by per-kind handlers (`registry`). Pure: the proxy, the
+model and direct gRPC share it."""
 
 from rtvideo.core.interaction.parse import parse_interaction
+from rtvideo.core.interaction.refusal import PipelineInteractions, Refusal, interaction_refusal
 from rtvideo.core.interaction.registry import Handler, HandlerRegistry, UnhandledKinds
 from rtvideo.core.interaction.types import (
     BLEND,
@@ -14,7 +16,6 @@ from rtvideo.core.interaction.types import (
     ModalityPart,
     Part,
     PromptPart,
-    kinds_of,
     resolve_chunks,
 )
 
@@ -30,9 +31,11 @@ __all__ = [
     "InteractionRequest",
     "ModalityPart",
     "Part",
+    "PipelineInteractions",
     "PromptPart",
+    "Refusal",
     "UnhandledKinds",
-    "kinds_of",
+    "interaction_refusal",
     "parse_interaction",
     "resolve_chunks",
 ]

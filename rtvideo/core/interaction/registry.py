@@ -4,13 +4,14 @@
 A source registers one handler per kind it applies; `admit` hands each part of an event to
 its kind's handler, in the event's order (the prompt first). Admission is all or nothing:
 an event with a kind the registry lacks changes nothing (`UnhandledKinds`), so a composite
-event never half-applies. The session asks `missing` before it admits, and refuses such an
-event with its own message.
+event never half-applies. Such an event never gets here from a session: the model refuses it
+first (`refusal.interaction_refusal`, from the generator's `InteractionSupport.kinds`, which
+a test keeps equal to the built-in source's registry).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from rtvideo.core.interaction.types import Interaction, Part
 
@@ -32,17 +33,9 @@ class HandlerRegistry:
     def __init__(self, handlers: Mapping[str, Handler]) -> None:
         self._handlers = dict(handlers)
 
-    @property
-    def kinds(self) -> frozenset[str]:
-        return frozenset(self._handlers)
-
-    def missing(self, kinds: Iterable[str]) -> list[str]:
-        """The kinds no handler here applies, in the event's order."""
-        return [kind for kind in kinds if kind not in self._handlers]
-
     def admit(self, interaction: Interaction) -> None:
         """Each part to its handler, in order; raises `UnhandledKinds` (having applied nothing)."""
-        missing = self.missing(interaction.kinds)
+        missing = [kind for kind in interaction.kinds if kind not in self._handlers]
         if missing:
             raise UnhandledKinds(missing)
         for part in interaction.parts:

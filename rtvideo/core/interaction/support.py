@@ -1,12 +1,12 @@
 """What interactions a generator takes, as one table a client is told (`video.start`
-`config.interactions`, `GET /v1/models`) and the session enforces (docs/protocol.md §2.2).
+`config.interactions`, `GET /v1/models`) and the model enforces (docs/protocol.md §2.2).
 
 Pure. Each generator's entry lives in `rtvideo.backend.catalog.GENERATORS`; the model's
-settings narrow the kinds to the deployed pipeline's (`BackendSettings.capabilities`).
+settings narrow the kinds to the deployed pipeline's (`BackendSettings.interactions`).
 What the parser accepts is wider (every field any generator takes): an event that sets a
 field, or an interpolation, the active generator does not take is acked and then fails with
-`interaction_failed` naming it, as an unsupported `OmniTextPrompt` field does; a start that
-does is `invalid_start` naming it.
+`interaction_failed` naming it (`refusal.interaction_refusal` decides), as an unsupported
+`OmniTextPrompt` field does; a start that does is `invalid_start` naming it (`start_problem`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtvideo.core.conditioning import LINEAR
-from rtvideo.core.interaction.types import InteractionRequest
 
 
 @dataclass(frozen=True)
@@ -34,25 +33,6 @@ class InteractionSupport:
             "event_fields": list(self.event_fields),
             "interpolation": list(self.interpolation),
         }
-
-    def refused(self, request: InteractionRequest) -> list[str]:
-        """What of `request` this generator does not take: its event fields (sorted), then
-        `interpolation` when it sets a method not taken; [] when it takes all of it."""
-        fields = sorted(set(request.event) - set(self.event_fields))
-        if request.interpolation is not None and request.interpolation not in self.interpolation:
-            fields.append("interpolation")
-        return fields
-
-    def refusal(self, request: InteractionRequest) -> str | None:
-        """The `interaction_failed` message for `request`, or None when it is taken."""
-        refused = self.refused(request)
-        if not refused:
-            return None
-        fields = [name for name in refused if name != "interpolation"]
-        why = [f"event field(s) {', '.join(fields)}"] if fields else []
-        if "interpolation" in refused:
-            why.append(f"interpolation {request.interpolation!r} (it takes {', '.join(self.interpolation)})")
-        return f"{' and '.join(why)} not supported by the active model; nothing of this event was applied"
 
     def start_problem(self, *, blend: bool, interpolation: str | None) -> str | None:
         """Why a start's `prompts` or `interpolation` cannot be honoured here, or None."""

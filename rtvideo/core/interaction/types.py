@@ -4,8 +4,8 @@ An interaction is an envelope (`event_id`, `transition_chunks`) around one event
 event is a list of parts, one per kind, in vLLM-Omni 0.30's order
 (`DiffusionModelRunner.submit_interaction`): the prompt first, then each `multi_modal_data`
 modality as sent. Every reader of an event reads these parts: the proxy (its acks), the
-backend session (which kinds its source applies) and each source (`registry`), so a payload
-is validated and interpreted in one place.
+model's admission (whether it is refused: `refusal.interaction_refusal`) and each source
+(`registry`), so a payload is validated and interpreted in one place.
 
 Two types, two moments:
 - `InteractionRequest`: the message as validated. `transition_chunks` is as sent (None when
@@ -23,13 +23,13 @@ import hashlib
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rtvideo.core import camera
 from rtvideo.core.camera import CameraCommand
 from rtvideo.core.conditioning import LINEAR, normalise
-from rtvideo.core.event_types import BLEND_EVENT_FIELDS, SUPPORTED_EVENT_FIELDS, OmniInteractionEvent
+from rtvideo.core.event_types import OmniInteractionEvent
 
 # --- kinds --------------------------------------------------------------------------------
 PROMPT = "prompt"
@@ -37,8 +37,6 @@ CAMERA = camera.MODALITY
 #: a weighted prompt blend (`event.prompts`, in place of `event.prompt`): it takes the prompt's
 #: slot everywhere (its default N, the transition tracker, supersede rules)
 BLEND = "blend"
-#: the kinds that set the scene (at most one per event; the newest pending one wins)
-PROMPT_KINDS = frozenset({PROMPT, BLEND})
 
 #: the N of a kind whose default is fixed when the interaction sets none; the prompt's is the
 #: session's (`SessionConfig.default_transition_chunks`), the camera's vLLM-Omni's handler's
@@ -87,13 +85,6 @@ class ModalityPart:
 
 
 Part = PromptPart | CameraPart | BlendPart | ModalityPart
-
-
-def kinds_of(event: Mapping[str, Any]) -> tuple[str, ...]:
-    """An event's kinds in order (the prompt first), read without validating the payloads:
-    for a check that needs no more (and must not fail on a payload it does not know)."""
-    prompt = (PROMPT,) if event.get("prompt") is not None else (BLEND,) if event.get("prompts") is not None else ()
-    return prompt + tuple(str(modality) for modality in event.get("multi_modal_data") or {})
 
 
 def parts_of(event: Mapping[str, Any]) -> tuple[Part, ...]:
@@ -175,11 +166,6 @@ class InteractionRequest(_Parts):
         )
         return hashlib.sha256(canonical.encode("ascii")).digest()
 
-    @property
-    def unsupported_fields(self) -> list[str]:
-        """The event's fields no model applies (acked, then `interaction_failed`), sorted."""
-        return sorted(set(self.event) - SUPPORTED_EVENT_FIELDS - BLEND_EVENT_FIELDS)
-
     def with_event_id(self) -> InteractionRequest:
         """The same request with a server-generated id when the client sent none."""
         if self.event_id is not None:
@@ -238,17 +224,6 @@ class Interaction(_Parts):
         chunks = {kind: resolve_chunks(kind, sent, prompt_default) for kind in request.kinds}
         interpolation = request.interpolation or interpolation_default
         return cls(event_id, request.event, request.parts, chunks, sent, received_at, interpolation)
-
-    @classmethod
-    def from_request(
-        cls, request: InteractionRequest, event_id: str, prompt_chunks: int, received_at: float
-    ) -> Interaction:
-        """As `admitted`, with the prompt's N already resolved (`prompt_chunks`)."""
-        admitted = cls.admitted(request, event_id, prompt_default=prompt_chunks, received_at=received_at)
-        kind = next((k for k in admitted.chunks if k in PROMPT_KINDS), None)
-        if kind is None:
-            return admitted
-        return replace(admitted, chunks={**admitted.chunks, kind: prompt_chunks})
 
     @classmethod
     def prompt_update(cls, event_id: str, prompt: str, chunks: int, received_at: float = 0.0) -> Interaction:

@@ -1,6 +1,6 @@
 """Camera events through the session runtime: the built-in source renders each frame's pose and
-reports camera events beside prompt events; a source that does not register a modality acks
-the event, then fails it with `interaction_failed` naming the modality; every camera event
+reports camera events beside prompt events; a modality the generator does not register is acked,
+then failed with `interaction_failed` naming it, before the source sees it; every camera event
 reaches one visible end (a chunk list, or session.done's)."""
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
+from rtvideo.backend import catalog
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorChunkSource, Interaction, RenderedChunk
 from rtvideo.backend.settings import BackendSettings
+from rtvideo.core.interaction import UnhandledKinds
 from rtvideo.core.pose import IDENTITY, Pose
 from rtvideo.core.protocol import InteractionRequest, parse_message
 from rtvideo.core.session_config import resolve_session_config
-from rtvideo.core.start_request import parse_start
+from rtvideo.core.start_request import check_first_message, validate_start
 from tests.support.recorder import Recorder
 from tests.support.runtime_standins import SECRET
 
@@ -45,7 +48,7 @@ class PoseRecorder:
 def config() -> Any:
     settings = BackendSettings(width=64, height=64, fps=8, frames_per_chunk=4, default_transition_chunks=2)
     return resolve_session_config(
-        parse_start('{"type": "session.start", "prompt": "a lake"}'), settings.capabilities("m")
+        validate_start(check_first_message('{"type": "session.start", "prompt": "a lake"}')), settings.capabilities("m")
     )
 
 
@@ -55,7 +58,24 @@ def admission(event_id: str, event: dict[str, Any], received: float, n: int | No
         interaction["transition_chunks"] = n
     request = parse_message(json.dumps({"type": "session.interaction", "interaction": interaction}))
     assert isinstance(request, InteractionRequest)
-    return Interaction.from_request(request, event_id, 2 if n is None else n, received)
+    return Interaction.admitted(request, event_id, prompt_default=2, received_at=received)
+
+
+def test_the_builtin_source_applies_each_kind_its_generator_says_it_takes() -> None:
+    """The catalog's kinds (`config.interactions`, what the model refuses beyond) are exactly
+    what the built-in source's handlers apply."""
+    kinds = catalog.GENERATORS["builtin"].interactions.kinds
+    events = {
+        "prompt": {"prompt": "snow"},
+        "blend": {"prompts": [{"text": "snow", "weight": 1}, {"text": "rain", "weight": 1}]},
+        "camera": {"multi_modal_data": {"camera": VELOCITY}},
+    }
+    assert kinds is not None and set(kinds) == set(events)
+    source = GeneratorChunkSource(PoseRecorder(), config(), clock=lambda: 0.0)
+    for kind in kinds:
+        source.admit_event(admission(kind, events[kind], 0.0))
+    with pytest.raises(UnhandledKinds):
+        source.admit_event(admission("image", {"multi_modal_data": {"image": {"url": "x"}}}, 0.0))
 
 
 def test_no_camera_event_no_poses() -> None:
@@ -92,8 +112,8 @@ def test_poses_per_frame_and_merged_lists() -> None:
 
 
 # --- through the session manager ------------------------------------------------------------
-class PromptOnlySource:
-    """A source that registers no modality but the prompt (as vLLM-Omni's Helios)."""
+class RecordingSource:
+    """A source that records the events it is handed, and yields what the test puts."""
 
     pacing = False
 
@@ -148,21 +168,26 @@ def send(mgr: SessionManager, event_id: str, event: dict[str, Any]) -> Recorder:
     return ack
 
 
-def test_a_modality_the_source_does_not_register_is_acked_then_failed_by_name() -> None:
-    source = PromptOnlySource()
+def test_a_modality_the_generator_does_not_register_is_acked_then_failed_by_name() -> None:
+    """The built-in generator's kinds (`config.interactions`): prompt, blend, camera; an image is
+    refused before the source sees it, and the session goes on."""
+    source = RecordingSource()
     mgr, ch = session_with(source)
-    ack = send(mgr, "cam", {"multi_modal_data": {"camera": VELOCITY}})
+    ack = send(mgr, "img", {"multi_modal_data": {"image": {"url": "https://example.com/a.png"}}})
     assert ack.types() == ["session.interaction.queued"]
     assert send(mgr, "p", {"prompt": "snow"}).types() == ["session.interaction.queued"]
     assert source.admitted == ["p"]
     errors = [m for m, _, _ in ch.sent if m and m["type"] == "error"]
-    assert [(e["code"], e["event_id"]) for e in errors] == [("interaction_failed", "cam")]
-    assert "'camera'" in errors[0]["message"] and "prompt" in errors[0]["message"]
+    assert [(e["code"], e["event_id"]) for e in errors] == [("interaction_failed", "img")]
+    assert errors[0]["message"] == (
+        "interaction modality 'image' is not supported by the active model (it registers blend, camera, prompt); "
+        "nothing of this event was applied"
+    )
     mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET)
     source.items.put(None)
     assert ch.finished.wait(5)
     done = ch.sent[-1][0]
-    assert done["unapplied_event_ids"] == ["p"] and "cam" not in done["unfinished_event_ids"]
+    assert done["unapplied_event_ids"] == ["p"] and "img" not in done["unfinished_event_ids"]
 
 
 def test_a_held_velocity_is_unfinished_in_session_done() -> None:

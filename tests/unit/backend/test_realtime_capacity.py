@@ -20,7 +20,7 @@ from rtvideo.backend.vllm_omni.engine_limits import (
     engine_max_num_seqs,
 )
 from rtvideo.core.session_config import resolve_session_config
-from rtvideo.core.start_request import parse_start
+from rtvideo.core.start_request import check_first_message, validate_start
 from tests.support.paths import REPO_ROOT, SUPPORT
 from tests.support.recorder import Recorder
 from tests.support.runtime_standins import SECRET
@@ -30,7 +30,7 @@ SETTINGS = BackendSettings(width=64, height=64)
 
 
 def _config(**fields: object):  # type: ignore[no-untyped-def]
-    start = parse_start(json.dumps({"type": "session.start", "prompt": "p", **fields}).encode())
+    start = validate_start(check_first_message(json.dumps({"type": "session.start", "prompt": "p", **fields}).encode()))
     return resolve_session_config(start, SETTINGS.capabilities("m"))
 
 

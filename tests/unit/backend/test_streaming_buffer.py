@@ -12,7 +12,7 @@ from rtvideo.backend.runtime.session import Limits, session_limits
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.session_config import resolve_session_config
-from rtvideo.core.start_request import parse_start
+from rtvideo.core.start_request import check_first_message, validate_start
 from tests.support.streams import schema_errors
 
 START = {"type": "session.start", "prompt": "a harbour", "streaming_buffer_seconds": 1.5}
@@ -20,7 +20,9 @@ LIMITS = Limits(pacing_lead_chunks=1.0, max_session_seconds=60.0, stall_timeout_
 
 
 def _config(settings: BackendSettings, **fields: object):  # type: ignore[no-untyped-def]
-    return resolve_session_config(parse_start(json.dumps({**START, **fields})), settings.capabilities("m"))
+    return resolve_session_config(
+        validate_start(check_first_message(json.dumps({**START, **fields}))), settings.capabilities("m")
+    )
 
 
 def test_where_the_generator_paces_it_is_the_sessions_lead() -> None:
@@ -48,7 +50,7 @@ def test_where_it_does_not_pace_it_is_ignored(settings: BackendSettings) -> None
 @pytest.mark.parametrize("bad", [0, -1, 61, "1.5", True])
 def test_it_is_a_positive_number_of_seconds_up_to_a_minute(bad: object) -> None:
     with pytest.raises(ProtocolError, match="streaming_buffer_seconds"):
-        parse_start(json.dumps({**START, "streaming_buffer_seconds": bad}))
+        validate_start(check_first_message(json.dumps({**START, "streaming_buffer_seconds": bad})))
 
 
 def test_the_schema_takes_it() -> None:

@@ -1,6 +1,7 @@
 """Camera events on the `vllm_omni` path: forwarded unchanged when the engine's pipeline
-registers `camera` (vLLM-Omni's registry: LingBot-World), refused as `interaction_failed`
-naming the modality otherwise (Helios), and the engine's own camera lists reported.
+registers `camera` (vLLM-Omni's registry: LingBot-World), refused by the model's admission as
+`interaction_failed` naming the modality otherwise (Helios), and the engine's own camera lists
+reported.
 
 The engine is the stand-in (tests/support/omni_standin.py) hosted by the real `EngineHost`: its
 interaction path is the wheel's `InteractionCoordinator` with the wheel's
@@ -18,15 +19,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rtvideo.backend.runtime.sources import FailedEvent, Interaction, SourceChunk, source_modalities
+from rtvideo.backend.runtime.manager import SessionManager
+from rtvideo.backend.runtime.session import Limits
+from rtvideo.backend.runtime.sources import Interaction, SourceChunk
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED
-from rtvideo.backend.vllm_omni.source import EngineChunkSource
+from rtvideo.backend.vllm_omni.source import EngineChunkSource, EngineSources
+from rtvideo.core.interaction import interaction_refusal, parse_interaction
 from rtvideo.core.protocol import InteractionRequest, parse_message
 from rtvideo.core.session_config import resolve_session_config
-from rtvideo.core.start_request import parse_start
+from rtvideo.core.start_request import check_first_message, validate_start
 from tests.support.omni_standin import StandInAsyncOmni, StandInSamplingParams
+from tests.support.recorder import Recorder
+from tests.support.runtime_standins import SECRET
 
 VELOCITY = {"mode": "velocity", "data": {"translation": [0.0, 0.0, 0.05], "rotation": [0.0, 0.0, 0.0, 1.0]}}
 TARGET = {"mode": "target", "data": {"translation": [1.0, 0.0, 0.0], "rotation": [0.0, 0.0, 0.0, 1.0]}}
@@ -76,7 +82,7 @@ def host_and_source(
     first_frame = {"image_reference": {"image_url": PIXEL}} if lingbot else {}
     fields = {"prompt": "p", "num_frames": frames, **first_frame, **(start or {})}
     config = resolve_session_config(
-        parse_start(json.dumps({"type": "session.start", **fields})),
+        validate_start(check_first_message(json.dumps({"type": "session.start", **fields}))),
         settings.capabilities("realtime_video"),
     )
     if image is None and lingbot:
@@ -85,7 +91,7 @@ def host_and_source(
         config = replace(config, reference_image=image)
     rules = settings.model_rules()
     assert rules is not None
-    source = EngineChunkSource(host, config, "r", frames, {}, NullEncoder, pipeline, rules.first_frame_at)
+    source = EngineChunkSource(host, config, "r", frames, {}, NullEncoder, rules.first_frame_at)
     return host, source
 
 
@@ -95,7 +101,7 @@ def admission(event_id: str, event: dict[str, Any], n: int | None = None) -> Int
         interaction["transition_chunks"] = n
     request = parse_message(json.dumps({"type": "session.interaction", "interaction": interaction}))
     assert isinstance(request, InteractionRequest)
-    return Interaction.from_request(request, event_id, 3, time.monotonic())
+    return Interaction.admitted(request, event_id, prompt_default=3, received_at=time.monotonic())
 
 
 def records(path: Path, call: str) -> list[dict[str, Any]]:
@@ -106,8 +112,6 @@ def test_a_camera_pipeline_gets_the_camera_event_unchanged_and_its_lists_are_rep
     record = tmp_path / "calls.jsonl"
     host, source = host_and_source("LingBotWorldCausalDMDPipeline", record)
     try:
-        assert source.registered_modalities == frozenset({"camera"})
-        assert source_modalities(source) is None  # the source refuses itself, in the engine's words
         first = source.next_chunk(4)
         assert isinstance(first, SourceChunk)
         source.admit_event(admission("fwd", {"multi_modal_data": {"camera": VELOCITY}}))
@@ -139,19 +143,51 @@ def test_a_camera_pipeline_gets_the_camera_event_unchanged_and_its_lists_are_rep
 
 
 def test_a_prompt_only_pipeline_refuses_a_camera_event_by_name(tmp_path: Path) -> None:
+    """Through the model's session manager, as the Triton model drives it: the camera event is
+    acked, then `interaction_failed` with what `interaction_refusal` says of it (the model rule
+    table's modalities for Helios), and it never reaches the engine."""
     record = tmp_path / "calls.jsonl"
-    host, source = host_and_source("HeliosPyramidPipeline", record)
+    host = EngineHost(
+        StandInAsyncOmni,
+        model="m",
+        engine_args={"record": str(record), "chunk_seconds": 0.05, "frames_per_chunk": 4},
+        health_seconds=60,
+    )
+    settings = BackendSettings.from_parameters(
+        {
+            "generator": "vllm_omni",
+            "width": "128",
+            "height": "128",
+            "frames_per_chunk": "4",
+            "vllm_omni_engine_args": json.dumps({"model_class_name": "HeliosPyramidPipeline"}),
+        }
+    )
+    manager = SessionManager(
+        sources=EngineSources(host, {}, 60.0, lambda w, h, fps: NullEncoder()),
+        capabilities=settings.capabilities("realtime_video"),
+        limits=Limits(pacing_lead_chunks=None, max_session_seconds=60.0, stall_timeout_seconds=60.0),
+        max_sessions=1,
+    )
+    stream, ack = Recorder(), Recorder()
+    message = {
+        "type": "session.interaction",
+        "interaction": {"event_id": "fwd", "event": {"multi_modal_data": {"camera": VELOCITY}}},
+    }
     try:
-        assert source.registered_modalities == frozenset({"prompt"})
-        source.next_chunk(4)
-        # acked by the session, refused here before it reaches the engine (whose refusal would end the session)
-        source.admit_event(admission("fwd", {"multi_modal_data": {"camera": VELOCITY}}))
-        failed = source.next_chunk(4)
-        assert isinstance(failed, FailedEvent) and failed.event_id == "fwd"
-        assert "'camera' is not supported by pipeline 'HeliosPyramidPipeline'" in failed.why
+        start = b'{"type": "session.start", "prompt": "p", "num_frames": 40}'
+        manager.on_request(1, start, start=True, end=False, channel=stream, secret=SECRET)
+        manager.on_request(1, json.dumps(message).encode(), start=False, end=False, channel=ack, secret=SECRET)
+        stop = b'{"type": "session.stop"}'
+        manager.on_request(1, stop, start=False, end=True, channel=Recorder(), secret=SECRET)
+        assert stream.finished.wait(10)
     finally:
-        source.close()
-        host.shutdown()
+        manager.shutdown()
+    assert ack.types() == ["session.interaction.queued"]
+    (error,) = [m for m, _, _ in stream.sent if m and m["type"] == "error"]
+    refusal = interaction_refusal(parse_interaction(message), settings.interactions(), settings.pipeline_interactions())
+    assert refusal is not None
+    assert (error["code"], error["message"], error["event_id"]) == (refusal.code.value, refusal.message, "fwd")
+    assert "'camera' is not supported by pipeline 'HeliosPyramidPipeline'" in error["message"]
     assert records(record, "submit") == []
 
 

@@ -21,7 +21,7 @@ from rtvideo.backend.vllm_omni.model_rules import HELIOS, HELIOS_DISTILLED, LING
 from rtvideo.backend.vllm_omni.source import EngineSources
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.session_config import resolve_session_config
-from rtvideo.core.start_request import parse_start
+from rtvideo.core.start_request import check_first_message, validate_start
 from tests.support.vllm_omni_wheel import wheel_source
 
 HELIOS_PIPELINE = "vllm_omni/diffusion/models/helios/pipeline_helios.py"
@@ -191,7 +191,9 @@ def test_lingbot_requests_are_valid_counts_within_the_caps() -> None:
     assert LINGBOT_WORLD.memory_cap(832, 480) == 885  # 4 GiB / (832 x 480 x 12 B) = 896, down to 12k + 9
     assert [LINGBOT_WORLD.request_frames(n, 885) for n in (1, 9, 10, 21, 22, 5000)] == [9, 9, 21, 21, 33, 885]
     sources = EngineSources(None, {}, 3600.0, None, max_request_frames=1452, rules=LINGBOT_WORLD)  # type: ignore[arg-type]
-    config = resolve_session_config(parse_start(json.dumps(_start(image=True))), _lingbot().capabilities("m"))
+    config = resolve_session_config(
+        validate_start(check_first_message(json.dumps(_start(image=True)))), _lingbot().capabilities("m")
+    )
     assert config.num_frames == 885 and sources.engine_frames(config) == 885
 
 
@@ -211,7 +213,9 @@ def test_interaction_kinds_are_the_wheels_registry() -> None:
     for rules in model_rules.MODELS:
         for pipeline in rules.pipeline_classes:
             assert wheel[pipeline] == set(rules.interactions), pipeline
-            assert interaction_rules.INTERACTION_MODALITIES[pipeline] == rules.interactions
+    # the registry lists no class the table does not: one the table does not name has no handler
+    # (`model_rules.pipeline_interactions`, which the model's admission refuses by)
+    assert set(wheel) == {pipeline for rules in model_rules.MODELS for pipeline in rules.pipeline_classes}
 
 
 def test_the_class_comes_from_the_deploy_config(tmp_path) -> None:
@@ -260,7 +264,9 @@ def _start(image: bool = False, **fields: object) -> dict:
 def test_a_start_that_breaks_a_lingbot_rule_is_refused_by_name(fields: dict, words: str) -> None:
     image = bool(fields.pop("image", False))
     with pytest.raises(ProtocolError) as caught:
-        resolve_session_config(parse_start(json.dumps(_start(image, **fields))), _lingbot().capabilities("m"))
+        resolve_session_config(
+            validate_start(check_first_message(json.dumps(_start(image, **fields)))), _lingbot().capabilities("m")
+        )
     assert caught.value.code is ErrorCode.INVALID_START and str(caught.value.message) == words
 
 
@@ -269,8 +275,10 @@ def test_a_helios_start_off_its_grid_is_refused_and_on_it_accepted() -> None:
         "m"
     )
     with pytest.raises(ProtocolError, match="multiple of 64"):
-        resolve_session_config(parse_start(json.dumps(_start(width=832, height=480))), caps)
-    config = resolve_session_config(parse_start(json.dumps(_start(width=1280, height=704))), caps)
+        resolve_session_config(validate_start(check_first_message(json.dumps(_start(width=832, height=480)))), caps)
+    config = resolve_session_config(
+        validate_start(check_first_message(json.dumps(_start(width=1280, height=704)))), caps
+    )
     assert config.to_json()["model_rules"] == HELIOS_DISTILLED.describe()
     assert config.to_json()["model_rules"]["size_multiple"] == 64
     assert config.num_frames == HELIOS_DISTILLED.memory_cap(1280, 704) < 1452  # the bound at its own size
@@ -296,7 +304,7 @@ def test_a_helios_start_that_changes_the_pyramid_is_checked_against_it(extra, si
             "height": str(size[1]),
         }
     )
-    start = parse_start(json.dumps(_start(width=size[0], height=size[1], extra_params=extra)))
+    start = validate_start(check_first_message(json.dumps(_start(width=size[0], height=size[1], extra_params=extra))))
     if words is None:
         assert resolve_session_config(start, settings.capabilities("m")).width == size[0]
         return

@@ -20,7 +20,7 @@ from rtvideo.backend.vllm_omni.output_queue import OutputQueue
 from rtvideo.backend.vllm_omni.source import EngineSources
 from rtvideo.core.event_types import EVENT_FIELDS
 from rtvideo.core.session_config import SessionConfig, resolve_session_config
-from rtvideo.core.start_request import SAMPLING_FIELDS, parse_start
+from rtvideo.core.start_request import SAMPLING_FIELDS, check_first_message, validate_start
 from rtvideo.triton.model_repo import read_parameters
 from tests.support.omni_standin import StandInSamplingParams
 from tests.support.vllm_omni_wheel import wheel_source
@@ -51,7 +51,7 @@ def sampling_params_fields() -> set[str]:
 
 
 def start(**fields: Any) -> Any:
-    return parse_start(json.dumps({"type": "session.start", "prompt": "a reef", **fields}))
+    return validate_start(check_first_message(json.dumps({"type": "session.start", "prompt": "a reef", **fields})))
 
 
 def omni(**params: str) -> BackendSettings:

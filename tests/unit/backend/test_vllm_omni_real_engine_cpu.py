@@ -74,7 +74,8 @@ def test_the_adapter_drives_the_real_engine_requests_interactions_and_outputs(tm
     for event in ("early", "late"):  # N = 1 and N = 0: the target within the starting chunk
         (c,) = [c for c in chunks if event in c["active"]]
         assert event in c["completed"] and c["progress"][event] == 1.0
-    # refusals the engine makes, made before forwarding with its words, and the engine's own
+    # an event the engine refuses (the parser refuses it from a client; the source forwards it):
+    # `interaction_failed` with the engine's words, the session goes on; and its own check, asked directly
     assert seen["failed"] == [
         {"event_id": "empty", "why": "the engine refused the interaction: prompt must be non-empty"}
     ]

@@ -14,7 +14,7 @@ from rtvideo.backend.vllm_omni.engine import EngineError
 from rtvideo.backend.vllm_omni.frames import rgb_frames, stream_metadata
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.session_config import resolve_session_config
-from rtvideo.core.start_request import parse_start
+from rtvideo.core.start_request import check_first_message, validate_start
 from rtvideo.triton.model_repo import derive_model, read_parameters
 from tests.support.processes import RTVIDEO
 
@@ -29,16 +29,22 @@ def test_start_validation_uses_the_active_generators_limits_and_names() -> None:
     caps = omni_settings().capabilities("realtime_video")
     assert caps.model_names == ("realtime_video", "BestWishYsh/Helios-Distilled", "rtvideo-vllm_omni")
     config = resolve_session_config(
-        parse_start(
-            json.dumps({"type": "session.start", "prompt": "p", "model": "BestWishYsh/Helios-Distilled"}).encode()
+        validate_start(
+            check_first_message(
+                json.dumps({"type": "session.start", "prompt": "p", "model": "BestWishYsh/Helios-Distilled"}).encode()
+            )
         ),
         caps,
     )
     assert (config.width, config.height, config.frames_per_chunk, config.model) == (640, 384, 33, "realtime_video")
     with pytest.raises(ProtocolError, match="multiple of 64"):
-        resolve_session_config(parse_start(b'{"type": "session.start", "prompt": "p", "width": 200}'), caps)
+        resolve_session_config(
+            validate_start(check_first_message(b'{"type": "session.start", "prompt": "p", "width": 200}')), caps
+        )
     builtin = BackendSettings().capabilities("realtime_video")
-    assert resolve_session_config(parse_start(b'{"type": "session.start", "prompt": "p", "width": 200}'), builtin)
+    assert resolve_session_config(
+        validate_start(check_first_message(b'{"type": "session.start", "prompt": "p", "width": 200}')), builtin
+    )
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 from rtvideo.core import conditioning
 from rtvideo.core.conditioning import Interp
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.interaction import BLEND, BlendPart, Interaction, parse_interaction
+from rtvideo.core.interaction import BLEND, BlendPart, Interaction, interaction_refusal, parse_interaction
 from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
 from rtvideo.core.start_request import validate_start
@@ -151,10 +151,12 @@ def test_recipe_nesting_is_bounded() -> None:
 def test_what_each_generator_takes() -> None:
     blend = parse_interaction(message({"prompts": TWO}))
     slerp = parse_interaction(message({"prompt": "x"}, interpolation="slerp"))
-    assert BUILTIN.refused(blend) == BUILTIN.refused(slerp) == []
-    assert ENGINE.refused(blend) == ["prompts"] and ENGINE.refused(slerp) == ["interpolation"]
-    assert "event field(s) prompts not supported" in (ENGINE.refusal(blend) or "")
-    assert "interpolation 'slerp' (it takes linear) not supported" in (ENGINE.refusal(slerp) or "")
+    assert interaction_refusal(blend, BUILTIN) is None and interaction_refusal(slerp, BUILTIN) is None
+    refused_blend, refused_slerp = interaction_refusal(blend, ENGINE), interaction_refusal(slerp, ENGINE)
+    assert refused_blend is not None and "event field(s) prompts not supported" in refused_blend.message
+    assert (
+        refused_slerp is not None and "interpolation 'slerp' (it takes linear) not supported" in refused_slerp.message
+    )
     assert ENGINE.describe() == {
         "kinds": None,
         "event_fields": ["prompt", "multi_modal_data"],

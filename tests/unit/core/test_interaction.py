@@ -21,7 +21,6 @@ from rtvideo.core.interaction import (
     Part,
     PromptPart,
     UnhandledKinds,
-    kinds_of,
     parse_interaction,
     resolve_chunks,
 )
@@ -66,11 +65,6 @@ def test_parts_are_not_part_of_the_identity() -> None:
     assert filled.event_id and filled.parts == (PromptPart("x"),)
 
 
-def test_kinds_of_reads_without_validating() -> None:
-    assert kinds_of({"prompt": "", "multi_modal_data": {"camera": 3}}) == (PROMPT, CAMERA)
-    assert kinds_of({"prompt": None}) == ()
-
-
 @pytest.mark.parametrize(
     "interaction,text,event_id",
     [
@@ -107,12 +101,10 @@ def test_the_registry_applies_every_part_in_order_or_none() -> None:
         seen.append((interaction.event_id, part.kind, interaction.chunks[part.kind]))
 
     registry = HandlerRegistry({CAMERA: handler, PROMPT: handler})
-    assert registry.kinds == {PROMPT, CAMERA}
     both = parse_interaction(message({"prompt": "rain", "multi_modal_data": {"camera": VELOCITY}}))
     registry.admit(Interaction.admitted(both, "e1", prompt_default=3, received_at=0.0))
     assert seen == [("e1", PROMPT, 3), ("e1", CAMERA, 1)]
     other = parse_interaction(message({"prompt": "rain", "multi_modal_data": {"image": {}}}))
-    assert registry.missing(other.kinds) == ["image"]
     with pytest.raises(UnhandledKinds) as info:
         registry.admit(Interaction.admitted(other, "e2", prompt_default=3, received_at=0.0))
     assert info.value.kinds == ["image"] and len(seen) == 2  # nothing of it applied

@@ -18,7 +18,7 @@ from rtvideo.core.protocol import (
     StopRequest,
     parse_message,
 )
-from rtvideo.core.start_request import parse_start
+from rtvideo.core.start_request import check_first_message, validate_start
 
 
 def inter(interaction=None, **extra) -> str:
@@ -158,7 +158,7 @@ def test_fingerprint_is_canonical() -> None:
     )
 )
 def test_never_raises_anything_else(raw) -> None:
-    for parse in (parse_message, parse_start):
+    for parse in (parse_message, lambda raw: validate_start(check_first_message(raw))):
         try:
             parse(raw)
         except ProtocolError as exc:
@@ -204,27 +204,29 @@ BAD_STARTS = [
 @pytest.mark.parametrize("label,raw,code,fragment", BAD_STARTS, ids=[b[0] for b in BAD_STARTS])
 def test_bad_start(label: str, raw: str, code: ErrorCode, fragment: str) -> None:
     with pytest.raises(ProtocolError) as info:
-        parse_start(raw)
+        validate_start(check_first_message(raw))
     assert info.value.code is code
     assert fragment in info.value.message
 
 
 def test_start_fields() -> None:
-    req = parse_start(
-        start(
-            prompt="harbour",
-            size="320x240",
-            width=64,
-            fps=16.0,
-            seconds=2.5,
-            seed=7,
-            sampling_params={"num_frames": 20, "strength": 0.4},
+    req = validate_start(
+        check_first_message(
+            start(
+                prompt="harbour",
+                size="320x240",
+                width=64,
+                fps=16.0,
+                seconds=2.5,
+                seed=7,
+                sampling_params={"num_frames": 20, "strength": 0.4},
+            )
         )
     )
     assert (req.width, req.height, req.fps, req.seed, req.seconds) == (320, 240, 16, 7, 2.5)
     assert req.num_frames == 20 and req.extra_params == {"strength": 0.4}
     assert req.format == "m4s"
-    plain = parse_start(start(prompt="harbour", width=256, num_frames=144))
+    plain = validate_start(check_first_message(start(prompt="harbour", width=256, num_frames=144)))
     assert plain.width == 256 and plain.height is None and plain.num_frames == 144
 
 
@@ -267,7 +269,7 @@ start_values = st.one_of(
 )
 def test_start_validation_never_raises_anything_else(fields: dict) -> None:
     try:
-        parse_start(json.dumps({"type": "session.start", **fields}))
+        validate_start(check_first_message(json.dumps({"type": "session.start", **fields})))
     except ProtocolError as exc:
         assert isinstance(exc.code, ErrorCode) and exc.message
 
@@ -294,9 +296,12 @@ def test_lone_surrogates_are_invalid_json(label: str, raw: str) -> None:
 
 def test_lone_surrogate_in_start_is_invalid_start_and_pairs_pass() -> None:
     with pytest.raises(ProtocolError) as info:
-        parse_start(r'{"type":"session.start","prompt":"\ud800"}')
+        validate_start(check_first_message(r'{"type":"session.start","prompt":"\ud800"}'))
     assert info.value.code is ErrorCode.INVALID_START and "surrogate" in info.value.message
-    assert parse_start(r'{"type":"session.start","prompt":"smile \ud83d\ude00"}').prompt == "smile \U0001f600"
+    assert (
+        validate_start(check_first_message(r'{"type":"session.start","prompt":"smile \ud83d\ude00"}')).prompt
+        == "smile \U0001f600"
+    )
 
 
 def test_accepted_text_always_encodes_as_utf8() -> None:
@@ -311,14 +316,14 @@ def test_accepted_text_always_encodes_as_utf8() -> None:
 def test_prompt_length_is_capped() -> None:
     long = "x" * (protocol.MAX_PROMPT_CHARS + 1)
     with pytest.raises(ProtocolError) as info:
-        parse_start(start(prompt=long))
+        validate_start(check_first_message(start(prompt=long)))
     assert info.value.code is ErrorCode.INVALID_START and str(protocol.MAX_PROMPT_CHARS) in info.value.message
     with pytest.raises(ProtocolError) as info:
         parse_message(
             json.dumps({"type": "session.interaction", "interaction": {"event_id": "e", "event": {"prompt": long}}})
         )
     assert info.value.code is ErrorCode.INVALID_INTERACTION and info.value.event_id == "e"
-    assert parse_start(start(prompt="y" * protocol.MAX_PROMPT_CHARS)).prompt
+    assert validate_start(check_first_message(start(prompt="y" * protocol.MAX_PROMPT_CHARS))).prompt
 
 
 def test_fingerprint_is_a_fixed_size_digest() -> None:

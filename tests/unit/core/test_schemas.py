@@ -16,7 +16,7 @@ from rtvideo.core.chunks import media_metadata, trailer_metadata
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import parse_message
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
-from rtvideo.core.start_request import parse_start
+from rtvideo.core.start_request import check_first_message, validate_start
 from rtvideo.core.transitions import ChunkPlan
 from tests.support.paths import REPO_ROOT
 from tests.support.streams import check_server_message, schema_errors, schema_validator
@@ -39,7 +39,7 @@ def parser_accepts(message: dict[str, Any]) -> bool:
     raw = json.dumps(message)
     try:
         if message.get("type") == protocol.START:
-            parse_start(raw)
+            validate_start(check_first_message(raw))
         else:
             parse_message(raw)
     except ProtocolError:
@@ -233,8 +233,10 @@ def test_server_message_builders_validate() -> None:
         model_names=("m",), width=64, height=64, fps=16, frames_per_chunk=9, default_transition_chunks=3
     )
     config = resolve_session_config(
-        parse_start(
-            json.dumps({"type": "session.start", "prompt": "p", "guidance_scale": 1.0, "extra_params": {"k": 1}})
+        validate_start(
+            check_first_message(
+                json.dumps({"type": "session.start", "prompt": "p", "guidance_scale": 1.0, "extra_params": {"k": 1}})
+            )
         ),
         caps,
     )

@@ -20,7 +20,7 @@ from rtvideo.backend.vllm_omni.engine import apply_lora
 from rtvideo.core import start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
-from rtvideo.core.start_request import parse_start
+from rtvideo.core.start_request import check_first_message, validate_start
 from tests.support.vllm_omni_wheel import wheel_source
 
 #: fields of the request model the streaming endpoint takes out before building it, or that
@@ -76,14 +76,16 @@ def builtin_caps() -> ModelCapabilities:
 
 def test_each_field_is_accepted_and_reported_as_ignored_by_the_builtin_generator() -> None:
     assert set(EXAMPLES) == set(start_request.REQUEST_FIELDS)
-    start = parse_start(json.dumps({"type": "session.start", "prompt": "x", **EXAMPLES}))
+    start = validate_start(check_first_message(json.dumps({"type": "session.start", "prompt": "x", **EXAMPLES})))
     config = resolve_session_config(start, builtin_caps())
     assert config.to_json()["ignored_fields"] == sorted(EXAMPLES)
 
 
 def test_the_vllm_omni_generator_passes_lora_on() -> None:
     settings = BackendSettings.from_parameters({"generator": "vllm_omni", "width": "640", "height": "384"})
-    start = parse_start(json.dumps({"type": "session.start", "prompt": "x", "lora": EXAMPLES["lora"], "user": "u"}))
+    start = validate_start(
+        check_first_message(json.dumps({"type": "session.start", "prompt": "x", "lora": EXAMPLES["lora"], "user": "u"}))
+    )
     config = resolve_session_config(start, settings.capabilities("realtime_video"))
     assert config.to_json()["ignored_fields"] == ["user"]
     assert config.sampling["lora"] == EXAMPLES["lora"]
@@ -93,7 +95,7 @@ def test_the_vllm_omni_generator_passes_lora_on() -> None:
 
 
 def test_a_start_without_them_is_unchanged() -> None:
-    start = parse_start('{"type": "session.start", "prompt": "x", "user": null, "lora": null}')
+    start = validate_start(check_first_message('{"type": "session.start", "prompt": "x", "user": null, "lora": null}'))
     assert start.request_fields == {}
     assert resolve_session_config(start, builtin_caps()).ignored_fields == ()
 
@@ -114,7 +116,7 @@ def test_a_start_without_them_is_unchanged() -> None:
 )
 def test_malformed_values_are_invalid_start(name: str, value: Any, fragment: str) -> None:
     with pytest.raises(ProtocolError) as info:
-        parse_start(json.dumps({"type": "session.start", "prompt": "x", name: value}))
+        validate_start(check_first_message(json.dumps({"type": "session.start", "prompt": "x", name: value})))
     assert info.value.code is ErrorCode.INVALID_START and fragment in info.value.message
 
 
@@ -122,6 +124,6 @@ def test_video_start_with_them_matches_the_server_schema() -> None:
     from rtvideo.core import server_messages as p
     from tests.support.streams import check_server_message
 
-    start = parse_start(json.dumps({"type": "session.start", "prompt": "x", **EXAMPLES}))
+    start = validate_start(check_first_message(json.dumps({"type": "session.start", "prompt": "x", **EXAMPLES})))
     config = resolve_session_config(start, builtin_caps())
     check_server_message(p.video_start(p.new_request_id(), "m4s", config.to_json()))
