@@ -39,6 +39,7 @@ from tests.support.streams import (
     Transcript,
     check_stream_rules,
     decode,
+    event_ends,
     ids,
     wait_for_metric,
 )
@@ -596,17 +597,7 @@ def test_eight_concurrent_sessions_lose_nothing(proxies, triton) -> None:
             acks[m["event_id"]] = acks.get(m["event_id"], 0) + 1
         assert acks == sent, "every send is acked exactly once"
         assert not t.of_type("error")
-        done = t.messages[-1]
-        ends = (
-            [
-                e
-                for m in t.media
-                for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
-                for e in m[k]
-            ]
-            + done["unapplied_event_ids"]
-            + done["unfinished_event_ids"]
-        )
+        ends = event_ends(t)
         assert sorted(ends) == sorted(sent), "each admitted event reaches exactly one end"
         assert decode(t.video).shape[0] == sum(m["num_frames"] for m in t.media)
 
@@ -751,10 +742,4 @@ def test_triton_dying_mid_session(proxies, tmp_path) -> None:
     assert [e["code"] for e in errors] == ["backend_unavailable"]
     done = s.t.messages[-1]
     assert done["chunks"] == len(s.t.pairs)
-    named = {
-        e
-        for m in s.t.media
-        for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
-        for e in m[k]
-    }
-    assert "late" in named | set(done["unapplied_event_ids"]) | set(done["unfinished_event_ids"])
+    assert "late" in event_ends(s.t)

@@ -42,6 +42,7 @@ from tests.support.streams import (
     PACED_MODEL,
     Transcript,
     check_stream_rules,
+    event_ends,
 )
 
 REPO = REPO_ROOT
@@ -289,17 +290,7 @@ def test_an_interaction_flood_is_bounded_and_loses_nothing(proxies, triton, tmp_
     assert sum(answers.values()) == flood["sent"] and set(answers) == {"session.interaction.queued", "rate_limited"}
     acked = [m["event_id"] for m in t.of_type("session.interaction.queued")]
     assert len(acked) == len(set(acked)) <= 40 + 20 * (flood["answered"] + 0.5)
-    done = t.messages[-1]
-    ends = (
-        [
-            e
-            for m in t.media
-            for k in ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
-            for e in m[k]
-        ]
-        + done["unapplied_event_ids"]
-        + done["unfinished_event_ids"]
-    )
+    ends = event_ends(t)
     assert sorted(ends) == sorted(acked), "each acked event reaches exactly one end"
 
 

@@ -131,7 +131,7 @@ def test_after_a_stop_bad_json_is_invalid_json_and_a_message_invalid_message() -
     async def body() -> list[Any]:
         s, conn, bridge = session()
         begin(s)
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         bridge.streams[0].auto_done = False  # the model has not answered the stop yet
         s.on_frame('{"type": "session.stop"}', False)
         s.on_frame("{", False)

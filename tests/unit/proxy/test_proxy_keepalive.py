@@ -34,15 +34,15 @@ def test_a_quiet_live_sequence_gets_keepalives_whose_pongs_never_reach_the_clien
     async def body() -> tuple[list, list, Any]:
         s, conn, bridge = session(max_requests_in_flight=1, message_burst=1, max_messages_per_second=0.001)
         begin(s)
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         stream = bridge.streams[0]
         for index in range(4):  # video flows: the model speaks, but nothing goes to it
             await asyncio.sleep(0.12)
-            s._on_reply(chunk(index, 10))
+            s.on_reply(chunk(index, 10))
         keepalives = [i for i, (raw, _, _) in enumerate(stream.sent) if raw == KEEPALIVE]
         assert len(keepalives) >= 2, stream.sent
         for index in keepalives:  # the model's pongs to them
-            s._on_reply(reply(f"m{index + 1}", {"type": "session.pong"}))
+            s.on_reply(reply(f"m{index + 1}", {"type": "session.pong"}))
         await settle()
         # The bounds are the client's: a keep-alive counted in neither, so one message still passes.
         s.on_frame(json.dumps({"type": "session.ping"}), False)
@@ -66,12 +66,12 @@ def test_forwarded_requests_put_the_keepalive_off(monkeypatch: pytest.MonkeyPatc
     async def body() -> list:
         s, conn, bridge = session()
         begin(s)
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         stream = bridge.streams[0]
         for _ in range(8):  # a client ping every 0.1 s, each forwarded: the sequence is never quiet
             s.on_frame(json.dumps({"type": "session.ping"}), False)
             await asyncio.sleep(0.1)
-            s._on_reply(reply(f"m{len(stream.sent)}", {"type": "session.pong"}))
+            s.on_reply(reply(f"m{len(stream.sent)}", {"type": "session.pong"}))
         s.on_frame(json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
         return stream.sent
@@ -88,13 +88,13 @@ def test_no_keepalive_after_the_stop(monkeypatch: pytest.MonkeyPatch) -> None:
         s, conn, bridge = session()
         stream_sent: list = []
         begin(s)
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         stream = bridge.streams[0]
         stream.auto_done = False  # the model takes its time to end
         s.on_frame(json.dumps({"type": "session.stop"}), False)
         await asyncio.sleep(0.3)
         stream_sent = list(stream.sent)
-        s._on_reply(reply(START_TAG, {"type": "session.done", "request_id": "r", "chunks": 0, "stopped": True}))
+        s.on_reply(reply(START_TAG, {"type": "session.done", "request_id": "r", "chunks": 0, "stopped": True}))
         stream.close_requests()
         stream.cancel()
         await ended(s, conn)
@@ -126,8 +126,8 @@ def test_every_refused_start_ends_its_sequence_at_once(code: ErrorCode) -> None:
         s, conn, bridge = session()
         begin(s)
         stream = bridge.streams[0]
-        s._on_reply(reply(START_TAG, {"type": "error", "code": code.value, "message": "refused"}))
-        s._on_reply(
+        s.on_reply(reply(START_TAG, {"type": "error", "code": code.value, "message": "refused"}))
+        s.on_reply(
             reply(
                 START_TAG,
                 {

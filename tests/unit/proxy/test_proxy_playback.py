@@ -22,7 +22,7 @@ def test_reports_are_forwarded_never_answered_and_not_in_flight() -> None:
     async def body() -> tuple[list[Any], list[tuple[bytes, bool, bool]], int, int]:
         s, conn, bridge = session(max_requests_in_flight=1)
         begin(s)
-        s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": {"fps": 16}}))
+        s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": {"fps": 16}}))
         for n in range(10):
             s.on_frame(playback(n * 0.25, buffered_seconds=0.5), False)
         s.on_frame(playback(-1), False)  # malformed: the only report answered
@@ -44,7 +44,7 @@ def test_reports_over_the_rate_are_rate_limited_like_any_message() -> None:
     async def body() -> list[Any]:
         s, conn, _ = session(max_messages_per_second=0.001, message_burst=2)
         begin(s)
-        s._on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": {"fps": 16}}))
+        s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": {"fps": 16}}))
         for n in range(3):
             s.on_frame(playback(n), False)
         await settle()

@@ -62,7 +62,7 @@ def test_rate_limited_answers_name_the_refused_interaction() -> None:
     async def body() -> list[dict[str, Any]]:
         s, conn, _ = session(max_messages_per_second=0.01, message_burst=3, max_requests_in_flight=1)
         begin(s)
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         s.on_frame(json.dumps(interaction("first")), False)  # within the rate: acked, in flight
         s.on_frame(json.dumps(interaction("second")), False)  # within the rate, over the bound in flight
         s.on_frame(json.dumps({"type": "session.ping"}), False)  # the last token

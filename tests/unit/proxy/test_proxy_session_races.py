@@ -39,14 +39,14 @@ def test_a_refused_chunk_stops_everything_after_it_in_the_same_burst() -> None:
     async def body() -> FakeConnection:
         s, conn, _ = session(outbound_buffer_bytes=3000)
         begin(s)
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         await settle()
         conn.paused = True
-        s._on_reply(chunk(0, 2000))
+        s.on_reply(chunk(0, 2000))
         await settle()  # handed to the socket, write in progress
-        s._on_reply(chunk(1, 2500))  # refused
-        s._on_reply(chunk(2, 100, kind="trailer"))
-        s._on_reply(reply(START_TAG, {"type": "session.done", "request_id": "r", "chunks": 3, "stopped": False}))
+        s.on_reply(chunk(1, 2500))  # refused
+        s.on_reply(chunk(2, 100, kind="trailer"))
+        s.on_reply(reply(START_TAG, {"type": "session.done", "request_id": "r", "chunks": 3, "stopped": False}))
         conn.resume()
         await ended(s, conn)
         return conn
@@ -74,12 +74,12 @@ def test_answers_never_overtake_video_start() -> None:
             json.dumps({"type": "session.interaction", "interaction": {"event_id": "e1", "event": {"prompt": "b"}}}),
             False,
         )
-        s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
+        s.on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
         s.on_frame(b"binary", True)  # answered by the proxy itself
         await settle()
         assert conn.frames == [], "an answer went out before video.start"
-        s._on_reply(VIDEO_START)
-        s._on_reply(chunk(0, 10))
+        s.on_reply(VIDEO_START)
+        s.on_reply(chunk(0, 10))
         await settle()
         s.on_disconnect()
         await ended(s, conn)
@@ -116,12 +116,12 @@ def test_a_held_chunk_waits_for_its_ack_from_its_own_arrival(monkeypatch) -> Non
     async def body() -> tuple[FakeConnection, float]:
         s, conn, _ = session()
         begin(s)
-        s._on_reply(VIDEO_START)
-        s._on_reply(naming(0, "e1"))  # overtook its ack
+        s.on_reply(VIDEO_START)
+        s.on_reply(naming(0, "e1"))  # overtook its ack
         await asyncio.sleep(0.3)
-        s._on_reply(naming(1, "e2"))  # an ack that never comes
+        s.on_reply(naming(1, "e2"))  # an ack that never comes
         held = time.monotonic()
-        s._on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
+        s.on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
         while len(conn.texts()) < 4:
             await asyncio.sleep(0.01)
         waited = time.monotonic() - held
@@ -149,10 +149,10 @@ def test_a_local_answer_that_does_not_fit_ends_the_session(monkeypatch, answer: 
     async def body() -> FakeConnection:
         s, conn, bridge = session(outbound_buffer_bytes=3000)
         begin(s)
-        s._on_reply(VIDEO_START)
+        s.on_reply(VIDEO_START)
         await settle()
         conn.paused = True
-        s._on_reply(chunk(0, 2950))
+        s.on_reply(chunk(0, 2950))
         await settle()
         if answer == "pong":
             bridge.streams[0].auto_done = False  # the model has not confirmed the stop yet
