@@ -3,12 +3,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# The browser test plays the stream in a real headless Chromium (Debian package).
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+# Debian packages the tests drive: the browser test plays the stream in a real headless Chromium,
+# and the session store's tests start their own redis-server (tests/support/redis_server.py).
+# Serving needs neither: scripts/setup.sh, which serve.sh runs too, installs no system package.
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "installing chromium for the browser test (apt-get)"
+  echo "installing ${missing[*]} for the tests (apt-get)"
   $sudo apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 # The whole run (no arguments) first checks lint, format and types (config: pyproject.toml).
 if [ "$#" -eq 0 ]; then

@@ -1,7 +1,7 @@
 """One real tritonserver for the whole test session, serving models derived from the real one,
 real proxies in front of it (`proxies`, one host per module), two more tritonservers for the
-tests of many endpoints (`pair`, `host`), and the markers that say what a
-test needs (registered in pyproject.toml)."""
+tests of many endpoints (`pair`, `host`), a real redis-server (`redis_url`), and the markers
+that say what a test needs (registered in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from rtvideo.triton.model_repo import derive_model
 from tests.support.proxy_host import ProxyHost
+from tests.support.redis_server import serve_redis
 from tests.support.streams import FAST_MODEL, FAST_MODEL_NAMES, PACED_MODEL
 from tests.support.triton_pair import Host, Pair
 
@@ -79,13 +80,16 @@ _TRITON_FOLDERS = ("e2e", "browser")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test by what it needs: `triton` (the session's server, or one it starts),
-    `browser` (headless Chromium). `pytest -m "not triton"` then runs the fast part alone."""
+    `browser` (headless Chromium), `redis` (the session's redis-server). `pytest -m "not triton"`
+    then runs the fast part alone."""
     for item in items:
         parts = Path(str(item.fspath)).parts
         if "browser" in parts:
             item.add_marker(pytest.mark.browser)
         if any(folder in parts for folder in _TRITON_FOLDERS) or "triton" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.triton)
+        if "redis_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)
 
 
 @pytest.fixture(scope="session")
@@ -108,3 +112,13 @@ def host() -> Iterator[Host]:
         yield h
     finally:
         h.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`redis://127.0.0.1:PORT/0` of a redis-server this test session starts and ends
+    (tests/support/redis_server.py): no persistence, its files in a temporary directory. One
+    server for the whole session: each test keeps to keys of its own (or flushes them). Without
+    the binary a test that asks for it is skipped, or fails under CI (`CI` set)."""
+    with serve_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url
