@@ -6,14 +6,36 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 
 from rtvideo.proxy.participants.replay import init_segment, strip_init
 
 NO_KEEPALIVE: dict[str, Any] = {"ping_interval": None}
+T = TypeVar("T")
+
+
+async def within(awaitable: Awaitable[T], timeout: float) -> T:
+    """`awaitable`'s result within `timeout` seconds (asyncio.TimeoutError beyond), where a cancel
+    always cancels. `asyncio.wait_for` of CPython 3.10 and 3.11 returns the inner result instead
+    when the cancel comes in the loop turn that result arrived (CPython gh-86296, fixed in 3.12):
+    a task that reads a busy stream in a loop then survives its `cancel()` and reads on, and a
+    test waiting for it to end waits until its own timeout while the connection it meant to drop
+    stays open (issue 39 item 8). An unfinished `awaitable` is cancelled and its cancel is through
+    before this returns (websockets allows one `recv` at a time; cancelling one loses nothing)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if not done:
+        raise asyncio.TimeoutError(f"nothing within {timeout:g} s")
+    return task.result()
 
 
 @dataclass
@@ -61,13 +83,14 @@ class Leg:
 
     async def read(self, timeout: float = 30.0, *, payload: bool = True) -> dict[str, Any]:
         """The next message; a metadata message's payload is read too, unless `payload` is False
-        (the drop "between a metadata message and its payload")."""
-        frame = await asyncio.wait_for(self.conn.recv(), timeout)
+        (the drop "between a metadata message and its payload"). A reading task stops at its
+        `cancel()`, whenever it comes (`within`)."""
+        frame = await within(self.conn.recv(), timeout)
         assert isinstance(frame, str), "a binary frame without its metadata"
         message = json.loads(frame)
         self.messages.append(message)
         if message["type"] == "video.chunk_metadata" and payload:
-            data = await asyncio.wait_for(self.conn.recv(), timeout)
+            data = await within(self.conn.recv(), timeout)
             assert isinstance(data, bytes) and len(data) == message["byte_length"]
             self.pairs.append((message, data))
         return message
