@@ -1,0 +1,120 @@
+"""One session's place in the session store: its lease, renewed, and its writes, in order.
+
+Every write of a session goes through one queue, so the store sees them in the order the
+session made them; `event` returns once the interaction is in the store (its ack waits for
+that: write before ack), `delivered` and `put` do not wait (a chunk is not held back by the
+store). A lease that is lost (expired and taken, or a handoff asked) sets `lost`: the session
+stops driving. With the store unreachable the keeper gives up its writes (the session goes
+on, without continuation on another replica: docs/operations.md "When a proxy dies"), counts
+the error, and never holds an ack longer than one call's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, SessionStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+Write = Callable[[], Awaitable[bool]]
+
+
+class StoreKeeper:
+    """The store's side of one live session: its lease and its writes."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        sid: str,
+        holder: str,
+        observe: Callable[[str, float, bool], None],
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:
+        self._store = store
+        self.sid = sid
+        self._holder = holder
+        self._observe = observe  # (call, seconds, ok): the store's latency and errors
+        self._ttl = lease_seconds
+        self.lease: Lease | None = None
+        self.lost = asyncio.Event()  # another holder drives the session now: stop
+        self.unkept = False  # the store failed: writes are given up, the session goes on
+        self._queue: asyncio.Queue[tuple[Write, asyncio.Future[bool] | None] | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def claim(self, lease: Lease | None = None) -> bool:
+        """Hold the session (a lease already acquired, or a new one); then write and renew."""
+        got = lease or await self._call("acquire", lambda: self._store.acquire(self.sid, self._holder, self._ttl))
+        if not isinstance(got, Lease):
+            return False
+        self.lease = got
+        self._tasks = [asyncio.ensure_future(self._write_all()), asyncio.ensure_future(self._renew_all())]
+        return True
+
+    def put(self, fields: Mapping[str, str]) -> None:
+        self._submit(lambda lease: self._store.put(self.sid, lease, fields))
+
+    def delivered(self, fields: Mapping[str, str], started: Mapping[str, str]) -> None:
+        self._submit(lambda lease: self._store.delivered(self.sid, lease, fields, started))
+
+    async def event(self, event_id: str, payload: str) -> None:
+        """Returns once the event is in the store (or the store is given up on)."""
+        done = self._submit(lambda lease: self._store.add_event(self.sid, lease, event_id, payload), wait=True)
+        if done is not None:
+            await done
+
+    def _submit(self, write: Callable[[Lease], Awaitable[bool]], wait: bool = False) -> asyncio.Future[bool] | None:
+        lease = self.lease
+        if lease is None or self.unkept or self.lost.is_set():
+            return None
+        future = asyncio.get_running_loop().create_future() if wait else None
+        self._queue.put_nowait((lambda: write(lease), future))
+        return future
+
+    async def _write_all(self) -> None:
+        while (item := await self._queue.get()) is not None:
+            write, future = item
+            ok = await self._call("write", write) if not (self.unkept or self.lost.is_set()) else False
+            if ok is False and not self.unkept:
+                self.lost.set()  # the lease is not ours any more: stop driving
+            if future is not None and not future.done():
+                future.set_result(bool(ok))
+
+    async def _renew_all(self) -> None:
+        lease = self.lease
+        assert lease is not None
+        while not (self.lost.is_set() or self.unkept):
+            await asyncio.sleep(self._ttl / 3)
+            ok = await self._call("renew", lambda: self._store.renew(self.sid, lease, self._ttl))
+            if ok is False:
+                log.warning("session=%s lease lost (taken over, or a handoff asked)", self.sid)
+                self.lost.set()
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[object]]) -> object:
+        began = time.perf_counter()
+        try:
+            result = await call()
+        except StoreUnavailable as exc:
+            self._observe(what, time.perf_counter() - began, False)
+            if not self.unkept:
+                log.error("session=%s the session store failed (%s): the session goes on without it", self.sid, exc)
+            self.unkept = True
+            return None
+        self._observe(what, time.perf_counter() - began, True)
+        return result
+
+    async def end(self, *, forget: bool) -> None:
+        """The session ends here (`forget`: and nobody is to continue it) or is handed off."""
+        self._queue.put_nowait(None)
+        for task in self._tasks[1:]:
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        lease = self.lease
+        if lease is not None and not self.unkept and not self.lost.is_set():
+            await self._call("release", lambda: self._store.release(self.sid, lease))
+            if forget:
+                await self._call("drop", lambda: self._store.drop(self.sid))

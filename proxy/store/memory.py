@@ -1,0 +1,113 @@
+"""The session store in the process (the default): one proxy, nothing to install.
+
+It keeps the same parts and the same lease rules as the Redis store (base.py), so the proxy has
+one code path; nothing outlives the process, and a shutdown ends sessions as it always did.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, StoredSession
+
+
+@dataclass
+class _Entry:
+    fields: dict[str, str] = field(default_factory=dict)
+    events: dict[str, str] = field(default_factory=dict)
+    started: dict[str, str] = field(default_factory=dict)
+    epoch: int = 0
+    lease: Lease | None = None
+    expires: float = 0.0
+    handoff: bool = False
+
+
+class MemoryStore:
+    """Sessions in this process's memory."""
+
+    shared = False
+
+    def __init__(self) -> None:
+        self.cluster = secrets.token_hex(8)
+        self._sessions: dict[str, _Entry] = {}
+        self._tokens: dict[tuple[str, str], str] = {}
+
+    def _held(self, sid: str, lease: Lease) -> _Entry | None:
+        entry = self._sessions.get(sid)
+        if entry is None or entry.lease != lease or entry.expires < time.monotonic():
+            return None
+        return entry
+
+    async def put(self, sid: str, lease: Lease, fields: Mapping[str, str]) -> bool:
+        entry = self._held(sid, lease)
+        if entry is not None:
+            entry.fields.update(fields)
+        return entry is not None
+
+    async def add_event(self, sid: str, lease: Lease, event_id: str, payload: str) -> bool:
+        entry = self._held(sid, lease)
+        if entry is not None:
+            entry.events.setdefault(event_id, payload)
+        return entry is not None
+
+    async def delivered(self, sid: str, lease: Lease, fields: Mapping[str, str], started: Mapping[str, str]) -> bool:
+        entry = self._held(sid, lease)
+        if entry is not None:
+            entry.fields.update(fields)
+            for event_id, where in started.items():
+                entry.started.setdefault(event_id, where)
+        return entry is not None
+
+    async def bind_token(self, kind: str, token_hash: str, sid: str) -> None:
+        self._tokens[(kind, token_hash)] = sid
+
+    async def unbind_token(self, kind: str, token_hash: str) -> None:
+        self._tokens.pop((kind, token_hash), None)
+
+    async def find(self, kind: str, token_hash: str) -> str | None:
+        return self._tokens.get((kind, token_hash))
+
+    async def load(self, sid: str) -> StoredSession | None:
+        entry = self._sessions.get(sid)
+        if entry is None:
+            return None
+        holder = entry.lease.holder if entry.lease and entry.expires >= time.monotonic() else None
+        return StoredSession(sid, dict(entry.fields), dict(entry.events), dict(entry.started), holder)
+
+    async def acquire(self, sid: str, holder: str, ttl: float = LEASE_SECONDS) -> Lease | None:
+        entry = self._sessions.setdefault(sid, _Entry())
+        now = time.monotonic()
+        if entry.lease is not None and entry.expires >= now:
+            return None
+        entry.epoch += 1
+        entry.lease, entry.expires, entry.handoff = Lease(holder, entry.epoch), now + ttl, False
+        return entry.lease
+
+    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS) -> bool:
+        entry = self._held(sid, lease)
+        if entry is None or entry.handoff:
+            return False
+        entry.expires = time.monotonic() + ttl
+        return True
+
+    async def release(self, sid: str, lease: Lease) -> None:
+        entry = self._sessions.get(sid)
+        if entry is not None and entry.lease == lease:
+            entry.lease = None
+
+    async def ask_handoff(self, sid: str) -> None:
+        entry = self._sessions.get(sid)
+        if entry is not None:
+            entry.handoff = True
+
+    async def drop(self, sid: str) -> None:
+        self._sessions.pop(sid, None)
+        for key in [k for k, v in self._tokens.items() if v == sid]:
+            del self._tokens[key]
+
+    async def close(self) -> None:
+        self._sessions.clear()
+        self._tokens.clear()

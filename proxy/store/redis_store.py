@@ -1,0 +1,144 @@
+"""The session store in Redis (or Valkey), for replicas: `--session-store redis://host:port/db`.
+
+Keys, under the prefix `rtvideo:` (one Redis may serve several deployments by database):
+`s:{sid}` the fields (a hash, with `epoch`), `e:{sid}` the events by id, `t:{sid}` where each
+started, `l:{sid}` the lease (`holder:epoch`, with an expiry), `h:{sid}` a handoff request,
+`k:{kind}:{hash}` a token's session. Each write under a lease is one Lua script that checks
+the lease first, so a replica that lost it writes nothing (base.py). Every key of a session
+expires `KEEP_SECONDS` after its last write: a session nobody drives is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, StoredSession, StoreUnavailable
+
+PREFIX = "rtvideo:"
+#: how long a session's keys outlive its last write (a live one writes every chunk)
+KEEP_SECONDS = 3600
+#: how long one call may take before the store is taken for unreachable
+CALL_SECONDS = 2.0
+
+# KEYS[1] lease; ARGV[1] the lease value; then the writes. Returns 1 when written.
+_GUARD = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end\n"
+_PUT = _GUARD + ("redis.call('hset', KEYS[2], unpack(ARGV, 3))\nredis.call('expire', KEYS[2], ARGV[2])\nreturn 1")
+_EVENT = _GUARD + ("redis.call('hsetnx', KEYS[2], ARGV[3], ARGV[4])\nredis.call('expire', KEYS[2], ARGV[2])\nreturn 1")
+# ARGV: lease, keep, n_fields*2, fields..., started pairs...
+_DELIVERED = _GUARD + (
+    "local n = tonumber(ARGV[3])\n"
+    "if n > 0 then redis.call('hset', KEYS[2], unpack(ARGV, 4, 3 + n)) end\n"
+    "for i = 4 + n, #ARGV, 2 do redis.call('hsetnx', KEYS[3], ARGV[i], ARGV[i + 1]) end\n"
+    "redis.call('expire', KEYS[2], ARGV[2])\nredis.call('expire', KEYS[3], ARGV[2])\nreturn 1"
+)
+_ACQUIRE = (
+    "if redis.call('exists', KEYS[1]) == 1 then return 0 end\n"
+    "local e = redis.call('hincrby', KEYS[2], 'epoch', 1)\n"
+    "redis.call('set', KEYS[1], ARGV[1] .. ':' .. e, 'PX', ARGV[2])\n"
+    "redis.call('del', KEYS[3])\nreturn e"
+)
+_RENEW = (
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] or redis.call('exists', KEYS[2]) == 1 then return 0 end\n"
+    "redis.call('pexpire', KEYS[1], ARGV[2])\nreturn 1"
+)
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) end\nreturn 1"
+
+
+def _flat(fields: Mapping[str, str]) -> list[str]:
+    return [x for pair in fields.items() for x in pair]
+
+
+class RedisStore:
+    """Sessions in a Redis server shared by every replica."""
+
+    shared = True
+    cluster = "shared"  # tokens of every replica look alike: the store, not the issuer, finds them
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._redis: Any = aioredis.from_url(
+            url, decode_responses=True, socket_timeout=CALL_SECONDS, socket_connect_timeout=CALL_SECONDS
+        )
+        self._scripts = {
+            name: self._redis.register_script(src)
+            for name, src in {
+                "put": _PUT,
+                "event": _EVENT,
+                "delivered": _DELIVERED,
+                "acquire": _ACQUIRE,
+                "renew": _RENEW,
+                "release": _RELEASE,
+            }.items()
+        }
+
+    async def _call(self, what: str, coro: Any) -> Any:
+        try:
+            return await coro
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"session store {what}: {exc}") from exc
+
+    async def ping(self) -> None:
+        await self._call("ping", self._redis.ping())
+
+    async def put(self, sid: str, lease: Lease, fields: Mapping[str, str]) -> bool:
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}"]
+        args: list[str | int] = [lease.value, KEEP_SECONDS, *_flat(fields)]
+        return bool(await self._call("put", self._scripts["put"](keys=keys, args=args)))
+
+    async def add_event(self, sid: str, lease: Lease, event_id: str, payload: str) -> bool:
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"e:{sid}"]
+        args: list[str | int] = [lease.value, KEEP_SECONDS, event_id, payload]
+        return bool(await self._call("add_event", self._scripts["event"](keys=keys, args=args)))
+
+    async def delivered(self, sid: str, lease: Lease, fields: Mapping[str, str], started: Mapping[str, str]) -> bool:
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}", PREFIX + f"t:{sid}"]
+        flat = _flat(fields)
+        args: list[str | int] = [lease.value, KEEP_SECONDS, len(flat), *flat, *_flat(started)]
+        return bool(await self._call("delivered", self._scripts["delivered"](keys=keys, args=args)))
+
+    async def bind_token(self, kind: str, token_hash: str, sid: str) -> None:
+        await self._call("bind_token", self._redis.set(PREFIX + f"k:{kind}:{token_hash}", sid, ex=KEEP_SECONDS))
+
+    async def unbind_token(self, kind: str, token_hash: str) -> None:
+        await self._call("unbind_token", self._redis.delete(PREFIX + f"k:{kind}:{token_hash}"))
+
+    async def find(self, kind: str, token_hash: str) -> str | None:
+        found = await self._call("find", self._redis.get(PREFIX + f"k:{kind}:{token_hash}"))
+        return None if found is None else str(found)
+
+    async def load(self, sid: str) -> StoredSession | None:
+        pipe = self._redis.pipeline(transaction=False)
+        for part in ("s", "e", "t"):
+            pipe.hgetall(PREFIX + f"{part}:{sid}")
+        pipe.get(PREFIX + f"l:{sid}")
+        fields, events, started, lease = await self._call("load", pipe.execute())
+        if not fields:
+            return None
+        holder = None if lease is None else str(lease).rsplit(":", 1)[0]
+        return StoredSession(sid, fields, events, started, holder)
+
+    async def acquire(self, sid: str, holder: str, ttl: float = LEASE_SECONDS) -> Lease | None:
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}", PREFIX + f"h:{sid}"]
+        epoch = await self._call("acquire", self._scripts["acquire"](keys=keys, args=[holder, int(ttl * 1000)]))
+        return Lease(holder, int(epoch)) if epoch else None
+
+    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS) -> bool:
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"h:{sid}"]
+        return bool(await self._call("renew", self._scripts["renew"](keys=keys, args=[lease.value, int(ttl * 1000)])))
+
+    async def release(self, sid: str, lease: Lease) -> None:
+        await self._call("release", self._scripts["release"](keys=[PREFIX + f"l:{sid}"], args=[lease.value]))
+
+    async def ask_handoff(self, sid: str) -> None:
+        await self._call("ask_handoff", self._redis.set(PREFIX + f"h:{sid}", "1", ex=60))
+
+    async def drop(self, sid: str) -> None:
+        keys = [PREFIX + f"{part}:{sid}" for part in ("s", "e", "t", "l", "h")]
+        await self._call("drop", self._redis.delete(*keys))
+
+    async def close(self) -> None:
+        await self._redis.aclose()

@@ -1,0 +1,135 @@
+"""The session store's rules (proxy/store), the same for the in-process store and a real Redis server: one
+holder at a time (a lease with an expiry and an epoch), writes fenced by the lease, a handoff
+asked of a live holder, tokens found by their hash (docs/operations.md "When a proxy dies")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rtvideo.proxy.store import open_store
+from rtvideo.proxy.store.base import SessionStore
+from rtvideo.proxy.store.keeper import StoreKeeper
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_spec(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield "memory" if request.param == "memory" else request.getfixturevalue("redis_url")
+
+
+def run(spec: str, body: Any) -> Any:
+    async def main() -> Any:
+        store = open_store(spec)
+        try:
+            return await body(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_one_holder_at_a_time_and_a_lost_lease_writes_nothing(store_spec: str) -> None:
+    async def body(store: SessionStore) -> None:
+        sid = f"s-{store_spec[:5]}-lease"
+        await store.drop(sid)
+        first = await store.acquire(sid, "replica-a", ttl=0.4)
+        assert first is not None and first.epoch >= 1
+        assert await store.acquire(sid, "replica-b", ttl=0.4) is None  # held
+        assert await store.put(sid, first, {"request_id": "r", "start": "{}"})
+        assert await store.add_event(sid, first, "e1", '{"prompt": "a"}')
+        assert await store.renew(sid, first, ttl=0.4)
+        await asyncio.sleep(0.6)  # not renewed: expired
+        second = await store.acquire(sid, "replica-b", ttl=5)
+        assert second is not None and second.epoch == first.epoch + 1
+        # the old holder learns it lost the lease at its next write or renewal, and writes nothing
+        assert not await store.add_event(sid, first, "e2", '{"prompt": "lost"}')
+        assert not await store.renew(sid, first)
+        assert await store.delivered(sid, second, {"delivered": "4"}, {"e1": "2,3"})
+        stored = await store.load(sid)
+        assert stored is not None and stored.holder == "replica-b"
+        assert stored.fields["request_id"] == "r" and stored.fields["delivered"] == "4"
+        assert dict(stored.events) == {"e1": '{"prompt": "a"}'} and dict(stored.started) == {"e1": "2,3"}
+        await store.drop(sid)
+        assert await store.load(sid) is None
+
+    run(store_spec, body)
+
+
+def test_racing_takeovers_grant_one_lease(store_spec: str) -> None:
+    async def body(store: SessionStore) -> None:
+        sid = f"s-{store_spec[:5]}-race"
+        await store.drop(sid)
+        leases = await asyncio.gather(*(store.acquire(sid, f"replica-{i}", ttl=5) for i in range(8)))
+        assert sum(lease is not None for lease in leases) == 1
+        await store.drop(sid)
+
+    run(store_spec, body)
+
+
+def test_a_handoff_asked_ends_the_holders_renewals_and_frees_the_session(store_spec: str) -> None:
+    async def body(store: SessionStore) -> None:
+        sid = f"s-{store_spec[:5]}-handoff"
+        await store.drop(sid)
+        held = await store.acquire(sid, "replica-a", ttl=5)
+        assert held is not None and await store.renew(sid, held)
+        await store.ask_handoff(sid)
+        assert not await store.renew(sid, held)  # the holder lets go
+        await store.release(sid, held)
+        taken = await store.acquire(sid, "replica-b", ttl=5)
+        assert taken is not None and await store.renew(sid, taken)  # the request was for the old holder
+        await store.drop(sid)
+
+    run(store_spec, body)
+
+
+def test_tokens_are_found_by_their_hash_only(store_spec: str) -> None:
+    async def body(store: SessionStore) -> None:
+        await store.bind_token("resume", "ab" * 32, "s-tokens")
+        assert await store.find("resume", "ab" * 32) == "s-tokens"
+        assert await store.find("watch", "ab" * 32) is None
+        await store.unbind_token("resume", "ab" * 32)
+        assert await store.find("resume", "ab" * 32) is None
+
+    run(store_spec, body)
+
+
+def test_the_keeper_writes_an_event_before_it_returns_and_stops_on_a_lost_lease(store_spec: str) -> None:
+    async def body(store: SessionStore) -> None:
+        sid = f"s-{store_spec[:5]}-keeper"
+        await store.drop(sid)
+        seen: list[tuple[str, bool]] = []
+        keeper = StoreKeeper(store, sid, "replica-a", lambda call, _, ok: seen.append((call, ok)), lease_seconds=0.6)
+        assert await keeper.claim()
+        keeper.put({"request_id": "r"})
+        await keeper.event("e1", '{"prompt": "a"}')
+        stored = await store.load(sid)  # written before event() returned, after the put before it
+        assert stored is not None and stored.fields["request_id"] == "r" and "e1" in stored.events
+        await asyncio.sleep(1.0)  # renewed meanwhile (every 0.2 s)
+        assert not keeper.lost.is_set() and await store.acquire(sid, "replica-b") is None
+        await store.ask_handoff(sid)
+        await asyncio.wait_for(keeper.lost.wait(), 5)  # the holder hears it at its next renewal
+        await keeper.event("e2", '{"prompt": "after"}')  # given up: returns at once, writes nothing
+        await keeper.end(forget=False)
+        stored = await store.load(sid)
+        assert stored is not None and "e2" not in stored.events
+        assert ("write", True) in seen and ("renew", False) not in seen
+        await store.drop(sid)
+
+    run(store_spec, body)
+
+
+def test_with_the_store_unreachable_the_keeper_gives_up_at_once_and_says_so() -> None:
+    async def body(store: SessionStore) -> tuple[bool, float, list[tuple[str, bool]]]:
+        seen: list[tuple[str, bool]] = []
+        keeper = StoreKeeper(store, "s-down", "replica-a", lambda call, _, ok: seen.append((call, ok)))
+        began = asyncio.get_running_loop().time()
+        claimed = await keeper.claim()
+        await keeper.event("e1", "{}")  # nothing to wait for: never claimed
+        await keeper.end(forget=True)
+        return claimed, asyncio.get_running_loop().time() - began, seen
+
+    claimed, took, seen = run("redis://127.0.0.1:1/0", body)  # nothing listens on port 1
+    assert not claimed and took < 5 and seen == [("acquire", False)]
