@@ -245,10 +245,6 @@ class CameraTracker:
             chunks = 0
         self._pending.append(_Event(event_id, command, chunks, received_at, frame=frame))
 
-    @property
-    def active_event_id(self) -> str | None:
-        return None if self._active is None else self._active.event_id
-
     def next_chunk(self, num_frames: int, fps: float, boundary_at: float | None) -> CameraChunk:
         """The poses of the chunk whose boundary is at `boundary_at` (one per frame), and its
         lists as the protocol defines them (`chunk_lists`). `boundary_at` None: unknown (a

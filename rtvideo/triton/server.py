@@ -108,7 +108,7 @@ class TritonServer:
 
     def __init__(self, config: TritonConfig, *, stdout: LogTarget = None, install: TritonInstall | None = None) -> None:
         self.config = config
-        self.log = ServerLog(stdout)
+        self.log = ServerLog(stdout)  # `log.path`: the server's log file, once started
         self._install = install
         self._proc: subprocess.Popen | None = None
         self.command: list[str] = []
@@ -132,11 +132,6 @@ class TritonServer:
     def grpc_url(self) -> str:
         """``host:port``, as ``tritonclient.grpc`` expects (no scheme)."""
         return f"{self._url_host}:{self.config.grpc_port}"
-
-    @property
-    def http_url(self) -> str:
-        """Triton's HTTP endpoint; it answers only when ``config.http`` is set."""
-        return f"http://{self._url_host}:{self.config.http_port}"
 
     @property
     def metrics_url(self) -> str:
@@ -174,19 +169,6 @@ class TritonServer:
     def process_pids(self) -> list[int]:
         """Live pids of the server's process group: tritonserver and its backend stubs."""
         return _live_group_members(self._proc.pid) if self._proc is not None else []
-
-    # -- log ---------------------------------------------------------------------------------
-    @property
-    def log_path(self) -> Path | None:
-        """The server's log file, once started (``None`` for an open file without a path, or stderr)."""
-        return self.log.path
-
-    def log_tail(self, max_bytes: int = 8000) -> str:
-        return self.log.tail(max_bytes)
-
-    def log_errors(self, max_lines: int = 20) -> str:
-        """The log's error lines (glog ``E`` lines, failed loads): the cause, above the tables."""
-        return self.log.errors(max_lines)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def build_command(self, install: TritonInstall) -> list[str]:
@@ -230,7 +212,7 @@ class TritonServer:
             log.debug(
                 "tritonserver spawned from thread %s: it dies when that thread ends", threading.current_thread().name
             )
-        env = self._server_environment(install)
+        env = self._env.build(install, self.config)
         try:
             self._proc = subprocess.Popen(
                 launch.command(self.command),  # dies with its launcher, even on kill -9
@@ -246,10 +228,6 @@ class TritonServer:
             self._env.remove()
             raise
         self.log.spawned()
-
-    def _server_environment(self, install: TritonInstall) -> dict[str, str]:
-        """The server's environment (rtvideo.triton.command.StubEnvironment)."""
-        return self._env.build(install, self.config)
 
     def model_states(self) -> str:
         """The models' load states as Triton reports them (`name: STATE`, comma-separated), or

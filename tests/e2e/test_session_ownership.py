@@ -233,7 +233,7 @@ def test_logs_show_hashes_not_correlation_ids_secrets_or_prompts(
 
     monkeypatch.setattr(bridge_module.TritonStream, "__init__", recorded)
     caplog.set_level(logging.INFO)
-    log_path = triton.log_path
+    log_path = triton.log.path
     assert log_path is not None
     offset = log_path.stat().st_size
     prompt, update = "a secretive lighthouse at dusk", "a confidential snowy street"

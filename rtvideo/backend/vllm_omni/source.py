@@ -61,7 +61,6 @@ class EngineChunkSource:
         self._config = config
         self._request_id = request_id
         self._translator = EngineStreamTranslator()
-        self._waiting: dict[str, Interaction] = {}  # acked, being forwarded (under `_lock`)
         # events without a prompt (camera only): the engine's own lists, passed through (`_camera_plan`)
         self._passthrough: dict[str, _PassThrough] = {}
         self._running: tuple[str, ...] = ()  # pass-through events running at the last chunk's end
@@ -93,13 +92,12 @@ class EngineChunkSource:
                 command = interaction.camera
                 held = command is not None and command.mode is CameraMode.VELOCITY
                 self._passthrough[event_id] = _PassThrough(held, interaction.chunks[interaction.kinds[0]])
-            self._waiting[event_id] = interaction
             # at once: the host holds it, in order, until the engine can take interactions
-            self._forward(event_id)
+            self._forward(interaction)
 
-    def _forward(self, event_id: str) -> None:
-        """Hand one held event to the engine (under the lock, so forwards keep admission order)."""
-        held = self._waiting.pop(event_id)
+    def _forward(self, held: Interaction) -> None:
+        """Hand one event to the engine (under the lock, so forwards keep admission order)."""
+        event_id = held.event_id
         if event_id not in self._passthrough:
             self._translator.forwarded(event_id)
         event = held.event
