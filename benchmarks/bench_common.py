@@ -8,9 +8,10 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from rtvideo.triton import TritonConfig, TritonServer, free_port
 from rtvideo.triton.access import KEY_ENV, generate_key
+from rtvideo.triton.command import TritonConfig
 from rtvideo.triton.model_repo import derive_model
+from rtvideo.triton.server import TritonServer, free_port
 
 #: the two load shapes every benchmark compares: shipped pacing, and as fast as the CPU goes
 PACED_PARAMS = {"max_sessions": "8"}

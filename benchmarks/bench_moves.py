@@ -36,8 +36,9 @@ from bench_common import PACED_PARAMS, triton_key
 from bench_proxy import ProxyProcess
 from websockets.asyncio.client import ClientConnection, connect
 
-from rtvideo.triton import TritonConfig, TritonServer, free_port
+from rtvideo.triton.command import TritonConfig
 from rtvideo.triton.model_repo import derive_model
+from rtvideo.triton.server import TritonServer, free_port
 
 MODEL = "realtime_video_moves"
 CHUNK_SECONDS = 9 / 16

@@ -35,8 +35,9 @@ from websockets.asyncio.client import connect
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.proxy.placement.pool import REFUSED_HOLD_SECONDS
-from rtvideo.triton import TritonConfig, TritonServer, free_port
+from rtvideo.triton.command import TritonConfig
 from rtvideo.triton.model_repo import derive_model
+from rtvideo.triton.server import TritonServer, free_port
 
 MODEL = "realtime_video"
 

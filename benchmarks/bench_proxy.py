@@ -32,7 +32,7 @@ from bench_common import PACED_PARAMS, UNPACED_PARAMS, bench_triton, percentile
 from websockets.asyncio.client import connect
 
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.triton import free_port
+from rtvideo.triton.server import free_port
 
 UNPACED, PACED = "realtime_video", "realtime_video_paced"
 

@@ -72,9 +72,10 @@ from rtvideo.backend.catalog import vllm_omni_preset
 from rtvideo.backend.vllm_omni import interaction_rules, model_rules
 from rtvideo.backend.vllm_omni.model_rules import FirstFrame, ModelRules
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.triton import TritonConfig, TritonServer, free_port
 from rtvideo.triton.access import generate_key
+from rtvideo.triton.command import TritonConfig
 from rtvideo.triton.model_repo import derive_model
+from rtvideo.triton.server import TritonServer, free_port
 
 PROMPT = "A quiet harbour at dawn, boats rocking gently"
 UPDATE = "A snowy street illuminated by warm lanterns"

@@ -32,7 +32,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.core.errors import SESSION_ENDING_CODES
-from rtvideo.triton import free_port
+from rtvideo.triton.server import free_port
 
 RTVIDEO = Path(sys.executable).parent / "rtvideo"
 ENDING_CODES = {code.value for code in SESSION_ENDING_CODES}

@@ -42,7 +42,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus
 from rtvideo.client.record_output import save
 from rtvideo.client.record_session import ENDPOINT, endpoint, record_session
 from rtvideo.client.session import image_data_url
-from rtvideo.core import protocol
+from rtvideo.core import fields, protocol
 from rtvideo.core.errors import ProtocolError
 
 DEFAULT_URL = "ws://127.0.0.1:8080/v1/realtime/video"
@@ -73,10 +73,8 @@ def parse_update(text: str) -> Update:
     head, sep, tail = rest.rpartition(":")
     if sep and tail.strip().isascii() and tail.strip().isdigit():
         prompt, chunks = head, int(tail)
-        if chunks > protocol.MAX_TRANSITION_CHUNKS:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: TRANSITION_CHUNKS must be 0 to {protocol.MAX_TRANSITION_CHUNKS}"
-            )
+        if chunks > fields.MAX_TRANSITION_CHUNKS:
+            raise argparse.ArgumentTypeError(f"{text!r}: TRANSITION_CHUNKS must be 0 to {fields.MAX_TRANSITION_CHUNKS}")
     if not prompt.strip():
         raise argparse.ArgumentTypeError(f"{text!r}: the prompt is empty")
     return Update(at, prompt, chunks)

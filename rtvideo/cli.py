@@ -38,7 +38,7 @@ from rtvideo.proxy import settings as proxy_settings
 from rtvideo.triton.model_repo import MODEL_REPOSITORY, derive_model, read_candidate_sequences, read_parameters
 
 if TYPE_CHECKING:
-    from rtvideo.triton import TritonServer
+    from rtvideo.triton.server import TritonServer
 
 log = logging.getLogger(__name__)
 
@@ -246,9 +246,9 @@ def is_loopback(host: str) -> bool:
 
 def serve(args: argparse.Namespace) -> int:
     """Triton (unless --triton-url), then the proxy until SIGINT/SIGTERM; Triton is always stopped."""
-    from rtvideo.triton import TritonConfig, TritonServer
     from rtvideo.triton.access import generate_key
-    from rtvideo.triton.server import trace_args
+    from rtvideo.triton.command import TritonConfig
+    from rtvideo.triton.server import TritonServer, trace_args
 
     overrides = model_overrides(args)
     signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C until the proxy's loop takes over

@@ -21,8 +21,9 @@ from tests.support.triton_pair import Host, Pair
 
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from rtvideo.triton import TritonConfig, TritonServer, free_port
     from rtvideo.triton.access import KEY_ENV, generate_key
+    from rtvideo.triton.command import TritonConfig
+    from rtvideo.triton.server import TritonServer, free_port
 
     repo = tmp_path_factory.mktemp("model_repository")
     # The fast model renders in the model's own process (render_workers 0); the paced one as

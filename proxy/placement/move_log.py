@@ -25,7 +25,7 @@ from rtvideo.core import protocol, server_messages
 from rtvideo.core.approximation import approximate_start
 from rtvideo.core.chunks import EVENT_FRAME_OFFSETS, MEDIA
 from rtvideo.core.errors import ProtocolError
-from rtvideo.core.interaction import parse_interaction
+from rtvideo.core.interaction.parse import parse_interaction
 from rtvideo.core.interaction.types import InteractionRequest
 from rtvideo.core.rebuild import REBUILD, Rebuild, ScriptedEvent, interaction_json, parse_rebuild
 

@@ -44,7 +44,7 @@ model's identical ack: the ack does not wait for the two extra hops through Trit
 an event acked here (`Ack.new` false) is acked again and not forwarded: the model would apply
 nothing, and after a move the new model may never have heard of it. The
 decision is the model's rule on the model's inputs: validation is the one core parser
-(`rtvideo.core.interaction.parse_interaction`) and admission is the session's `EventBook.admit` (the
+(`rtvideo.core.interaction.parse.parse_interaction`) and admission is the session's `EventBook.admit` (the
 idempotency rule and the event bound), fed the same interactions in the same order (a retry
 changes neither book). What the proxy cannot decide alone (an invalid interaction, a conflict,
 the session's event limit, an id the book knows only from an ack it observed) is forwarded
@@ -73,7 +73,7 @@ from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import mentioned_event_ids
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.event_book import EventBook, UnknownPayload
-from rtvideo.core.interaction import parse_interaction
+from rtvideo.core.interaction.parse import parse_interaction
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming
 from rtvideo.proxy.participants.links import Guest, OwnerSeat

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rtvideo.core import protocol
+from rtvideo.core import fields, protocol
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.event_book import MAX_EVENTS_PER_SESSION
 
@@ -91,7 +91,7 @@ def event_id_in(message: Mapping[str, Any]) -> str | None:
         return None
     interaction = message.get("interaction")
     event_id = interaction.get("event_id") if isinstance(interaction, dict) else None
-    if isinstance(event_id, str) and 0 < len(event_id) <= protocol.MAX_EVENT_ID_CHARS:
+    if isinstance(event_id, str) and 0 < len(event_id) <= fields.MAX_EVENT_ID_CHARS:
         return event_id
     return None
 

@@ -112,11 +112,8 @@ def vllm_omni_preset(model: str, rules: model_rules.ModelRules | None = None) ->
 #: VAE's float32 output, concatenated each chunk: pipeline_helios.py), so one request holds
 #: width x height x 3 channels x 4 bytes per frame for all its frames until it ends.
 HELIOS_WIDTH, HELIOS_HEIGHT = 640, 384
-FLOAT32_RGB_BYTES = model_rules.FLOAT32_RGB_BYTES
 #: 2,949,120 bytes (2.8 MiB) per 640x384 frame
-HELIOS_FRAME_BYTES = HELIOS_WIDTH * HELIOS_HEIGHT * FLOAT32_RGB_BYTES
-#: the decoded frames one session may hold on the GPU
-REQUEST_MEMORY_BOUND_BYTES = model_rules.REQUEST_MEMORY_BOUND_BYTES
+HELIOS_FRAME_BYTES = HELIOS_WIDTH * HELIOS_HEIGHT * model_rules.FLOAT32_RGB_BYTES
 #: `vllm_omni_max_request_frames` by default: 4 GiB / 2,949,120 B = 1456 frames, cut to whole
 #: 33-frame chunks (a Helios request runs whole chunks): 44 chunks, 1452 frames (90.75 s at 16 fps)
 DEFAULT_MAX_REQUEST_FRAMES = model_rules.HELIOS_DISTILLED.memory_cap(HELIOS_WIDTH, HELIOS_HEIGHT)

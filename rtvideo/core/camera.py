@@ -235,7 +235,7 @@ class CameraTracker:
         self, event_id: str, command: CameraCommand, chunks: int, received_at: float, frame: int | None = None
     ) -> None:
         """Queue a command for the next boundary. `chunks` is its N, resolved
-        (`rtvideo.core.interaction.resolve_chunks`: the camera's default is
+        (`rtvideo.core.interaction.types.resolve_chunks`: the camera's default is
         `DEFAULT_TRANSITION_CHUNKS`); a velocity ignores it. `frame`: the frame of the next chunk
         at which it takes effect (clamped to the chunk), instead of the one its receipt time gives
         (a rebuild replays a recorded `event_frame_offsets`)."""

@@ -19,12 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.fields import MAX_EVENT_ID_CHARS as MAX_EVENT_ID_CHARS
-from rtvideo.core.fields import MAX_PROMPT_CHARS as MAX_PROMPT_CHARS
-from rtvideo.core.fields import MAX_TRANSITION_CHUNKS as MAX_TRANSITION_CHUNKS
 from rtvideo.core.fields import json_kind
 from rtvideo.core.interaction.parse import parse_interaction
-from rtvideo.core.interaction.types import InteractionRequest as InteractionRequest
+from rtvideo.core.interaction.types import InteractionRequest
 
 # --- limits (documented in docs/protocol.md §7) ----------------------------------------
 MAX_START_BYTES = 4 * 1024 * 1024

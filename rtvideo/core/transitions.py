@@ -15,9 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rtvideo.core.conditioning import LINEAR, Conditioning, Mix, interpolate
-
-__all__ = ["ChunkPlan", "Conditioning", "Mix", "Target", "TransitionTracker"]
+from rtvideo.core.conditioning import LINEAR, Conditioning, interpolate
 
 
 @dataclass(frozen=True)

@@ -8,25 +8,4 @@
 - :mod:`.logs`: its log (a file, or relayed to standard error), and what of it to show when it fails;
 - :mod:`.access`: its access key (``--grpc-restricted-protocol``), the clients' header, the
   per-session secret and the short hash that logs show instead of ids and secrets.
-
-The names below are the public surface; import them from here.
 """
-
-from rtvideo.triton.command import TritonConfig
-from rtvideo.triton.install import TritonInstall, find_tritonserver
-from rtvideo.triton.logs import STDERR, LogTarget, ServerLog
-from rtvideo.triton.server import TritonServer, free_port, is_ready
-from rtvideo.triton.shm_files import clean_stale_shm
-
-__all__ = [
-    "STDERR",
-    "LogTarget",
-    "ServerLog",
-    "TritonConfig",
-    "TritonInstall",
-    "TritonServer",
-    "clean_stale_shm",
-    "find_tritonserver",
-    "free_port",
-    "is_ready",
-]

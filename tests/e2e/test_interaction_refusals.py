@@ -18,7 +18,8 @@ from typing import Any
 
 from rtvideo.backend.settings import BackendSettings
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.core.interaction import interaction_refusal, parse_interaction
+from rtvideo.core.interaction.parse import parse_interaction
+from rtvideo.core.interaction.refusal import interaction_refusal
 from rtvideo.triton.model_repo import read_parameters
 from tests.support.omni_triton import MODEL, NO_PROMPT
 from tests.support.proxy_client import Ws, is_error, ws

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from rtvideo.triton import TritonConfig, TritonServer, find_tritonserver, free_port
+from rtvideo.triton.command import TritonConfig
+from rtvideo.triton.install import find_tritonserver
+from rtvideo.triton.server import TritonServer, free_port
 from tests.support.paths import REPO_ROOT
 
 REPO_ROOT = REPO_ROOT
@@ -248,8 +250,7 @@ def test_stale_shared_memory_is_judged_only_within_its_pid_namespace():
     says nothing here. Names without a namespace (an earlier version's) count as this one's."""
     import subprocess
 
-    from rtvideo.triton import clean_stale_shm
-    from rtvideo.triton.shm_files import SHM_DIR, pid_namespace, shm_prefix_of
+    from rtvideo.triton.shm_files import SHM_DIR, clean_stale_shm, pid_namespace, shm_prefix_of
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # its pid runs nothing now

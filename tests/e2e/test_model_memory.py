@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.core.protocol import MAX_PROMPT_CHARS
+from rtvideo.core.fields import MAX_PROMPT_CHARS
 from tests.support.processes import stub_pid
 from tests.support.streams import PACED_MODEL, wait_for_metric
 

@@ -21,8 +21,9 @@ from rtvideo.client.session import RealtimeVideoClient
 from rtvideo.proxy.observability.accesslog import redact, redact_text
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import StreamTiming
-from rtvideo.triton import STDERR, ServerLog, free_port, is_ready
 from rtvideo.triton.access import KEY_ENV, generate_key
+from rtvideo.triton.logs import STDERR, ServerLog
+from rtvideo.triton.server import free_port, is_ready
 from tests.support.processes import end_all
 from tests.support.proxy_client import Ws, ws
 from tests.support.proxy_host import run
@@ -235,8 +236,9 @@ def test_serve_triton_on_every_address_logging_to_stderr(tmp_path: Path) -> None
 def test_a_slow_start_shows_the_models_load_state_not_a_silent_wait(tmp_path: Path) -> None:
     """`rtvideo serve`'s wait for its Triton calls back with the models' states while they load
     (`--triton-start-timeout`, progress every 15 s; here every 0.2 s)."""
-    from rtvideo.triton import TritonConfig, TritonServer
+    from rtvideo.triton.command import TritonConfig
     from rtvideo.triton.model_repo import derive_model
+    from rtvideo.triton.server import TritonServer
 
     repo = tmp_path / "repository"
     derive_model(repo, "realtime_video", {"render_workers": "0"})

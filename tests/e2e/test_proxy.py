@@ -29,7 +29,7 @@ from rtvideo.proxy.placement.bridge import TritonBridge
 from rtvideo.proxy.session import session as proxy_session
 from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.settings import ProxySettings
-from rtvideo.triton import free_port
+from rtvideo.triton.server import free_port
 from rtvideo.triton.wire import START_TAG, Reply
 from tests.support.proxy_client import Ws, first_message_answers, is_error, status_of, ws
 from tests.support.proxy_host import run, wait_idle
@@ -708,8 +708,9 @@ def test_triton_dying_mid_session(proxies, tmp_path) -> None:
     """A second, throwaway tritonserver is killed under a live session and no endpoint takes the
     session within the move patience (docs/recordings.md "Moves"): the client gets
     backend_unavailable, then a session.done that still counts what it received, then 1000."""
-    from rtvideo.triton import TritonConfig, TritonServer
+    from rtvideo.triton.command import TritonConfig
     from rtvideo.triton.model_repo import derive_model
+    from rtvideo.triton.server import TritonServer
 
     derive_model(tmp_path, FAST_MODEL, {"pacing_lead_chunks": "1.0", "max_sessions": "1"})
     doomed = TritonServer(

@@ -29,7 +29,7 @@ from rtvideo.process.shm import stub_region
 from rtvideo.proxy.edge import socket as handler
 from rtvideo.proxy.observability.metrics import by_label
 from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS
-from rtvideo.triton import free_port
+from rtvideo.triton.server import free_port
 from tests.support.processes import RTVIDEO, descendants, stop_serve
 from tests.support.proxy_client import Ws, first_message_answers, ws
 from tests.support.proxy_host import run, wait_idle

@@ -101,7 +101,8 @@ def test_a_start_beyond_the_engines_requests_is_server_busy_at_once_through_the_
 @pytest.fixture
 def second_triton(tmp_path) -> Iterator[str]:
     """A second tritonserver with the one-request stand-in model."""
-    from rtvideo.triton import TritonConfig, TritonServer, free_port
+    from rtvideo.triton.command import TritonConfig
+    from rtvideo.triton.server import TritonServer, free_port
 
     repo = tmp_path / "repo"
     derive_models(repo, [ONE_REQUEST])

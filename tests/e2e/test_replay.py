@@ -28,7 +28,7 @@ from rtvideo.backend.encoder import FragmentedMp4Encoder
 from rtvideo.backend.replay import FrameRenderer, replay_frames, session_config
 from rtvideo.backend.runtime.sources import GeneratorChunkSource
 from rtvideo.client.triton_stream import TritonStreamSession
-from rtvideo.core.interaction import Interaction
+from rtvideo.core.interaction.types import Interaction
 from rtvideo.core.session_log import SessionLog, parse_lines, read_log
 from tests.support.streams import FAST_MODEL, PACED_MODEL, Transcript, decode, split_chunks
 

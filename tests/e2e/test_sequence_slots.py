@@ -27,9 +27,10 @@ from websockets.exceptions import InvalidStatus
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.proxy.session import session as proxy_session
-from rtvideo.triton import TritonConfig, TritonServer, free_port
 from rtvideo.triton.access import generate_key
+from rtvideo.triton.command import TritonConfig
 from rtvideo.triton.model_repo import derive_model
+from rtvideo.triton.server import TritonServer, free_port
 from tests.support.http_calls import metric_values
 from tests.support.processes import stop_serve
 from tests.support.proxy_client import Ws, ws

@@ -21,8 +21,9 @@ import tritonclient.grpc as grpcclient
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from rtvideo.triton import clean_stale_shm, free_port, wire
-from rtvideo.triton.shm_files import shm_prefix_of
+from rtvideo.triton import wire
+from rtvideo.triton.server import free_port
+from rtvideo.triton.shm_files import clean_stale_shm, shm_prefix_of
 from tests.support.processes import alive, descendants, stop_serve
 from tests.support.proxy_client import NO_KEEPALIVE
 from tests.support.serve_session import Served, cmdline, serve, triton_pids
@@ -144,8 +145,9 @@ def test_probes_leave_the_model_free_to_unload(tmp_path: Path) -> None:
     the exit timeout and killed the stub ("Non-graceful termination"), the model's finalize
     never ran. Probes now let the call end by itself."""
     from rtvideo.proxy.placement.bridge import TritonBridge
-    from rtvideo.triton import TritonConfig, TritonServer
+    from rtvideo.triton.command import TritonConfig
     from rtvideo.triton.model_repo import derive_model
+    from rtvideo.triton.server import TritonServer
 
     repo = tmp_path / "repo"
     derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off"})

@@ -29,8 +29,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from rtvideo.triton import free_port, wire
+from rtvideo.triton import wire
 from rtvideo.triton.access import KEY_ENV, KEY_NAME, key_headers
+from rtvideo.triton.server import free_port
 from tests.support.processes import end_all
 from tests.support.serve_session import launch
 from tests.support.streams import FAST_MODEL
@@ -205,9 +206,10 @@ def test_memory_returns_after_large_requests_without_the_key(tmp_path: Path) -> 
     the requests into stayed in malloc's heaps until `TritonConfig.malloc_mmap_threshold`), the
     Python backend's shared memory has not grown (nothing reached the model), and Triton answers
     a keyed probe."""
-    from rtvideo.triton import TritonConfig, TritonServer
     from rtvideo.triton.access import generate_key
+    from rtvideo.triton.command import TritonConfig
     from rtvideo.triton.model_repo import derive_model
+    from rtvideo.triton.server import TritonServer
 
     repo = tmp_path / "repo"
     derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off", "render_workers": "0"})

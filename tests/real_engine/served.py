@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rtvideo.triton import free_port
+from rtvideo.triton.server import free_port
 from tests.support.processes import alive, descendants
 from tests.support.proxy_client import Ws, ws
 from tests.support.streams import Transcript, check_stream_rules, decode

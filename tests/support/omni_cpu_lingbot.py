@@ -50,7 +50,7 @@ def write_transformer(out: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from rtvideo.triton import free_port
+    from rtvideo.triton.server import free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))  # gloo's rendezvous, this process only

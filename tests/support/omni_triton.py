@@ -113,7 +113,8 @@ def derive_models(repo: Path, names: Iterable[str] = PIPELINES) -> dict[str, Eng
 def serve_omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyHost, dict[str, Engine]]]:
     """A real tritonserver with one stand-in model per entry of PIPELINES and the built-in CAPPED
     model, and proxies for it: the `omni` fixture of tests/e2e/conftest.py (one per test package)."""
-    from rtvideo.triton import TritonConfig, TritonServer, free_port
+    from rtvideo.triton.command import TritonConfig
+    from rtvideo.triton.server import TritonServer, free_port
 
     repo = tmp_path_factory.mktemp("omni_repository")
     engines = derive_models(repo)

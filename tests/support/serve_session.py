@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rtvideo.client.session import RealtimeVideoClient
-from rtvideo.triton import free_port
+from rtvideo.triton.server import free_port
 from tests.support.processes import RTVIDEO, alive, descendants, end_all, stop_serve
 from tests.support.streams import decode
 

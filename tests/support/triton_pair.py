@@ -43,8 +43,9 @@ class Pair:
     """Triton A on 127.0.0.1 and B on 127.0.0.2, on the same gRPC port."""
 
     def __init__(self, tmp: Path) -> None:
-        from rtvideo.triton import TritonConfig, TritonServer, free_port
+        from rtvideo.triton.command import TritonConfig
         from rtvideo.triton.model_repo import derive_model
+        from rtvideo.triton.server import TritonServer, free_port
 
         repo = tmp / "repo"
         derive_model(repo, MODEL, {"max_sessions": "2"})  # the shipped pacing: sessions stay live

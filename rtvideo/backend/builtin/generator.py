@@ -30,7 +30,11 @@ import torch.nn.functional as F
 
 from rtvideo.backend import catalog
 from rtvideo.backend.builtin import conditioning as resolved
-from rtvideo.backend.builtin import scene
+from rtvideo.backend.builtin.scene.camera import is_start_pose
+from rtvideo.backend.builtin.scene.concepts import ConceptVocabulary, SceneWeights
+from rtvideo.backend.builtin.scene.layout import SceneLayout
+from rtvideo.backend.builtin.scene.parameters import scene_parameters
+from rtvideo.backend.builtin.scene.textures import TextureBank
 from rtvideo.backend.builtin.text_encoder import EMBEDDING_DIM, PromptEncoder
 from rtvideo.backend.runtime.ports import GeneratorSession, VideoGenerator
 from rtvideo.core.conditioning import Conditioning, Interp
@@ -57,7 +61,7 @@ class RendererConfig:
     render_min: int = 64  # long side of the rendered grid, before bilinear upsampling ...
     render_max: int = 320
     render_divisor: int = 2  # ... is the output's long side over this, clamped to [min, max]
-    texture_components: int = 12  # prompt-coloured mottling (see scene.TextureBank)
+    texture_components: int = 12  # prompt-coloured mottling (see TextureBank)
     texture_gain: float = 0.018  # its strength for a unit embedding
     weight_seed: int = 20240917
     params_cache_size: int = 1024  # prompts whose scene parameters are kept
@@ -81,7 +85,7 @@ class RendererWeights:
 
     @classmethod
     def from_seed(cls, config: RendererConfig, device: torch.device) -> RendererWeights:
-        bank = scene.TextureBank.from_seed(config.weight_seed, config.texture_components)
+        bank = TextureBank.from_seed(config.weight_seed, config.texture_components)
         rng = torch.Generator().manual_seed(config.weight_seed)
         projection = torch.randn(EMBEDDING_DIM, 3 * bank.count, generator=rng) * config.texture_gain
         return cls(
@@ -91,8 +95,8 @@ class RendererWeights:
             texture_projection=projection.to(device=device, dtype=torch.float32),
         )
 
-    def texture_bank(self) -> scene.TextureBank:
-        return scene.TextureBank(
+    def texture_bank(self) -> TextureBank:
+        return TextureBank(
             vectors=self.texture_vectors.numpy(),
             omegas=self.texture_omegas.numpy(),
             amplitudes=self.texture_amplitudes.numpy(),
@@ -104,7 +108,7 @@ class _SessionState:
     """Per-session feature images (built by the first `generate`) and the time cursor."""
 
     seed: int
-    layout: scene.SceneLayout | None = None
+    layout: SceneLayout | None = None
     frame_cursor: int = 0
     closed: bool = False
     image: np.ndarray | None = None  # the reference image, until the first chunk has shown it
@@ -133,13 +137,13 @@ class BuiltinSession(GeneratorSession):
         self._generator = generator
         self._state = _SessionState(seed=int(seed), image=image)
 
-    def _layout(self) -> scene.SceneLayout:
+    def _layout(self) -> SceneLayout:
         """The session's feature images: built on the session's own thread by the first chunk
         (tens of milliseconds), so that opening a session on the request path stays instant."""
         state = self._state
         if state.layout is None:
             gen = self._generator
-            state.layout = scene.SceneLayout(
+            state.layout = SceneLayout(
                 width=self.width,
                 height=self.height,
                 render_size=gen.config.render_size(self.width, self.height),
@@ -153,7 +157,7 @@ class BuiltinSession(GeneratorSession):
     def generate(self, mix: Conditioning, num_frames: int, poses: Sequence[Pose] | None = None) -> np.ndarray:
         """The next `num_frames` frames; the cursor advances so the next chunk continues smoothly.
         `poses` (one per frame, or None for the start pose throughout) place the camera
-        (`scene.SceneLayout.render`); start poses render exactly the frames of a fixed camera."""
+        (`SceneLayout.render`); start poses render exactly the frames of a fixed camera."""
         state = self._state
         if state.closed:
             raise RuntimeError("session is closed")
@@ -164,7 +168,7 @@ class BuiltinSession(GeneratorSession):
         params = self._generator.scene_parameters(mix)
         times = np.arange(state.frame_cursor, state.frame_cursor + num_frames, dtype=np.float64) / self.fps
         state.frame_cursor += num_frames
-        moving = poses is not None and not all(scene.is_start_pose(pose) for pose in poses)
+        moving = poses is not None and not all(is_start_pose(pose) for pose in poses)
         frames = self._to_frames(self._layout().render(params, times, list(poses) if moving and poses else None))
         if state.image is not None:
             frames = self._from_image(frames, state.image)
@@ -236,7 +240,7 @@ class BuiltinGenerator(VideoGenerator):
         self.weights = RendererWeights.from_seed(self.config, self.device)
         self.texture = self.weights.texture_bank()
         self.text_encoder = PromptEncoder(device=str(self.device))
-        self.vocabulary = scene.ConceptVocabulary(self.text_encoder.encode_batch, key="all-MiniLM-L6-v2")
+        self.vocabulary = ConceptVocabulary(self.text_encoder.encode_batch, key="all-MiniLM-L6-v2")
         self._params: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._params_lock = threading.Lock()
 
@@ -260,7 +264,7 @@ class BuiltinGenerator(VideoGenerator):
             return dict(mix)
         return resolved.resolve(mix, lambda prompt: self.embed(prompt).cpu().numpy())
 
-    def scene_weights(self, prompt: str) -> scene.SceneWeights:
+    def scene_weights(self, prompt: str) -> SceneWeights:
         """What the renderer understands of `prompt` (light, ground, elements, accent)."""
         return self.vocabulary.weights(self.embed(prompt))
 
@@ -272,7 +276,7 @@ class BuiltinGenerator(VideoGenerator):
                 self._params.move_to_end(prompt)
                 return cached.clone()
         embedding = self.embed(prompt)
-        named = torch.from_numpy(scene.scene_parameters(self.vocabulary.weights(embedding)))
+        named = torch.from_numpy(scene_parameters(self.vocabulary.weights(embedding)))
         texture = (embedding @ self.weights.texture_projection).view(3, -1)
         params = torch.cat([named.to(device=self.device, dtype=torch.float32), texture], dim=1)
         with self._params_lock:

@@ -20,8 +20,8 @@ from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, Interactio
 from rtvideo.core import server_messages
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.event_book import EventBook, Outcome
-from rtvideo.core.interaction import interaction_refusal
-from rtvideo.core.protocol import InteractionRequest
+from rtvideo.core.interaction.refusal import interaction_refusal
+from rtvideo.core.interaction.types import InteractionRequest
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.transitions import ChunkPlan
 

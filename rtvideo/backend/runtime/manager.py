@@ -14,15 +14,17 @@ import time
 
 from rtvideo.backend.image_reference import MediaPolicy
 from rtvideo.backend.runtime.capacity import RealtimeCapacity
+from rtvideo.backend.runtime.endings import ended_error
 from rtvideo.backend.runtime.ports import Channel, Metrics, NullMetrics
 from rtvideo.backend.runtime.registry import SessionTable, same_secret
-from rtvideo.backend.runtime.session import EndReason, Limits, Session, ended_error
+from rtvideo.backend.runtime.session import EndReason, Limits, Session
 from rtvideo.backend.runtime.sources import ChunkSourceFactory
 from rtvideo.backend.runtime.starts import CallSoon, Starts
 from rtvideo.backend.runtime.watchdog import watch
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import InteractionRequest, PingRequest, PlaybackReport, RevokeSteering, StopRequest
+from rtvideo.core.interaction.types import InteractionRequest
+from rtvideo.core.protocol import PingRequest, PlaybackReport, RevokeSteering, StopRequest
 from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.triton.access import SESSION_SECRET_PARAMETER, short_hash
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 
 from rtvideo.backend.runtime.admission import EventDesk
 from rtvideo.backend.runtime.endings import EndReason
-from rtvideo.backend.runtime.endings import ended_error as ended_error  # where the manager and tests import it
 from rtvideo.backend.runtime.pause import PauseGate
 from rtvideo.backend.runtime.playback_clock import PlaybackClock
 from rtvideo.backend.runtime.ports import Channel, Metrics
@@ -25,8 +24,9 @@ from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, SourceChun
 from rtvideo.backend.runtime.tracing import chunk_sent
 from rtvideo.core import server_messages
 from rtvideo.core.chunks import chunk_timing, media_metadata, trailer_metadata
+from rtvideo.core.interaction.types import InteractionRequest
 from rtvideo.core.pacing import PacingPolicy, PlayheadPacer, ReportClamp
-from rtvideo.core.protocol import InteractionRequest, PlaybackReport
+from rtvideo.core.protocol import PlaybackReport
 from rtvideo.core.session_config import SessionConfig
 
 log = logging.getLogger(__name__)

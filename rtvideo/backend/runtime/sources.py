@@ -32,17 +32,8 @@ from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory, Generato
 from rtvideo.core import camera, conditioning
 from rtvideo.core.conditioning import Conditioning
 from rtvideo.core.errors import ErrorCode
-from rtvideo.core.interaction import (
-    BLEND,
-    CAMERA,
-    PROMPT,
-    BlendPart,
-    CameraPart,
-    HandlerRegistry,
-    Interaction,
-    Part,
-    PromptPart,
-)
+from rtvideo.core.interaction.registry import HandlerRegistry
+from rtvideo.core.interaction.types import BLEND, CAMERA, PROMPT, BlendPart, CameraPart, Interaction, Part, PromptPart
 from rtvideo.core.pose import Pose
 from rtvideo.core.rebuild import ScriptedEvent
 from rtvideo.core.session_config import SessionConfig

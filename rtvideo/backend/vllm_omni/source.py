@@ -26,7 +26,7 @@ from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_me
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OVERFLOW, OutputQueue
 from rtvideo.core.camera import CameraMode, chunk_lists, merge_ids
-from rtvideo.core.interaction import PROMPT
+from rtvideo.core.interaction.types import PROMPT
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import ACTIVE, COMPLETED, STARTED, EngineStreamTranslator
 from rtvideo.core.transitions import ChunkPlan
@@ -238,7 +238,7 @@ class _PassThrough:
 
     def __init__(self, held: bool, chunks: int) -> None:
         self.held = held
-        self.chunks = chunks  # resolved (`rtvideo.core.interaction.resolve_chunks`)
+        self.chunks = chunks  # resolved (`rtvideo.core.interaction.types.resolve_chunks`)
         self.elapsed = 0
 
     def step(self) -> float:

@@ -19,9 +19,10 @@ from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorChunkSource, Interaction, RenderedChunk
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.core.interaction import UnhandledKinds
+from rtvideo.core.interaction.registry import UnhandledKinds
+from rtvideo.core.interaction.types import InteractionRequest
 from rtvideo.core.pose import IDENTITY, Pose
-from rtvideo.core.protocol import InteractionRequest, parse_message
+from rtvideo.core.protocol import parse_message
 from rtvideo.core.session_config import resolve_session_config
 from rtvideo.core.start_request import check_first_message, validate_start
 from tests.support.recorder import Recorder

@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pytest
 
-from rtvideo.backend.builtin import scene
 from rtvideo.backend.builtin.generator import BuiltinGenerator, BuiltinSession
+from rtvideo.backend.builtin.scene.camera import YAW_RATE, Layer
 from rtvideo.core.pose import IDENTITY, Pose
 from tests.support.image_motion import gray, shift
 
@@ -80,8 +80,8 @@ def test_yaw_pans_with_parallax(generator: BuiltinGenerator) -> None:
     focal = session(generator)._layout().camera.focal
     _, sky_dx = shift(start[sky], turned[sky])
     _, ground_dx = shift(start[ground], turned[ground])
-    expected_sky = pixels(scene.YAW_RATE[scene.Layer.SKY] * focal * angle, generator)
-    expected_ground = pixels(scene.YAW_RATE[scene.Layer.GROUND] * focal * angle, generator)
+    expected_sky = pixels(YAW_RATE[Layer.SKY] * focal * angle, generator)
+    expected_ground = pixels(YAW_RATE[Layer.GROUND] * focal * angle, generator)
     # looking right moves the content left; the sky lags the ground
     assert -1.5 * expected_sky < sky_dx < -0.5 * expected_sky, (sky_dx, expected_sky)
     assert -1.5 * expected_ground < ground_dx < -0.5 * expected_ground, (ground_dx, expected_ground)
@@ -169,7 +169,7 @@ def test_motion_is_smooth_within_a_chunk(generator: BuiltinGenerator) -> None:
     _, ground = bands(generator)
     offsets = np.array([shift(fixed[k][ground], moving[k][ground])[1] for k in range(6)])
     focal = session(generator)._layout().camera.focal
-    per_frame = pixels(scene.YAW_RATE[scene.Layer.GROUND] * focal * rate, generator)
+    per_frame = pixels(YAW_RATE[Layer.GROUND] * focal * rate, generator)
     assert (np.diff(offsets) < 0).all(), offsets
     assert np.abs(offsets + per_frame * np.arange(6)).max() < 3.0, (offsets, per_frame)
 

@@ -21,7 +21,7 @@ from rtvideo.backend.builtin.generator import BuiltinGenerator
 from rtvideo.backend.replay import FrameRenderer, replay_frames
 from rtvideo.backend.runtime.sources import GeneratorChunkSource
 from rtvideo.core.chunks import media_metadata
-from rtvideo.core.interaction import Interaction
+from rtvideo.core.interaction.types import Interaction
 from rtvideo.core.protocol import validate_interaction
 from rtvideo.core.rebuild import Rebuild, parse_rebuild
 from rtvideo.core.session_log import read_log

@@ -19,7 +19,7 @@ from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import EndReason, Limits
 from rtvideo.backend.runtime.sources import FailedEvent, GeneratorSources, Interaction, RenderedChunk, SourceChunk
 from rtvideo.backend.settings import BackendSettings
-from rtvideo.core.protocol import InteractionRequest
+from rtvideo.core.interaction.types import InteractionRequest
 from rtvideo.core.transitions import ChunkPlan
 from rtvideo.triton.access import short_hash
 from tests.support.recorder import Recorder

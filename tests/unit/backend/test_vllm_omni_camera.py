@@ -26,8 +26,10 @@ from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED
 from rtvideo.backend.vllm_omni.source import EngineChunkSource, EngineSources
-from rtvideo.core.interaction import interaction_refusal, parse_interaction
-from rtvideo.core.protocol import InteractionRequest, parse_message
+from rtvideo.core.interaction.parse import parse_interaction
+from rtvideo.core.interaction.refusal import interaction_refusal
+from rtvideo.core.interaction.types import InteractionRequest
+from rtvideo.core.protocol import parse_message
 from rtvideo.core.session_config import resolve_session_config
 from rtvideo.core.start_request import check_first_message, validate_start
 from tests.support.omni_standin import StandInAsyncOmni, StandInSamplingParams

@@ -36,8 +36,8 @@ from rtvideo.backend.vllm_omni.engine import EngineError
 from rtvideo.backend.vllm_omni.interaction_rules import pipeline_class
 from rtvideo.backend.vllm_omni.source import EngineChunkSource
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.interaction import interaction_refusal, parse_interaction
-from rtvideo.core.interaction.refusal import NOTHING_APPLIED
+from rtvideo.core.interaction.parse import parse_interaction
+from rtvideo.core.interaction.refusal import NOTHING_APPLIED, interaction_refusal
 from rtvideo.core.session_config import resolve_session_config
 from rtvideo.core.start_request import validate_start
 from tests.support.omni_standin import StandInAsyncOmni, StandInSamplingParams

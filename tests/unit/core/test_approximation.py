@@ -11,7 +11,7 @@ import pytest
 
 from rtvideo.core.approximation import approximate_start, prompt_in_effect
 from rtvideo.core.errors import ProtocolError
-from rtvideo.core.interaction import parse_interaction
+from rtvideo.core.interaction.parse import parse_interaction
 from rtvideo.core.rebuild import ScriptedEvent, parse_rebuild
 
 START: dict[str, Any] = {"type": "session.start", "prompt": "a harbour", "num_frames": 100, "width": 128}

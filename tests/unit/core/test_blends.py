@@ -10,8 +10,10 @@ import pytest
 from rtvideo.core import conditioning
 from rtvideo.core.conditioning import Interp
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.interaction import BLEND, BlendPart, Interaction, interaction_refusal, parse_interaction
+from rtvideo.core.interaction.parse import parse_interaction
+from rtvideo.core.interaction.refusal import interaction_refusal
 from rtvideo.core.interaction.support import InteractionSupport
+from rtvideo.core.interaction.types import BLEND, BlendPart, Interaction
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
 from rtvideo.core.start_request import validate_start
 from rtvideo.core.transitions import TransitionTracker

@@ -30,9 +30,9 @@ from rtvideo.core.camera import (
     parse_camera,
 )
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.interaction import CAMERA, resolve_chunks
+from rtvideo.core.interaction.types import CAMERA, InteractionRequest, resolve_chunks
 from rtvideo.core.pose import IDENTITY, Pose
-from rtvideo.core.protocol import InteractionRequest, parse_message
+from rtvideo.core.protocol import parse_message
 from tests.support.streams import schema_errors
 from tests.support.vllm_omni_wheel import Sampling, StepRequestState, load_interaction
 

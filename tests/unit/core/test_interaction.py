@@ -9,19 +9,18 @@ import pytest
 
 from rtvideo.core import camera
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.interaction import (
+from rtvideo.core.interaction.parse import parse_interaction
+from rtvideo.core.interaction.registry import HandlerRegistry, UnhandledKinds
+from rtvideo.core.interaction.types import (
     BLEND,
     CAMERA,
     PROMPT,
     CameraPart,
-    HandlerRegistry,
     Interaction,
     InteractionRequest,
     ModalityPart,
     Part,
     PromptPart,
-    UnhandledKinds,
-    parse_interaction,
     resolve_chunks,
 )
 

@@ -10,14 +10,10 @@ import pytest
 
 from rtvideo.core.conditioning import INTERPOLATIONS, LINEAR
 from rtvideo.core.errors import ErrorCode
-from rtvideo.core.interaction import (
-    InteractionRequest,
-    PipelineInteractions,
-    Refusal,
-    interaction_refusal,
-    parse_interaction,
-)
+from rtvideo.core.interaction.parse import parse_interaction
+from rtvideo.core.interaction.refusal import PipelineInteractions, Refusal, interaction_refusal
 from rtvideo.core.interaction.support import InteractionSupport
+from rtvideo.core.interaction.types import InteractionRequest
 
 #: the built-in generator's and vLLM-Omni's entries, as `rtvideo.backend.catalog` has them
 BUILTIN = InteractionSupport(("prompt", "blend", "camera"), ("prompt", "prompts", "multi_modal_data"), INTERPOLATIONS)

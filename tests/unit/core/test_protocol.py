@@ -8,16 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rtvideo.core import protocol, server_messages, start_request
+from rtvideo.core import fields, server_messages, start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import (
-    MAX_MESSAGE_BYTES,
-    MAX_START_BYTES,
-    InteractionRequest,
-    PingRequest,
-    StopRequest,
-    parse_message,
-)
+from rtvideo.core.interaction.types import InteractionRequest
+from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES, PingRequest, StopRequest, parse_message
 from rtvideo.core.start_request import check_first_message, validate_start
 
 
@@ -314,20 +308,20 @@ def test_accepted_text_always_encodes_as_utf8() -> None:
 
 
 def test_prompt_length_is_capped() -> None:
-    long = "x" * (protocol.MAX_PROMPT_CHARS + 1)
+    long = "x" * (fields.MAX_PROMPT_CHARS + 1)
     with pytest.raises(ProtocolError) as info:
         validate_start(check_first_message(start(prompt=long)))
-    assert info.value.code is ErrorCode.INVALID_START and str(protocol.MAX_PROMPT_CHARS) in info.value.message
+    assert info.value.code is ErrorCode.INVALID_START and str(fields.MAX_PROMPT_CHARS) in info.value.message
     with pytest.raises(ProtocolError) as info:
         parse_message(
             json.dumps({"type": "session.interaction", "interaction": {"event_id": "e", "event": {"prompt": long}}})
         )
     assert info.value.code is ErrorCode.INVALID_INTERACTION and info.value.event_id == "e"
-    assert validate_start(check_first_message(start(prompt="y" * protocol.MAX_PROMPT_CHARS))).prompt
+    assert validate_start(check_first_message(start(prompt="y" * fields.MAX_PROMPT_CHARS))).prompt
 
 
 def test_fingerprint_is_a_fixed_size_digest() -> None:
     small = InteractionRequest(event={"prompt": "a"}, event_id="e")
-    big = InteractionRequest(event={"prompt": "b" * protocol.MAX_PROMPT_CHARS}, event_id="e")
+    big = InteractionRequest(event={"prompt": "b" * fields.MAX_PROMPT_CHARS}, event_id="e")
     assert len(small.fingerprint) == len(big.fingerprint) == 32
     assert small.fingerprint != big.fingerprint

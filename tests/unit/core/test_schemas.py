@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rtvideo.core import protocol, server_messages, start_request
+from rtvideo.core import fields, protocol, server_messages, start_request
 from rtvideo.core.chunks import media_metadata, trailer_metadata
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.protocol import parse_message
@@ -112,7 +112,7 @@ BAD = [
     {"type": "session.bogus"},
     {"type": "session.start"},
     {"type": "session.start", "prompt": " \t\n"},
-    {"type": "session.start", "prompt": "x" * (protocol.MAX_PROMPT_CHARS + 1)},
+    {"type": "session.start", "prompt": "x" * (fields.MAX_PROMPT_CHARS + 1)},
     {"type": "session.start", "prompt": "x", "format": "webm"},
     {"type": "session.start", "prompt": "x", "colour": "red"},
     {"type": "session.start", "prompt": "x", "width": True},

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rtvideo.core import protocol
+from rtvideo.core import fields, protocol
 from rtvideo.proxy.session.limits import STOP_PEEK_BYTES, event_id_in, over_rate_stop, refused_event_id
 from tests.support.fake_bridge import VIDEO_START, begin, ended, run, session
 
@@ -22,13 +22,13 @@ def interaction(event_id: Any = "e1", **extra: Any) -> dict[str, Any]:
     [
         (json.dumps(interaction("e1")), False, "e1"),
         (json.dumps(interaction("e1")).encode(), False, "e1"),  # a text frame handed over as bytes
-        (json.dumps(interaction("x" * protocol.MAX_EVENT_ID_CHARS)), False, "x" * protocol.MAX_EVENT_ID_CHARS),
+        (json.dumps(interaction("x" * fields.MAX_EVENT_ID_CHARS)), False, "x" * fields.MAX_EVENT_ID_CHARS),
         (json.dumps(interaction("e1")).encode(), True, None),  # a binary frame is never read
         ('{"type": "session.interaction", "interaction": {"event_id": "e1"', False, None),  # not JSON
         (json.dumps(interaction("e1", pad="x" * protocol.MAX_MESSAGE_BYTES)), False, None),  # over the limit
         (json.dumps(interaction(7)), False, None),  # not a string
         (json.dumps(interaction("")), False, None),
-        (json.dumps(interaction("x" * (protocol.MAX_EVENT_ID_CHARS + 1))), False, None),  # no server message names it
+        (json.dumps(interaction("x" * (fields.MAX_EVENT_ID_CHARS + 1))), False, None),  # no server message names it
         (json.dumps({"type": "session.ping", "event_id": "e1"}), False, None),  # not an interaction
         (json.dumps({"type": "session.interaction", "interaction": {"event": {"event_id": "e1"}}}), False, None),
         (json.dumps({"type": "session.interaction", "interaction": ["event_id"]}), False, None),

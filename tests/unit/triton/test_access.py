@@ -13,9 +13,10 @@ from typing import Any, ClassVar
 import pytest
 
 from rtvideo import cli
-from rtvideo.triton import TritonConfig, TritonServer, access
+from rtvideo.triton import access
+from rtvideo.triton.command import TritonConfig
 from rtvideo.triton.install import TritonInstall
-from rtvideo.triton.server import is_affected
+from rtvideo.triton.server import TritonServer, is_affected
 
 
 def test_the_restriction_covers_every_group_but_health() -> None:
@@ -165,10 +166,10 @@ class _FakeTriton:
 def test_serve_generates_a_key_and_shows_it_nowhere(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    import rtvideo.triton
+    import rtvideo.triton.server
 
     monkeypatch.delenv(access.KEY_ENV, raising=False)
-    monkeypatch.setattr(rtvideo.triton, "TritonServer", _FakeTriton)
+    monkeypatch.setattr(rtvideo.triton.server, "TritonServer", _FakeTriton)
     _FakeTriton.started.clear()
     caplog.set_level(logging.DEBUG)
     for _ in range(2):

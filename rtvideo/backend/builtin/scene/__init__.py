@@ -25,23 +25,3 @@ The package, by stage: `concepts` (prompt embedding → `SceneWeights`), `parame
 numeric helpers), `camera` (depth layers seen from a pose), `layout` (a session's feature
 images and their rendering).
 """
-
-from rtvideo.backend.builtin.scene.camera import YAW_RATE, CameraModel, Layer, is_start_pose, view_angles
-from rtvideo.backend.builtin.scene.concepts import ConceptVocabulary, SceneWeights
-from rtvideo.backend.builtin.scene.layout import SceneLayout
-from rtvideo.backend.builtin.scene.parameters import NAMED_PARAMS, scene_parameters
-from rtvideo.backend.builtin.scene.textures import TextureBank
-
-__all__ = [
-    "NAMED_PARAMS",
-    "YAW_RATE",
-    "CameraModel",
-    "ConceptVocabulary",
-    "Layer",
-    "SceneLayout",
-    "SceneWeights",
-    "TextureBank",
-    "is_start_pose",
-    "scene_parameters",
-    "view_angles",
-]
