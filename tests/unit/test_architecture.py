@@ -29,27 +29,22 @@ def modules() -> dict[str, Path]:
 
 
 def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
-    """The modules of ours `path` imports when it is loaded (not under TYPE_CHECKING, not inside
-    functions: a deferred import cannot make a circle at load)."""
-    tree = ast.parse(path.read_text())
+    """The modules of ours `path` imports anywhere: at load, under `TYPE_CHECKING` and inside
+    functions alike (a deferred or type-only import hides a circle; it does not remove it)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
             continue
-        for sub in ast.walk(node) if isinstance(node, (ast.Import, ast.ImportFrom, ast.Try, ast.If)) else ():
-            if isinstance(sub, ast.Import):
-                targets = [a.name for a in sub.names]
-            elif isinstance(sub, ast.ImportFrom):
-                base = sub.module or ""
-                if sub.level:
-                    base = ".".join(
-                        package.split(".")[: len(package.split(".")) - sub.level + 1] + ([base] if base else [])
-                    )
-                targets = [f"{base}.{a.name}" for a in sub.names] + [base]
-            else:
-                continue
-            out |= {t for t in targets if t in known and t != name}
+        out |= {t for t in targets if t in known and t != name}
     return out
 
 
@@ -91,8 +86,6 @@ def test_no_import_circle() -> None:
     for name in graph:
         if name not in index:
             visit(name)
-    # a package's __init__ re-exporting its own modules is not a circle between concerns
-    circles = [c for c in circles if not all(m.startswith(min(c, key=len) + ".") or m == min(c, key=len) for m in c)]
     assert circles == []
 
 
