@@ -31,7 +31,7 @@ from rtvideo.core.pose import Pose
 #: why the encoder rows are skipped (no PyAV here), or None where the encoder imports
 ENCODER_MISSING: str | None = None
 try:
-    from rtvideo.backend.encoder import FragmentedMp4Encoder
+    from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 except ImportError as exc:
     ENCODER_MISSING = str(exc)
 

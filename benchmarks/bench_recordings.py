@@ -217,7 +217,7 @@ def approximation_costs(repeats: int) -> None:
     import numpy as np
 
     from rtvideo.backend.builtin.generator import BuiltinGenerator
-    from rtvideo.backend.encoder import FragmentedMp4Encoder
+    from rtvideo.backend.media.encoder import FragmentedMp4Encoder
     from rtvideo.proxy.placement import first_frame
 
     generator = BuiltinGenerator(device="cpu", fps=16)

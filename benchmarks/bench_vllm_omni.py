@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtvideo.backend.catalog import vllm_omni_preset
+from rtvideo.backend.loading.catalog import vllm_omni_preset
 from rtvideo.backend.vllm_omni import interaction_rules, model_rules
 from rtvideo.backend.vllm_omni.model_rules import FirstFrame, ModelRules
 from rtvideo.client.triton_stream import TritonStreamSession

@@ -94,7 +94,7 @@ async def served_models(context: ProxyContext) -> dict[str, dict[str, Any]]:
     serves the name, what its model measured of itself (`endpoint_capacity`):
     `realtime_capacity_fps` is their sum (None while none has a figure), `endpoints` each one's.
     In order, each once. Empty when no endpoint's config could be read."""
-    from rtvideo.backend.settings import BackendSettings  # torch-free, like the proxy
+    from rtvideo.backend.loading.settings import BackendSettings  # torch-free, like the proxy
 
     model = context.settings.model
 

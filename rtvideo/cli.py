@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from rtvideo import logsetup, settings_text
-from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.proxy import settings as proxy_settings
 from rtvideo.triton.model_repo import MODEL_REPOSITORY, derive_model, read_candidate_sequences, read_parameters
 
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
-    from rtvideo.backend import replay_command  # torch and PyAV only when it runs
+    from rtvideo.backend.replay import command as replay_command  # torch and PyAV only when it runs
 
     replay_command.add_arguments(
         commands.add_parser(
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return record.main(args)
     if args.command == "replay":
-        from rtvideo.backend import replay_command
+        from rtvideo.backend.replay import command as replay_command
 
         return replay_command.main(args)
     urls = args.triton_url or [os.environ.get("RTVIDEO_TRITON_URL") or ""]

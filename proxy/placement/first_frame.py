@@ -1,10 +1,10 @@
 """The frame an approximate start begins from (rtvideo.core.approximation): the last frame of an
 fMP4 fragment the viewer was sent, as an `image_reference` data URL.
 
-Every fragment our encoder writes starts with an IDR frame (rtvideo.backend.encoder), so the
+Every fragment our encoder writes starts with an IDR frame (rtvideo.backend.media.encoder), so the
 init segment and that one fragment decode on their own. The image is PNG (lossless: the new
 session starts from exactly what the viewer saw), or JPEG (`qscale` 2, about quality 95) when
-the PNG would be over the model's image limit (rtvideo.backend.image_reference.MAX_IMAGE_BYTES,
+the PNG would be over the model's image limit (rtvideo.backend.media.image_reference.MAX_IMAGE_BYTES,
 base64 counted).
 
 Blocking (PyAV): call it in an executor where the event loop must not wait.
@@ -21,7 +21,7 @@ import av
 import numpy as np
 from av.video.codeccontext import VideoCodecContext
 
-#: the model's bound on an image_reference, as sent (rtvideo.backend.image_reference.MAX_IMAGE_BYTES)
+#: the model's bound on an image_reference, as sent (rtvideo.backend.media.image_reference.MAX_IMAGE_BYTES)
 MAX_URL_BYTES = 3 * 1024 * 1024
 
 

@@ -1,6 +1,6 @@
 """Fragmented-MP4 box arithmetic: the stream's fragment index, and one stream continued by another.
 
-Every stream here is the encoder's (rtvideo.backend.encoder): the first payload is the init
+Every stream here is the encoder's (rtvideo.backend.media.encoder): the first payload is the init
 segment (`ftyp`+`moov`) and one fragment, every later media payload exactly one fragment
 (`moof`+`mdat`, its first frame an IDR), the trailer an `mfra` indexing every fragment.
 

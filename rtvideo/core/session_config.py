@@ -146,7 +146,7 @@ class SessionConfig:
     #: what the generator samples with (`ModelCapabilities.sampling`): sent as `config.sampling`
     #: by a generator that takes sampling (vllm_omni), absent for the built-in one
     sampling: Mapping[str, Any] = field(default_factory=dict)
-    #: the start's `image_reference`, decoded by the backend (rtvideo/backend/image_reference.py):
+    #: the start's `image_reference`, decoded by the backend (rtvideo/backend/media/image_reference.py):
     #: uint8 RGB [height, width, 3], resized to the session's size, or None. Never sent (not in `to_json`).
     reference_image: Any = field(default=None, repr=False, compare=False)
     #: `ModelCapabilities.model_rules`, sent as `config.model_rules` when the model has rules

@@ -101,7 +101,7 @@ REQUEST_FIELDS: dict[str, tuple[str, float, float]] = {
 #: vLLM-Omni's `DIFFUSION_QUALITY_LEVELS`
 QUALITY_LEVELS = ("lossless", "high")
 #: the first frame's image (vLLM-Omni's `image_reference`): `{"image_url": URL}` or the URL itself;
-#: only its shape is checked here, the backend decodes or fetches it (rtvideo/backend/image_reference.py)
+#: only its shape is checked here, the backend decodes or fetches it (rtvideo/backend/media/image_reference.py)
 IMAGE_REFERENCE = "image_reference"
 #: `"metrics": true` asks for in-band timing: each media chunk's metadata carries `timing`
 #: (the model), and the proxy sends `session.metrics` (docs/protocol.md §3, "session.metrics")

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("params", nargs="*", metavar="KEY=VALUE", help="parameters to override")
     args = parser.parse_args(argv)
     params = dict(item.split("=", 1) for item in args.params)
-    from rtvideo.backend.settings import BackendSettings  # the values are checked as the model will
+    from rtvideo.backend.loading.settings import BackendSettings  # the values are checked as the model will
 
     try:
         BackendSettings.from_parameters({**read_parameters(), **params})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rtvideo.backend.catalog import vllm_omni_preset
+from rtvideo.backend.loading.catalog import vllm_omni_preset
 from rtvideo.backend.vllm_omni import model_rules
 from rtvideo.backend.vllm_omni.model_rules import FirstFrame
 from tests.support.paths import REPO_ROOT

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.core.interaction.parse import parse_interaction
 from rtvideo.core.interaction.refusal import interaction_refusal

@@ -1,7 +1,7 @@
 """Live sessions that survive the loss of their Triton (docs/recordings.md "Moves"), end to end:
 two real tritonservers (tests/support/triton_pair.py), a real proxy, real WebSocket clients,
 real PyAV decoding, and the frames compared with the same sessions re-generated undisturbed in
-this process (rtvideo.backend.replay) from what each client sent and received."""
+this process (rtvideo.backend.replay.regenerate) from what each client sent and received."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from rtvideo.backend import catalog
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from rtvideo.backend.encoder import FragmentedMp4Encoder
-from rtvideo.backend.replay import replay_frames
+from rtvideo.backend.loading import catalog
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
+from rtvideo.backend.replay.regenerate import replay_frames
 from rtvideo.core.session_log import read_log
 from tests.support.http_calls import drain, fetch, metric_values
 from tests.support.streams import check_stream_rules, decode

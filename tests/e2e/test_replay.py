@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from rtvideo import cli
-from rtvideo.backend import catalog
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from rtvideo.backend.encoder import FragmentedMp4Encoder
-from rtvideo.backend.replay import FrameRenderer, replay_frames, session_config
+from rtvideo.backend.loading import catalog
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
+from rtvideo.backend.replay.regenerate import FrameRenderer, replay_frames, session_config
 from rtvideo.backend.runtime.sources import GeneratorChunkSource
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.core.interaction.types import Interaction

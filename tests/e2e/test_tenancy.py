@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rtvideo.backend.replay import ReplayError, load_recording
+from rtvideo.backend.replay.regenerate import ReplayError, load_recording
 from tests.support.http_calls import fetch, finished, http_base, recording_url
 from tests.support.proxy_client import ws
 from tests.support.proxy_host import run, wait_idle

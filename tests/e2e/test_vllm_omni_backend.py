@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rtvideo.backend.catalog import DEFAULT_MAX_REQUEST_FRAMES
+from rtvideo.backend.loading.catalog import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED, LINGBOT_WORLD
 from tests.support.omni_standin import colour
 from tests.support.omni_triton import (
@@ -287,8 +287,8 @@ def test_finalize_aborts_shuts_the_engine_down_and_stops_the_loop(tmp_path) -> N
     generator, so the end of a real server does not show it reliably."""
     import threading
 
-    from rtvideo.backend.assembly import build_manager
-    from rtvideo.backend.settings import BackendSettings
+    from rtvideo.backend.loading.assembly import build_manager
+    from rtvideo.backend.loading.settings import BackendSettings
     from tests.support.recorder import Recorder
 
     engine = Engine(tmp_path / "calls.jsonl")

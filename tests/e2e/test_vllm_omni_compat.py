@@ -23,7 +23,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from rtvideo import cli
-from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.session_config import ModelCapabilities, resolve_session_config
 from rtvideo.core.start_request import SAMPLING_FIELDS, check_first_message, validate_start

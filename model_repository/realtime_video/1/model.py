@@ -21,14 +21,14 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from rtvideo import logsetup
-from rtvideo.backend.assembly import build_manager
 from rtvideo.backend.builtin.devices import device_from_args
+from rtvideo.backend.loading.assembly import build_manager
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime import metrics, tracing
 from rtvideo.backend.runtime.dispatch import RequestDispatcher
 from rtvideo.backend.runtime.memory import MemoryProbe
 from rtvideo.backend.runtime.metrics import BufferedMetrics
 from rtvideo.backend.runtime.priority_lock import PriorityLock
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.process import shm, watchdog
 from rtvideo.process.interpreter import worker_python
 from rtvideo.triton import wire

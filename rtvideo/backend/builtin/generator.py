@@ -28,7 +28,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rtvideo.backend import catalog
 from rtvideo.backend.builtin import conditioning as resolved
 from rtvideo.backend.builtin.scene.camera import is_start_pose
 from rtvideo.backend.builtin.scene.concepts import ConceptVocabulary, SceneWeights
@@ -36,6 +35,7 @@ from rtvideo.backend.builtin.scene.layout import SceneLayout
 from rtvideo.backend.builtin.scene.parameters import scene_parameters
 from rtvideo.backend.builtin.scene.textures import TextureBank
 from rtvideo.backend.builtin.text_encoder import EMBEDDING_DIM, PromptEncoder
+from rtvideo.backend.loading import catalog
 from rtvideo.backend.runtime.ports import GeneratorSession, VideoGenerator
 from rtvideo.core.conditioning import Conditioning, Interp
 from rtvideo.core.pose import Pose
@@ -191,7 +191,7 @@ class BuiltinSession(GeneratorSession):
     def _from_image(self, frames: np.ndarray, image: np.ndarray) -> np.ndarray:
         """The first chunk with a reference image: its first frame is the image (resized to the
         session's size), and the scene takes over linearly by the chunk's last frame."""
-        from rtvideo.backend.image_reference import resize_image
+        from rtvideo.backend.media.image_reference import resize_image
 
         still = resize_image(image, self.width, self.height).astype(np.float32)
         count = len(frames)

@@ -33,7 +33,7 @@ class Worker:
         gc.freeze()  # torch and the text encoder stay: a full collection over them would stall a chunk
 
     def open(self, width: int, height: int, seed: int, fps: int | None, image: Any = None) -> int:
-        from rtvideo.backend.encoder import FragmentedMp4Encoder
+        from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 
         generator_session = self._generator.open_session(width=width, height=height, seed=seed, fps=fps, image=image)
         open_encoder = functools.partial(

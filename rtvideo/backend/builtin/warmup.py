@@ -31,7 +31,7 @@ _PROMPT = "a lighthouse on a cliff at dusk"
 def frames_per_second(generator: Any, width: int, height: int, fps: int, frames: int, device: str) -> float:
     """Frames per second one process renders and encodes at `width`x`height`, in chunks of
     `frames` (CPU time on a CPU, wall time on a GPU)."""
-    from rtvideo.backend.encoder import FragmentedMp4Encoder
+    from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 
     session = generator.open_session(width=width, height=height, seed=1, fps=fps)
     renderer = LocalRenderer(session, functools.partial(FragmentedMp4Encoder, width, height, fps, generator.limits))

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 
-from rtvideo.backend.image_reference import MediaPolicy
+from rtvideo.backend.media.image_reference import MediaPolicy
 from rtvideo.backend.runtime.capacity import RealtimeCapacity
 from rtvideo.backend.runtime.endings import ended_error
 from rtvideo.backend.runtime.ports import Channel, Metrics, NullMetrics

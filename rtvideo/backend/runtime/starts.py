@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rtvideo.backend.image_reference import MediaPolicy, load_image_reference, resize_image
+from rtvideo.backend.media.image_reference import MediaPolicy, load_image_reference, resize_image
 from rtvideo.backend.runtime.capacity import RealtimeCapacity
 from rtvideo.backend.runtime.endings import EndReason
 from rtvideo.backend.runtime.ports import Channel, Metrics

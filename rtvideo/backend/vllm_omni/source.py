@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rtvideo.backend.catalog import DEFAULT_MAX_REQUEST_FRAMES
+from rtvideo.backend.loading.catalog import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
 from rtvideo.backend.runtime.sources import FailedEvent, Interaction, LazyEncoder, SourceChunk
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import Limits
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.approximation import approximate_start
 from tests.support.recorder import Recorder
 from tests.support.runtime_standins import SECRET

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rtvideo.backend import catalog
+from rtvideo.backend.loading import catalog
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorChunkSource, Interaction, RenderedChunk
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.interaction.registry import UnhandledKinds
 from rtvideo.core.interaction.types import InteractionRequest
 from rtvideo.core.pose import IDENTITY, Pose

@@ -9,7 +9,7 @@ import av
 import numpy as np
 import pytest
 
-from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 
 W, H, FPS = 128, 96, 16
 CHUNK_SIZES = (9, 1, 9, 33)

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.backend.loading.settings import BackendSettings
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.backend.runtime import dispatch
 from rtvideo.backend.runtime.dispatch import RequestDispatcher
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.metrics import HEARTBEAT, BufferedMetrics
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorSources
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.core import protocol
 from rtvideo.core.errors import SESSION_ENDING_CODES, ErrorCode
 from rtvideo.triton.model_repo import MODEL_DIR

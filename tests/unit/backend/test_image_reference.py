@@ -1,5 +1,5 @@
 """A start's `image_reference`: decoded or fetched within bounds, refused with `invalid_start` otherwise,
-and shown as the built-in generator's first frame (rtvideo/backend/image_reference.py).
+and shown as the built-in generator's first frame (rtvideo/backend/media/image_reference.py).
 
 Real PNG bytes (PyAV's encoder), a real HTTP server on loopback for the allowed-host case (the
 test injects a resolver and an address check that admit it: the production default refuses
@@ -23,14 +23,14 @@ import av
 import numpy as np
 import pytest
 
-from rtvideo.backend import image_reference
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from rtvideo.backend.encoder import FragmentedMp4Encoder
-from rtvideo.backend.image_reference import MediaPolicy, load_image_reference, public_address
+from rtvideo.backend.loading.settings import BackendSettings
+from rtvideo.backend.media import image_reference
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
+from rtvideo.backend.media.image_reference import MediaPolicy, load_image_reference, public_address
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorSources
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.start_request import validate_start
 from tests.support.recorder import Recorder

@@ -11,11 +11,11 @@ import json
 import time
 from typing import Any
 
-from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.backend.loading.settings import BackendSettings
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorSources
-from rtvideo.backend.settings import BackendSettings
 from tests.support.recorder import Recorder
 from tests.support.runtime_standins import SECRET, StandInGenerator
 

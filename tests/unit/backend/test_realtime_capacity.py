@@ -9,11 +9,11 @@ import json
 import pytest
 import yaml
 
-from rtvideo.backend.assembly import build_manager
 from rtvideo.backend.builtin import warmup
 from rtvideo.backend.builtin.generator import BuiltinGenerator
+from rtvideo.backend.loading.assembly import build_manager
+from rtvideo.backend.loading.settings import BUILTIN_MAX_SESSIONS, BackendSettings
 from rtvideo.backend.runtime.capacity import RealtimeCapacity, parse_setting
-from rtvideo.backend.settings import BUILTIN_MAX_SESSIONS, BackendSettings
 from rtvideo.backend.vllm_omni.engine_limits import (
     WHEEL_DEFAULT_MAX_NUM_SEQS,
     configured_max_num_seqs,

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from rtvideo.backend.replay import FrameRenderer, replay_frames
+from rtvideo.backend.replay.regenerate import FrameRenderer, replay_frames
 from rtvideo.backend.runtime.sources import GeneratorChunkSource
 from rtvideo.core.chunks import media_metadata
 from rtvideo.core.interaction.types import Interaction

@@ -11,12 +11,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.backend.loading.settings import BackendSettings
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.backend.runtime.manager import MIN_SECRET_CHARS, NOT_YOURS, SessionManager
 from rtvideo.backend.runtime.ports import VideoGenerator
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import GeneratorSources
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.triton import wire
 from rtvideo.triton.access import SESSION_SECRET_PARAMETER
 from tests.support.recorder import Recorder

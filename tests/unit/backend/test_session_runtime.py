@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.backend.loading.settings import BackendSettings
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import EndReason, Limits
 from rtvideo.backend.runtime.sources import FailedEvent, GeneratorSources, Interaction, RenderedChunk, SourceChunk
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.interaction.types import InteractionRequest
 from rtvideo.core.transitions import ChunkPlan
 from rtvideo.triton.access import short_hash

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime.session import Limits, session_limits
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.core.errors import ProtocolError
 from rtvideo.core.session_config import resolve_session_config
 from rtvideo.core.start_request import check_first_message, validate_start

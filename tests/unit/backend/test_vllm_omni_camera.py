@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import Interaction, SourceChunk
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
 from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED
 from rtvideo.backend.vllm_omni.source import EngineChunkSource, EngineSources

@@ -14,8 +14,8 @@ import re
 import pytest
 import yaml
 
-from rtvideo.backend import catalog
-from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.loading import catalog
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.vllm_omni import interaction_rules, model_rules
 from rtvideo.backend.vllm_omni.model_rules import HELIOS, HELIOS_DISTILLED, LINGBOT_WORLD, FirstFrame, FirstFrameAt
 from rtvideo.backend.vllm_omni.source import EngineSources

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from rtvideo.backend import catalog
-from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.loading import catalog
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineHost, engine_prompt
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue
 from rtvideo.backend.vllm_omni.source import EngineSources

@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 import torch
 
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime.sources import Interaction
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni import model_rules
 from rtvideo.backend.vllm_omni.engine import EngineError
 from rtvideo.backend.vllm_omni.interaction_rules import pipeline_class

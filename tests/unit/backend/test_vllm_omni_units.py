@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineError
 from rtvideo.backend.vllm_omni.frames import rgb_frames, stream_metadata
 from rtvideo.core.errors import ProtocolError

@@ -9,7 +9,7 @@ import av
 import numpy as np
 import pytest
 
-from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.core.fmp4 import Continuation, ContinuationError, FragmentCursor, boxes, child, fragment_header
 
 W, H, FPS, PER_CHUNK, CHUNKS = 64, 48, 16, 9, 6

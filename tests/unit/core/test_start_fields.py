@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rtvideo.backend.settings import BackendSettings
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import apply_lora
 from rtvideo.core import start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rtvideo.backend.encoder import FragmentedMp4Encoder
-from rtvideo.backend.image_reference import MediaPolicy, load_image_reference
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
+from rtvideo.backend.media.image_reference import MediaPolicy, load_image_reference
 from rtvideo.core.errors import ProtocolError
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.recordings import branch as branch_module

@@ -9,8 +9,8 @@ import io
 import numpy as np
 import pytest
 
-from rtvideo.backend.encoder import FragmentedMp4Encoder
-from rtvideo.backend.image_reference import MediaPolicy, load_image_reference
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
+from rtvideo.backend.media.image_reference import MediaPolicy, load_image_reference
 from rtvideo.proxy.placement import first_frame
 
 W, H = 64, 48

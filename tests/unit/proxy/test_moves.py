@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from rtvideo.backend.encoder import FragmentedMp4Encoder
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.proxy.placement.bridge import BackendUnavailable
 from rtvideo.proxy.placement.mover import MoveReason
 from rtvideo.proxy.placement.placed_stream import PlacedStream

@@ -148,8 +148,8 @@ def test_a_done_names_no_event_whose_ack_never_reached_the_client() -> None:
 @pytest.fixture(scope="module")
 def manager() -> Iterator[Any]:
     """The real model logic (SessionManager, built-in generator, rendering in-process)."""
-    from rtvideo.backend.assembly import build_manager
-    from rtvideo.backend.settings import BackendSettings
+    from rtvideo.backend.loading.assembly import build_manager
+    from rtvideo.backend.loading.settings import BackendSettings
 
     built = build_manager(BackendSettings(width=64, height=64, render_workers=0, max_sessions=64), "realtime_video")
     yield built

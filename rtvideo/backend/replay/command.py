@@ -1,5 +1,5 @@
 """`rtvideo replay`'s command line, importable without the backend's packages: the work
-(`rtvideo.backend.replay`, torch and PyAV) is imported only when the command runs, so a
+(`rtvideo.backend.replay.regenerate`, torch and PyAV) is imported only when the command runs, so a
 client-only install lists it and says what it needs."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def add_arguments(parser: Any) -> None:
 
 def main(args: Any) -> int:
     try:
-        from rtvideo.backend import replay
+        from rtvideo.backend.replay import regenerate
     except ImportError as exc:
         print(
             f"rtvideo replay: error: it needs the backend's packages ({exc.name} is missing): "
@@ -53,4 +53,4 @@ def main(args: Any) -> int:
             file=sys.stderr,
         )
         return 1
-    return replay.main(args)
+    return regenerate.main(args)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rtvideo.backend import catalog
+from rtvideo.backend.loading import catalog
 from rtvideo.backend.runtime.ports import GeneratorSession, VideoGenerator
 from rtvideo.backend.runtime.sources import GeneratorChunkSource, RenderedChunk
 from rtvideo.core.conditioning import LINEAR, Conditioning
@@ -100,7 +100,7 @@ def _reference_image(log: SessionLog, config: SessionConfig) -> np.ndarray | Non
     reference = log.start_fields.get("image_reference")
     if reference is None:
         return None
-    from rtvideo.backend.image_reference import MediaPolicy, load_image_reference, resize_image
+    from rtvideo.backend.media.image_reference import MediaPolicy, load_image_reference, resize_image
     from rtvideo.core.start_request import validate_start
 
     url = validate_start({"prompt": "x", "image_reference": reference}).image_reference
@@ -149,7 +149,7 @@ def _with_rebuild(config: SessionConfig, rebuild: Rebuild) -> SessionConfig:
 
 def replay_to_file(log: SessionLog, generator: VideoGenerator, out: Path) -> int:
     """Re-generate the whole recording into `out` (fMP4, the model's encoder); returns its frames."""
-    from rtvideo.backend.encoder import FragmentedMp4Encoder
+    from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 
     config = session_config(log)
     encoder = FragmentedMp4Encoder(config.width, config.height, config.fps, catalog.LIMITS["builtin"])
@@ -198,7 +198,7 @@ def _fetch(url: str, token: str | None, recording_token: str | None = None) -> b
 
 # --- the command -------------------------------------------------------------------------------
 def main(args: Any) -> int:
-    """`rtvideo replay` (its arguments: `rtvideo.backend.replay_command`): 0 when written, 1
+    """`rtvideo replay` (its arguments: `rtvideo.backend.replay.command`): 0 when written, 1
     (one line on standard error) when it cannot be replayed."""
     import sys
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import functools
 import logging
 
-from rtvideo.backend import catalog
+from rtvideo.backend.loading import catalog
+from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime.capacity import RealtimeCapacity
 from rtvideo.backend.runtime.cpu_threads import limit_cpu_threads, resolve_device
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.ports import Metrics
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import ChunkSourceFactory, GeneratorSources
-from rtvideo.backend.settings import BackendSettings
 from rtvideo.backend.vllm_omni.engine import EngineHost
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def build_manager(
 
     With `generator=vllm_omni` this starts the engine; when it fails its health check, the
     manager ends live sessions and refuses starts and the health probe (`backend_failed`)."""
-    from rtvideo.backend.encoder import FragmentedMp4Encoder
+    from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 
     pooled = settings.generator == "builtin" and settings.render_workers > 0
     capacity = RealtimeCapacity(settings.width, settings.height, settings.capacity_setting())

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtvideo import settings_text
-from rtvideo.backend import catalog
-from rtvideo.backend.image_reference import MediaPolicy
+from rtvideo.backend.loading import catalog
+from rtvideo.backend.media.image_reference import MediaPolicy
 from rtvideo.backend.runtime import capacity
 from rtvideo.backend.vllm_omni import interaction_rules, model_rules
 from rtvideo.backend.vllm_omni.model_rules import ModelRules
@@ -87,7 +87,7 @@ class BackendSettings:
         "rtvideo-<generator> is always accepted",
         flag="--served-model-name",
     )
-    # a start's image_reference (rtvideo/backend/image_reference.py, docs/protocol.md §2.1)
+    # a start's image_reference (rtvideo/backend/media/image_reference.py, docs/protocol.md §2.1)
     allowed_media_domains: tuple[str, ...] = setting(
         (),
         "a host an image_reference URL may be fetched from (repeatable; '.example.com' takes its "
