@@ -108,7 +108,7 @@ RUN python3 -m pip list --format=freeze > /opt/rtvideo/image-packages.txt \
       -r deploy/gpu/requirements.lock \
     && python3 -m pip install --no-cache-dir --no-deps . \
     && python3 scripts/check_vllm_image.py deploy/gpu/requirements.lock \
-    && python3 -m rtvideo.triton.model_repo /opt/rtvideo/models generator=vllm_omni \
+    && python3 -m rtvideo.backend.loading.derive /opt/rtvideo/models generator=vllm_omni \
       width=640 height=384 fps=16 frames_per_chunk=33 max_sessions=1 \
       vllm_omni_model=BestWishYsh/Helios-Distilled \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rtvideo

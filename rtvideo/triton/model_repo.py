@@ -1,7 +1,8 @@
 """Derive Triton model directories from the shipped one, with `parameters` overrides.
 
-Used by the tests, the benchmarks and `rtvideo serve --width …`: the shipped
-`config.pbtxt` stays the single source, a derived copy only changes values.
+Used by the tests, the benchmarks, `rtvideo serve --width …` and the image's build
+(`python -m rtvideo.backend.loading.derive`): the shipped `config.pbtxt` stays the single
+source, a derived copy only changes values.
 """
 
 from __future__ import annotations
@@ -98,28 +99,3 @@ def derive_model(
             raise KeyError(f"sequence_batching field {key} not found in {source}/config.pbtxt")
     (dst / "config.pbtxt").write_text(config)
     return dst
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m rtvideo.triton.model_repo OUT [--name NAME] [KEY=VALUE ...]`: derive a model repository
-    from the shipped one (the production image configures its model this way)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m rtvideo.triton.model_repo", description=main.__doc__)
-    parser.add_argument("out", type=Path, help="model repository to write (created)")
-    parser.add_argument("--name", default=MODEL_DIR.name, help="model name (default: %(default)s)")
-    parser.add_argument("params", nargs="*", metavar="KEY=VALUE", help="parameters to override")
-    args = parser.parse_args(argv)
-    params = dict(item.split("=", 1) for item in args.params)
-    from rtvideo.backend.loading.settings import BackendSettings  # the values are checked as the model will
-
-    try:
-        BackendSettings.from_parameters({**read_parameters(), **params})
-        print(derive_model(args.out, args.name, params))
-    except (ValueError, KeyError) as exc:
-        parser.exit(2, f"{parser.prog}: error: {exc}\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
