@@ -39,7 +39,7 @@ says what our path (encoding, Triton, gRPC) costs, not only what the GPU did.
     python3 benchmarks/bench_vllm_omni.py [--model BestWishYsh/Helios-Distilled --chunks 5 --assert]
     python3 benchmarks/bench_vllm_omni.py --model DIR --engine-args '{"deploy_config": "deploy/gpu/lingbot_world_stepwise.yaml"}'
 
-On a CPU it runs against the stand-in engine (`--engine tests/support/omni_standin.py:StandInAsyncOmni`,
+On a CPU it runs against the stand-in engine (`--engine tests.support.omni_standin:StandInAsyncOmni`,
 a fake `nvidia-smi` on PATH; tests/deploy/test_bench_vllm_omni.py), for either model's rules
 (`--engine-args '{"model_class_name": "LingBotWorldCausalDMDPipeline"}'`: the stand-in then
 refuses, as LingBot's pipeline does, a request at another size, without a first frame or with
@@ -78,6 +78,16 @@ from rtvideo.triton.model_repo import derive_model
 from rtvideo.triton.server import TritonServer, free_port
 
 PROMPT = "A quiet harbour at dawn, boats rocking gently"
+#: this checkout, where a stand-in engine's module is imported from (`--engine tests.support...`)
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def checkout_importable() -> dict[str, str]:
+    """The Triton's `PYTHONPATH` when the engine is a stand-in: this checkout first, so that its
+    stub imports the stand-in's module; vLLM-Omni's own engine comes from the installed packages."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
 UPDATE = "A snowy street illuminated by warm lanterns"
 
 
@@ -317,7 +327,7 @@ def main() -> None:
     parser.add_argument(
         "--engine",
         default="vllm_omni:AsyncOmni",
-        help="engine factory (a smoke test on CPU: tests/support/omni_standin.py:StandInAsyncOmni)",
+        help="engine factory, module:callable (a smoke test on CPU: tests.support.omni_standin:StandInAsyncOmni)",
     )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -367,13 +377,18 @@ def main() -> None:
                 "vllm_omni_model": args.model,
                 "vllm_omni_engine_args": json.dumps(engine_args),
                 "vllm_omni_extra_params": extra_params,
-                "vllm_omni_engine": args.engine
-                if real_engine
-                else f"{Path(args.engine.rpartition(':')[0]).resolve()}:{args.engine.rpartition(':')[2]}",
+                "vllm_omni_engine": args.engine,
             },
         )
         key = generate_key()  # keyed as `rtvideo serve` keys its own Triton
-        config = TritonConfig(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), key=key)
+        config = TritonConfig(
+            repo,
+            grpc_port=free_port(),
+            http_port=free_port(),
+            metrics_port=free_port(),
+            key=key,
+            environment={} if real_engine else checkout_importable(),
+        )
         t_load = time.perf_counter()
         with TritonServer(config, stdout=args.log or repo / "triton.log") as server:
             print(f"model loaded (engine start included) in {time.perf_counter() - t_load:.1f} s")

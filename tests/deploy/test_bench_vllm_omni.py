@@ -20,12 +20,11 @@ import pytest
 from rtvideo.backend.loading.catalog import vllm_omni_preset
 from rtvideo.backend.vllm_omni import model_rules
 from rtvideo.backend.vllm_omni.model_rules import FirstFrame
-from tests.support.paths import REPO_ROOT
+from tests.support.paths import REPO_ROOT, STANDIN_ENGINE
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 BENCH = REPO_ROOT / "benchmarks" / "bench_vllm_omni.py"
-STANDIN = REPO_ROOT / "tests" / "support" / "omni_standin.py"
 HELIOS_SMALL = ("--chunks", "4", "--size", "128x128")
 
 
@@ -41,7 +40,7 @@ def bench(
             sys.executable,
             str(BENCH),
             "--engine",
-            f"{STANDIN}:StandInAsyncOmni",
+            STANDIN_ENGINE,
             "--engine-args",
             json.dumps(engine_args),
             *shape,
@@ -51,7 +50,7 @@ def bench(
         text=True,
         timeout=600,
         cwd=REPO_ROOT,
-        env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"},
     )
 
 

@@ -1,5 +1,5 @@
 """generator=vllm_omni end to end, without a GPU: a real tritonserver hosts the model with the
-STAND-IN engine (`tests/support/omni_standin.py`, loaded through the `vllm_omni_engine` parameter),
+STAND-IN engine (`tests/support/omni_standin.py`, named by the `vllm_omni_engine` parameter),
 and real WebSocket clients talk to it through the real proxy.
 
 The stand-in applies interactions with vLLM-Omni's real prompt handler and records every
@@ -31,11 +31,11 @@ from tests.support.omni_triton import (
     NO_PROMPT,
     PIXEL,
     PRESET,
-    STANDIN,
     Engine,
     H,
     W,
 )
+from tests.support.paths import STANDIN_ENGINE
 from tests.support.proxy_client import Ws, is_error, ws
 from tests.support.proxy_host import run
 from tests.support.streams import Transcript, check_stream_rules, decode
@@ -298,7 +298,7 @@ def test_finalize_aborts_shuts_the_engine_down_and_stops_the_loop(tmp_path) -> N
         height=H,
         frames_per_chunk=FPC,
         pacing_lead_chunks=None,
-        vllm_omni_engine=f"{STANDIN}:StandInAsyncOmni",
+        vllm_omni_engine=STANDIN_ENGINE,
         vllm_omni_engine_args=json.dumps({"record": str(engine.record), "frames_per_chunk": FPC}),
     )
     manager = build_manager(settings, "realtime_video")

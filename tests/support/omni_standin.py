@@ -29,7 +29,8 @@ the interaction path is vLLM-Omni's own code, loaded from the pinned wheel
   outputs stop and `check_health` raises from then on.
 
 The Triton model loads it through the `vllm_omni_engine` parameter
-(`/path/to/tests/support/omni_standin.py:StandInAsyncOmni`); its engine arguments configure it:
+(`tests.support.omni_standin:StandInAsyncOmni`, `paths.STANDIN_ENGINE`; the server's stub imports
+it from this checkout: `paths.tests_importable`); its engine arguments configure it:
 `record` (a JSON-lines file of every call, for the test to read), `chunk_seconds`,
 `first_chunk_seconds`, `frames_per_chunk`, `model_class_name`, `max_num_seqs` (requests run at
 once, 1 by default as in the wheel; the others wait inside the engine, as its scheduler keeps them). Requests the configured
@@ -43,18 +44,15 @@ import asyncio
 import hashlib
 import json
 import math
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests` as a package, in Triton's stub too
 from rtvideo.backend.vllm_omni import model_rules
 from tests.support.vllm_omni_wheel import (
     Sampling,

@@ -1,6 +1,6 @@
 """A real tritonserver hosting generator=vllm_omni models with the STAND-IN engine
-(`tests/support/omni_standin.py`, loaded through the `vllm_omni_engine` parameter), one model
-per pipeline class, and proxies for it (`ProxyHost`)."""
+(`tests/support/omni_standin.py`, named by the `vllm_omni_engine` parameter and imported from
+this checkout: `tests_importable`), one model per pipeline class, and proxies for it (`ProxyHost`)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ import pytest
 
 from rtvideo.backend.vllm_omni.model_rules import LINGBOT_WORLD
 from rtvideo.triton.model_repo import derive_model
-from tests.support.paths import SUPPORT
+from tests.support.paths import STANDIN_ENGINE, tests_importable
 from tests.support.proxy_host import ProxyHost
 
-STANDIN = SUPPORT / "omni_standin.py"
 #: a 1x1 PNG as a start's image_reference
 PIXEL = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
@@ -101,7 +100,7 @@ def derive_models(repo: Path, names: Iterable[str] = PIPELINES) -> dict[str, Eng
                 **({} if one else {"max_sessions": "4"}),
                 # the stand-in's pace on a loaded machine is no capacity: measured and shown, never refusing
                 "realtime_capacity_fps": "off",
-                "vllm_omni_engine": f"{STANDIN}:StandInAsyncOmni",
+                "vllm_omni_engine": STANDIN_ENGINE,
                 "vllm_omni_engine_args": json.dumps(engine_args),
                 "vllm_omni_extra_params": "auto" if name in (LINGBOT, HELIOS_BASE) else json.dumps(PRESET),
                 "vllm_omni_health_seconds": "0.2",
@@ -125,7 +124,13 @@ def serve_omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy
     )
     log = Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log")))
     server = TritonServer(
-        TritonConfig(model_repository=repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()),
+        TritonConfig(
+            model_repository=repo,
+            grpc_port=free_port(),
+            http_port=free_port(),
+            metrics_port=free_port(),
+            environment=tests_importable(),
+        ),
         stdout=log,
     )
     server.start(timeout=300)

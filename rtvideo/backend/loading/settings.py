@@ -118,10 +118,10 @@ class BackendSettings:
         "vllm_omni: bytes of decoded engine output one session may hold while it encodes; past it the "
         "session's engine request waits (one 640x384 Helios chunk is about 97 MB)",
     )
-    #: what builds the engine, `module:callable` or `path/to/file.py:callable`; only tests change it
-    #: (to a stand-in engine in tests/), so that the hosting code runs without a GPU
+    #: what builds the engine: `module:callable` of an importable module, vLLM-Omni's own by
+    #: default; another factory with its interface (a stand-in engine) runs the hosting code without a GPU
     vllm_omni_engine: str = setting(
-        "vllm_omni:AsyncOmni", "vllm_omni: engine factory as module:callable (tests use a stand-in)"
+        "vllm_omni:AsyncOmni", "vllm_omni: engine factory as module:callable (an importable module)"
     )
 
     @classmethod
@@ -176,8 +176,8 @@ class BackendSettings:
         for domain in self.allowed_media_domains:
             if not _DOMAIN.fullmatch(domain):
                 raise ValueError(f"allowed media domain {domain[:60]!r}: use a host name like images.example.com")
-        if ":" not in self.vllm_omni_engine:
-            raise ValueError(f"vllm_omni_engine {self.vllm_omni_engine!r}: use module:callable")
+        if not _FACTORY.fullmatch(self.vllm_omni_engine):
+            raise ValueError(f"vllm_omni_engine {self.vllm_omni_engine!r}: use module:callable (an importable module)")
         self._check_model_rules()
 
     def media_policy(self) -> MediaPolicy:
@@ -345,6 +345,8 @@ class BackendSettings:
 #: a served model name: what a Hugging Face id or a Triton model name looks like, and what a
 #: config.pbtxt string value and a comma-separated list can carry
 _NAME = re.compile(r"[^\s,\"'\\]+")
+#: an engine factory: a dotted module name, a colon, a name in it
+_FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 #: an allowed media domain: a host name, or '.' and a domain for it and its subdomains
 _DOMAIN = re.compile(r"\.?[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*")
 

@@ -19,10 +19,10 @@ Transitions belong to the engine in this mode: each acked interaction is forward
 stream metadata is translated into our chunk metadata by
 `rtvideo.core.stream_translation.EngineStreamTranslator`.
 
-The engine class is a parameter (`vllm_omni_engine`, `module:callable`): the real
-`vllm_omni:AsyncOmni`, or a stand-in in tests (`tests/support/omni_standin.py`). Only the
-`AsyncOmni` methods and keywords used here may be called on it;
-`tests/unit/backend/test_vllm_omni_api.py` checks each against the real class's source.
+The engine class is a parameter (`vllm_omni_engine`, `module:callable` of an importable
+module): the real `vllm_omni:AsyncOmni`, or any factory with its interface (a stand-in engine
+on a machine without a GPU). Only the `AsyncOmni` methods and keywords used here may be called
+on it; `tests/unit/backend/test_vllm_omni_api.py` checks each against the real class's source.
 """
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ import contextlib
 import copy
 import gc
 import importlib
-import importlib.util
 import logging
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from rtvideo.backend.vllm_omni.engine_limits import engine_max_num_seqs
@@ -63,26 +61,13 @@ class EngineError(RuntimeError):
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
-    """`module:callable` or `path/to/file.py:callable` → the callable (the engine class).
+    """`module:callable` → the callable (the engine class), imported as any module is.
 
     Imports the engine's module in UTF-8 text mode (`interpreter.utf8_text`): inside Triton's
     stub vLLM's import fails otherwise."""
     interpreter.utf8_text()
-    module_name, _, attr = spec.rpartition(":")
-    if not module_name or not attr:
-        raise ValueError(f"engine factory {spec!r}: use module:callable")
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        name = f"rtvideo_engine_{path.stem}"
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    return getattr(module, attr)
+    module_name, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def engine_prompt(

@@ -21,7 +21,7 @@ from rtvideo.backend.vllm_omni.engine_limits import (
 )
 from rtvideo.core.session_config import resolve_session_config
 from rtvideo.core.start_request import check_first_message, validate_start
-from tests.support.paths import REPO_ROOT, SUPPORT
+from tests.support.paths import REPO_ROOT, STANDIN_ENGINE
 from tests.support.recorder import Recorder
 from tests.support.runtime_standins import SECRET
 from tests.support.vllm_omni_wheel import wheel_source
@@ -169,8 +169,7 @@ def test_the_wheels_default_and_the_shipped_lingbot_deploy_run_one_request() -> 
 
 
 def test_a_vllm_omni_model_follows_its_engine_or_refuses_to_load() -> None:
-    engine = f"{SUPPORT / 'omni_standin.py'}:StandInAsyncOmni"
-    base = {"generator": "vllm_omni", "width": "128", "height": "128", "vllm_omni_engine": engine}
+    base = {"generator": "vllm_omni", "width": "128", "height": "128", "vllm_omni_engine": STANDIN_ENGINE}
     manager = build_manager(BackendSettings.from_parameters(base), "m")
     try:
         assert manager.status()["max_sessions"] == 1  # auto: the stand-in's default, as the wheel's

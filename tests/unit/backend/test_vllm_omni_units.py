@@ -54,6 +54,7 @@ def test_start_validation_uses_the_active_generators_limits_and_names() -> None:
         ({"vllm_omni_extra_params": "[1, 2]"}, "must be a JSON object"),
         ({"vllm_omni_health_seconds": "0"}, "positive"),
         ({"vllm_omni_engine": "vllm_omni.AsyncOmni"}, "module:callable"),
+        ({"vllm_omni_engine": "engines/standin.py:Engine"}, "module:callable"),  # a module, not a file
         ({"width": "632"}, "multiple of 16"),
     ],
 )
