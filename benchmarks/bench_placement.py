@@ -171,7 +171,7 @@ def main() -> None:
             try:
                 for d in direct:
                     d.start("someone else's session")
-                    assert d.next().message["type"] == "video.start"
+                    assert (d.next().message or {}).get("type") == "video.start"
                 retried: list[float] = []
                 first_choice_free: list[float] = []
                 while len(retried) < ns.samples and len(retried) + len(first_choice_free) < 4 * ns.samples:
