@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rtvideo.backend.vllm_omni.engine_limits import engine_max_num_seqs
@@ -149,6 +150,21 @@ def ask_for_start_notice(engine_params: Any) -> bool:
         return False
     engine_params.emit_request_lifecycle = True
     return True
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """What one session asks the engine for (`EngineHost.start_request`); its outputs go to `sink`."""
+
+    request_id: str
+    #: `{"prompt": ...}`; a start's negative prompt and image join it (`engine_prompt`)
+    prompt: Mapping[str, Any]
+    config: SessionConfig
+    num_frames: int
+    preset: Mapping[str, Any]
+    sink: OutputQueue
+    #: where the model's pipeline reads a start's `image_reference`
+    image_at: FirstFrameAt = FirstFrameAt.PROMPT
 
 
 class _Request:
@@ -281,24 +297,15 @@ class EngineHost:
                     _report_dead(callback, reason)
                 return
 
-    async def _stream(
-        self,
-        request_id: str,
-        prompt: Mapping[str, Any],
-        config: SessionConfig,
-        num_frames: int,
-        preset: Mapping[str, Any],
-        sink: OutputQueue,
-        image_at: FirstFrameAt,
-        request: _Request,
-    ) -> None:
+    async def _stream(self, wanted: EngineRequest, request: _Request) -> None:
+        config, sink, request_id = wanted.config, wanted.sink, wanted.request_id
         try:
-            params = self._sampling_params(config, num_frames, preset)
-            if config.reference_image is not None and image_at is FirstFrameAt.EXTRA_ARGS:
+            params = self._sampling_params(config, wanted.num_frames, wanted.preset)
+            if config.reference_image is not None and wanted.image_at is FirstFrameAt.EXTRA_ARGS:
                 params.extra_args = {**params.extra_args, "image": extra_args_image(config.reference_image)}
             ask_for_start_notice(params)
-            prompt = engine_prompt(prompt, config, image_at)
-            outputs = self._engine.generate(prompt=dict(prompt), request_id=request_id, sampling_params_list=[params])
+            prompt = engine_prompt(wanted.prompt, config, wanted.image_at)
+            outputs = self._engine.generate(prompt=prompt, request_id=request_id, sampling_params_list=[params])
             # the engine's rate: each chunk's time from the previous output to this one, except
             # the first (it also encodes the prompt); every output is read as soon as the engine
             # yields it, so these are the engine's own times
@@ -405,22 +412,6 @@ class EngineHost:
             except Exception:
                 log.warning("request_id=%s engine abort failed", request_id, exc_info=True)
 
-    def _start(
-        self,
-        request_id: str,
-        prompt: Mapping[str, Any],
-        config: SessionConfig,
-        num_frames: int,
-        preset: Mapping[str, Any],
-        sink: OutputQueue,
-        image_at: FirstFrameAt,
-    ) -> None:
-        request = _Request()
-        self._requests[request_id] = request
-        request.task = asyncio.get_running_loop().create_task(
-            self._stream(request_id, prompt, config, num_frames, preset, sink, image_at, request)
-        )
-
     # --- any thread ---------------------------------------------------------------------
     def when_dead(self, callback: Callable[[str], None]) -> None:
         """Call `callback(reason)` once when the engine fails its health check (at once if it
@@ -437,21 +428,13 @@ class EngineHost:
             raise EngineError("the engine is not running")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def start_request(
-        self,
-        request_id: str,
-        prompt: Mapping[str, Any],
-        config: SessionConfig,
-        num_frames: int,
-        preset: Mapping[str, Any],
-        sink: OutputQueue,
-        image_at: FirstFrameAt = FirstFrameAt.PROMPT,
-    ) -> None:
-        """Start streaming a request's outputs into `sink` (waits only for the task to be created);
-        a start's `image_reference` goes where the model's pipeline reads it (`image_at`)."""
+    def start_request(self, wanted: EngineRequest) -> None:
+        """Start streaming the request's outputs into its sink (waits only for the task to be created)."""
 
-        async def start() -> None:
-            self._start(request_id, prompt, config, num_frames, preset, sink, image_at)
+        async def start() -> None:  # on the loop
+            request = _Request()
+            self._requests[wanted.request_id] = request
+            request.task = asyncio.get_running_loop().create_task(self._stream(wanted, request))
 
         self._submit(start()).result(_ABORT_TIMEOUT)
 

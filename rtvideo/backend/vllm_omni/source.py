@@ -21,7 +21,7 @@ from typing import Any
 from rtvideo.backend.loading.catalog import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
 from rtvideo.backend.runtime.sources import FailedEvent, Interaction, LazyEncoder, SourceChunk
-from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
+from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost, EngineRequest
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OVERFLOW, OutputQueue
@@ -76,7 +76,8 @@ class EngineChunkSource:
         rebuild = config.rebuild
         self._first_index = rebuild.generation_chunk_index if rebuild is not None else 0
         self._cut_open = tuple(e.event_id for e in rebuild.named if e.open) if rebuild is not None else ()
-        host.start_request(request_id, {"prompt": config.prompt}, config, num_frames, preset, self._queue, image_at)
+        prompt = {"prompt": config.prompt}
+        host.start_request(EngineRequest(request_id, prompt, config, num_frames, preset, self._queue, image_at))
 
     def admit_event(self, interaction: Interaction) -> None:
         """An event the model did not refuse (what the pipeline does not register never gets here:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rtvideo.backend.runtime.sources import SourceChunk
+from rtvideo.backend.vllm_omni.engine import EngineRequest
 from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED, LINGBOT_WORLD
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue
 from rtvideo.backend.vllm_omni.source import EngineSources
@@ -26,9 +27,9 @@ class _Host:
 
     dead = None
 
-    def start_request(self, *args: Any, **kwargs: Any) -> None:
-        self.frames = args[3]  # what the engine is asked for
-        self.sink: OutputQueue = args[5]
+    def start_request(self, wanted: EngineRequest) -> None:
+        self.frames = wanted.num_frames  # what the engine is asked for
+        self.sink: OutputQueue = wanted.sink
 
     def output(self, video: np.ndarray) -> None:
         self.sink.offer(StandInOutput("r1", {}, images=[video]), 0.0, video.nbytes)

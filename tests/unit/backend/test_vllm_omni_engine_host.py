@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from rtvideo.backend.vllm_omni import engine as engine_module
-from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost
+from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost, EngineRequest
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue
 from rtvideo.core.session_config import SessionConfig
 from tests.support.omni_standin import StandInSamplingParams
@@ -107,7 +107,7 @@ def started(params: type = Params) -> tuple[EngineHost, ScriptedEngine, OutputQu
 
     host = EngineHost(engine_of, model="m", engine_args={}, health_seconds=60)
     sink = OutputQueue()
-    host.start_request("r", {"prompt": "p"}, config(), 3, {}, sink)
+    host.start_request(EngineRequest("r", {"prompt": "p"}, config(), 3, {}, sink))
     (engine,) = engines
     return host, engine, sink
 

@@ -15,7 +15,7 @@ import pytest
 
 from rtvideo.backend.loading import catalog
 from rtvideo.backend.loading.settings import BackendSettings
-from rtvideo.backend.vllm_omni.engine import EngineHost, engine_prompt
+from rtvideo.backend.vllm_omni.engine import EngineHost, EngineRequest, engine_prompt
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue
 from rtvideo.backend.vllm_omni.source import EngineSources
 from rtvideo.core.event_types import EVENT_FIELDS
@@ -90,7 +90,7 @@ def engine_params(config: SessionConfig, num_frames: int, preset: dict[str, Any]
 
     host = EngineHost(engine_of, model="m", engine_args={}, health_seconds=60)
     try:
-        host.start_request("r", {"prompt": "p"}, config, num_frames, preset, OutputQueue())
+        host.start_request(EngineRequest("r", {"prompt": "p"}, config, num_frames, preset, OutputQueue()))
         return engines[0].given.get(timeout=10)
     finally:
         host.shutdown()

@@ -32,7 +32,7 @@ import torch
 from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime.sources import Interaction
 from rtvideo.backend.vllm_omni import model_rules
-from rtvideo.backend.vllm_omni.engine import EngineError
+from rtvideo.backend.vllm_omni.engine import EngineError, EngineRequest
 from rtvideo.backend.vllm_omni.interaction_rules import pipeline_class
 from rtvideo.backend.vllm_omni.source import EngineChunkSource
 from rtvideo.core.errors import ErrorCode, ProtocolError
@@ -274,10 +274,8 @@ class FakeHost:
         self.interactions: list[dict[str, Any]] = []
         self.sink: queue.Queue[tuple] | None = None
 
-    def start_request(
-        self, request_id: str, prompt: Any, config: Any, n: int, preset: Any, sink: Any, image_at: Any = None
-    ) -> None:
-        self.sink = sink
+    def start_request(self, wanted: EngineRequest) -> None:
+        self.sink = wanted.sink
 
     def interact(self, request_id: str, interaction: dict[str, Any]) -> Any:
         import concurrent.futures
