@@ -78,6 +78,7 @@ from rtvideo.triton.model_repo import derive_model
 from rtvideo.triton.server import TritonServer, free_port
 
 PROMPT = "A quiet harbour at dawn, boats rocking gently"
+UPDATE = "A snowy street illuminated by warm lanterns"
 #: this checkout, where a stand-in engine's module is imported from (`--engine tests.support...`)
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -86,9 +87,6 @@ def checkout_importable() -> dict[str, str]:
     """The Triton's `PYTHONPATH` when the engine is a stand-in: this checkout first, so that its
     stub imports the stand-in's module; vLLM-Omni's own engine comes from the installed packages."""
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH", "")) if p)}
-
-
-UPDATE = "A snowy street illuminated by warm lanterns"
 
 
 def camera_target(translation: list[float]) -> dict[str, Any]:
