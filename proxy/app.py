@@ -193,7 +193,7 @@ class ReadyHandler(_JsonHandler):
 
     def get(self) -> None:
         ctx = self.context
-        room = len(ctx.sessions) < ctx.settings.max_connections
+        room = ctx.connections() < ctx.settings.max_connections  # as the upgrade counts them
         slot = ctx.pool.has_free_slot
         ready = ctx.pool.ready and slot and room and not ctx.draining
         self.reply(

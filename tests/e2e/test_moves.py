@@ -56,14 +56,16 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 class Steered(LiveClient):
     """A live client that also keeps what it sent, as a recording's event log would."""
 
-    sent: list[dict[str, Any]]
+    def __init__(self, conn: Any) -> None:
+        super().__init__(conn)
+        self.sent: list[dict[str, Any]] = []  # the start too: `open` sends it through `send`
 
     @classmethod
     async def begin(cls, url: str, index: int) -> Steered:
         start = {"seed": 100 + index, **SIZE, "prompt": f"a harbour at dawn, view {index}"}
         client = await cls.live(url, **start)
         assert isinstance(client, Steered) and client.request_id, client.t.messages
-        client.sent = [{"type": "session.start", **start}]
+        assert [m["type"] for m in client.sent] == ["session.start"]
         return client
 
     async def send(self, message: dict[str, Any]) -> None:
