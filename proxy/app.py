@@ -30,6 +30,7 @@ from rtvideo.proxy.placement.supervisor import BackendState
 from rtvideo.proxy.recordings.service import Recordings
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
+from rtvideo.proxy.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +285,7 @@ def make_app(
         key=settings.triton_key,
         metrics_port=settings.triton_metrics_port,
     )
-    context = ProxyContext(settings=settings, metrics=metrics, pool=pool)
+    context = ProxyContext(settings=settings, metrics=metrics, pool=pool, store=open_store(settings.session_store))
     context.features.recordings = Recordings.create(
         settings.recordings,
         max_bytes=settings.recordings_max_bytes,
@@ -449,6 +450,7 @@ class ProxyServer:
         if health is not None:
             await health.close_all_connections()
         await self.pool.stop()
+        await self.context.store.close()
         if (recordings := self.context.features.recordings) is not None:
             await asyncio.to_thread(recordings.close)  # what the ended sessions left to write
         self._server = None

@@ -153,6 +153,14 @@ class ProxySettings:
         "to (needs rtvideo[otel]; unset: no traces); `rtvideo serve` hands it to the model too",
         secret=True,
     )
+    session_store: str = setting(
+        "memory",
+        "where live sessions are kept beyond this process: memory (one proxy; a restart ends its sessions) "
+        "or redis://HOST:PORT/DB, shared by replicas so that any of them continues any session (needs "
+        'rtvideo[redis]; docs/operations.md "When a proxy dies"). A URL with a password: give it as '
+        "RTVIDEO_SESSION_STORE, not on a command line",
+        secret=True,
+    )
     recordings: str | None = setting(
         None,
         "where session recordings are stored (docs/recordings.md): a directory, or an fsspec URL such as "

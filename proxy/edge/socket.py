@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import secrets
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from rtvideo.proxy.session.ending import refuse_connection
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.session.steering import raw_bytes
 from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS, ProxySettings
+from rtvideo.proxy.store.base import SessionStore
+from rtvideo.proxy.store.keeper import StoreKeeper
+from rtvideo.proxy.store.memory import MemoryStore
 from rtvideo.proxy.tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -60,11 +64,18 @@ class ProxyContext:
     sessions: set[ProxySession] = field(default_factory=set)
     #: connections waiting for their first message (each one's handler writes its own entry)
     waiting: set[RealtimeVideoHandler] = field(default_factory=set)
+    #: where sessions are kept beyond this process (rtvideo.proxy.store), and this proxy's name there
+    store: SessionStore = field(default_factory=MemoryStore)
+    holder: str = field(default_factory=lambda: secrets.token_hex(8))
     draining: bool = False  # shutting down: no new session (ProxyServer.drain)
     features: Features = field(init=False)  # resume tokens and watchers (rtvideo.proxy.participants)
 
     def __post_init__(self) -> None:
         self.features = Features(self.settings)
+
+    def keeper(self) -> StoreKeeper:
+        """A new session's place in the store, under an id of its own."""
+        return StoreKeeper(self.store, secrets.token_hex(16), self.holder, self.metrics.store_call)
 
     def connections(self) -> int:
         """What --max-connections bounds: connections waiting for their first message, and the
@@ -211,7 +222,10 @@ class RealtimeVideoHandler(WebSocketHandler):
         ctx = self.context
         assert self.owner is not None
         self._stop_waiting(ConnectionPhase.IN_SESSION)
-        self.session = ProxySession(self.owner, ctx.pool, ctx.settings, ctx.metrics, ctx.sessions.discard, ctx.features)
+        keeper = ctx.keeper() if ctx.store.shared else None  # one proxy alone: nothing to continue elsewhere
+        self.session = ProxySession(
+            self.owner, ctx.pool, ctx.settings, ctx.metrics, ctx.sessions.discard, ctx.features, keeper
+        )
         ctx.sessions.add(self.session)
         return self.session.begin(first, raw)
 

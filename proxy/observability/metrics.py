@@ -138,6 +138,19 @@ class ProxyMetrics:
         "From a client's session.interaction to its ack, in the proxy",
         buckets=ACK_BUCKETS,
     )
+    store_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_proxy_store_seconds",
+        "Calls to the session store (--session-store), by call (acquire, write, renew, release, drop)",
+        ("call",),
+        buckets=ACK_BUCKETS,
+    )
+    store_errors = MetricSpec(
+        Counter,
+        "rtvideo_proxy_store_errors",
+        "Session store calls that failed (the store unreachable); the session goes on without it",
+        ("call",),
+    )
     acks_refused = MetricSpec(
         Counter,
         "rtvideo_proxy_acks_refused",
@@ -329,6 +342,12 @@ class ProxyMetrics:
     def session_moved(self, reason: str, seconds: float) -> None:
         self.sessions_moved.labels(reason).inc()
         self.session_move_seconds.labels(reason).observe(seconds)
+
+    def store_call(self, call: str, seconds: float, ok: bool) -> None:
+        """One call to the session store: its time, and whether it failed."""
+        self.store_seconds.labels(call).observe(seconds)
+        if not ok:
+            self.store_errors.labels(call).inc()
 
     def recording_written(self, size: int) -> None:
         self.recordings_written.inc()

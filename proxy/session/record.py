@@ -11,6 +11,7 @@ tokens that attach participants (never the tokens), and its recording. Pure data
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,19 @@ from typing import Any
 def token_hash(token: str) -> str:
     """A token as a record keeps it: its SHA-256, hex."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def delivered_fields(message: Mapping[str, Any], size: int) -> tuple[dict[str, str], dict[str, str]]:
+    """What a chunk handed to the owner adds to the stored session: where it stands (the
+    transport index, with this chunk's generation index, frames and bytes, kept per index so a
+    replica can continue after any chunk a client got) and where events started in it."""
+    index = message.get("transport_chunk_index")
+    where = [message.get("kind"), message.get("generation_chunk_index"), message.get("num_frames"), size]
+    fields = {"delivered": str(index), f"chunk:{index}": json.dumps(where)}
+    offsets = message.get("event_frame_offsets") or {}
+    generation = message.get("generation_chunk_index")
+    started = {e: f"{generation},{int(offsets.get(e, 0))}" for e in message.get("started_event_ids") or ()}
+    return fields, started
 
 
 @dataclass(frozen=True)

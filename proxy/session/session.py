@@ -39,6 +39,7 @@ open, the model pauses it, and a `session.resume` attaches a new owner with noth
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
@@ -63,10 +64,11 @@ from rtvideo.proxy.session.ending import Ending
 from rtvideo.proxy.session.handouts import Handouts, RecordingSink
 from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.session.lifecycle import LIVE, Lifecycle, Phase
-from rtvideo.proxy.session.record import SessionRecord
+from rtvideo.proxy.session.record import SessionRecord, delivered_fields
 from rtvideo.proxy.session.steering import Steering
 from rtvideo.proxy.session.upstream import Upstream, UpstreamTimes
 from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.store.keeper import StoreKeeper
 from rtvideo.proxy.tasks import TaskSet
 from rtvideo.triton.wire import Reply
 
@@ -92,6 +94,7 @@ class ProxySession:
         metrics: ProxyMetrics,
         on_closed: Callable[[ProxySession], None],
         features: Features | None = None,
+        keeper: StoreKeeper | None = None,
     ) -> None:
         """A session for `owner`, whose connection's first message was a valid `session.start`
         (`begin` is given it next)."""
@@ -99,6 +102,8 @@ class ProxySession:
         self._settings = settings
         self.metrics = metrics
         self._on_closed = on_closed
+        #: its place in a shared session store (rtvideo.proxy.store), None with one proxy alone
+        self._keeper = keeper
         self._life = Lifecycle()
         self.tasks = TaskSet()
         self.ledger = Ledger()  # what the owner was handed; holds the session's EventBook
@@ -203,6 +208,31 @@ class ProxySession:
             self.upstream.send_stop()
             self._life.stop_sent()
 
+    def when_kept(self, event_id: str, raw: bytes, ack: Callable[[], None]) -> None:
+        if self._keeper is None:
+            ack()
+            return
+        self.tasks.spawn(self._ack_when_kept(self._keeper.event(event_id, raw.decode("utf-8", "surrogatepass")), ack))
+
+    async def _ack_when_kept(self, kept: Awaitable[None], ack: Callable[[], None]) -> None:
+        await kept  # the keeper's writes go in order: so do the acks that wait for them
+        if self._life.live:
+            ack()
+
+    async def _watch_lease(self, keeper: StoreKeeper) -> None:
+        """Another replica holds the session now: this one stops driving it. Its owner is closed
+        with 1012 (Service Restart) and resumes there; its sequence here is ended."""
+        await keeper.lost.wait()
+        if self._life.claim_end():
+            log.warning("request_id=%s continued by another proxy: letting go", self.request_id)
+            self.tasks.spawn(self._let_go())
+
+    async def _let_go(self) -> None:
+        await self.upstream.end()
+        self._seat.owner.close(1012, "continued by another proxy; resume")
+        if self._seat.gone:
+            self.on_disconnect()
+
     def revoke_steering(self) -> int:
         return self._invites.revoke_steering()
 
@@ -223,6 +253,10 @@ class ProxySession:
                     hub.share(frame, sender)
 
     def _open(self, start: bytes) -> None:
+        if self._keeper is not None:
+            self._keeper.start()
+            self._keeper.put({"start": start.decode("utf-8", "surrogatepass")})
+            self.tasks.spawn(self._watch_lease(self._keeper))
         with self._trace.begin():  # the stream (and its pump's later ones) carries the traceparent
             stream = self._bridge.open_stream()
             self._timing.started()
@@ -286,7 +320,14 @@ class ProxySession:
         self._life.named(message.get("request_id"))
         self._trace.named(self._life.request_id)
         log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
-        return self._invites.offer(self, self._handouts, message, text)
+        offered = self._invites.offer(self, self._handouts, message, text)
+        if self._keeper is not None:
+            config = message.get("config")
+            self._keeper.put(
+                {"request_id": str(self._life.request_id), "video_start": text, "config": json.dumps(config)}
+            )
+            self._keeper.bind(self._invites.token_hashes())
+        return offered
 
     def model_done(self) -> None:
         """The model's session.done was queued for the owner: the end (once the owner is back,
@@ -317,6 +358,8 @@ class ProxySession:
         self._trace.taken(frame.message)
         self._dispatch.handed_out(frame.message)
         self._handouts.handed_out(frame)
+        if self._keeper is not None and frame.data is not None:
+            self._keeper.delivered(*delivered_fields(frame.message, len(frame.data)))
         return frame
 
     # --- ending (rtvideo.proxy.session.ending) -------------------------------------------------------
@@ -361,6 +404,8 @@ class ProxySession:
         self._trace.end()
         self._invites.close()
         self._handouts.ended()
+        if self._keeper is not None:
+            self.tasks.spawn(self._keeper.end(forget=True))
         log.info(
             "request_id=%s peer=%s session ended chunks=%d after %.1f s",
             self.request_id,

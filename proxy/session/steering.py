@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from rtvideo.core import protocol, server_messages
@@ -53,6 +53,10 @@ class SteeredSession(Protocol):
 
     def stop(self) -> None:
         """The owner's session.stop: sequence_end goes to Triton once, and the session moves on."""
+
+    def when_kept(self, event_id: str, raw: bytes, ack: Callable[[], None]) -> None:
+        """`ack` once the event is in the session store (at once without a shared one): an event
+        is stored before its ack leaves, so a replica continuing the session knows it."""
 
     def revoke_steering(self) -> int:
         """Ends every guest's steer link; returns how many there were."""
@@ -183,8 +187,12 @@ class Steering:
             self._session.share(
                 server_messages.interaction_shared(life.request_id, event_id, sender, message["interaction"]), guest
             )
-        self._dispatch.answer(
-            lambda: server_messages.queued(life.request_id, event_id), ack=event_id, received=received, to=guest
+        self._session.when_kept(
+            event_id,
+            ack.raw,
+            lambda: self._dispatch.answer(
+                lambda: server_messages.queued(life.request_id, event_id), ack=event_id, received=received, to=guest
+            ),
         )
 
     def _playback(self, message: Mapping[str, Any], raw: bytes, guest: Guest | None = None) -> None:

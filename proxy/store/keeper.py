@@ -12,6 +12,7 @@ the error, and never holds an ack longer than one call's timeout.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -20,7 +21,7 @@ from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, SessionStore, StoreUn
 
 log = logging.getLogger(__name__)
 
-Write = Callable[[], Awaitable[bool]]
+Write = Callable[[Lease], Awaitable[bool]]
 
 
 class StoreKeeper:
@@ -45,20 +46,30 @@ class StoreKeeper:
         self._queue: asyncio.Queue[tuple[Write, asyncio.Future[bool] | None] | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
+    def start(self, lease: Lease | None = None) -> asyncio.Future[bool]:
+        """Hold the session (a lease already acquired, or a new one), then write what was and is
+        submitted, in order, and renew; the future says whether the session is held."""
+        held = asyncio.get_running_loop().create_future()
+        self._tasks = [asyncio.ensure_future(self._write_all(lease, held))]
+        return held
+
     async def claim(self, lease: Lease | None = None) -> bool:
-        """Hold the session (a lease already acquired, or a new one); then write and renew."""
-        got = lease or await self._call("acquire", lambda: self._store.acquire(self.sid, self._holder, self._ttl))
-        if not isinstance(got, Lease):
-            return False
-        self.lease = got
-        self._tasks = [asyncio.ensure_future(self._write_all()), asyncio.ensure_future(self._renew_all())]
-        return True
+        return await self.start(lease)
 
     def put(self, fields: Mapping[str, str]) -> None:
         self._submit(lambda lease: self._store.put(self.sid, lease, fields))
 
     def delivered(self, fields: Mapping[str, str], started: Mapping[str, str]) -> None:
         self._submit(lambda lease: self._store.delivered(self.sid, lease, fields, started))
+
+    def bind(self, tokens: Mapping[str, str]) -> None:
+        """The session's live tokens, by kind, as hashes: any replica finds the session by them."""
+        for kind, token_hash in tokens.items():
+            self._submit(functools.partial(self._bound, kind, token_hash))
+
+    async def _bound(self, kind: str, token_hash: str, _: Lease) -> bool:
+        await self._store.bind_token(kind, token_hash, self.sid)
+        return True
 
     async def event(self, event_id: str, payload: str) -> None:
         """Returns once the event is in the store (or the store is given up on)."""
@@ -67,19 +78,28 @@ class StoreKeeper:
             await done
 
     def _submit(self, write: Callable[[Lease], Awaitable[bool]], wait: bool = False) -> asyncio.Future[bool] | None:
-        lease = self.lease
-        if lease is None or self.unkept or self.lost.is_set():
+        if not self._tasks or self.unkept or self.lost.is_set():
             return None
         future = asyncio.get_running_loop().create_future() if wait else None
-        self._queue.put_nowait((lambda: write(lease), future))
+        self._queue.put_nowait((write, future))
         return future
 
-    async def _write_all(self) -> None:
+    async def _write_all(self, lease: Lease | None, held: asyncio.Future[bool]) -> None:
+        got = lease or await self._call("acquire", lambda: self._store.acquire(self.sid, self._holder, self._ttl))
+        if isinstance(got, Lease):
+            self.lease = got
+            self._tasks.append(asyncio.ensure_future(self._renew_all()))
+        elif not self.unkept:
+            self.lost.set()  # another replica holds it
+        held.set_result(self.lease is not None)
         while (item := await self._queue.get()) is not None:
             write, future = item
-            ok = await self._call("write", write) if not (self.unkept or self.lost.is_set()) else False
-            if ok is False and not self.unkept:
-                self.lost.set()  # the lease is not ours any more: stop driving
+            ok: object = False
+            if self.lease is not None and not (self.unkept or self.lost.is_set()):
+                held_lease = self.lease
+                ok = await self._call("write", functools.partial(write, held_lease))
+                if ok is False and not self.unkept:
+                    self.lost.set()  # the lease is not ours any more: stop driving
             if future is not None and not future.done():
                 future.set_result(bool(ok))
 
