@@ -419,6 +419,9 @@ class ProxyServer:
         ctx.metrics.draining.set(1)
         seconds = self.settings.drain_seconds if seconds is None else seconds
         deadline = asyncio.get_running_loop().time() + seconds
+        if handed := [s for s in ctx.sessions if s.continuable]:  # a shared store: another replica goes on
+            log.info("draining: %d session(s) handed off (close 1012: their clients resume elsewhere)", len(handed))
+            await asyncio.gather(*(s.hand_off(SHUTDOWN_SECONDS) for s in handed), return_exceptions=True)
         log.info("draining: no new sessions; %d live session(s) get up to %g s", len(ctx.sessions), seconds)
         while ctx.sessions and asyncio.get_running_loop().time() < deadline and not (cut and cut.is_set()):
             await asyncio.sleep(0.05)
@@ -429,11 +432,11 @@ class ProxyServer:
         return len(remaining)
 
     async def _end_all(self, sessions: list[ProxySession]) -> None:
-        """`server_shutdown` for each of `sessions` and each connection still waiting to start."""
+        """`server_shutdown` for each of `sessions` and each connection still waiting to start; a
+        session another replica can continue (a shared store) is handed off instead (1012)."""
         waiting = list(self.context.waiting)
-        await asyncio.gather(
-            *(s.shutdown(SHUTDOWN_SECONDS) for s in sessions), *(c.shutdown() for c in waiting), return_exceptions=True
-        )
+        ends = (s.hand_off(SHUTDOWN_SECONDS) if s.continuable else s.shutdown(SHUTDOWN_SECONDS) for s in sessions)
+        await asyncio.gather(*ends, *(c.shutdown() for c in waiting), return_exceptions=True)
 
     async def stop(self) -> None:
         """Stop listening and probing; end what is left at once (see `drain` for the graceful way)."""

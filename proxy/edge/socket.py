@@ -28,6 +28,7 @@ from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.participants.resume import attach, drop_silent_owner
+from rtvideo.proxy.participants.takeover import take_over
 from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.placement.pool import EndpointPool
 from rtvideo.proxy.placement.supervisor import BackendState
@@ -71,11 +72,17 @@ class ProxyContext:
     features: Features = field(init=False)  # resume tokens and watchers (rtvideo.proxy.participants)
 
     def __post_init__(self) -> None:
-        self.features = Features(self.settings)
+        self.features = Features(self.settings, shared=self.store.shared)
+        # one token identity for every replica of a shared store: any of them tells its tokens
+        # from forged ones, and finds a session held elsewhere by the token's hash
+        for book in (self.features.resume_tokens, self.features.watch_tokens, self.features.steer_tokens):
+            book.instance = self.store.cluster
 
-    def keeper(self) -> StoreKeeper:
-        """A new session's place in the store, under an id of its own."""
-        return StoreKeeper(self.store, secrets.token_hex(16), self.holder, self.metrics.store_call)
+    def keeper(self, sid: str | None = None) -> StoreKeeper:
+        """A session's place in the store: a new one's under an id of its own, or `sid`'s."""
+        sid = sid or secrets.token_hex(16)
+        payload_bytes = self.settings.replay_buffer_bytes
+        return StoreKeeper(self.store, sid, self.holder, self.metrics.store_call, payload_bytes=payload_bytes)
 
     def connections(self) -> int:
         """What --max-connections bounds: connections waiting for their first message, and the
@@ -249,7 +256,12 @@ class RealtimeVideoHandler(WebSocketHandler):
         if self.phase is not ConnectionPhase.ATTACHING or self.owner is None:
             return  # closed meanwhile
         try:
-            self.session = attach(features, self.owner, message)
+            try:
+                self.session = attach(features, self.owner, message)
+            except ResumeRefused as exc:
+                if not (exc.unknown and self.context.store.shared):
+                    raise
+                self.session = await self._take_over(message)  # held by another replica, or by none
         except ResumeRefused as exc:
             self.context.metrics.resumes.labels("refused").inc()
             log.info("peer=%s session.resume refused: %s", self.client, exc.message)
@@ -258,6 +270,27 @@ class RealtimeVideoHandler(WebSocketHandler):
             return
         self.phase = ConnectionPhase.IN_SESSION
         self.context.metrics.resumes.labels("resumed").inc()
+        if self.ws_connection is None or self.ws_connection.is_closing():
+            self.session.on_disconnect(dropped=True)  # closed while it was taken over: detached again
+
+    async def _take_over(self, message: str | bytes) -> ProxySession:
+        """A resume of a session this replica does not hold (rtvideo.proxy.participants.takeover)."""
+        ctx, owner = self.context, self.owner
+        assert owner is not None
+        try:
+            request = resume.parse_resume(message)
+        except ProtocolError as exc:
+            raise ResumeRefused(exc.message) from exc
+
+        def open_session(keeper: StoreKeeper) -> ProxySession:
+            session = ProxySession(
+                owner, ctx.pool, ctx.settings, ctx.metrics, ctx.sessions.discard, ctx.features, keeper
+            )
+            ctx.sessions.add(session)
+            return session
+
+        grace = ctx.features.resume_grace
+        return await take_over(ctx.store, request, open_session, ctx.keeper, ctx.holder, grace, ctx.metrics)
 
     async def shutdown(self) -> None:
         """Server shutdown while waiting for the first message: `server_shutdown`, the empty

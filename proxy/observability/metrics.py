@@ -151,6 +151,21 @@ class ProxyMetrics:
         "Session store calls that failed (the store unreachable); the session goes on without it",
         ("call",),
     )
+    sessions_taken_over = MetricSpec(
+        Counter,
+        "rtvideo_proxy_sessions_taken_over",
+        "Sessions another proxy held that this one took over at a resume, by reason: free (its "
+        "holder released it: a shutdown), expired (its holder went: its lease ran out), handoff "
+        "(its holder was alive and let go when asked)",
+        ("reason",),
+    )
+    takeover_seconds = MetricSpec(
+        Histogram,
+        "rtvideo_proxy_takeover_seconds",
+        "From a resume of a session held elsewhere to its stream opened here (the lease wait included)",
+        ("reason",),
+        buckets=MOVE_BUCKETS,
+    )
     acks_refused = MetricSpec(
         Counter,
         "rtvideo_proxy_acks_refused",
@@ -342,6 +357,10 @@ class ProxyMetrics:
     def session_moved(self, reason: str, seconds: float) -> None:
         self.sessions_moved.labels(reason).inc()
         self.session_move_seconds.labels(reason).observe(seconds)
+
+    def taken_over(self, reason: str, seconds: float) -> None:
+        self.sessions_taken_over.labels(reason).inc()
+        self.takeover_seconds.labels(reason).observe(seconds)
 
     def store_call(self, call: str, seconds: float, ok: bool) -> None:
         """One call to the session store: its time, and whether it failed."""

@@ -82,6 +82,9 @@ class Features:
     steer_tokens: TokenBook[Steerable] = field(default_factory=lambda: TokenBook[Steerable]("sv1"))
     steerers: SteerCensus = field(default_factory=SteerCensus)
     recordings: Recordings | None = None  # --recordings (rtvideo.proxy.recordings); set by the application
+    #: a shared session store (--session-store redis://…): every session is resumable unless its
+    #: start says `"resumable": false`, so that a deploy loses none (docs/operations.md)
+    shared: bool = False
 
     def __post_init__(self) -> None:
         self.watch_tokens.instance = self.resume_tokens.instance  # one identity per proxy

@@ -60,6 +60,8 @@ class Invitations:
         self._recorder: SessionRecorder | None = None
         self._recording_token: str | None = None  # the recording's capability: the owner's alone (never logged)
         self._branch: Branch | None = None  # the start's from_recording
+        #: tokens of a session taken over from another replica, known here by their hash alone
+        self._adopted: dict[str, str] = {}
 
     @property
     def enabled(self) -> bool:
@@ -86,6 +88,8 @@ class Invitations:
         start = dict(first)
         self._branch = take_branch(first)
         self._options, raw = take_options(first, raw)
+        if self._features.shared:  # with a shared store a deploy must lose no session that did not opt out
+            self._options.setdefault("resumable", True)
         recordings = self._features.recordings
         asked = self._options.get("record", False)
         if recordings is None and asked:
@@ -162,6 +166,42 @@ class Invitations:
         out.update(self._marks())
         return out, server_messages.encode(out)
 
+    @property
+    def options(self) -> dict[str, bool]:
+        """What the start asked of the proxy (resumable, watchable, steerable, record)."""
+        return dict(self._options)
+
+    def restore(
+        self, session: Joinable, handouts: Handouts, options: dict[str, bool], hashes: Mapping[str, str], resumed: str
+    ) -> ReplayBuffer | None:
+        """A session taken over from another replica (rtvideo.proxy.store.takeover): what its start
+        asked for, set up as `offer` did there; `resumed`, the resume token its owner came back
+        with; its watch and steer tokens open it here by their hashes (`hashes`). Returns the
+        empty replay buffer the takeover fills."""
+        features = self._features
+        assert features is not None
+        self._options = dict(options)
+        if options.get("resumable") and features.resume_grace > 0:
+            self._replay = ReplayBuffer(self._settings.replay_buffer_bytes)
+            self._resume_token = resumed
+            features.resume_tokens.adopt(token_hash(resumed), session)
+        if options.get("watchable") and self._settings.max_watchers_per_session > 0:
+            self._hub = WatchHub(self._settings, features.watchers, self._metrics)
+            handouts.tap(self._hub.publish)
+            if "watch" in hashes:
+                features.watch_tokens.adopt(self._adopted.setdefault("watch", hashes["watch"]), session)
+        if options.get("steerable") and self._settings.max_steerers_per_session > 0:
+            self._steer_hub = SteerHub(self._settings, features.steerers, self._metrics)
+            handouts.tap(self._steer_hub.publish)
+            if "steer" in hashes:
+                features.steer_tokens.adopt(self._adopted.setdefault("steer", hashes["steer"]), session)
+        return self._replay
+
+    def replay_taps(self, handouts: Handouts) -> None:
+        """After a takeover's replay buffer is filled: it follows what is handed out from now on."""
+        if self._replay is not None:
+            handouts.tap(self._replay.record)
+
     def _marks(self) -> dict[str, str]:
         """The watch, steer and recording tokens of the session, as video.start carries them."""
         marks = {}
@@ -176,7 +216,7 @@ class Invitations:
     def token_hashes(self) -> dict[str, str]:
         """The live tokens of the session, hashed, by kind (rtvideo.proxy.session.record)."""
         live = {"resume": self._resume_token, **{k.removesuffix("_token"): v for k, v in self._marks().items()}}
-        return {kind: token_hash(token) for kind, token in live.items() if token is not None}
+        return {**self._adopted, **{kind: token_hash(token) for kind, token in live.items() if token is not None}}
 
     @property
     def recording_id(self) -> str | None:
@@ -187,6 +227,7 @@ class Invitations:
         how many were."""
         if self._features is not None:
             self._features.steer_tokens.retire(self._steer_token, "steering was revoked by the session's owner")
+            self._features.steer_tokens.retire_hash(self._adopted.pop("steer", None), "steering was revoked")
         self._steer_token = None
         return self._steer_hub.revoke() if self._steer_hub is not None else 0
 
@@ -249,6 +290,8 @@ class Invitations:
             self._features.resume_tokens.retire(self._resume_token, "the session has ended")
             self._features.watch_tokens.retire(self._watch_token, "the session has ended")
             self._features.steer_tokens.retire(self._steer_token, "the session has ended")
+            self._features.watch_tokens.retire_hash(self._adopted.get("watch"), "the session has ended")
+            self._features.steer_tokens.retire_hash(self._adopted.get("steer"), "the session has ended")
         if self._hub is not None:
             self._hub.close()
         if self._steer_hub is not None:

@@ -67,6 +67,12 @@ class ReplayBuffer:
             assert evicted is not None  # every unit but the last ends with a pair
             self._evicted_through = evicted
 
+    def resumes_after(self, index: int) -> None:
+        """An empty buffer restored by a takeover starts after the pair `index` (the last one
+        whose payload the store no longer kept; -1: none)."""
+        assert not self._units
+        self._evicted_through = self.last_index = index
+
     @property
     def oldest_resumable(self) -> int:
         """The smallest `last_transport_chunk_index` a resume can give (-1: from the start)."""

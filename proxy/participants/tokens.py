@@ -30,10 +30,11 @@ class ResumeRefused(Exception):
     `oldest`: the smallest `last_transport_chunk_index` the session can resume from, when
     that is the reason."""
 
-    def __init__(self, message: str, oldest: int | None = None) -> None:
+    def __init__(self, message: str, oldest: int | None = None, *, unknown: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.oldest = oldest
+        self.unknown = unknown  # a well-formed token of this instance that this replica never saw
 
 
 def _digest(token: str) -> bytes:
@@ -54,11 +55,22 @@ class TokenBook(Generic[T]):
         self._live[_digest(token)] = session
         return token
 
+    def adopt(self, token_hash: str, session: T) -> None:
+        """A token another replica issued (known here by its hash, rtvideo.proxy.session.record)
+        opens `session` now: this replica took the session over (shared instance only)."""
+        self._live[bytes.fromhex(token_hash)] = session
+
     def retire(self, token: str | None, why: str) -> None:
         """The token no longer opens anything; `why` is what a later use is told."""
-        if token is None:
-            return
-        digest = _digest(token)
+        if token is not None:
+            self._retire(_digest(token), why)
+
+    def retire_hash(self, token_hash: str | None, why: str) -> None:
+        """`retire` for a token known by its hash alone (one `adopt`ed)."""
+        if token_hash is not None:
+            self._retire(bytes.fromhex(token_hash), why)
+
+    def _retire(self, digest: bytes, why: str) -> None:
         self._live.pop(digest, None)
         self._ended.setdefault(digest, why)  # the first end is the one a later use is told
         while len(self._ended) > REMEMBERED_TOKENS:
@@ -78,7 +90,8 @@ class TokenBook(Generic[T]):
         session = self._live.get(digest)
         if session is not None:
             return session
-        raise ResumeRefused(self._ended.get(digest, "unknown token"))
+        ended = self._ended.get(digest)
+        raise ResumeRefused(ended or "unknown token", unknown=ended is None)
 
     def __len__(self) -> int:
         return len(self._live)

@@ -23,7 +23,7 @@ import enum
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rtvideo.core import protocol, server_messages
@@ -50,6 +50,7 @@ MAX_MOVES = 8
 class MoveReason(enum.Enum):
     LOSS = "loss"  # its stream broke
     DRAIN = "drain"  # the operator drained its endpoint
+    TAKEOVER = "takeover"  # another proxy held it: this one goes on with it (rtvideo.proxy.store)
 
 
 class Mover:
@@ -103,25 +104,47 @@ class Mover:
         message = reply.message
         if message is None:
             return reply
+        self._account(message, reply.data, follows=splice is None or not splice.continues)
+        return reply
+
+    def restored(self, message: Mapping[str, Any], data: bytes | None) -> None:
+        """A message the session's owner was handed by the proxy it is taken over from, with a
+        pair's payload when the store still kept it (else the cursor passes it by its size)."""
+        if data is None and message.get("type") == protocol.CHUNK_METADATA and message.get("kind") == MEDIA:
+            config = (self._log.config if self._log is not None else None) or {}
+            fps = int(config.get("fps") or 0)
+            try:
+                self._cursor.passed(int(message.get("byte_length") or 0), int(message.get("num_frames") or 0), fps)
+            except ContinuationError as exc:
+                self._unreadable = str(exc)
+            data = b""
+        self._account(message, data, follows=bool(data))
+
+    def restored_init(self, init: bytes | None) -> None:
+        """The stream's init segment, as the store kept it (before `restored` passes payloads)."""
+        if init:
+            self._cursor.init = init
+
+    def _account(self, message: Mapping[str, Any], data: bytes | None, *, follows: bool) -> None:
+        """What the session's coordinates say of a message the client is handed: the log's events,
+        the next indices, the cursor (when `follows`: the payload is not followed already)."""
         if self._log is not None:
             self._log.arrived(message)
         kind = message.get("type")
         if kind == protocol.CHUNK_METADATA and isinstance(message.get("transport_chunk_index"), int):
             self._next_transport = message["transport_chunk_index"] + 1
-            follows = splice is None or not splice.continues  # else the continuation fed the cursor
             if message.get("kind") == MEDIA:
                 self._next_generation = int(message.get("generation_chunk_index") or 0) + 1
-                self._last_media = reply.data or self._last_media
-                if follows and reply.data:
-                    self._follow(reply.data, int(message.get("num_frames") or 0))
+                self._last_media = data or self._last_media
+                if follows and data:
+                    self._follow(data, int(message.get("num_frames") or 0))
                 self._first_chunk()
             elif message.get("kind") == TRAILER:
                 self._ended = True
                 if follows:
-                    self._cursor.other(reply.data)
+                    self._cursor.other(data or b"")
         elif kind == protocol.DONE:
             self._ended = True
-        return reply
 
     def _follow(self, payload: bytes, num_frames: int) -> None:
         """The cursor follows a media payload; one it cannot read leaves nothing to continue."""

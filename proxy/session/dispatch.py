@@ -61,7 +61,9 @@ Pure (no I/O): the session feeds it and acts on what it returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import json
 import logging
 import time
 from collections import deque
@@ -470,6 +472,17 @@ class ProxyAcks:
         except (ProtocolError, UnknownPayload):
             return None  # a conflict, the session's limit, or a payload unknown here: the model answers
         return Ack(filled.event_id, raw, new)
+
+    def restored(self, raw: bytes) -> None:
+        """An interaction another proxy admitted (and stored before its ack left) is admitted
+        here too, so a retry of it is acked again and not applied twice (a takeover)."""
+        try:
+            request = parse_interaction(json.loads(raw))
+        except (ValueError, ProtocolError):
+            return
+        if request.event_id is not None:
+            with contextlib.suppress(ProtocolError, UnknownPayload):
+                self.book.admit(request.event_id, request.fingerprint)
 
     def forwarded(self, tag: str, ack: Ack) -> None:
         """The acked interaction went to the model as request `tag`."""

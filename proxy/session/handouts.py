@@ -49,6 +49,11 @@ class Handouts:
     def keep_start(self, message: dict[str, Any]) -> None:
         self._start = dict(message)
 
+    def restore(self, start: dict[str, Any], init: bytes | None) -> None:
+        """What another proxy handed out before this one took the session over."""
+        self._start = dict(start)
+        self._init_payload = init
+
     def tap(self, tap: FrameTap) -> None:
         self._taps.append(tap)
 

@@ -39,12 +39,14 @@ open, the model pauses it, and a `session.resume` attaches a new owner with noth
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
-from rtvideo.core import server_messages
+from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.observability.inband import InbandMetrics
 from rtvideo.proxy.observability.metrics import ProxyMetrics
@@ -54,6 +56,7 @@ from rtvideo.proxy.participants.attachments import Attachments
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.invitations import Invitations
 from rtvideo.proxy.participants.links import Frame, Guest, Link, Owner, OwnerSeat, Steerer
+from rtvideo.proxy.participants.replay import init_segment
 from rtvideo.proxy.participants.steerers import GuestSteerer
 from rtvideo.proxy.participants.watchers import Watcher
 from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS
@@ -64,7 +67,7 @@ from rtvideo.proxy.session.ending import Ending
 from rtvideo.proxy.session.handouts import Handouts, RecordingSink
 from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.session.lifecycle import LIVE, Lifecycle, Phase
-from rtvideo.proxy.session.record import SessionRecord, delivered_fields
+from rtvideo.proxy.session.record import SavedFrame, SavedSession, SessionRecord
 from rtvideo.proxy.session.steering import Steering
 from rtvideo.proxy.session.upstream import Upstream, UpstreamTimes
 from rtvideo.proxy.settings import ProxySettings
@@ -104,6 +107,8 @@ class ProxySession:
         self._on_closed = on_closed
         #: its place in a shared session store (rtvideo.proxy.store), None with one proxy alone
         self._keeper = keeper
+        self._init_kept: bytes | None = None  # the init segment, once put in the store
+        self._handed_off = False  # left in the store for another replica (`hand_off`)
         self._life = Lifecycle()
         self.tasks = TaskSet()
         self.ledger = Ledger()  # what the owner was handed; holds the session's EventBook
@@ -153,6 +158,11 @@ class ProxySession:
     def starting(self) -> bool:
         """Made by a start whose sequence is not open yet (a branch reads its recording first)."""
         return self._life.phase is Phase.AWAITING_START
+
+    @property
+    def continuable(self) -> bool:
+        """Whether another replica can go on with it (a shared store, and a resume token)."""
+        return self._keeper is not None and self._invites.resumable and self._life.live
 
     @property
     def detached(self) -> bool:
@@ -208,11 +218,12 @@ class ProxySession:
             self.upstream.send_stop()
             self._life.stop_sent()
 
-    def when_kept(self, event_id: str, raw: bytes, ack: Callable[[], None]) -> None:
+    def when_kept(self, event_id: str, raw: bytes | None, ack: Callable[[], None]) -> None:
         if self._keeper is None:
             ack()
             return
-        self.tasks.spawn(self._ack_when_kept(self._keeper.event(event_id, raw.decode("utf-8", "surrogatepass")), ack))
+        payload = None if raw is None else raw.decode("utf-8", "surrogatepass")
+        self.tasks.spawn(self._ack_when_kept(self._keeper.event(payload), ack))
 
     async def _ack_when_kept(self, kept: Awaitable[None], ack: Callable[[], None]) -> None:
         await kept  # the keeper's writes go in order: so do the acks that wait for them
@@ -222,9 +233,15 @@ class ProxySession:
     async def _watch_lease(self, keeper: StoreKeeper) -> None:
         """Another replica holds the session now: this one stops driving it. Its owner is closed
         with 1012 (Service Restart) and resumes there; its sequence here is ended."""
-        await keeper.lost.wait()
-        if self._life.claim_end():
+        waits = [asyncio.ensure_future(keeper.lost.wait()), asyncio.ensure_future(self._life.closed.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if keeper.lost.is_set() and self._life.claim_end():
             log.warning("request_id=%s continued by another proxy: letting go", self.request_id)
+            self._handed_off = True
             self.tasks.spawn(self._let_go())
 
     async def _let_go(self) -> None:
@@ -264,6 +281,53 @@ class ProxySession:
             self._mover.opened(start)
             self._life.open_sequence()
             self.upstream.open(stream)
+
+    def take_over(self, saved: SavedSession, hashes: Mapping[str, str], last: int, token: str) -> None:
+        """This new session is `saved`, which another proxy held (rtvideo.proxy.participants.takeover):
+        its parts are rebuilt as that proxy left them, from what the store kept in order; its
+        owner (`owner` of the constructor, who came back with `token` from the pair `last`) is
+        given what a resume gives; its stream is opened again at the next chunk (a move). Raises
+        ResumeRefused (nothing was started) when the chunks after `last` are not kept."""
+        assert self._keeper is not None and self._life.phase is Phase.AWAITING_START
+        self._life.named(saved.request_id)
+        self._trace.named(saved.request_id)
+        self._mover.opened(saved.start)
+        self._mover.restored_init(saved.init)
+        self._mover.restored(saved.handed_start, None)  # the config and its seed
+        self._init_kept = saved.init
+        replay = self._invites.restore(self, self._handouts, saved.options, hashes, token)
+        self._handouts.restore(saved.handed_start, saved.init)
+        self.ledger.taken(Frame(server_messages.encode(saved.handed_start), saved.handed_start))
+        cut, recent = -1, list[Frame]()  # replayable: what follows the last pair without its payload
+        for entry in saved.log:
+            if not isinstance(entry, SavedFrame):
+                self._mover.forwarded(entry.raw)
+                self._acks.restored(entry.raw)
+                continue
+            self._mover.restored(entry.message, entry.data)
+            if entry.index is not None and entry.data is None:
+                cut, recent = entry.index, []
+                self.ledger.taken(Frame(entry.text, entry.message, b""))
+                continue
+            frame = Frame(entry.text, entry.message, entry.data)
+            self.ledger.taken(frame)
+            recent.append(frame)
+        if replay is not None:
+            replay.resumes_after(cut)
+            for frame in recent:
+                replay.record(frame)
+        self._invites.replay_taps(self._handouts)
+        self._keeper.payloads_kept(
+            (e.index, len(e.data)) for e in saved.log if isinstance(e, SavedFrame) and e.index is not None and e.data
+        )
+        self._attachments.reseat(self._seat.owner, last, token)
+        self._life.open_sequence()
+        self._keeper.put({"detached_at": ""})
+        self._keep_tokens()
+        self.tasks.spawn(self._watch_lease(self._keeper))
+        log.info("request_id=%s peer=%s taken over after index %d", self.request_id, self.peer, last)
+        if not self.move(MoveReason.TAKEOVER):
+            self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the session could not be continued here; start a new one")
 
     def move(self, reason: MoveReason) -> bool:
         """Go on on another Triton (rtvideo.proxy.placement.mover); its participants, event book and
@@ -322,12 +386,18 @@ class ProxySession:
         log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
         offered = self._invites.offer(self, self._handouts, message, text)
         if self._keeper is not None:
-            config = message.get("config")
-            self._keeper.put(
-                {"request_id": str(self._life.request_id), "video_start": text, "config": json.dumps(config)}
-            )
-            self._keeper.bind(self._invites.token_hashes())
+            handed = self._handouts.start_for() or message  # as handed out, without tokens
+            fields = {"request_id": str(self._life.request_id), "handed_start": json.dumps(handed)}
+            self._keeper.put({**fields, "options": json.dumps(self._invites.options)})
+            self._keep_tokens()
         return offered
+
+    def _keep_tokens(self) -> None:
+        """The session's live tokens, hashed, into the store: any replica finds it by them."""
+        assert self._keeper is not None
+        hashes = self._invites.token_hashes()
+        self._keeper.put({"tokens": json.dumps(hashes)})
+        self._keeper.bind(hashes)
 
     def model_done(self) -> None:
         """The model's session.done was queued for the owner: the end (once the owner is back,
@@ -358,9 +428,22 @@ class ProxySession:
         self._trace.taken(frame.message)
         self._dispatch.handed_out(frame.message)
         self._handouts.handed_out(frame)
-        if self._keeper is not None and frame.data is not None:
-            self._keeper.delivered(*delivered_fields(frame.message, len(frame.data)))
+        if self._keeper is not None:
+            self._kept(frame)
         return frame
+
+    def _kept(self, frame: Frame) -> None:
+        """A frame handed out, into the store: its text (the event book, the move log and the
+        position are read back from them), a chunk's payload, and the stream's init segment."""
+        assert self._keeper is not None
+        kind = frame.message.get("type")
+        if kind in (protocol.VIDEO_START, protocol.PONG, protocol.DONE):
+            return  # kept as a field; an answer to the old link; the end
+        index = frame.message.get("transport_chunk_index") if frame.data is not None else None
+        if self._init_kept is None and frame.data and (init := init_segment(frame.data)):
+            self._init_kept = init
+            self._keeper.put({"init": base64.b64encode(init).decode("ascii")})
+        self._keeper.handed_out(frame.text, index if isinstance(index, int) else None, frame.data)
 
     # --- ending (rtvideo.proxy.session.ending) -------------------------------------------------------
     def _fail(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
@@ -390,6 +473,8 @@ class ProxySession:
         if dropped and self._attachments.may_detach():
             self._life.detach()
             self._attachments.detached(self._grace_over)
+            if self._keeper is not None:  # a replica taking it over counts the grace from here
+                self._keeper.put({"detached_at": f"{time.time():.3f}"})
             return
         left = self._life.mark_closed()
         if left is Phase.CLOSED:
@@ -404,8 +489,8 @@ class ProxySession:
         self._trace.end()
         self._invites.close()
         self._handouts.ended()
-        if self._keeper is not None:
-            self.tasks.spawn(self._keeper.end(forget=True))
+        if self._keeper is not None:  # its record goes, unless handed off for another replica
+            self.tasks.spawn(self._keeper.end(forget=not self._handed_off))
         log.info(
             "request_id=%s peer=%s session ended chunks=%d after %.1f s",
             self.request_id,
@@ -414,6 +499,28 @@ class ProxySession:
             self._life.waited,
         )
         self._on_closed(self)
+
+    async def hand_off(self, timeout: float) -> None:
+        """Shutdown with a shared store (docs/operations.md "Rolling updates"): the session stays
+        in the store for the replica its owner resumes through. Nothing more is handed out, the
+        owner is closed with 1012 (Service Restart), the writes are finished and the lease is
+        released (the record stays), and the sequence here is ended, freeing its Triton slot."""
+        if self._keeper is None or not self._life.claim_end():
+            await self._ending.closed_within(timeout)
+            return
+        self._handed_off = True
+        self._dispatch.stop()
+        self._seat.owner.close(1012, "the server restarts; resume")
+        await self._keeper.end(forget=False)
+        await self.upstream.end()
+        if self._seat.gone:
+            self.on_disconnect()
+        await self._ending.closed_within(timeout)
+
+    def untaken(self) -> None:
+        """A takeover that could not be completed: the session is closed here, its record kept."""
+        self._handed_off = True
+        self.on_disconnect()
 
     async def shutdown(self, timeout: float) -> None:
         """Server shutdown (after the drain): `server_shutdown`, a complete `session.done` and close
@@ -432,6 +539,9 @@ class ProxySession:
         self._attachments.check_resume()
         self._attachments.reseat(owner, last, token)
         self._life.reattach()
+        if self._keeper is not None:
+            self._keeper.put({"detached_at": ""})
+            self._keep_tokens()  # the fresh resume token
         if self._life.done_while_detached and self._life.claim_end():  # ended while detached: now told
             self._finish()
             return

@@ -54,7 +54,7 @@ class SteeredSession(Protocol):
     def stop(self) -> None:
         """The owner's session.stop: sequence_end goes to Triton once, and the session moves on."""
 
-    def when_kept(self, event_id: str, raw: bytes, ack: Callable[[], None]) -> None:
+    def when_kept(self, event_id: str, raw: bytes | None, ack: Callable[[], None]) -> None:
         """`ack` once the event is in the session store (at once without a shared one): an event
         is stored before its ack leaves, so a replica continuing the session knows it."""
 
@@ -189,7 +189,7 @@ class Steering:
             )
         self._session.when_kept(
             event_id,
-            ack.raw,
+            ack.raw if ack.new else None,  # a retry is stored already
             lambda: self._dispatch.answer(
                 lambda: server_messages.queued(life.request_id, event_id), ack=event_id, received=received, to=guest
             ),

@@ -1,13 +1,17 @@
 """The session store's interface, and what it holds of one session.
 
-A session is kept as three parts, each written as it happens, so a replica that takes the
-session over rebuilds it from them (rtvideo.proxy.session.record):
+A session is kept as parts written as they happen, so a replica that takes the session over
+rebuilds it from them (rtvideo.proxy.session.record):
 
-- its fields: the start as sent to the model, the model's `video.start` config (the seed),
-  the request id, the position delivered (transport and generation index, frames, the init
-  segment), the recording id, whether it may be resumed; `put` and `delivered` write them;
-- its events: each interaction's payload as forwarded, by event id, written before its ack
-  leaves (`add_event`), and where each started (`delivered`'s `started`);
+- its fields (`put`): the start as sent to the model (its seed pinned by the `video.start`
+  kept beside it), the `video.start` as handed out without tokens, the options its start
+  asked for, the stream's init segment, the recording id; `touched`, the store's clock at the
+  holder's last renewal, is kept by the store itself;
+- its log (`append`), in the order it happened: each interaction as forwarded (`e…`),
+  written before its ack leaves, and each frame its owner's socket took (`f…`: acks, errors,
+  chunk metadata), so the event book, the move log and the position are read back from it;
+- the payloads of its last chunks handed out, by transport index (bounded by the keeper: what
+  a resume after a takeover can be given again);
 - its tokens, hashed: token hash → session id (`bind_token`); never a token in clear.
 
 One holder drives a session at a time: a lease with an expiry and an epoch (`acquire`,
@@ -19,7 +23,7 @@ sees it at its next renewal).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,15 +48,29 @@ class Lease:
         return f"{self.holder}:{self.epoch}"
 
 
+#: a log entry's first character: an interaction as forwarded, or a frame the owner took
+EVENT, FRAME = "e", "f"
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A chunk's payload to keep (by its transport index), and the older ones to forget."""
+
+    index: int
+    data: bytes
+    forget: Sequence[int] = ()
+
+
 @dataclass(frozen=True)
 class StoredSession:
     """One session as the store holds it."""
 
     sid: str
     fields: Mapping[str, str]
-    events: Mapping[str, str] = field(default_factory=dict)  # event id → interaction payload (JSON)
-    started: Mapping[str, str] = field(default_factory=dict)  # event id → "chunk,frame"
+    log: Sequence[str] = ()  # EVENT or FRAME, then the message's JSON text, in order
+    payloads: Mapping[int, bytes] = field(default_factory=dict)  # transport index → payload
     holder: str | None = None  # the live lease's holder, if any
+    age: float = 0.0  # seconds since the holder's last renewal (by the store's clock)
 
 
 class SessionStore(Protocol):
@@ -65,11 +83,7 @@ class SessionStore(Protocol):
 
     async def put(self, sid: str, lease: Lease, fields: Mapping[str, str]) -> bool: ...
 
-    async def add_event(self, sid: str, lease: Lease, event_id: str, payload: str) -> bool: ...
-
-    async def delivered(
-        self, sid: str, lease: Lease, fields: Mapping[str, str], started: Mapping[str, str]
-    ) -> bool: ...
+    async def append(self, sid: str, lease: Lease, entries: Sequence[str], payload: Payload | None) -> bool: ...
 
     async def bind_token(self, kind: str, token_hash: str, sid: str) -> None: ...
 

@@ -2,8 +2,9 @@
 
 Every write of a session goes through one queue, so the store sees them in the order the
 session made them; `event` returns once the interaction is in the store (its ack waits for
-that: write before ack), `delivered` and `put` do not wait (a chunk is not held back by the
-store). A lease that is lost (expired and taken, or a handoff asked) sets `lost`: the session
+that: write before ack), `handed_out` and `put` do not wait (a chunk is not held back by the
+store). The payloads of the last chunks handed out are kept within `payload_bytes` (the
+replay buffer's bound): the keeper forgets the oldest as it writes a new one. A lease that is lost (expired and taken, or a handoff asked) sets `lost`: the session
 stops driving. With the store unreachable the keeper gives up its writes (the session goes
 on, without continuation on another replica: docs/operations.md "When a proxy dies"), counts
 the error, and never holds an ack longer than one call's timeout.
@@ -12,12 +13,13 @@ the error, and never holds an ack longer than one call's timeout.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, SessionStore, StoreUnavailable
+from rtvideo.proxy.store.base import EVENT, FRAME, LEASE_SECONDS, Lease, Payload, SessionStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ class StoreKeeper:
         holder: str,
         observe: Callable[[str, float, bool], None],
         lease_seconds: float = LEASE_SECONDS,
+        payload_bytes: int = 8 << 20,
     ) -> None:
         self._store = store
         self.sid = sid
@@ -45,6 +48,10 @@ class StoreKeeper:
         self.unkept = False  # the store failed: writes are given up, the session goes on
         self._queue: asyncio.Queue[tuple[Write, asyncio.Future[bool] | None] | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._payload_bytes = payload_bytes
+        self._payloads: collections.deque[tuple[int, int]] = collections.deque()  # (index, size) kept
+        self._kept_bytes = 0
+        self._ended = False
 
     def start(self, lease: Lease | None = None) -> asyncio.Future[bool]:
         """Hold the session (a lease already acquired, or a new one), then write what was and is
@@ -59,8 +66,25 @@ class StoreKeeper:
     def put(self, fields: Mapping[str, str]) -> None:
         self._submit(lambda lease: self._store.put(self.sid, lease, fields))
 
-    def delivered(self, fields: Mapping[str, str], started: Mapping[str, str]) -> None:
-        self._submit(lambda lease: self._store.delivered(self.sid, lease, fields, started))
+    def handed_out(self, text: str, index: int | None, data: bytes | None) -> None:
+        """A frame the owner's socket took (its metadata text, and a chunk's payload and index)."""
+        payload = None
+        if data is not None and index is not None:
+            self._payloads.append((index, len(data)))
+            self._kept_bytes += len(data)
+            forget = []
+            while self._kept_bytes > self._payload_bytes and len(self._payloads) > 1:
+                old, size = self._payloads.popleft()
+                self._kept_bytes -= size
+                forget.append(old)
+            payload = Payload(index, data, tuple(forget))
+        self._submit(lambda lease: self._store.append(self.sid, lease, [FRAME + text], payload))
+
+    def payloads_kept(self, kept: Iterable[tuple[int, int]]) -> None:
+        """A session taken over: the payloads (index, size) the store keeps of it already."""
+        for index, size in kept:
+            self._payloads.append((index, size))
+            self._kept_bytes += size
 
     def bind(self, tokens: Mapping[str, str]) -> None:
         """The session's live tokens, by kind, as hashes: any replica finds the session by them."""
@@ -71,14 +95,16 @@ class StoreKeeper:
         await self._store.bind_token(kind, token_hash, self.sid)
         return True
 
-    async def event(self, event_id: str, payload: str) -> None:
-        """Returns once the event is in the store (or the store is given up on)."""
-        done = self._submit(lambda lease: self._store.add_event(self.sid, lease, event_id, payload), wait=True)
+    async def event(self, payload: str | None) -> None:
+        """Returns once the interaction (as forwarded) is in the store, or the store is given up
+        on; None (a retry, stored already) waits for the writes before it, so acks keep order."""
+        entries = [] if payload is None else [EVENT + payload]
+        done = self._submit(lambda lease: self._store.append(self.sid, lease, entries, None), wait=True)
         if done is not None:
             await done
 
     def _submit(self, write: Callable[[Lease], Awaitable[bool]], wait: bool = False) -> asyncio.Future[bool] | None:
-        if not self._tasks or self.unkept or self.lost.is_set():
+        if not self._tasks or self._ended or self.unkept or self.lost.is_set():
             return None
         future = asyncio.get_running_loop().create_future() if wait else None
         self._queue.put_nowait((write, future))
@@ -127,7 +153,11 @@ class StoreKeeper:
         return result
 
     async def end(self, *, forget: bool) -> None:
-        """The session ends here (`forget`: and nobody is to continue it) or is handed off."""
+        """The session ends here (`forget`: and nobody is to continue it) or is handed off (its
+        writes done, its lease released, its record kept for the replica that goes on). Once."""
+        if self._ended:
+            return
+        self._ended = True
         self._queue.put_nowait(None)
         for task in self._tasks[1:]:
             task.cancel()

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, StoredSession
+from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, Payload, StoredSession
 
 
 @dataclass
 class _Entry:
     fields: dict[str, str] = field(default_factory=dict)
-    events: dict[str, str] = field(default_factory=dict)
-    started: dict[str, str] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+    payloads: dict[int, bytes] = field(default_factory=dict)
+    touched: float = 0.0
     epoch: int = 0
     lease: Lease | None = None
     expires: float = 0.0
@@ -47,19 +48,16 @@ class MemoryStore:
             entry.fields.update(fields)
         return entry is not None
 
-    async def add_event(self, sid: str, lease: Lease, event_id: str, payload: str) -> bool:
+    async def append(self, sid: str, lease: Lease, entries: Sequence[str], payload: Payload | None) -> bool:
         entry = self._held(sid, lease)
-        if entry is not None:
-            entry.events.setdefault(event_id, payload)
-        return entry is not None
-
-    async def delivered(self, sid: str, lease: Lease, fields: Mapping[str, str], started: Mapping[str, str]) -> bool:
-        entry = self._held(sid, lease)
-        if entry is not None:
-            entry.fields.update(fields)
-            for event_id, where in started.items():
-                entry.started.setdefault(event_id, where)
-        return entry is not None
+        if entry is None:
+            return False
+        entry.log.extend(entries)
+        if payload is not None:
+            entry.payloads[payload.index] = payload.data
+            for index in payload.forget:
+                entry.payloads.pop(index, None)
+        return True
 
     async def bind_token(self, kind: str, token_hash: str, sid: str) -> None:
         self._tokens[(kind, token_hash)] = sid
@@ -75,7 +73,8 @@ class MemoryStore:
         if entry is None:
             return None
         holder = entry.lease.holder if entry.lease and entry.expires >= time.monotonic() else None
-        return StoredSession(sid, dict(entry.fields), dict(entry.events), dict(entry.started), holder)
+        age = time.monotonic() - entry.touched
+        return StoredSession(sid, dict(entry.fields), list(entry.log), dict(entry.payloads), holder, age)
 
     async def acquire(self, sid: str, holder: str, ttl: float = LEASE_SECONDS) -> Lease | None:
         entry = self._sessions.setdefault(sid, _Entry())
@@ -84,13 +83,15 @@ class MemoryStore:
             return None
         entry.epoch += 1
         entry.lease, entry.expires, entry.handoff = Lease(holder, entry.epoch), now + ttl, False
+        entry.touched = now
         return entry.lease
 
     async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS) -> bool:
         entry = self._held(sid, lease)
         if entry is None or entry.handoff:
             return False
-        entry.expires = time.monotonic() + ttl
+        entry.touched = time.monotonic()
+        entry.expires = entry.touched + ttl
         return True
 
     async def release(self, sid: str, lease: Lease) -> None:

@@ -1,22 +1,23 @@
 """The session store in Redis (or Valkey), for replicas: `--session-store redis://host:port/db`.
 
 Keys, under the prefix `rtvideo:` (one Redis may serve several deployments by database):
-`s:{sid}` the fields (a hash, with `epoch`), `e:{sid}` the events by id, `t:{sid}` where each
-started, `l:{sid}` the lease (`holder:epoch`, with an expiry), `h:{sid}` a handoff request,
-`k:{kind}:{hash}` a token's session. Each write under a lease is one Lua script that checks
+`s:{sid}` the fields (a hash, with `epoch` and `touched`), `f:{sid}` the log (a list), `p:{sid}`
+the kept payloads (a hash, base64), `l:{sid}` the lease (`holder:epoch`, with an expiry),
+`h:{sid}` a handoff request, `k:{kind}:{hash}` a token's session. Each write under a lease is one Lua script that checks
 the lease first, so a replica that lost it writes nothing (base.py). Every key of a session
 expires `KEEP_SECONDS` after its last write: a session nobody drives is forgotten.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, StoredSession, StoreUnavailable
+from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, Payload, StoredSession, StoreUnavailable
 
 PREFIX = "rtvideo:"
 #: how long a session's keys outlive its last write (a live one writes every chunk)
@@ -27,24 +28,31 @@ CALL_SECONDS = 2.0
 # KEYS[1] lease; ARGV[1] the lease value; then the writes. Returns 1 when written.
 _GUARD = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end\n"
 _PUT = _GUARD + ("redis.call('hset', KEYS[2], unpack(ARGV, 3))\nredis.call('expire', KEYS[2], ARGV[2])\nreturn 1")
-_EVENT = _GUARD + ("redis.call('hsetnx', KEYS[2], ARGV[3], ARGV[4])\nredis.call('expire', KEYS[2], ARGV[2])\nreturn 1")
-# ARGV: lease, keep, n_fields*2, fields..., started pairs...
-_DELIVERED = _GUARD + (
+# KEYS: lease, log, payloads; ARGV: lease, keep, n entries, entries..., then index, data, forgotten...
+_APPEND = _GUARD + (
     "local n = tonumber(ARGV[3])\n"
-    "if n > 0 then redis.call('hset', KEYS[2], unpack(ARGV, 4, 3 + n)) end\n"
-    "for i = 4 + n, #ARGV, 2 do redis.call('hsetnx', KEYS[3], ARGV[i], ARGV[i + 1]) end\n"
-    "redis.call('expire', KEYS[2], ARGV[2])\nredis.call('expire', KEYS[3], ARGV[2])\nreturn 1"
+    "if n > 0 then redis.call('rpush', KEYS[2], unpack(ARGV, 4, 3 + n)) end\n"
+    "if #ARGV > 3 + n then\n"
+    "  redis.call('hset', KEYS[3], ARGV[4 + n], ARGV[5 + n])\n"
+    "  for i = 6 + n, #ARGV do redis.call('hdel', KEYS[3], ARGV[i]) end\n"
+    "  redis.call('expire', KEYS[3], ARGV[2])\n"
+    "end\n"
+    "redis.call('expire', KEYS[2], ARGV[2])\nreturn 1"
 )
-_ACQUIRE = (
+_NOW_MS = "local t = redis.call('time')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
+_ACQUIRE = _NOW_MS + (
     "if redis.call('exists', KEYS[1]) == 1 then return 0 end\n"
     "local e = redis.call('hincrby', KEYS[2], 'epoch', 1)\n"
+    "redis.call('hset', KEYS[2], 'touched', now)\n"
     "redis.call('set', KEYS[1], ARGV[1] .. ':' .. e, 'PX', ARGV[2])\n"
     "redis.call('del', KEYS[3])\nreturn e"
 )
-_RENEW = (
+_RENEW = _NOW_MS + (
     "if redis.call('get', KEYS[1]) ~= ARGV[1] or redis.call('exists', KEYS[2]) == 1 then return 0 end\n"
+    "redis.call('hset', KEYS[3], 'touched', now)\n"
     "redis.call('pexpire', KEYS[1], ARGV[2])\nreturn 1"
 )
+
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) end\nreturn 1"
 
 
@@ -67,8 +75,7 @@ class RedisStore:
             name: self._redis.register_script(src)
             for name, src in {
                 "put": _PUT,
-                "event": _EVENT,
-                "delivered": _DELIVERED,
+                "append": _APPEND,
                 "acquire": _ACQUIRE,
                 "renew": _RENEW,
                 "release": _RELEASE,
@@ -89,16 +96,12 @@ class RedisStore:
         args: list[str | int] = [lease.value, KEEP_SECONDS, *_flat(fields)]
         return bool(await self._call("put", self._scripts["put"](keys=keys, args=args)))
 
-    async def add_event(self, sid: str, lease: Lease, event_id: str, payload: str) -> bool:
-        keys = [PREFIX + f"l:{sid}", PREFIX + f"e:{sid}"]
-        args: list[str | int] = [lease.value, KEEP_SECONDS, event_id, payload]
-        return bool(await self._call("add_event", self._scripts["event"](keys=keys, args=args)))
-
-    async def delivered(self, sid: str, lease: Lease, fields: Mapping[str, str], started: Mapping[str, str]) -> bool:
-        keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}", PREFIX + f"t:{sid}"]
-        flat = _flat(fields)
-        args: list[str | int] = [lease.value, KEEP_SECONDS, len(flat), *flat, *_flat(started)]
-        return bool(await self._call("delivered", self._scripts["delivered"](keys=keys, args=args)))
+    async def append(self, sid: str, lease: Lease, entries: Sequence[str], payload: Payload | None) -> bool:
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"f:{sid}", PREFIX + f"p:{sid}"]
+        args: list[str | int] = [lease.value, KEEP_SECONDS, len(entries), *entries]
+        if payload is not None:
+            args += [payload.index, base64.b64encode(payload.data).decode("ascii"), *payload.forget]
+        return bool(await self._call("append", self._scripts["append"](keys=keys, args=args)))
 
     async def bind_token(self, kind: str, token_hash: str, sid: str) -> None:
         await self._call("bind_token", self._redis.set(PREFIX + f"k:{kind}:{token_hash}", sid, ex=KEEP_SECONDS))
@@ -111,15 +114,20 @@ class RedisStore:
         return None if found is None else str(found)
 
     async def load(self, sid: str) -> StoredSession | None:
-        pipe = self._redis.pipeline(transaction=False)
-        for part in ("s", "e", "t"):
-            pipe.hgetall(PREFIX + f"{part}:{sid}")
+        pipe = self._redis.pipeline(transaction=True)  # one moment's view of the session
+        pipe.hgetall(PREFIX + f"s:{sid}")
+        pipe.lrange(PREFIX + f"f:{sid}", 0, -1)
+        pipe.hgetall(PREFIX + f"p:{sid}")
         pipe.get(PREFIX + f"l:{sid}")
-        fields, events, started, lease = await self._call("load", pipe.execute())
+        pipe.time()
+        fields, log, payloads, lease, (seconds, micros) = await self._call("load", pipe.execute())
+        now = int(seconds) * 1000 + int(micros) // 1000
         if not fields:
             return None
         holder = None if lease is None else str(lease).rsplit(":", 1)[0]
-        return StoredSession(sid, fields, events, started, holder)
+        age = max(0.0, (int(now) - int(fields.get("touched") or now)) / 1000)
+        kept = {int(index): base64.b64decode(data) for index, data in payloads.items()}
+        return StoredSession(sid, fields, log, kept, holder, age)
 
     async def acquire(self, sid: str, holder: str, ttl: float = LEASE_SECONDS) -> Lease | None:
         keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}", PREFIX + f"h:{sid}"]
@@ -127,7 +135,7 @@ class RedisStore:
         return Lease(holder, int(epoch)) if epoch else None
 
     async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS) -> bool:
-        keys = [PREFIX + f"l:{sid}", PREFIX + f"h:{sid}"]
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"h:{sid}", PREFIX + f"s:{sid}"]
         return bool(await self._call("renew", self._scripts["renew"](keys=keys, args=[lease.value, int(ttl * 1000)])))
 
     async def release(self, sid: str, lease: Lease) -> None:
@@ -137,7 +145,7 @@ class RedisStore:
         await self._call("ask_handoff", self._redis.set(PREFIX + f"h:{sid}", "1", ex=60))
 
     async def drop(self, sid: str) -> None:
-        keys = [PREFIX + f"{part}:{sid}" for part in ("s", "e", "t", "l", "h")]
+        keys = [PREFIX + f"{part}:{sid}" for part in ("s", "f", "p", "l", "h")]
         await self._call("drop", self._redis.delete(*keys))
 
     async def close(self) -> None:

@@ -131,7 +131,7 @@ class FragmentCursor:
         self.index = FragmentIndex()
 
     def media(self, payload: bytes, num_frames: int) -> None:
-        head, fragment = split_init(payload) if not self.init else (b"", payload)
+        head, fragment = split_init(payload) if not self.bytes else (b"", payload)  # the first holds the init
         if head:
             self.init = head
         header = fragment_header(fragment)
@@ -142,6 +142,17 @@ class FragmentCursor:
 
     def other(self, payload: bytes) -> None:
         self.bytes += len(payload)
+
+    def passed(self, size: int, num_frames: int, fps: int) -> None:
+        """A media payload known by its size and frames alone (a takeover restores a cursor
+        from what the store kept: the init segment and each chunk's metadata): its fragment
+        is indexed where `media` would have put it, its decode time the frames before it."""
+        if not self.init or fps <= 0:
+            raise ContinuationError("a payload passed without its bytes needs the init segment and the fps")
+        scale = timescale(self.init)
+        self.index.entries.append((self.frames * scale // fps, self.bytes + (len(self.init) if not self.bytes else 0)))
+        self.bytes += size
+        self.frames += num_frames
 
 
 class Continuation:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rtvideo.proxy.store import open_store
-from rtvideo.proxy.store.base import SessionStore
+from rtvideo.proxy.store.base import Payload, SessionStore
 from rtvideo.proxy.store.keeper import StoreKeeper
 
 
@@ -39,19 +39,21 @@ def test_one_holder_at_a_time_and_a_lost_lease_writes_nothing(store_spec: str) -
         assert first is not None and first.epoch >= 1
         assert await store.acquire(sid, "replica-b", ttl=0.4) is None  # held
         assert await store.put(sid, first, {"request_id": "r", "start": "{}"})
-        assert await store.add_event(sid, first, "e1", '{"prompt": "a"}')
+        assert await store.append(sid, first, ['e{"prompt": "a"}'], None)
         assert await store.renew(sid, first, ttl=0.4)
         await asyncio.sleep(0.6)  # not renewed: expired
         second = await store.acquire(sid, "replica-b", ttl=5)
         assert second is not None and second.epoch == first.epoch + 1
         # the old holder learns it lost the lease at its next write or renewal, and writes nothing
-        assert not await store.add_event(sid, first, "e2", '{"prompt": "lost"}')
+        assert not await store.append(sid, first, ['e{"prompt": "lost"}'], None)
         assert not await store.renew(sid, first)
-        assert await store.delivered(sid, second, {"delivered": "4"}, {"e1": "2,3"})
+        assert await store.append(sid, second, ['f{"n": 3}'], Payload(3, b"\x00three"))
+        assert await store.append(sid, second, ['f{"n": 4}'], Payload(4, b"four\xff", forget=(3,)))
         stored = await store.load(sid)
-        assert stored is not None and stored.holder == "replica-b"
-        assert stored.fields["request_id"] == "r" and stored.fields["delivered"] == "4"
-        assert dict(stored.events) == {"e1": '{"prompt": "a"}'} and dict(stored.started) == {"e1": "2,3"}
+        assert stored is not None and stored.holder == "replica-b" and 0 <= stored.age < 5
+        assert stored.fields["request_id"] == "r"
+        assert list(stored.log) == ['e{"prompt": "a"}', 'f{"n": 3}', 'f{"n": 4}']  # in order; the lost write is not
+        assert dict(stored.payloads) == {4: b"four\xff"}  # binary, and the forgotten one gone
         await store.drop(sid)
         assert await store.load(sid) is None
 
@@ -96,6 +98,25 @@ def test_tokens_are_found_by_their_hash_only(store_spec: str) -> None:
     run(store_spec, body)
 
 
+def test_the_keeper_keeps_the_payloads_of_the_last_chunks_within_its_bound(store_spec: str) -> None:
+    async def body(store: SessionStore) -> None:
+        sid = f"s-{store_spec[:5]}-payloads"
+        await store.drop(sid)
+        keeper = StoreKeeper(store, sid, "replica-a", lambda *_: None, payload_bytes=250)
+        assert await keeper.claim()
+        for index in range(6):
+            keeper.handed_out(f'{{"i": {index}}}', index, bytes([index]) * 100)
+        keeper.handed_out('{"type": "ack"}', None, None)
+        await keeper.event(None)  # waits for the writes before it
+        stored = await store.load(sid)
+        assert stored is not None and len(stored.log) == 7
+        assert sorted(stored.payloads) == [4, 5]  # 200 bytes within 250; the newest is always kept
+        await keeper.end(forget=True)
+        assert await store.load(sid) is None
+
+    run(store_spec, body)
+
+
 def test_the_keeper_writes_an_event_before_it_returns_and_stops_on_a_lost_lease(store_spec: str) -> None:
     async def body(store: SessionStore) -> None:
         sid = f"s-{store_spec[:5]}-keeper"
@@ -104,17 +125,17 @@ def test_the_keeper_writes_an_event_before_it_returns_and_stops_on_a_lost_lease(
         keeper = StoreKeeper(store, sid, "replica-a", lambda call, _, ok: seen.append((call, ok)), lease_seconds=0.6)
         assert await keeper.claim()
         keeper.put({"request_id": "r"})
-        await keeper.event("e1", '{"prompt": "a"}')
+        await keeper.event('{"prompt": "a"}')
         stored = await store.load(sid)  # written before event() returned, after the put before it
-        assert stored is not None and stored.fields["request_id"] == "r" and "e1" in stored.events
+        assert stored is not None and stored.fields["request_id"] == "r" and list(stored.log) == ['e{"prompt": "a"}']
         await asyncio.sleep(1.0)  # renewed meanwhile (every 0.2 s)
         assert not keeper.lost.is_set() and await store.acquire(sid, "replica-b") is None
         await store.ask_handoff(sid)
         await asyncio.wait_for(keeper.lost.wait(), 5)  # the holder hears it at its next renewal
-        await keeper.event("e2", '{"prompt": "after"}')  # given up: returns at once, writes nothing
+        await keeper.event('{"prompt": "after"}')  # given up: returns at once, writes nothing
         await keeper.end(forget=False)
         stored = await store.load(sid)
-        assert stored is not None and "e2" not in stored.events
+        assert stored is not None and len(stored.log) == 1
         assert ("write", True) in seen and ("renew", False) not in seen
         await store.drop(sid)
 
@@ -127,7 +148,7 @@ def test_with_the_store_unreachable_the_keeper_gives_up_at_once_and_says_so() ->
         keeper = StoreKeeper(store, "s-down", "replica-a", lambda call, _, ok: seen.append((call, ok)))
         began = asyncio.get_running_loop().time()
         claimed = await keeper.claim()
-        await keeper.event("e1", "{}")  # nothing to wait for: never claimed
+        await keeper.event("{}")  # nothing to wait for: never claimed
         await keeper.end(forget=True)
         return claimed, asyncio.get_running_loop().time() - began, seen
 

@@ -1,0 +1,128 @@
+"""A resume that reaches a replica which does not hold its session (docs/operations.md "When a
+proxy dies"): with a shared session store, any replica serves any session.
+
+The token is found in the store by its hash; the session's lease is taken: at once when its
+holder released it (a shutdown) or its lease ran out (the holder went), else the live holder
+is asked to let go (it sees that at its next renewal, within a third of the lease) and the
+lease is taken as soon as it is free, within `TAKEOVER_WAIT_SECONDS`. Then the session is read
+back (rtvideo.proxy.session.record) and rebuilt here: its owner is given what a resume gives,
+and its stream goes on on a Triton with room at the next chunk (a move). Two replicas never
+both drive it: the lease has one holder, and every write names it.
+
+A resume the store cannot serve is refused with `invalid_resume` as on one proxy: an unknown
+or used token, a session past its grace, an index the store no longer keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from rtvideo.core.resume import ResumeRequest
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.tokens import ResumeRefused
+from rtvideo.proxy.session.record import SavedFrame, SavedSession, token_hash
+from rtvideo.proxy.session.session import ProxySession
+from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, SessionStore, StoredSession, StoreUnavailable
+from rtvideo.proxy.store.keeper import StoreKeeper
+
+log = logging.getLogger(__name__)
+
+#: how long a resume waits for a live holder to let go (or its lease to run out)
+TAKEOVER_WAIT_SECONDS = LEASE_SECONDS + 2.0
+#: how often the lease is asked for meanwhile
+_POLL_SECONDS = 0.1
+
+
+async def take_over(
+    store: SessionStore,
+    request: ResumeRequest,
+    open_session: Callable[[StoreKeeper], ProxySession],
+    new_keeper: Callable[[str], StoreKeeper],
+    holder: str,
+    grace: float,
+    metrics: ProxyMetrics,
+) -> ProxySession:
+    """The session `request` resumes, taken over from the store and attached to the owner
+    `open_session` is made with; ResumeRefused when it cannot be (nothing is held then)."""
+    began = time.monotonic()
+    hashed = token_hash(request.resume_token)
+    try:
+        sid = await store.find("resume", hashed)
+        if sid is None:
+            raise ResumeRefused("unknown token")
+        lease, reason = await _lease(store, sid, holder)
+        try:
+            stored = await store.load(sid)
+        except BaseException:
+            await store.release(sid, lease)
+            raise
+    except StoreUnavailable as exc:
+        log.error("a resume could not reach the session store: %s", exc)
+        raise ResumeRefused("the session store is unreachable: the session cannot be continued here") from None
+    keeper = new_keeper(sid)
+    keeper.start(lease)
+    try:
+        saved, hashes = _check(stored, hashed, request.last_transport_chunk_index, grace)
+        session = open_session(keeper)
+    except BaseException:
+        await keeper.end(forget=False)
+        raise
+    try:
+        session.take_over(saved, hashes, request.last_transport_chunk_index, request.resume_token)
+    except ResumeRefused:
+        session.untaken()
+        raise
+    metrics.taken_over(reason, time.monotonic() - began)
+    log.info("request_id=%s taken over (%s) in %.3f s", saved.request_id, reason, time.monotonic() - began)
+    return session
+
+
+async def _lease(store: SessionStore, sid: str, holder: str) -> tuple[Lease, str]:
+    """The session's lease, and why it was free: `free` (released, or never held), `expired`
+    (its holder stopped renewing), `handoff` (a live holder let go when asked)."""
+    found = await store.load(sid)
+    if found is None:
+        raise ResumeRefused("the session has ended")
+    lease = await store.acquire(sid, holder)
+    if lease is not None:
+        return lease, "free" if found.holder is None else "expired"
+    await store.ask_handoff(sid)
+    deadline = time.monotonic() + TAKEOVER_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        await asyncio.sleep(_POLL_SECONDS)
+        lease = await store.acquire(sid, holder)
+        if lease is not None:
+            return lease, "handoff"
+    raise ResumeRefused("the session is held by another proxy that did not let go; try again")
+
+
+def _check(stored: StoredSession | None, hashed: str, last: int, grace: float) -> tuple[SavedSession, dict[str, str]]:
+    """The session as stored, if this resume may continue it; ResumeRefused saying why not."""
+    if stored is None:
+        raise ResumeRefused("the session has ended")
+    try:
+        saved = SavedSession.read(stored)
+    except (ValueError, KeyError) as exc:
+        raise ResumeRefused(f"the session cannot be continued: {exc}") from None
+    hashes = saved.token_hashes
+    if hashes.get("resume") != hashed:
+        raise ResumeRefused("this token was used already: each resume hands out a new one")
+    away = time.time() - saved.detached_at if saved.detached_at is not None else saved.age
+    if away > grace + LEASE_SECONDS:
+        raise ResumeRefused(f"expired: the session was not resumed within {grace:g} s")
+    newest = oldest = -1  # the last pair handed out; the last whose payload is not kept
+    for entry in saved.log:
+        if isinstance(entry, SavedFrame) and entry.index is not None:
+            newest = entry.index
+            oldest = entry.index if entry.data is None else oldest
+    if last > newest:
+        raise ResumeRefused(f"last_transport_chunk_index {last} was never sent (the last payload sent is {newest})")
+    if last < oldest:
+        raise ResumeRefused(
+            f"last_transport_chunk_index {last} is older than what is kept; the oldest resumable index is {oldest}",
+            oldest,
+        )
+    return saved, {k: v for k, v in hashes.items() if k != "resume"}

@@ -1,0 +1,113 @@
+"""Sessions that outlive their proxy (docs/operations.md "Rolling updates", "When a proxy dies"):
+two real proxies sharing a real Redis (`--session-store`), the session's real Triton, real
+WebSocket clients and real PyAV decoding. A proxy that shuts down hands each session off
+(close 1012); its client resumes through the other proxy, which takes the session over from
+the store: the same request id, indices that go on, one decodable stream whose frames are the
+undisturbed session's, its events' outcomes kept."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rtvideo.proxy.app import ProxyServer
+from rtvideo.proxy.settings import ProxySettings
+from rtvideo.triton.access import key_from_env
+from tests.support.proxy_host import ProxyHost, run, wait_idle
+from tests.support.resume_client import Leg, continuous_stream, media_pairs
+from tests.support.streams import FAST_MODEL, decode
+
+PROMPT = "a lighthouse on a cliff at dusk"
+FRAMES = 4000  # more than the test reads: it stops the session
+
+
+@pytest.fixture
+def replicas(proxies: ProxyHost, redis_url: str) -> Iterator[list[ProxyServer]]:
+    """Two proxies of one deployment: one Triton, one shared store."""
+    started: list[ProxyServer] = []
+
+    async def start() -> ProxyServer:
+        settings = ProxySettings(
+            port=0,
+            triton_url=proxies.triton_url,
+            model=FAST_MODEL,
+            triton_key=key_from_env(),
+            session_store=redis_url,
+            drain_seconds=5.0,
+        )
+        server = ProxyServer(settings)
+        await server.start()
+        return server
+
+    try:
+        started.extend(proxies.call(start()) for _ in range(2))
+        yield started
+    finally:
+        for server in started:
+            proxies.call(server.stop(), timeout=90)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+async def _undisturbed(url: str, seed: int) -> bytes:
+    leg = await Leg.open(url)
+    await leg.start(PROMPT, num_frames=FRAMES, seed=seed, resumable=False)
+    await leg.until("session.done")
+    await leg.conn.close()
+    return b"".join(d for _, d in leg.pairs)
+
+
+async def _read_media(leg: Leg, count: int) -> None:
+    for _ in range(count):
+        while (await leg.read())["type"] != "video.chunk_metadata" or leg.messages[-1]["kind"] != "media":
+            pass
+
+
+def test_a_proxy_shutdown_hands_its_session_to_the_other_replica(
+    proxies: ProxyHost, triton: Any, replicas: list[ProxyServer]
+) -> None:
+    wait_idle(triton)
+    a, b = replicas
+    seed = 77
+
+    async def body() -> tuple[Leg, Leg, dict[str, Any], bytes]:
+        first = await Leg.open(a.url)
+        start = await first.start(PROMPT, num_frames=FRAMES, seed=seed)
+        assert start["type"] == "video.start" and start["resume_token"]  # resumable by default with a store
+        await _read_media(first, 3)
+        await first.send({"type": "session.interaction", "interaction": {"event_id": "e1", "event": {"prompt": "a storm"}}})
+        await first.until("session.interaction.queued", event_id="e1")
+        await _read_media(first, 1)
+        handed = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(a.drain(0.0), proxies.loop))
+        while True:  # read on until the close 1012 (frames the proxy still wrote come first)
+            try:
+                await first.read(10)
+            except Exception:  # noqa: BLE001 - the close ends the read
+                break
+        assert first.conn.close_code == 1012, first.conn.close_code
+        await handed
+        second, resumed = await Leg.resumed(b.url, start["resume_token"], first.last_index)
+        assert resumed["type"] == "video.start" and resumed["resumed"] is True, resumed
+        await _read_media(second, 3)
+        await second.send({"type": "session.stop"})
+        await second.until("session.done", timeout=60)
+        await second.conn.close()
+        return first, second, resumed, b""
+
+    first, second, resumed, want = run(body(), timeout=240)
+    assert resumed["request_id"] == first.messages[0]["request_id"]
+    pairs = media_pairs([first, second])
+    assert [m["transport_chunk_index"] for m, _ in pairs] == list(range(len(pairs)))  # no repeat, no gap
+    assert not [m for m in second.messages if m["type"] == "error"], second.messages
+    done = second.messages[-1]
+    assert done["type"] == "session.done" and done["chunks"] == len(pairs)
+    assert "e1" not in done["unapplied_event_ids"] and "e1" not in done["unfinished_event_ids"]
+    got = decode(continuous_stream([first, second]))
+    assert len(got) == sum(m["num_frames"] for m, _ in pairs)
