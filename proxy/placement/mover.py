@@ -223,17 +223,6 @@ class Mover:
         encoded = server_messages.encode(start).encode("utf-8", "surrogatepass")
         return encoded, resend
 
-    def continuation(self) -> tuple[dict[str, Any] | None, int, int, str | None]:
-        """The start that continues the session at its next chunk, that chunk's generation and
-        transport indices, and why there is none (rtvideo.proxy.session.record)."""
-        if self._log is None:
-            return None, self._next_generation, self._next_transport, "the session has not started"
-        try:
-            start = self._log.start_at(self._next_generation, *self._last_frame())
-        except Unmovable as exc:
-            return None, self._next_generation, self._next_transport, str(exc)
-        return start, self._next_generation, self._next_transport, None
-
     def _last_frame(self) -> tuple[str | None, int]:
         """What an approximate move starts from: the last frame sent as a data URL (None before
         the first chunk), and the frames sent. Raises `Unmovable`."""

@@ -1,11 +1,13 @@
-"""What another process needs to continue one session: its `SessionRecord`.
+"""What another process needs to continue one session, as the session store keeps it: its
+`SavedSession`.
 
-One typed record, built by the session from its parts on demand (`ProxySession.record`), so
-that a session store (docs/operations.md "When a proxy dies") keeps exactly this and nothing
-that lives only in one proxy's memory: the start that continues it at the next chunk (the
-original start with its seed pinned and its events as a rebuild, or the approximation of an
-engine's session), where its owner is (the last transport chunk handed out), the hashes of the
-tokens that attach participants (never the tokens), and its recording. Pure data.
+The session writes its parts as they happen (rtvideo.proxy.session.continuity); a replica that
+takes it over (docs/operations.md "When a proxy dies") reads them back as one typed record:
+the start as sent to the model, the `video.start` as handed out (its seed), the options its
+start asked for, the stream's init segment, the hashes of its tokens (never the tokens), and
+its log in order: each interaction as forwarded and each frame its owner took, with the
+payloads of the last chunks. From these the move machinery rebuilds the start that goes on at
+the next chunk (exactly, or the approximation of an engine's session). Pure data.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rtvideo.core import protocol
@@ -90,20 +91,3 @@ class SavedSession:
             detached_at=float(detached) if detached else None,
             token_hashes=json.loads(fields.get("tokens") or "{}"),
         )
-
-
-@dataclass(frozen=True)
-class SessionRecord:
-    """One session as another process would continue it."""
-
-    request_id: str
-    #: the `session.start` that continues it at `next_generation_chunk` (seed pinned, events
-    #: as a rebuild, or the approximation for an engine), or None while it cannot be moved
-    continuation: Mapping[str, Any] | None
-    next_generation_chunk: int
-    next_transport_chunk: int  # the transport index the next chunk handed out carries
-    delivered: int | None  # the last transport chunk index the owner's socket took
-    #: "resume", "watch", "steer", "recording" → `token_hash` of the live token of that kind
-    token_hashes: Mapping[str, str] = field(default_factory=dict)
-    recording_id: str | None = None
-    why_not_movable: str | None = None  # set when `continuation` is None

@@ -39,14 +39,12 @@ open, the model pauses it, and a `session.resume` attaches a new owner with noth
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
-from rtvideo.core import protocol, server_messages
+from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.observability.inband import InbandMetrics
 from rtvideo.proxy.observability.metrics import ProxyMetrics
@@ -56,18 +54,18 @@ from rtvideo.proxy.participants.attachments import Attachments
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.invitations import Invitations
 from rtvideo.proxy.participants.links import Frame, Guest, Link, Owner, OwnerSeat, Steerer
-from rtvideo.proxy.participants.replay import init_segment
 from rtvideo.proxy.participants.steerers import GuestSteerer
 from rtvideo.proxy.participants.watchers import Watcher
 from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS
 from rtvideo.proxy.placement.mover import Mover, MoveReason
 from rtvideo.proxy.placement.streams import StreamSource
+from rtvideo.proxy.session.continuity import Continuity, restore_log
 from rtvideo.proxy.session.dispatch import Dispatch, ProxyAcks
 from rtvideo.proxy.session.ending import Ending
 from rtvideo.proxy.session.handouts import Handouts, RecordingSink
 from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.session.lifecycle import LIVE, Lifecycle, Phase
-from rtvideo.proxy.session.record import SavedFrame, SavedSession, SessionRecord
+from rtvideo.proxy.session.record import SavedSession
 from rtvideo.proxy.session.steering import Steering
 from rtvideo.proxy.session.upstream import Upstream, UpstreamTimes
 from rtvideo.proxy.settings import ProxySettings
@@ -105,10 +103,8 @@ class ProxySession:
         self._settings = settings
         self.metrics = metrics
         self._on_closed = on_closed
-        #: its place in a shared session store (rtvideo.proxy.store), None with one proxy alone
-        self._keeper = keeper
-        self._init_kept: bytes | None = None  # the init segment, once put in the store
-        self._handed_off = False  # left in the store for another replica (`hand_off`)
+        #: its writes to a shared session store (rtvideo.proxy.session.continuity): none with one proxy alone
+        self._continuity = Continuity(keeper)
         self._life = Lifecycle()
         self.tasks = TaskSet()
         self.ledger = Ledger()  # what the owner was handed; holds the session's EventBook
@@ -162,7 +158,7 @@ class ProxySession:
     @property
     def continuable(self) -> bool:
         """Whether another replica can go on with it (a shared store, and a resume token)."""
-        return self._keeper is not None and self._invites.resumable and self._life.live
+        return self._continuity.shared and self._invites.resumable and self._life.live
 
     @property
     def detached(self) -> bool:
@@ -219,29 +215,32 @@ class ProxySession:
             self._life.stop_sent()
 
     def when_kept(self, event_id: str, raw: bytes | None, ack: Callable[[], None]) -> None:
-        if self._keeper is None:
+        kept = self._continuity.event(raw)
+        if kept is None:
             ack()
-            return
-        payload = None if raw is None else raw.decode("utf-8", "surrogatepass")
-        self.tasks.spawn(self._ack_when_kept(self._keeper.event(payload), ack))
+        else:
+            self.tasks.spawn(self._ack_when_kept(kept, ack))
 
     async def _ack_when_kept(self, kept: Awaitable[None], ack: Callable[[], None]) -> None:
         await kept  # the keeper's writes go in order: so do the acks that wait for them
         if self._life.live:
             ack()
 
-    async def _watch_lease(self, keeper: StoreKeeper) -> None:
+    async def _watch_lease(self) -> None:
         """Another replica holds the session now: this one stops driving it. Its owner is closed
         with 1012 (Service Restart) and resumes there; its sequence here is ended."""
-        waits = [asyncio.ensure_future(keeper.lost.wait()), asyncio.ensure_future(self._life.closed.wait())]
+        lost = self._continuity.lost
+        if lost is None:
+            return
+        waits = [asyncio.ensure_future(lost.wait()), asyncio.ensure_future(self._life.closed.wait())]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for wait in waits:
                 wait.cancel()
-        if keeper.lost.is_set() and self._life.claim_end():
+        if lost.is_set() and self._life.claim_end():
             log.warning("request_id=%s continued by another proxy: letting go", self.request_id)
-            self._handed_off = True
+            self._continuity.keep_record()
             self.tasks.spawn(self._let_go())
 
     async def _let_go(self) -> None:
@@ -270,10 +269,8 @@ class ProxySession:
                     hub.share(frame, sender)
 
     def _open(self, start: bytes) -> None:
-        if self._keeper is not None:
-            self._keeper.start()
-            self._keeper.put({"start": start.decode("utf-8", "surrogatepass")})
-            self.tasks.spawn(self._watch_lease(self._keeper))
+        self._continuity.opened(start)
+        self.tasks.spawn(self._watch_lease())
         with self._trace.begin():  # the stream (and its pump's later ones) carries the traceparent
             stream = self._bridge.open_stream()
             self._timing.started()
@@ -288,43 +285,22 @@ class ProxySession:
         owner (`owner` of the constructor, who came back with `token` from the pair `last`) is
         given what a resume gives; its stream is opened again at the next chunk (a move). Raises
         ResumeRefused (nothing was started) when the chunks after `last` are not kept."""
-        assert self._keeper is not None and self._life.phase is Phase.AWAITING_START
+        assert self._continuity.shared and self._life.phase is Phase.AWAITING_START
         self._life.named(saved.request_id)
         self._trace.named(saved.request_id)
-        self._mover.opened(saved.start)
-        self._mover.restored_init(saved.init)
-        self._mover.restored(saved.handed_start, None)  # the config and its seed
-        self._init_kept = saved.init
         replay = self._invites.restore(self, self._handouts, saved.options, hashes, token)
         self._handouts.restore(saved.handed_start, saved.init)
-        self.ledger.taken(Frame(server_messages.encode(saved.handed_start), saved.handed_start))
-        cut, recent = -1, list[Frame]()  # replayable: what follows the last pair without its payload
-        for entry in saved.log:
-            if not isinstance(entry, SavedFrame):
-                self._mover.forwarded(entry.raw)
-                self._acks.restored(entry.raw)
-                continue
-            self._mover.restored(entry.message, entry.data)
-            if entry.index is not None and entry.data is None:
-                cut, recent = entry.index, []
-                self.ledger.taken(Frame(entry.text, entry.message, b""))
-                continue
-            frame = Frame(entry.text, entry.message, entry.data)
-            self.ledger.taken(frame)
-            recent.append(frame)
+        cut, recent = restore_log(saved, self.ledger, self._mover, self._acks)
         if replay is not None:
             replay.resumes_after(cut)
             for frame in recent:
                 replay.record(frame)
         self._invites.replay_taps(self._handouts)
-        self._keeper.payloads_kept(
-            (e.index, len(e.data)) for e in saved.log if isinstance(e, SavedFrame) and e.index is not None and e.data
-        )
+        self._continuity.adopted(saved)
         self._attachments.reseat(self._seat.owner, last, token)
         self._life.open_sequence()
-        self._keeper.put({"detached_at": ""})
-        self._keep_tokens()
-        self.tasks.spawn(self._watch_lease(self._keeper))
+        self._continuity.tokens(self._invites.token_hashes())
+        self.tasks.spawn(self._watch_lease())
         log.info("request_id=%s peer=%s taken over after index %d", self.request_id, self.peer, last)
         if not self.move(MoveReason.TAKEOVER):
             self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the session could not be continued here; start a new one")
@@ -333,22 +309,6 @@ class ProxySession:
         """Go on on another Triton (rtvideo.proxy.placement.mover); its participants, event book and
         replay buffer stay. False when it cannot: it is not live, or its state cannot be rebuilt."""
         return self._mover.move(reason, self._life, self.upstream, self.ledger.book)
-
-    def record(self) -> SessionRecord | None:
-        """What another process needs to continue this session (None before video.start)."""
-        if self._life.request_id is None:
-            return None
-        start, generation, transport, why = self._mover.continuation()
-        return SessionRecord(
-            request_id=self._life.request_id,
-            continuation=start,
-            next_generation_chunk=generation,
-            next_transport_chunk=transport,
-            delivered=self.ledger.last_transport,
-            token_hashes=self._invites.token_hashes(),
-            recording_id=self._invites.recording_id,
-            why_not_movable=why,
-        )
 
     def streams_on(self, streams: Collection[object]) -> bool:
         """Whether this session's Triton stream is one of `streams` (an endpoint's, to drain it)."""
@@ -385,19 +345,15 @@ class ProxySession:
         self._trace.named(self._life.request_id)
         log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
         offered = self._invites.offer(self, self._handouts, message, text)
-        if self._keeper is not None:
+        if self._continuity.shared:
             handed = self._handouts.start_for() or message  # as handed out, without tokens
-            fields = {"request_id": str(self._life.request_id), "handed_start": json.dumps(handed)}
-            self._keeper.put({**fields, "options": json.dumps(self._invites.options)})
-            self._keep_tokens()
+            fields = {
+                "request_id": str(self._life.request_id),
+                "handed_start": json.dumps(handed),
+                "options": json.dumps(self._invites.options),
+            }
+            self._continuity.started(fields, self._invites.token_hashes())
         return offered
-
-    def _keep_tokens(self) -> None:
-        """The session's live tokens, hashed, into the store: any replica finds it by them."""
-        assert self._keeper is not None
-        hashes = self._invites.token_hashes()
-        self._keeper.put({"tokens": json.dumps(hashes)})
-        self._keeper.bind(hashes)
 
     def model_done(self) -> None:
         """The model's session.done was queued for the owner: the end (once the owner is back,
@@ -428,22 +384,8 @@ class ProxySession:
         self._trace.taken(frame.message)
         self._dispatch.handed_out(frame.message)
         self._handouts.handed_out(frame)
-        if self._keeper is not None:
-            self._kept(frame)
+        self._continuity.taken(frame)
         return frame
-
-    def _kept(self, frame: Frame) -> None:
-        """A frame handed out, into the store: its text (the event book, the move log and the
-        position are read back from them), a chunk's payload, and the stream's init segment."""
-        assert self._keeper is not None
-        kind = frame.message.get("type")
-        if kind in (protocol.VIDEO_START, protocol.PONG, protocol.DONE):
-            return  # kept as a field; an answer to the old link; the end
-        index = frame.message.get("transport_chunk_index") if frame.data is not None else None
-        if self._init_kept is None and frame.data and (init := init_segment(frame.data)):
-            self._init_kept = init
-            self._keeper.put({"init": base64.b64encode(init).decode("ascii")})
-        self._keeper.handed_out(frame.text, index if isinstance(index, int) else None, frame.data)
 
     # --- ending (rtvideo.proxy.session.ending) -------------------------------------------------------
     def _fail(self, code: ErrorCode, message: str, close_code: int = 1000) -> None:
@@ -473,8 +415,7 @@ class ProxySession:
         if dropped and self._attachments.may_detach():
             self._life.detach()
             self._attachments.detached(self._grace_over)
-            if self._keeper is not None:  # a replica taking it over counts the grace from here
-                self._keeper.put({"detached_at": f"{time.time():.3f}"})
+            self._continuity.away(True)  # a replica taking it over counts the grace from here
             return
         left = self._life.mark_closed()
         if left is Phase.CLOSED:
@@ -489,8 +430,7 @@ class ProxySession:
         self._trace.end()
         self._invites.close()
         self._handouts.ended()
-        if self._keeper is not None:  # its record goes, unless handed off for another replica
-            self.tasks.spawn(self._keeper.end(forget=not self._handed_off))
+        self.tasks.spawn(self._continuity.end())  # its record goes, unless handed off
         log.info(
             "request_id=%s peer=%s session ended chunks=%d after %.1f s",
             self.request_id,
@@ -505,13 +445,12 @@ class ProxySession:
         in the store for the replica its owner resumes through. Nothing more is handed out, the
         owner is closed with 1012 (Service Restart), the writes are finished and the lease is
         released (the record stays), and the sequence here is ended, freeing its Triton slot."""
-        if self._keeper is None or not self._life.claim_end():
+        if not self._continuity.shared or not self._life.claim_end():
             await self._ending.closed_within(timeout)
             return
-        self._handed_off = True
         self._dispatch.stop()
         self._seat.owner.close(1012, "the server restarts; resume")
-        await self._keeper.end(forget=False)
+        await self._continuity.hand_off()
         await self.upstream.end()
         if self._seat.gone:
             self.on_disconnect()
@@ -519,7 +458,7 @@ class ProxySession:
 
     def untaken(self) -> None:
         """A takeover that could not be completed: the session is closed here, its record kept."""
-        self._handed_off = True
+        self._continuity.keep_record()
         self.on_disconnect()
 
     async def shutdown(self, timeout: float) -> None:
@@ -539,9 +478,8 @@ class ProxySession:
         self._attachments.check_resume()
         self._attachments.reseat(owner, last, token)
         self._life.reattach()
-        if self._keeper is not None:
-            self._keeper.put({"detached_at": ""})
-            self._keep_tokens()  # the fresh resume token
+        self._continuity.away(False)
+        self._continuity.tokens(self._invites.token_hashes())  # the fresh resume token
         if self._life.done_while_detached and self._life.claim_end():  # ended while detached: now told
             self._finish()
             return

@@ -13,7 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
+from rtvideo.backend.builtin.generator import BuiltinGenerator
+from rtvideo.backend.loading import catalog
+from rtvideo.backend.media.encoder import FragmentedMp4Encoder
+from rtvideo.backend.replay.regenerate import replay_frames
+from rtvideo.core.session_log import read_log
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.access import key_from_env
@@ -23,6 +29,8 @@ from tests.support.streams import FAST_MODEL, decode
 
 PROMPT = "a lighthouse on a cliff at dusk"
 FRAMES = 4000  # more than the test reads: it stops the session
+SIZE = {"width": 128, "height": 96}
+STORM = {"type": "session.interaction", "interaction": {"event_id": "e1", "event": {"prompt": "a storm"}}}
 
 
 @pytest.fixture
@@ -56,12 +64,23 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
-async def _undisturbed(url: str, seed: int) -> bytes:
-    leg = await Leg.open(url)
-    await leg.start(PROMPT, num_frames=FRAMES, seed=seed, resumable=False)
-    await leg.until("session.done")
-    await leg.conn.close()
-    return b"".join(d for _, d in leg.pairs)
+@pytest.fixture(scope="module")
+def generator() -> Iterator[BuiltinGenerator]:
+    """On one torch thread, as the model renders (`torch_threads` 1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield BuiltinGenerator(device="cpu", fps=16)
+    torch.set_num_threads(threads)
+
+
+def undisturbed(sent: list[dict[str, Any]], legs: list[Leg], generator: BuiltinGenerator) -> np.ndarray:
+    """The same session re-generated in this process from what its client sent and received
+    (its events where they took effect), encoded by one encoder: as if nothing had happened."""
+    lines = [{"dir": "in", "message": m} for m in sent]
+    lines += [{"dir": "out", "message": m} for leg in legs for m in leg.messages]
+    encoder = FragmentedMp4Encoder(SIZE["width"], SIZE["height"], 16, catalog.LIMITS["builtin"])
+    replayed = replay_frames(read_log(lines), generator)
+    return decode(b"".join([encoder.encode_chunk(r.frames) for r in replayed] + [encoder.close()]))
 
 
 async def _read_media(leg: Leg, count: int) -> None:
@@ -71,18 +90,18 @@ async def _read_media(leg: Leg, count: int) -> None:
 
 
 def test_a_proxy_shutdown_hands_its_session_to_the_other_replica(
-    proxies: ProxyHost, triton: Any, replicas: list[ProxyServer]
+    proxies: ProxyHost, triton: Any, replicas: list[ProxyServer], generator: BuiltinGenerator
 ) -> None:
     wait_idle(triton)
     a, b = replicas
     seed = 77
 
-    async def body() -> tuple[Leg, Leg, dict[str, Any], bytes]:
+    async def body() -> tuple[Leg, Leg, dict[str, Any]]:
         first = await Leg.open(a.url)
-        start = await first.start(PROMPT, num_frames=FRAMES, seed=seed)
+        start = await first.start(PROMPT, num_frames=FRAMES, seed=seed, **SIZE)
         assert start["type"] == "video.start" and start["resume_token"]  # resumable by default with a store
         await _read_media(first, 3)
-        await first.send({"type": "session.interaction", "interaction": {"event_id": "e1", "event": {"prompt": "a storm"}}})
+        await first.send(STORM)
         await first.until("session.interaction.queued", event_id="e1")
         await _read_media(first, 1)
         handed = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(a.drain(0.0), proxies.loop))
@@ -99,9 +118,9 @@ def test_a_proxy_shutdown_hands_its_session_to_the_other_replica(
         await second.send({"type": "session.stop"})
         await second.until("session.done", timeout=60)
         await second.conn.close()
-        return first, second, resumed, b""
+        return first, second, resumed
 
-    first, second, resumed, want = run(body(), timeout=240)
+    first, second, resumed = run(body(), timeout=240)
     assert resumed["request_id"] == first.messages[0]["request_id"]
     pairs = media_pairs([first, second])
     assert [m["transport_chunk_index"] for m, _ in pairs] == list(range(len(pairs)))  # no repeat, no gap
@@ -111,3 +130,9 @@ def test_a_proxy_shutdown_hands_its_session_to_the_other_replica(
     assert "e1" not in done["unapplied_event_ids"] and "e1" not in done["unfinished_event_ids"]
     got = decode(continuous_stream([first, second]))
     assert len(got) == sum(m["num_frames"] for m, _ in pairs)
+    sent = [{"type": "session.start", "prompt": PROMPT, "num_frames": FRAMES, "seed": 77, **SIZE}, STORM]
+    want = undisturbed(sent, [first, second], generator)
+    assert got.shape == want.shape
+    worst = min(psnr(g, w) for g, w in zip(got, want, strict=True))
+    assert worst >= 33.0, worst  # the encoder's noise after the move (tests/e2e/test_moves.py)
+    assert "e1" in {e for m, _ in pairs for e in m["started_event_ids"]}

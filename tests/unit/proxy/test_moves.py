@@ -209,30 +209,3 @@ def test_a_superseded_event_retried_after_a_move_is_acked_and_never_reaches_the_
     assert len(new_sent) == 1  # nothing sent again: no acked event was left unstarted
     acks = [t["event_id"] for t in texts if t["type"] == "session.interaction.queued"]
     assert acks == ["p0", "p1", "p0", "p1"]  # each retry acked again
-
-
-def test_the_session_record_holds_what_another_process_continues_it_from() -> None:
-    """`ProxySession.record()`: the start that goes on at the next chunk (seed pinned, the
-    started event as a rebuild), the last chunk the owner took, and no token in clear."""
-
-    async def body() -> Any:
-        s, conn, _ = session()
-        begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "width": 64, "height": 48}))
-        assert s.record() is None  # not started by the model yet
-        s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
-        s.on_frame(interaction("p1", "a storm"), False)
-        s.on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "p1"}))
-        s.on_reply(media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",)))
-        await settle()
-        record = s.record()
-        conn.close(1000)
-        await ended(s, conn)
-        return record
-
-    record = run(body())
-    assert record.request_id == "r" and record.delivered == 0 and record.why_not_movable is None
-    assert (record.next_generation_chunk, record.next_transport_chunk) == (1, 1)
-    start = record.continuation
-    assert start["seed"] == 7 and start["prompt"] == "a harbour"
-    assert [e["interaction"]["event_id"] for e in start["rebuild"]["events"]] == ["p1"]
-    assert start["rebuild"]["generation_chunk_index"] == 1

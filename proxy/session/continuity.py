@@ -1,0 +1,140 @@
+"""One session's life beyond this proxy (docs/operations.md "When a proxy dies"): what it writes
+to a shared session store as it happens, and how a session taken over is read back into its
+parts.
+
+`Continuity` is the session's side of its `StoreKeeper` (rtvideo.proxy.store.keeper): the start
+as sent, the fields once `video.start` is out, the tokens' hashes, each interaction before its
+ack, each frame the owner's socket took, whether the owner is away. With no shared store (one
+proxy alone) it holds no keeper and every call does nothing: the session has one code path.
+
+`restore_log` feeds a saved session's log (rtvideo.proxy.session.record) into the parts of the
+session that takes it over, in the order it happened: the move log and the event book see every
+interaction and every frame, the ledger the position; the frames after the last pair whose
+payload the store no longer keeps are returned, for the replay buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Awaitable, Mapping
+
+from rtvideo.core import protocol
+from rtvideo.proxy.participants.links import Frame
+from rtvideo.proxy.participants.replay import init_segment
+from rtvideo.proxy.placement.mover import Mover
+from rtvideo.proxy.session.dispatch import ProxyAcks
+from rtvideo.proxy.session.ledger import Ledger
+from rtvideo.proxy.session.record import SavedFrame, SavedSession
+from rtvideo.proxy.store.keeper import StoreKeeper
+
+#: frames the store does not log: kept as a field, an answer to one link, the end
+_NOT_LOGGED = frozenset({protocol.VIDEO_START, protocol.PONG, protocol.DONE})
+
+
+class Continuity:
+    """What one session writes to a shared store (nothing without one)."""
+
+    def __init__(self, keeper: StoreKeeper | None) -> None:
+        self._keeper = keeper
+        self._init: bytes | None = None  # the init segment, once put
+        self.handed_off = False  # left in the store for another replica: its record is kept
+
+    @property
+    def shared(self) -> bool:
+        return self._keeper is not None
+
+    @property
+    def lost(self) -> asyncio.Event | None:
+        """Set when another replica holds the session now (None without a shared store)."""
+        return None if self._keeper is None else self._keeper.lost
+
+    def opened(self, start: bytes) -> None:
+        """The session's start goes to the model: its lease is claimed, the start kept."""
+        if self._keeper is not None:
+            self._keeper.start()
+            self._keeper.put({"start": start.decode("utf-8", "surrogatepass")})
+
+    def adopted(self, saved: SavedSession) -> None:
+        """The session is `saved`, taken over with the keeper's lease: what the store holds of it."""
+        assert self._keeper is not None
+        self._init = saved.init
+        frames = (e for e in saved.log if isinstance(e, SavedFrame))
+        self._keeper.payloads_kept((e.index, len(e.data)) for e in frames if e.index is not None and e.data)
+        self._keeper.put({"detached_at": ""})
+
+    def started(self, fields: Mapping[str, str], tokens: Mapping[str, str]) -> None:
+        """The model's video.start is out: what a replica needs to go on (`fields`), its tokens."""
+        if self._keeper is not None:
+            self._keeper.put(fields)
+            self.tokens(tokens)
+
+    def tokens(self, hashes: Mapping[str, str]) -> None:
+        """The session's live tokens, hashed: any replica finds it by them."""
+        if self._keeper is not None:
+            self._keeper.put({"tokens": json.dumps(dict(hashes))})
+            self._keeper.bind(hashes)
+
+    def away(self, away: bool) -> None:
+        """The owner's link dropped (a replica taking over counts the grace from then) or is back."""
+        if self._keeper is not None:
+            self._keeper.put({"detached_at": f"{time.time():.3f}" if away else ""})
+
+    def event(self, raw: bytes | None) -> Awaitable[None] | None:
+        """An interaction as forwarded (None: a retry, stored already): its ack waits for the
+        returned awaitable (write before ack; the writes, so the acks, keep their order)."""
+        if self._keeper is None:
+            return None
+        return self._keeper.event(None if raw is None else raw.decode("utf-8", "surrogatepass"))
+
+    def taken(self, frame: Frame) -> None:
+        """A frame the owner's socket took: its text, a chunk's payload, the init segment."""
+        if self._keeper is None or frame.message.get("type") in _NOT_LOGGED:
+            return
+        index = frame.message.get("transport_chunk_index") if frame.data is not None else None
+        if self._init is None and frame.data and (init := init_segment(frame.data)):
+            self._init = init
+            self._keeper.put({"init": base64.b64encode(init).decode("ascii")})
+        self._keeper.handed_out(frame.text, index if isinstance(index, int) else None, frame.data)
+
+    def keep_record(self) -> None:
+        """Another replica goes on with the session: its record stays when it ends here."""
+        self.handed_off = True
+
+    async def hand_off(self) -> None:
+        """Shutdown: the writes finished, the lease released, the record kept for another replica."""
+        self.keep_record()
+        if self._keeper is not None:
+            await self._keeper.end(forget=False)
+
+    async def end(self) -> None:
+        """The session is over here: its record goes, unless it was handed off."""
+        if self._keeper is not None:
+            await self._keeper.end(forget=not self.handed_off)
+
+
+def restore_log(saved: SavedSession, ledger: Ledger, mover: Mover, acks: ProxyAcks) -> tuple[int, list[Frame]]:
+    """`saved`'s log into the parts of the session taking it over (module docstring). Returns the
+    transport index of the last pair whose payload is not kept (-1: none), and the frames after
+    it (what a resume can be given again)."""
+    mover.opened(saved.start)
+    mover.restored_init(saved.init)
+    mover.restored(saved.handed_start, None)  # the config and its seed
+    ledger.taken(Frame(json.dumps(saved.handed_start), saved.handed_start))
+    cut, recent = -1, list[Frame]()
+    for entry in saved.log:
+        if not isinstance(entry, SavedFrame):
+            mover.forwarded(entry.raw)
+            acks.restored(entry.raw)
+            continue
+        mover.restored(entry.message, entry.data)
+        if entry.index is not None and entry.data is None:
+            cut, recent = entry.index, []
+            ledger.taken(Frame(entry.text, entry.message, b""))
+            continue
+        frame = Frame(entry.text, entry.message, entry.data)
+        ledger.taken(frame)
+        recent.append(frame)
+    return cut, recent
