@@ -28,11 +28,13 @@ from rtvideo.proxy.participants.steerers import SteerHub
 from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.participants.watchers import WatchHub
 from rtvideo.proxy.recordings.branch import Branch, branch_start, take_branch
+from rtvideo.proxy.recordings.ids import MalformedId
 from rtvideo.proxy.recordings.recorder import SessionRecorder
 from rtvideo.proxy.recordings.service import NoRoom
 from rtvideo.proxy.session.handouts import Handouts
-from rtvideo.proxy.session.record import token_hash
+from rtvideo.proxy.session.record import SavedSession, token_hash
 from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.store.base import LEASE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +174,19 @@ class Invitations:
         return dict(self._options)
 
     def restore(
-        self, session: Joinable, handouts: Handouts, options: dict[str, bool], hashes: Mapping[str, str], resumed: str
+        self,
+        session: Joinable,
+        handouts: Handouts,
+        options: dict[str, bool],
+        hashes: Mapping[str, str],
+        resumed: str,
+        saved: SavedSession | None = None,
     ) -> ReplayBuffer | None:
         """A session taken over from another replica (rtvideo.proxy.store.takeover): what its start
         asked for, set up as `offer` did there; `resumed`, the resume token its owner came back
-        with; its watch and steer tokens open it here by their hashes (`hashes`). Returns the
-        empty replay buffer the takeover fills."""
+        with; its watch and steer tokens open it here by their hashes (`hashes`); its recording
+        goes on (`saved`, the session as stored: `_go_on_recording`). Returns the empty replay
+        buffer the takeover fills."""
         features = self._features
         assert features is not None
         self._options = dict(options)
@@ -195,7 +204,38 @@ class Invitations:
             handouts.tap(self._steer_hub.publish)
             if "steer" in hashes:
                 features.steer_tokens.adopt(self._adopted.setdefault("steer", hashes["steer"]), session)
+        if saved is not None and saved.recording_id:
+            self._go_on_recording(saved, handouts)
         return self._replay
+
+    def _go_on_recording(self, saved: SavedSession, handouts: Handouts) -> None:
+        """The recording of a session taken over goes on here under its id, following what is
+        handed out from now on (attached before anything is; the saved log is written from the
+        store, not through the handouts, so nothing is written twice). Its token, known here by
+        its hash, still opens it, and stays in the store for a later takeover. With recordings
+        off here the session goes on unrecorded, and the proxy says so (never the client)."""
+        assert self._features is not None and saved.recording_id is not None
+        rid, digest = saved.recording_id, saved.token_hashes.get("recording")
+        if digest is not None:
+            self._adopted["recording"] = digest
+        recordings = self._features.recordings
+        if recordings is None:
+            log.error(
+                "request_id=%s recording_id=%s not continued: recordings are off on this proxy (--recordings); "
+                "the session goes on unrecorded",
+                saved.request_id,
+                rid,
+            )
+            return
+        try:
+            self._recorder = recordings.reopen(rid, saved.log, digest, holder_gone=saved.age >= LEASE_SECONDS)
+        except MalformedId:
+            log.error(
+                "request_id=%s: the stored recording id is malformed; the session goes on unrecorded", saved.request_id
+            )
+            self._metrics.recording_failures.labels("not continued").inc()
+            return
+        handouts.record_to(self._recorder)
 
     def replay_taps(self, handouts: Handouts) -> None:
         """After a takeover's replay buffer is filled: it follows what is handed out from now on."""

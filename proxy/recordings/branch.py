@@ -36,8 +36,8 @@ from rtvideo.core.fields import as_int
 from rtvideo.core.session_log import SessionLog, SessionLogError, iter_lines, read_log
 from rtvideo.proxy.placement import first_frame
 from rtvideo.proxy.recordings import ids
+from rtvideo.proxy.recordings.backing import EVENTS, VIDEO
 from rtvideo.proxy.recordings.service import BranchesBusy, Recordings
-from rtvideo.proxy.recordings.store import EVENTS, VIDEO
 
 FROM_RECORDING = "from_recording"
 REBUILD = "rebuild"

@@ -8,18 +8,23 @@ participants send, written off the event loop.
   "dir": "in" | "out", "message": ...}`: what the owner sent and was handed, and what a guest
   steerer sent and was answered alone (those lines name the `participant`: `owner`,
   `steerer-1`, ... in the order they first spoke); a binary payload appears as its metadata
-  message only. Only what a replay or a branch reads is logged (`loggable`): pings, pongs and
-  playback reports are not, and an interaction or a stop keeps only the fields the protocol
-  reads (a client's padding is never written). Every `*_token` field is left out: a token is a key.
+  message only. Only what a replay or a branch reads is logged, never a token
+  (rtvideo.proxy.recordings.lines).
 - `manifest.json`: the session (request id, model, the video.start config with its seed),
   times, counts and how it ended (`Manifest`).
 
 Writing never delays the stream: the loop only queues; one writer thread per store does the
-I/O, and charges every write to the store first (`RecordingStore.charge`). A recording that
-reaches its own cap, or finds the store full of live recordings, is closed there as
-`truncated` (what it holds is kept, ending at a whole chunk). A recording whose queue grows
+I/O, charges every write to the store first (`RecordingStore.charge`), and flushes both files
+after each write, so a killed proxy loses only what was queued (docs/recordings.md "Recordings
+across replicas"). A recording that reaches its own cap, or finds the store full of live
+recordings, is closed there as `truncated` (what it holds is kept, ending at a whole chunk). A recording whose queue grows
 past `MAX_PENDING_BYTES` (a slow disk) or whose write fails (a full disk) is dropped: logged,
 counted, its files removed, a manifest saying why left. Either way the session goes on.
+
+A session taken over from another proxy goes on with its recording (`Takeover`): what is
+handed out here is held until the old holder closed the recording (or is known gone), then
+written after what the recording durably holds and what the session store kept that it lacks
+(rtvideo.proxy.recordings.reopen), with times that go on from the recording's start.
 """
 
 from __future__ import annotations
@@ -28,16 +33,20 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from rtvideo.core import protocol
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.links import Frame
-from rtvideo.proxy.recordings.store import EVENTS, TOKEN_DIGEST, VIDEO, Charge, RecordingStore, open_private
+from rtvideo.proxy.recordings import reopen
+from rtvideo.proxy.recordings.backing import EVENTS, VIDEO, open_private
+from rtvideo.proxy.recordings.lines import encode, loggable
+from rtvideo.proxy.recordings.store import TOKEN_DIGEST, Charge, RecordingStore
+from rtvideo.proxy.session.record import SavedEvent, SavedFrame
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +54,8 @@ log = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 64 * 1024 * 1024
 #: how often (in bytes written) a live recording's manifest (its size in the listing) is brought up to date
 UPDATE_EVERY_BYTES = 16 * 1024 * 1024
-#: inbound messages a replay or a branch reads, and the fields of each it reads (None: all)
-REPLAYED_IN: dict[str, tuple[str, ...] | None] = {
-    protocol.START: None,
-    protocol.INTERACTION: ("type", "interaction"),
-    protocol.STOP: ("type",),
-}
-#: outbound messages no replay reads (a pong echoes what its ping carried)
-NOT_LOGGED_OUT = frozenset({"session.pong"})
+#: how long a takeover waits for the proxy that handed the session off to close its recording
+REOPEN_WAIT_SECONDS = 10.0
 
 
 class RecordingState(Enum):
@@ -60,27 +63,16 @@ class RecordingState(Enum):
     COMPLETE = "complete"
     TRUNCATED = "truncated"  # closed at its cap or a full store; what it holds is kept
     FAILED = "failed"
+    NOT_CONTINUED = "not continued"  # a takeover's: the recording stays as the old holder left it
 
 
-def without_tokens(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The message with no `*_token` field (at its top level, where every token of the protocol
-    is, and in `from_recording`, which carries one)."""
-    out = {k: v for k, v in message.items() if not k.endswith("_token")}
-    branch = out.get("from_recording")
-    if isinstance(branch, Mapping):
-        out["from_recording"] = without_tokens(branch)
-    return out
+@dataclass(frozen=True)
+class Takeover:
+    """A recording that goes on with its session, taken over from another proxy."""
 
-
-def loggable(message: Mapping[str, Any], inbound: bool) -> dict[str, Any] | None:
-    """What the event log keeps of a message (None: nothing): see the module docstring."""
-    kind = message.get("type")
-    if not inbound:
-        return None if kind in NOT_LOGGED_OUT else without_tokens(message)
-    if not isinstance(kind, str) or kind not in REPLAYED_IN:
-        return None
-    kept = REPLAYED_IN[kind]
-    return without_tokens(message if kept is None else {k: message[k] for k in kept if k in message})
+    log: Sequence[SavedEvent | SavedFrame]  # the session's log as the session store kept it
+    holder_gone: bool  # its last holder stopped renewing its lease: it will not close the recording
+    waiter: Executor  # where the wait for the old holder runs (never the writer thread)
 
 
 class Manifest:
@@ -118,6 +110,18 @@ class Manifest:
     def snapshot(self, state: RecordingState, **extra: Any) -> dict[str, Any]:
         return {**self.fields, "status": state.value, **extra}
 
+    def after(self, earlier: Manifest | None, manifest: dict[str, Any]) -> dict[str, Any]:
+        """`manifest` (a snapshot of this one) of a recording that went on from `earlier`'s
+        (a takeover): its start, token and counts from there on."""
+        if earlier is None:
+            return manifest
+        before = earlier.fields
+        out = {**manifest, "started_at": before["started_at"], TOKEN_DIGEST: before[TOKEN_DIGEST]}
+        out.update(chunks=before["chunks"] + manifest["chunks"], frames=before["frames"] + manifest["frames"])
+        for key in ("request_id", "model", "config"):
+            out[key] = manifest[key] or before[key]
+        return out
+
 
 class SessionRecorder:
     """Records one session into `store` (see the module docstring). Called on the event loop;
@@ -133,6 +137,7 @@ class SessionRecorder:
         received_at: float,
         on_end: Callable[[SessionRecorder], None] | None = None,
         token_digest: str | None = None,
+        takeover: Takeover | None = None,
     ) -> None:
         self.rid = rid
         self._store = store
@@ -151,7 +156,16 @@ class SessionRecorder:
         self._on_end = on_end
         self._names: dict[int, str] = {}  # id(guest) → its name in the log (the guest outlives no session)
         self._guests: list[object] = []  # keeps each named guest alive, so its id is never reused
-        self._submit(self._open)
+        #: writes held (in order) while a takeover waits for the old holder to close the recording
+        self._held: list[Callable[[], None]] | None = None
+        self._before: Manifest | None = None  # writer side: what the recording held when taken over
+        self._t_shift: float | None = None  # writer side: this recorder's times → the recording's
+        self._t_floor = 0.0  # writer side: the last time the recording held when taken over
+        if takeover is None:
+            self._submit(self._open)
+        else:
+            self._held = []
+            takeover.waiter.submit(self._await_holder, takeover)
 
     @property
     def request_id(self) -> str | None:
@@ -187,7 +201,7 @@ class SessionRecorder:
         if message is None:
             return
         self._manifest.saw_out(message)
-        line = self._encode({"t": self._t(), "dir": "out", "message": message})
+        line = encode({"t": self._t(), "dir": "out", "message": message})
         writes = [(EVENTS, line)] if frame.data is None else [(EVENTS, line), (VIDEO, frame.data)]
         self._queue(writes)  # a chunk's metadata line and its payload are kept or refused together
 
@@ -201,14 +215,10 @@ class SessionRecorder:
     def _t(self) -> float:
         return round(time.monotonic() - self._t0, 6)
 
-    @staticmethod
-    def _encode(entry: dict[str, Any]) -> bytes:
-        return (json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
-
     def _line(self, entry: dict[str, Any]) -> None:
         if self.state is not RecordingState.RECORDING:
             return
-        self._queue([(EVENTS, self._encode(entry))])
+        self._queue([(EVENTS, encode(entry))])
 
     def _queue(self, writes: list[tuple[str, bytes]]) -> None:
         size = sum(len(data) for _, data in writes)
@@ -238,10 +248,14 @@ class SessionRecorder:
         self._submit(lambda: self._abandon(manifest))
 
     def _submit(self, job: Callable[[], None]) -> None:
-        try:
-            self._writer.submit(self._guarded, job)
-        except RuntimeError:  # the writer is shut down (the proxy stops): nothing more is written
-            self.state = RecordingState.FAILED
+        with self._lock:
+            if self._held is not None:
+                self._held.append(job)
+                return
+            try:
+                self._writer.submit(self._guarded, job)
+            except RuntimeError:  # the writer is shut down (the proxy stops): nothing more is written
+                self.state = RecordingState.FAILED
 
     # --- the writer thread ---------------------------------------------------------------------
     def _guarded(self, job: Callable[[], None]) -> None:
@@ -261,12 +275,88 @@ class SessionRecorder:
                 log.error("recording_id=%s: could not clean up: %s", self.rid, again)
 
     def _open(self) -> None:
-        self._spool = self._store.begin(self.rid)
+        self._spool = self._store.begin(self.rid, self._marker(self._manifest.fields))
         self._store.update_live(self.rid, self._manifest.snapshot(RecordingState.RECORDING, bytes=0))
+
+    @staticmethod
+    def _marker(fields: Mapping[str, Any]) -> dict[str, Any]:
+        return {key: fields[key] for key in ("recording_id", "started_at", TOKEN_DIGEST)}
+
+    # --- a takeover (the waiter, then the writer thread) --------------------------------------
+    def _await_holder(self, takeover: Takeover) -> None:
+        """Once the old holder closed the recording (or is gone), the reopening is written
+        first, then what was held meanwhile, in order."""
+        try:
+            if not takeover.holder_gone and not self._store.closed_by_holder(self.rid, REOPEN_WAIT_SECONDS):
+                log.warning(
+                    "recording_id=%s: its last holder did not close it within %g s; going on from what it wrote",
+                    self.rid,
+                    REOPEN_WAIT_SECONDS,
+                )
+        finally:
+            with self._lock:
+                held, self._held = self._held or [], None
+                try:
+                    for job in [lambda: self._reopen(takeover), *held]:
+                        self._writer.submit(self._guarded, job)
+                except RuntimeError:  # the proxy stops
+                    self.state = RecordingState.FAILED
+
+    def _reopen(self, takeover: Takeover) -> None:
+        if self.state is RecordingState.FAILED:  # dropped while held: the recording stays as it was
+            self._closed = True
+            if self._on_end is not None:
+                self._on_end(self)
+            return
+        try:
+            found = reopen.prepare(self._store, self.rid, takeover.log, self._manifest.fields[TOKEN_DIGEST])
+        except OSError as exc:  # before it is live here: the recording stays as it was
+            found = f"it could not be read: {exc}"
+        if isinstance(found, str):
+            self._not_continued(found)
+            return
+        self._before = before = Manifest(self.rid, found.started_at, found.token_digest)
+        for message in found.handed:
+            before.saw_out(message)
+        self._spool, self._written, self._t_floor = found.spool, found.size, found.last_t
+        log.info(
+            "recording_id=%s request_id=%s goes on here: %d bytes kept, %d written from the session store",
+            self.rid,
+            before.fields["request_id"],
+            found.size,
+            sum(len(data) for _, data in found.writes),
+        )
+        snapshot = self._manifest.snapshot(RecordingState.RECORDING, bytes=self._written)
+        self._store.update_live(self.rid, self._manifest.after(before, snapshot))
+        if found.writes:
+            self._append(list(found.writes))
+        self._t_shift = self._manifest.fields["started_at"] - found.started_at
+        if found.lost_at is not None and not self._closed:
+            lost = (
+                f"its holder was killed before it wrote chunk {found.lost_at}, and the session store no longer kept it"
+            )
+            self._truncate(lost, counted=False)
+
+    def _not_continued(self, why: str) -> None:
+        self._closed = True
+        self.state = RecordingState.NOT_CONTINUED
+        log.warning("recording_id=%s not continued here (%s): the session goes on unrecorded", self.rid, why)
+        self._metrics.recording_failures.labels("not continued").inc()
+        if self._on_end is not None:
+            self._on_end(self)
+
+    def _shifted(self, line: bytes) -> bytes:
+        """A line timed by this recorder, in the recording's time (never before what it held)."""
+        assert self._t_shift is not None
+        entry = json.loads(line)
+        entry["t"] = round(max(self._t_floor, entry["t"] + self._t_shift), 6)
+        return encode(entry)
 
     def _append(self, writes: list[tuple[str, bytes]]) -> None:
         if self._spool is None or self._closed or self.state is RecordingState.FAILED:
             return
+        if self._t_shift is not None:
+            writes = [(name, self._shifted(data) if name == EVENTS else data) for name, data in writes]
         size = sum(len(data) for _, data in writes)
         charged = self._store.charge(self.rid, size)
         if charged is not Charge.OK:
@@ -277,25 +367,29 @@ class SessionRecorder:
             if f is None:
                 f = self._files[name] = open_private(self._spool / name)
             f.write(data)
+        self._flush_files()  # a killed proxy loses what was queued, never what was written
         self._written += size
         self._written_since_update += size
         if self._written_since_update >= UPDATE_EVERY_BYTES:
             self._written_since_update = 0
-            self._flush_files()
-            self._store.update_live(self.rid, self._manifest.snapshot(RecordingState.RECORDING, bytes=self._written))
+            snapshot = self._manifest.snapshot(RecordingState.RECORDING, bytes=self._written)
+            self._store.update_live(self.rid, self._manifest.after(self._before, snapshot))
 
-    def _truncate(self, why: Charge) -> None:
-        """The store refused a write: the recording is closed where it is (the session goes on)."""
-        reason = (
-            f"the recording reached its cap (--recording-max-bytes {self._store.per_recording})"
-            if why is Charge.OVER_ITS_CAP
-            else f"live recordings fill the store (--recordings-max-bytes {self._store.limits.max_bytes})"
-        )
+    def _truncate(self, why: Charge | str, counted: bool = True) -> None:
+        """The store refused a write (or a takeover found a chunk lost): the recording is closed
+        where it is, at a whole chunk (the session goes on). `counted`: what was handed out here
+        so far is in it (a takeover's held frames are not)."""
+        if isinstance(why, str):
+            reason = why
+        elif why is Charge.OVER_ITS_CAP:
+            reason = f"the recording reached its cap (--recording-max-bytes {self._store.per_recording})"
+        else:
+            reason = f"live recordings fill the store (--recordings-max-bytes {self._store.limits.max_bytes})"
         self.state = RecordingState.TRUNCATED
         log.warning("recording_id=%s request_id=%s recording truncated: %s", self.rid, self.request_id, reason)
         self._metrics.recording_failures.labels("truncated").inc()
         manifest = self._manifest.snapshot(RecordingState.TRUNCATED, ended_at=time.time(), reason=reason)
-        self._finish(manifest)
+        self._finish(manifest if counted else {**manifest, "chunks": 0, "frames": 0})
 
     def _flush_files(self) -> None:
         for f in self._files.values():
@@ -310,7 +404,7 @@ class SessionRecorder:
         if self._closed or self.state is RecordingState.FAILED or self._spool is None:
             return
         self._close_files()
-        manifest = {**manifest, "bytes": self._written}
+        manifest = {**self._manifest.after(self._before, manifest), "bytes": self._written}
         self._store.finish(self.rid, manifest)
         self._closed = True
         self._metrics.recording_written(int(manifest["bytes"]))
@@ -330,6 +424,6 @@ class SessionRecorder:
             return
         self._closed = True
         self._close_files()
-        self._store.abandon(self.rid, manifest)
+        self._store.abandon(self.rid, self._manifest.after(self._before, manifest))
         if self._on_end is not None:
             self._on_end(self)

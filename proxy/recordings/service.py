@@ -6,6 +6,10 @@ unset). A session records when the deployer records all (`--record-all`) or its 
 token: the capability that reads, branches and deletes that recording (docs/security.md). The
 token is handed to the session's owner alone and never kept: the manifest holds its SHA-256.
 
+A session taken over from another proxy goes on with its recording under the same id
+(`reopen`: rtvideo.proxy.recordings.reopen; docs/recordings.md "Recordings across replicas"):
+its token, whose hash the session store keeps, opens it still.
+
 Branches read a recording's log and video off the event loop, on `branch_reader`'s threads,
 at most `MAX_BRANCHES` at once (`branch_gate`): a burst of branches of a large log cannot
 stall the other sessions' streams.
@@ -15,14 +19,17 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.recordings import ids
-from rtvideo.proxy.recordings.recorder import SessionRecorder
-from rtvideo.proxy.recordings.store import Limits, RecordingStore, backing_for, token_digest
+from rtvideo.proxy.recordings.backing import backing_for
+from rtvideo.proxy.recordings.recorder import SessionRecorder, Takeover
+from rtvideo.proxy.recordings.store import LEFTOVER_QUIET_SECONDS, Limits, RecordingStore, token_digest
+from rtvideo.proxy.session.record import SavedEvent, SavedFrame
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +37,8 @@ log = logging.getLogger(__name__)
 MAX_BRANCHES = 4
 #: threads that read and parse branched recordings
 BRANCH_READERS = 2
+#: threads on which taken-over recordings wait for the proxy that held them to close them
+REOPEN_WAITERS = 2
 
 
 class NoRoom(Exception):
@@ -52,6 +61,8 @@ class Recordings:
         self.record_all = record_all
         self._metrics = metrics
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtvideo-recordings")
+        self._waiter = ThreadPoolExecutor(max_workers=REOPEN_WAITERS, thread_name_prefix="rtvideo-reopen")
+        self._tidied = time.monotonic()  # the writer's: when leftovers were last closed
         self._live: set[SessionRecorder] = set()
         self.branch_reader = ThreadPoolExecutor(max_workers=BRANCH_READERS, thread_name_prefix="rtvideo-branches")
         self._branching = 0  # branches being prepared (the event loop's count)
@@ -97,6 +108,28 @@ class Recordings:
         self._live.add(recorder)
         return recorder, token
 
+    def reopen(
+        self, rid: str, log: Sequence[SavedEvent | SavedFrame], token_hash: str | None, *, holder_gone: bool
+    ) -> SessionRecorder:
+        """The recording `rid` of a session taken over from another proxy, going on here: it
+        follows what is handed out from now on, written after what it holds and what the
+        session store kept of the session (`log`) that it lacks. `holder_gone`: its last holder
+        stopped renewing its lease (killed), so no wait for it to close the recording. A
+        recording that cannot go on is logged and counted, and the session goes on unrecorded;
+        MalformedId for an id that is none."""
+        recorder = SessionRecorder(
+            self.store,
+            ids.check(rid),
+            self._writer,
+            self._metrics,
+            received_at=time.monotonic(),
+            on_end=self._ended,
+            token_digest=token_hash,
+            takeover=Takeover(tuple(log), holder_gone, self._waiter),
+        )
+        self._live.add(recorder)
+        return recorder
+
     @contextmanager
     def branch_gate(self) -> Iterator[None]:
         """Held while one branch is prepared; BranchesBusy when `MAX_BRANCHES` are (event loop only)."""
@@ -113,7 +146,12 @@ class Recordings:
         return len(self._live)
 
     def _ended(self, recorder: SessionRecorder) -> None:
+        """A recording ended (on the writer thread): and now and then, what killed proxies left
+        and has been quiet long enough is closed (docs/recordings.md "Recordings across replicas")."""
         self._live.discard(recorder)
+        if time.monotonic() - self._tidied > LEFTOVER_QUIET_SECONDS:
+            self._tidied = time.monotonic()
+            self._tidy()
 
     def _tidy(self) -> None:
         """At start: close what a killed proxy left, apply the bounds."""
@@ -128,6 +166,8 @@ class Recordings:
             log.info("recordings: %d left incomplete closed, %d evicted by the bounds", len(closed), len(removed))
 
     def close(self) -> None:
-        """Finish what is queued (recordings of sessions that ended at the stop), then stop."""
+        """Finish what is queued (recordings of sessions that ended at the stop, taken-over ones
+        whose wait is over), then stop."""
+        self._waiter.shutdown(wait=True)
         self._writer.shutdown(wait=True)
         self.branch_reader.shutdown(wait=False, cancel_futures=True)

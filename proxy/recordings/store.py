@@ -1,13 +1,5 @@
-"""Where recordings live (`--recordings`), and the only code that touches their files.
-
-A recording is a folder named by its id (`ids`) holding `video.mp4`, `events.jsonl` and
-`manifest.json` (FILES): nothing a client names becomes a path except through `ids.check`.
-
-Two backings, one interface (`Backing`):
-- a local directory: a live recording is written in place (its folder has no manifest until it
-  ends; one left without a manifest by a killed proxy is closed as `incomplete` at start);
-- an fsspec URL (`s3://bucket/prefix`, `memory://...`; the `recordings` extra): a live
-  recording is spooled in a local temporary folder and uploaded when it ends.
+"""What the proxy's recordings may take, and how they are found, listed, evicted and deleted
+(their files: rtvideo.proxy.recordings.backing).
 
 Bounds (`Limits`), counted over everything written (video, event log, manifest, a spool):
 - every byte a live recording writes is charged first (`charge`, on the writer thread, before
@@ -17,11 +9,16 @@ Bounds (`Limits`), counted over everything written (video, event log, manifest, 
   (`truncated`); so the store stays within `max_bytes`;
 - a new recording is admitted only while the live ones leave room for it at its cap
   (`room_for_new`); finished ones past `max_age` go too;
-- a live recording is never evicted.
+- a live recording is never evicted, here or by another proxy sharing the store: what has no
+  manifest on the backing is live somewhere (or left by a killed proxy) and is not removed.
 The counts are this process's (an index of the finished recordings, built at start): a store
 shared by several proxies is bounded per proxy (docs/recordings.md).
 
-On a local store folders are 0700 and files 0600: only the proxy's user reads what was said.
+A recording taken over with its session (`reopen`, `resume_live`) is live here from then on:
+its manifest leaves the backing until it ends again. A folder without a manifest is closed as
+`incomplete` (`close_leftovers`) only once it has been quiet for `LEFTOVER_QUIET_SECONDS`:
+before that it may be another replica's live recording.
+
 A manifest holds the SHA-256 of the recording's token (`TOKEN_DIGEST`); `public` leaves it out
 of what is served. Every method here does blocking I/O, so the proxy calls them off its event
 loop (the recorder's writer thread, or an executor).
@@ -29,37 +26,35 @@ loop (the recorder's writer thread, or an executor).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
 import logging
-import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from rtvideo.proxy.recordings import ids
+from rtvideo.proxy.recordings.backing import EVENTS, LIVE, MANIFEST, VIDEO, Backing, write_private
 
 log = logging.getLogger(__name__)
 
-VIDEO = "video.mp4"
-EVENTS = "events.jsonl"
-MANIFEST = "manifest.json"
-FILES = (VIDEO, EVENTS, MANIFEST)
 #: the files a client may download (the manifest is served as JSON by its own endpoint)
 DOWNLOADS = {VIDEO: "video/mp4", EVENTS: "application/x-ndjson"}
 #: the manifest field holding the SHA-256 (hex) of the recording's token; never served
 TOKEN_DIGEST = "recording_token_sha256"
-#: modes of what a local store creates: the proxy's user alone
-FOLDER_MODE = 0o700
-FILE_MODE = 0o600
+#: a folder without a manifest written to this recently may be live on another proxy (longer
+#: than a session's resume grace at its most, 300 s: a detached session writes nothing)
+LEFTOVER_QUIET_SECONDS = 600.0
+#: how often a proxy waiting for another to close a recording it takes over looks again
+_POLL_SECONDS = 0.05
+#: statuses of a recording that ended short: it is not continued by a takeover
+_CLOSED_SHORT = ("failed", "truncated")
 
 
 def token_digest(token: str) -> str:
@@ -69,156 +64,6 @@ def token_digest(token: str) -> str:
 def public(manifest: dict[str, Any]) -> dict[str, Any]:
     """A manifest as served: without its token's digest."""
     return {k: v for k, v in manifest.items() if k != TOKEN_DIGEST}
-
-
-def private_folder(path: Path) -> None:
-    """`path` as a folder only the proxy's user may enter (made if missing, tightened if not)."""
-    path.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
-    os.chmod(path, FOLDER_MODE)
-
-
-def open_private(path: Path, append: bool = True) -> IO[bytes]:
-    """`path` opened for writing, created 0600 (whatever the umask)."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-    fd = os.open(path, flags, FILE_MODE)
-    os.fchmod(fd, FILE_MODE)
-    return os.fdopen(fd, "ab" if append else "wb")
-
-
-def write_private(path: Path, text: str) -> None:
-    """`text` into `path` whole: written to a partial file (0600) first, so no reader sees half."""
-    partial = path.with_suffix(".partial")
-    with open_private(partial, append=False) as f:
-        f.write(text.encode("utf-8"))
-    partial.replace(path)
-
-
-class Backing(Protocol):
-    """The files of finished recordings."""
-
-    def ids(self) -> list[str]: ...
-
-    def read_text(self, rid: str, name: str) -> str | None:
-        """The file's text; None when it does not exist."""
-        ...
-
-    def open(self, rid: str, name: str) -> tuple[IO[bytes], int] | None:
-        """The file open for reading, and its size; None when it does not exist."""
-        ...
-
-    def write_text(self, rid: str, name: str, text: str) -> None: ...
-
-    def publish(self, rid: str, spool: Path) -> None:
-        """A finished recording's spool (its folder while live) becomes the recording."""
-        ...
-
-    def remove(self, rid: str) -> None: ...
-
-    def spool_for(self, rid: str) -> Path:
-        """Where a live recording is written."""
-        ...
-
-
-class LocalBacking:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        try:
-            private_folder(root)
-        except PermissionError:  # a folder the operator made and owns: kept as it is, said once
-            log.warning("recordings: %s could not be made private (0700); its recordings still are", root)
-
-    def _folder(self, rid: str) -> Path:
-        return self.root / ids.check(rid)
-
-    def ids(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and ids.ID_PATTERN.fullmatch(p.name))
-
-    def read_text(self, rid: str, name: str) -> str | None:
-        try:
-            return (self._folder(rid) / name).read_text()
-        except FileNotFoundError:
-            return None
-
-    def open(self, rid: str, name: str) -> tuple[IO[bytes], int] | None:
-        try:
-            f = (self._folder(rid) / name).open("rb")
-        except FileNotFoundError:
-            return None
-        return f, Path(f.name).stat().st_size
-
-    def write_text(self, rid: str, name: str, text: str) -> None:
-        write_private(self._folder(rid) / name, text)
-
-    def publish(self, rid: str, spool: Path) -> None:
-        pass  # written in place
-
-    def remove(self, rid: str) -> None:
-        shutil.rmtree(self._folder(rid), ignore_errors=True)
-
-    def spool_for(self, rid: str) -> Path:
-        folder = self._folder(rid)
-        folder.mkdir(mode=FOLDER_MODE, exist_ok=False)
-        os.chmod(folder, FOLDER_MODE)
-        return folder
-
-
-class FsspecBacking:
-    """A store at an fsspec URL; live recordings spool locally (objects cannot be appended to)."""
-
-    def __init__(self, url: str) -> None:
-        try:
-            import fsspec
-        except ImportError as exc:
-            raise ValueError(
-                f"--recordings {url}: a URL store needs fsspec (pip install 'rtvideo[recordings]')"
-            ) from exc
-        self.fs, self.prefix = fsspec.core.url_to_fs(url)
-        self.fs.makedirs(self.prefix, exist_ok=True)
-
-    def _path(self, rid: str, name: str | None = None) -> str:
-        folder = f"{self.prefix.rstrip('/')}/{ids.check(rid)}"
-        return folder if name is None else f"{folder}/{name}"
-
-    def ids(self) -> list[str]:
-        names = (str(p).rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.prefix, detail=False))
-        return sorted(n for n in names if ids.ID_PATTERN.fullmatch(n))
-
-    def read_text(self, rid: str, name: str) -> str | None:
-        try:
-            return str(self.fs.cat_file(self._path(rid, name)).decode("utf-8"))
-        except FileNotFoundError:
-            return None
-
-    def open(self, rid: str, name: str) -> tuple[IO[bytes], int] | None:
-        path = self._path(rid, name)
-        try:
-            size = int(self.fs.size(path))
-            return self.fs.open(path, "rb"), size
-        except FileNotFoundError:
-            return None
-
-    def write_text(self, rid: str, name: str, text: str) -> None:
-        self.fs.pipe_file(self._path(rid, name), text.encode("utf-8"))
-
-    def publish(self, rid: str, spool: Path) -> None:
-        for name in FILES:
-            if (spool / name).exists():
-                self.fs.put_file(str(spool / name), self._path(rid, name))
-        shutil.rmtree(spool, ignore_errors=True)
-
-    def remove(self, rid: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self._path(rid), recursive=True)
-
-    def spool_for(self, rid: str) -> Path:
-        return Path(tempfile.mkdtemp(prefix=f"rtvideo-recording-{ids.check(rid)}-"))
-
-
-def backing_for(location: str) -> Backing:
-    """A directory (a plain path or `file://`), else an fsspec URL."""
-    if "://" in location and not location.startswith("file://"):
-        return FsspecBacking(location)
-    return LocalBacking(Path(location.removeprefix("file://")).expanduser())
 
 
 @dataclass(frozen=True)
@@ -234,6 +79,22 @@ class Charge(Enum):
     OK = "ok"
     OVER_ITS_CAP = "over its cap"  # the recording alone reached --recording-max-bytes
     STORE_FULL = "store full"  # live recordings fill --recordings-max-bytes, nothing left to evict
+
+
+@dataclass(frozen=True)
+class Reopened:
+    """A recording another proxy began, found for a takeover (`RecordingStore.reopen`)."""
+
+    spool: Path  # where it is appended to: its folder, or a spool holding its published files
+    known: dict[str, Any]  # what its manifest or marker says (`started_at`, the token digest, ...)
+
+
+def _fields(text: str | None) -> dict[str, Any]:
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 @dataclass
@@ -253,6 +114,7 @@ class RecordingStore:
         self._live_manifests: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()  # guards the counts below (the writer thread and HTTP executors)
         self._live_bytes: dict[str, int] = {}  # id → bytes a live recording was charged
+        self._markers: dict[str, int] = {}  # id → bytes of a live recording's marker (LIVE), counted
         self._finished: dict[str, _Finished] = {}  # the index of finished recordings (`index`)
 
     @property
@@ -266,12 +128,60 @@ class RecordingStore:
         with self._lock:
             return sum(self._live_bytes.values()) + self.per_recording <= self.limits.max_bytes
 
-    def begin(self, rid: str) -> Path:
+    def begin(self, rid: str, marker: dict[str, Any]) -> Path:
+        """A new live recording's spool, holding its `marker` (LIVE: its start, its token digest)."""
         spool = self.backing.spool_for(rid)
+        self._live_in(rid, spool, 0, marker)
+        return spool
+
+    def reopen(self, rid: str) -> Reopened | str:
+        """A recording another proxy began (and closed when it handed its session off, or left
+        when it was killed), to go on with here: not live here until `resume_live`. Why not,
+        when it cannot be (none such, or it ended short: failed or truncated)."""
+        known = _fields(self.backing.read_text(rid, MANIFEST))
+        for key, value in _fields(self.backing.read_text(rid, LIVE)).items():
+            known[key] = known.get(key) or value  # a leftover's manifest may lack its start
+        if known.get("status") in _CLOSED_SHORT:
+            return f"it ended {known['status']} ({known.get('reason', 'no reason given')})"
+        spool = self.backing.spool_again(rid)
+        return "it is not in the store" if spool is None else Reopened(spool, known)
+
+    def closed_by_holder(self, rid: str, timeout: float) -> bool:
+        """Whether the recording has a manifest (the proxy that held it closed it), waiting up to
+        `timeout` seconds for one."""
+        deadline = time.monotonic() + timeout
+        while self.backing.read_text(rid, MANIFEST) is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_SECONDS)
+        return True
+
+    def let_go(self, found: Reopened) -> None:
+        """A recording found by `reopen` that is not gone on with here (it stays as it was)."""
+        self.backing.discard_spool(found.spool)
+
+    def resume_live(self, rid: str, spool: Path, size: int, marker: dict[str, Any]) -> None:
+        """A reopened recording of `size` bytes is live here: its manifest leaves the backing
+        (another proxy takes it for live, and evicts nothing of it) until it ends again."""
+        (spool / MANIFEST).unlink(missing_ok=True)
+        self._live_in(rid, spool, size, marker)
+
+    def _live_in(self, rid: str, spool: Path, size: int, marker: dict[str, Any]) -> None:
+        text = json.dumps(marker, sort_keys=True)
+        write_private(spool / LIVE, text)
         with self._lock:
             self._live[rid] = spool
-            self._live_bytes.setdefault(rid, 0)
-        return spool
+            self._live_bytes[rid] = size + len(text)
+            self._markers[rid] = len(text)
+            self._finished.pop(rid, None)
+
+    def _unmark(self, rid: str, spool: Path) -> None:
+        """The marker goes before a manifest is written: a proxy waiting for the manifest to take
+        the recording over writes its own marker after, never to see it removed."""
+        (spool / LIVE).unlink(missing_ok=True)
+        with self._lock:
+            if rid in self._live_bytes:
+                self._live_bytes[rid] -= self._markers.pop(rid, 0)
 
     def charge(self, rid: str, size: int) -> Charge:
         """Room for `size` more bytes of the live recording `rid`, evicting finished recordings
@@ -293,6 +203,7 @@ class RecordingStore:
 
     def finish(self, rid: str, manifest: dict[str, Any]) -> None:
         spool = self._live[rid]
+        self._unmark(rid, spool)
         text = json.dumps(manifest, indent=1, sort_keys=True)
         write_private(spool / MANIFEST, text)
         self.backing.publish(rid, spool)
@@ -306,6 +217,8 @@ class RecordingStore:
     def abandon(self, rid: str, manifest: dict[str, Any]) -> None:
         """A recording dropped while live: its files go, a manifest saying why stays (best effort)."""
         spool = self._live.get(rid)
+        if spool is not None:
+            self._unmark(rid, spool)
         self._forget(rid)
         if spool is not None:
             for name in (VIDEO, EVENTS):
@@ -328,6 +241,7 @@ class RecordingStore:
         with self._lock:
             self._live.pop(rid, None)
             self._live_bytes.pop(rid, None)
+            self._markers.pop(rid, None)
         self._live_manifests.pop(rid, None)
 
     def live_bytes(self) -> int:
@@ -390,12 +304,15 @@ class RecordingStore:
         self._remove(rid)
         return True
 
-    def _remove(self, rid: str) -> int:
-        """A finished recording gone; the bytes it took."""
-        self.backing.remove(rid)
+    def _remove(self, rid: str) -> int | None:
+        """A finished recording gone; the bytes it took. None when it is not finished any more (a
+        takeover reopened it on another proxy): it leaves the index, and stays."""
+        live_elsewhere = self.backing.read_text(rid, MANIFEST) is None
+        if not live_elsewhere:
+            self.backing.remove(rid)
         with self._lock:
             gone = self._finished.pop(rid, None)
-        return gone.size if gone is not None else 0
+        return None if live_elsewhere else gone.size if gone is not None else 0
 
     # --- bounds ----------------------------------------------------------------------------------
     def index(self) -> None:
@@ -427,8 +344,10 @@ class RecordingStore:
         for rid, _ in self._oldest_first():
             if freed >= need:
                 break
-            freed += self._remove(rid)
-            log.info("recordings: %s evicted to keep the store within --recordings-max-bytes", rid)
+            size = self._remove(rid)
+            if size is not None:
+                freed += size
+                log.info("recordings: %s evicted to keep the store within --recordings-max-bytes", rid)
         return freed
 
     def evict(self, now: float | None = None) -> list[str]:
@@ -440,17 +359,22 @@ class RecordingStore:
             old = self.limits.max_age > 0 and now - (footprint.ended_at or footprint.started_at or now) > (
                 self.limits.max_age
             )
-            if old or self.total_bytes() > self.limits.max_bytes:
-                self._remove(rid)
+            if (old or self.total_bytes() > self.limits.max_bytes) and self._remove(rid) is not None:
                 removed.append(rid)
         return removed
 
-    def close_leftovers(self) -> list[str]:
+    def close_leftovers(self, now: float | None = None) -> list[str]:
         """Folders a killed proxy left without a manifest: closed as `incomplete` (their files
-        kept), so nothing is lost and the bounds count them."""
+        kept; their marker's start and token digest in the manifest), so nothing is lost and the
+        bounds count them. One with a marker written to in the last `LEFTOVER_QUIET_SECONDS` may
+        be live on another proxy sharing the store: it is left for a later pass."""
+        now = time.time() if now is None else now
         closed = []
         for rid in self.backing.ids():
             if rid in self._live or self.backing.read_text(rid, MANIFEST) is not None:
+                continue
+            marker = _fields(self.backing.read_text(rid, LIVE))
+            if marker and now - self.backing.touched(rid) < LEFTOVER_QUIET_SECONDS:
                 continue
             size = 0
             for name in (VIDEO, EVENTS):
@@ -458,7 +382,11 @@ class RecordingStore:
                 if opened is not None:
                     opened[0].close()
                     size += opened[1]
-            manifest = {"recording_id": rid, "status": "incomplete", "bytes": size, "started_at": 0.0}
+            manifest = {"recording_id": rid, "status": "incomplete", "bytes": size}
+            manifest["started_at"] = float(marker.get("started_at") or 0.0)
+            if isinstance(marker.get(TOKEN_DIGEST), str):
+                manifest[TOKEN_DIGEST] = marker[TOKEN_DIGEST]
+            self.backing.remove_file(rid, LIVE)
             self.backing.write_text(rid, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
             closed.append(rid)
         return closed

@@ -60,6 +60,7 @@ class SavedSession:
     age: float  # seconds since its holder last renewed its lease
     detached_at: float | None  # unix time its owner's link dropped, if it is away
     token_hashes: dict[str, str]  # its live tokens by kind ("resume", "watch", …), hashed
+    recording_id: str | None = None  # its recording (rtvideo.proxy.recordings), which goes on with it
 
     @classmethod
     def read(cls, stored: StoredSession) -> SavedSession:
@@ -90,4 +91,5 @@ class SavedSession:
             age=stored.age,
             detached_at=float(detached) if detached else None,
             token_hashes=json.loads(fields.get("tokens") or "{}"),
+            recording_id=fields.get("recording_id") or None,
         )

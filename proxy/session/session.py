@@ -288,7 +288,7 @@ class ProxySession:
         assert self._continuity.shared and self._life.phase is Phase.AWAITING_START
         self._life.named(saved.request_id)
         self._trace.named(saved.request_id)
-        replay = self._invites.restore(self, self._handouts, saved.options, hashes, token)
+        replay = self._invites.restore(self, self._handouts, saved.options, hashes, token, saved)
         self._handouts.restore(saved.handed_start, saved.init)
         cut, recent = restore_log(saved, self.ledger, self._mover, self._acks)
         if replay is not None:
@@ -351,6 +351,7 @@ class ProxySession:
                 "request_id": str(self._life.request_id),
                 "handed_start": json.dumps(handed),
                 "options": json.dumps(self._invites.options),
+                "recording_id": self._invites.recording_id or "",
             }
             self._continuity.started(fields, self._invites.token_hashes())
         return offered

@@ -22,18 +22,10 @@ from rtvideo.core.errors import ProtocolError
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.recordings import branch as branch_module
 from rtvideo.proxy.recordings import ids
+from rtvideo.proxy.recordings.backing import EVENTS, MANIFEST, VIDEO, LocalBacking
 from rtvideo.proxy.recordings.branch import Branch, branch_start
 from rtvideo.proxy.recordings.service import MAX_BRANCHES, Recordings
-from rtvideo.proxy.recordings.store import (
-    EVENTS,
-    MANIFEST,
-    TOKEN_DIGEST,
-    VIDEO,
-    Limits,
-    LocalBacking,
-    RecordingStore,
-    token_digest,
-)
+from rtvideo.proxy.recordings.store import TOKEN_DIGEST, Limits, RecordingStore, token_digest
 
 W, H, FRAMES, CHUNKS = 64, 48, 3, 4
 TOKEN = "rk1.the-recordings-token"

@@ -14,8 +14,9 @@ from prometheus_client import CollectorRegistry
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings import ids, recorder
+from rtvideo.proxy.recordings.backing import LocalBacking, backing_for
 from rtvideo.proxy.recordings.recorder import RecordingState, SessionRecorder
-from rtvideo.proxy.recordings.store import Limits, LocalBacking, RecordingStore, backing_for
+from rtvideo.proxy.recordings.store import Limits, RecordingStore
 
 START = {
     "type": "video.start",
