@@ -1,7 +1,8 @@
 """The Grafana dashboard and the Prometheus alert rules (deploy/grafana, deploy/prometheus)
 against what a real proxy and a real Triton export: every metric they name is scraped from
-the running stack (the session's Triton, a proxy in front of it), and the realtime alert fires
-on a machine loaded past real time (docs/operations.md, "Dashboard and alerts")."""
+the running stack (the session's Triton, a proxy in front of it), every histogram bucket they
+name is one it has, the realtime alert fires on a machine loaded past real time, and the store
+alert when a proxy's real Redis is killed (docs/operations.md, "Dashboard and alerts")."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import asyncio
 import json
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client import Histogram
 
-from tests.support.promql import Evaluator, exported_names, metric_names, parse, scrape_series
+from rtvideo.proxy.observability.metrics import DECLARED, ProxyMetrics
+from tests.support.promql import Evaluator, Node, exported_names, metric_names, parse, scrape_series
 from tests.support.proxy_client import NO_KEEPALIVE, Ws, ws
 from tests.support.proxy_host import run, wait_idle
+from tests.support.redis_server import serve_redis
 from tests.support.streams import FAST_MODEL, PACED_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +50,8 @@ def test_the_assets_are_well_formed() -> None:
         "RtvideoTritonEndpointDown",
         "RtvideoScrapeTargetDown",
         "RtvideoSessionsRefusedForCapacity",
+        "RtvideoSessionStoreUnreachable",
+        "RtvideoSlowTakeovers",
     }
     assert wanted <= set(alerts)
     for name, rule in alerts.items():
@@ -59,6 +66,24 @@ def test_the_assets_are_well_formed() -> None:
 
 def scrape(url: str) -> str:
     return urllib.request.urlopen(url, timeout=10).read().decode()
+
+
+def selectors(node: Node) -> Iterator[Node]:
+    if node.kind == "sel":
+        yield node
+    for arg in node.args:
+        yield from selectors(arg)
+
+
+def every_proxy_histogram_observed() -> str:
+    """A proxy's exposition with one observation in each histogram (labelled ones too), so that
+    each shows its buckets: those a scrape of a quiet proxy would not (no takeover happened)."""
+    metrics = ProxyMetrics(recordings=True)
+    for spec in DECLARED:
+        if spec.kind is Histogram:
+            histogram = getattr(metrics, spec.name.removeprefix("rtvideo_proxy_").removeprefix("rtvideo_"))
+            (histogram.labels(*("x" for _ in spec.labels)) if spec.labels else histogram).observe(0.5)
+    return metrics.render()
 
 
 def test_every_metric_the_dashboard_and_the_rules_name_is_exported(proxies, triton) -> None:
@@ -81,9 +106,17 @@ def test_every_metric_the_dashboard_and_the_rules_name_is_exported(proxies, trit
     run(body())
     time.sleep(1.5)  # the model flushes its metrics once a second
     exported = exported_names(scrape(f"http://127.0.0.1:{server.port}/metrics"), scrape(triton.metrics_url))
-    named = metric_names(dashboard_expressions() + [rule["expr"] for rule in rules().values()])
+    expressions = dashboard_expressions() + [rule["expr"] for rule in rules().values()]
+    named = metric_names(expressions)
     assert named - SYNTHETIC - exported == set()
     assert len(named) > 15
+    # a bucket named by its bound (le="5.0") is one the histogram has, written as its exporter writes it
+    series = scrape_series(scrape(triton.metrics_url), every_proxy_histogram_observed())
+    bounds = {name: {dict(labels)["le"] for labels in v} for name, v in series.items() if name.endswith("_bucket")}
+    le = [(s.name, m[2]) for e in expressions for s in selectors(parse(e)) for m in s.matchers if m[:2] == ("le", "=")]
+    assert len(le) >= 3
+    for name, bound in le:
+        assert bound in bounds.get(name, set()), (name, bound, sorted(bounds.get(name, ())))
 
 
 def test_a_machine_loaded_past_real_time_raises_the_realtime_alert(proxies, triton) -> None:
@@ -121,3 +154,58 @@ def test_a_machine_loaded_past_real_time_raises_the_realtime_alert(proxies, trit
     print(f"share of chunks at or below real time: light {light}, loaded {loaded}")
     assert FAST_MODEL in loaded, loaded
     assert 0.5 < loaded[FAST_MODEL] <= 1.0
+
+
+def test_a_killed_session_store_raises_its_alert_and_sessions_go_on(proxies, triton, tmp_path: Path) -> None:
+    """A proxy keeping its sessions in a real Redis (`--session-store`), one session streaming.
+    The Redis is killed (kill -9): the session's next store call fails, and the store alert's
+    expression over two scrapes of the proxy's /metrics returns that proxy. The session goes on:
+    an update sent after the kill is acked (its write gives up, it does not hold the ack) and a
+    chunk starts it, and media keep coming; a new session starts and streams, without the store.
+    Before the kill the expression returns nothing."""
+    expression = rules()["RtvideoSessionStoreUnreachable"]["expr"]
+    wait_idle(triton, PACED_MODEL)
+    with serve_redis(tmp_path) as redis:
+        server = proxies.server(model=PACED_MODEL, session_store=redis.url)
+        metrics_url = f"http://127.0.0.1:{server.port}/metrics"
+
+        def fired(before: dict, after: dict) -> dict:
+            return Evaluator(before, after, 60.0)(expression)
+
+        async def errors_counted(deadline: float) -> dict:
+            while time.monotonic() < deadline:
+                after = scrape_series(await asyncio.to_thread(scrape, metrics_url))
+                if after.get("rtvideo_proxy_store_errors_total"):
+                    return after
+                await asyncio.sleep(0.2)
+            raise AssertionError("no store error counted after the store was killed")
+
+        async def body() -> tuple[dict, dict, dict]:
+            async with ws(server.url, **NO_KEEPALIVE) as conn:
+                s = Ws(conn)
+                start = await s.start("a harbour at night", seed=6)  # unbounded: stopped below
+                assert "resume_token" in start  # a shared store: resumable without asking
+                await s.next_media()
+                before = scrape_series(await asyncio.to_thread(scrape, metrics_url))
+                quiet = fired(before, scrape_series(await asyncio.to_thread(scrape, metrics_url)))
+                assert redis.proc is not None
+                redis.proc.kill()
+                redis.proc.wait()
+                after = await errors_counted(time.monotonic() + 60)
+                await s.interact("the harbour in fog", "e1", transition_chunks=0)
+                await s.until(lambda m: m["type"] == "session.interaction.queued" and m["event_id"] == "e1", 60)
+                await s.until(lambda m: "e1" in m.get("started_event_ids", []), 60)  # applied
+                await s.next_media()
+                await s.send({"type": "session.stop"})
+                await s.until("session.done", 60)
+            async with ws(server.url, **NO_KEEPALIVE) as conn:
+                s = Ws(conn)
+                await s.start("a new session, no store", seed=7)
+                await s.next_media()
+                await s.send({"type": "session.stop"})
+                await s.until("session.done", 60)
+            return before, after, quiet
+
+        before, after, quiet = run(body(), timeout=240)
+    assert quiet == {}
+    assert list(fired(before, after).values()) and all(v > 0 for v in fired(before, after).values())
