@@ -1,10 +1,13 @@
 """deploy/kubernetes/: every manifest lints (yamllint) and validates against the Kubernetes API
 schemas (kubernetes-validate, strict), and the pieces agree with each other and with the code:
-ports, probes, the drain, the model config, the metric names."""
+ports, probes, the drain and the handoff within the grace, the session store's wiring, the model
+config, the metric names."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +20,13 @@ yamllint_linter = pytest.importorskip("yamllint.linter")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402 - after the importorskips
 
+from rtvideo import settings_text  # noqa: E402 - after the importorskips
 from rtvideo.backend.runtime import metrics as model_metrics  # noqa: E402 - after the importorskips
 from rtvideo.cli import build_parser  # noqa: E402 - after the importorskips: skipped without yamllint
 from rtvideo.proxy.app import SHUTDOWN_SECONDS  # noqa: E402 - after the importorskips
 from rtvideo.proxy.observability.metrics import ProxyMetrics  # noqa: E402 - after the importorskips
+from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS  # noqa: E402 - after the importorskips
+from rtvideo.proxy.settings import ProxySettings  # noqa: E402 - after the importorskips
 from rtvideo.triton.model_repo import MODEL_DIR, read_parameters  # noqa: E402 - after the importorskips
 from tests.support.paths import REPO_ROOT  # noqa: E402 - after the importorskips
 
@@ -65,6 +71,9 @@ def test_there_are_manifests() -> None:
         "hpa.yaml",
         "values.yaml",
         "configmap.yaml",
+        "networkpolicy.yaml",
+        "redis.yaml",
+        "redis-service.yaml",
     } <= names
 
 
@@ -90,13 +99,11 @@ def test_kustomization_lists_every_manifest_here() -> None:
     assert [i["name"] for i in kustomization["images"]] == ["rtvideo"]
 
 
-def test_proxy_deployment_drains_within_its_grace_and_reaches_triton_by_the_headless_service() -> None:
+def test_proxy_deployment_probes_ports_and_reaches_triton_by_the_headless_service() -> None:
     r = resources()
     proxy = r[("Deployment", "rtvideo-proxy")]
     c = container(proxy)
     args = build_parser().parse_args(["serve", *c["args"]])  # every flag is one `rtvideo serve` knows
-    grace = proxy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace > float(args.drain_seconds) + SHUTDOWN_SECONDS
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/livez"
     # The probes and the scrapes go to the health listener, which idle client connections cannot starve.
     assert c["readinessProbe"]["httpGet"]["port"] == "health" and c["livenessProbe"]["httpGet"]["port"] == "health"
@@ -199,3 +206,138 @@ def test_disruption_budgets_cover_both() -> None:
     for name in ("rtvideo-proxy", "rtvideo-triton"):
         pdb = r[("PodDisruptionBudget", name)]
         assert pdb["spec"]["selector"]["matchLabels"] == r[("Deployment", name)]["spec"]["selector"]["matchLabels"]
+
+
+# --- replicas and their session store (docs/operations.md "Rolling updates") ------------------------
+
+
+def store_field() -> Any:
+    (field,) = [f for f in dataclasses.fields(ProxySettings) if f.name == "session_store"]
+    return field
+
+
+def test_the_proxy_gets_sigterm_after_the_pre_stop_and_ends_within_its_grace() -> None:
+    """The kubelet runs the preStop, then sends SIGTERM, and kills the container when the grace
+    (counted from the start, the preStop included) is over. After SIGTERM (proxy/app.py `drain`,
+    then `stop`): the handoffs run inside the drain's time (its deadline is set before them), each
+    within its store calls, its sequence's end and twice SHUTDOWN_SECONDS (`closed_within`); the
+    sessions left then (not resumable) end within twice SHUTDOWN_SECONDS; the pool's stop waits
+    for sequence ends END_GRACE_SECONDS + 1 more. All of it must fit, or a session is cut."""
+    from rtvideo.proxy.store.redis_store import CALL_SECONDS  # the redis extra: a part of `test`
+
+    proxy = resources()[("Deployment", "rtvideo-proxy")]
+    spec = proxy["spec"]["template"]["spec"]
+    c = container(proxy)
+    args = build_parser().parse_args(["serve", *c["args"]])
+    pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pre_stop >= 5  # endpoints, kube-proxies and ingress controllers catch up before the 1012s
+    hand_off = 2 * CALL_SECONDS + END_GRACE_SECONDS + 2 * SHUTDOWN_SECONDS  # its writes and release, then the rest
+    after_sigterm = max(float(args.drain_seconds), hand_off) + 2 * SHUTDOWN_SECONDS + END_GRACE_SECONDS + 1
+    assert spec["terminationGracePeriodSeconds"] > pre_stop + after_sigterm
+
+
+def test_rollouts_keep_replicas_to_resume_on() -> None:
+    """Every session can be continued on another copy only while there is one: at least two
+    copies, an old one goes only after its successor is ready, and disruptions take one at a time."""
+    r = resources()
+    proxy = r[("Deployment", "rtvideo-proxy")]
+    assert (
+        proxy["spec"]["replicas"] >= 2 and r[("HorizontalPodAutoscaler", "rtvideo-proxy")]["spec"]["minReplicas"] >= 2
+    )
+    assert proxy["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert r[("PodDisruptionBudget", "rtvideo-proxy")]["spec"]["minAvailable"] >= 1
+
+
+def test_the_proxies_read_the_store_url_from_a_secret_never_from_the_command_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The URL may carry the store's password: a secret setting, given in the environment from a
+    Secret (not optional: a copy without it keeps its sessions in its own memory, and a rollout
+    ends them), and no `--session-store` flag; `rtvideo serve` reads that variable."""
+    field = store_field()
+    assert field.metadata["secret"]
+    c = container(resources()[("Deployment", "rtvideo-proxy")])
+    assert not any(a.startswith(settings_text.flag_name(field)) for a in c["args"])
+    env = {e["name"]: e for e in c["env"]}
+    ref = env[settings_text.env_name(field)]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "rtvideo-session-store", "key": "url"}  # no `optional`
+    url = "redis://:pw@rtvideo-redis:6379/0"
+    monkeypatch.setenv(settings_text.env_name(field), url)
+    assert build_parser().parse_args(["serve", *c["args"]]).session_store == url
+
+
+def test_the_store_runs_without_persistence_its_password_in_a_file_from_the_same_secret() -> None:
+    r = resources()
+    redis = r[("StatefulSet", "rtvideo-redis")]
+    spec = redis["spec"]["template"]["spec"]
+    c = container(redis)
+    assert redis["spec"]["replicas"] == 1  # one authority for the leases
+    image, _, tag = c["image"].rpartition(":")
+    assert image in ("redis", "valkey/valkey") and re.fullmatch(r"\d+\.\d+(\.\d+)?", tag), c["image"]
+    args = c["args"]
+    assert args[args.index("--save") + 1] == "" and args[args.index("--appendonly") + 1] == "no"
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"  # never evict a live session's lease
+    assert not any("pass" in a for a in args)  # the password is in the config file, not on the command line
+    # the config file: the first argument after the server, mounted from the proxies' Secret
+    mount = next(m for m in c["volumeMounts"] if args[1].startswith(m["mountPath"] + "/"))
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    proxy_env = {e["name"]: e for e in container(r[("Deployment", "rtvideo-proxy")])["env"]}
+    secret = proxy_env[settings_text.env_name(store_field())]["valueFrom"]["secretKeyRef"]["name"]
+    assert volume["secret"]["secretName"] == secret
+    assert volume["secret"]["items"] == [{"key": "redis.conf", "path": args[1].rsplit("/", 1)[1]}]
+    assert c["securityContext"]["readOnlyRootFilesystem"] and spec["securityContext"]["runAsNonRoot"]
+
+
+def test_the_store_url_the_docs_give_names_its_service() -> None:
+    """The URL in the Secret the docs (and redis.yaml) tell the operator to create reaches the
+    store: the ClusterIP Service of the StatefulSet's pods, on the port the container listens on;
+    the StatefulSet is governed by the headless one."""
+    r = resources()
+    redis = r[("StatefulSet", "rtvideo-redis")]
+    pods = redis["spec"]["selector"]["matchLabels"]
+    ports = {p["name"]: p["containerPort"] for p in container(redis)["ports"]}
+    governing = r[("Service", redis["spec"]["serviceName"])]
+    assert governing["spec"]["clusterIP"] == "None" and governing["spec"]["selector"] == pods
+    texts = [(REPO_ROOT / "docs" / "operations.md").read_text(), (DEPLOY / "redis.yaml").read_text()]
+    for text in texts:
+        urls = set(re.findall(r'url="redis://:\$\{password\}@([\w-]+):(\d+)/0"', text))
+        assert len(urls) == 1, urls
+        ((host, port),) = urls
+        service = r[("Service", host)]
+        assert service["spec"].get("clusterIP") != "None" and service["spec"]["selector"] == pods
+        (published,) = service["spec"]["ports"]
+        assert published["port"] == int(port) and ports[published["targetPort"]] == int(port)
+        assert 'redis.conf="requirepass ${password}"' in text
+
+
+def test_only_the_proxies_reach_the_store_and_nothing_else_was_opened() -> None:
+    r = resources()
+    policies = {name: doc["spec"] for (kind, name), doc in r.items() if kind == "NetworkPolicy"}
+    assert set(policies) == {"rtvideo-triton", "rtvideo-redis"}
+    proxies = {"podSelector": {"matchLabels": r[("Deployment", "rtvideo-proxy")]["spec"]["selector"]["matchLabels"]}}
+    redis = r[("StatefulSet", "rtvideo-redis")]
+    store = policies["rtvideo-redis"]
+    assert store["podSelector"]["matchLabels"] == redis["spec"]["selector"]["matchLabels"]
+    assert store["policyTypes"] == ["Ingress"]
+    (port,) = (p["containerPort"] for p in container(redis)["ports"])
+    assert store["ingress"] == [{"from": [proxies], "ports": [{"port": port, "protocol": "TCP"}]}]
+    triton = policies["rtvideo-triton"]
+    assert triton["ingress"] == [
+        {"from": [proxies], "ports": [{"port": 8001, "protocol": "TCP"}, {"port": 8002, "protocol": "TCP"}]},
+        {"ports": [{"port": 8002, "protocol": "TCP"}]},  # metrics scrapes
+    ]
+
+
+def test_the_proxy_advertises_its_own_pod_address_to_the_other_copies() -> None:
+    """A watch or steer link that lands on a copy which does not hold its session is forwarded to
+    the one that does, at the address that one advertises: its pod's, on the clients' port (the
+    Service's address would reach any copy). The kubelet expands `$(POD_IP)` only from a variable
+    defined before it."""
+    c = container(resources()[("Deployment", "rtvideo-proxy")])
+    env = {e["name"]: e for e in c["env"]}
+    names = [e["name"] for e in c["env"]]
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert names.index("POD_IP") < names.index("RTVIDEO_ADVERTISE_URL")
+    url = urllib.parse.urlsplit(env["RTVIDEO_ADVERTISE_URL"]["value"].replace("$(POD_IP)", "10.1.2.3"))
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert (url.scheme, url.hostname, url.port, url.path) == ("http", "10.1.2.3", ports["http"], "")
