@@ -31,12 +31,15 @@ from rtvideo.proxy.recordings.service import Recordings
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
 from rtvideo.proxy.store import open_store
+from rtvideo.proxy.store.base import SessionStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 WEBSOCKET_PATH = "/v1/realtime/video"
 #: the browser demo served at `GET /` and its client module at `GET /rtvideo.js`
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: how long /healthz waits for the session store's answer
+HEALTH_STORE_SECONDS = 1.0
 #: how long ending one session at shutdown may take (its sequence end and flush are bounded too)
 SHUTDOWN_SECONDS = 15.0
 #: request bodies: no endpoint takes one, and Tornado reads a body whole before any handler (its
@@ -81,9 +84,22 @@ class HealthHandler(_JsonHandler):
                 "served_model_names": await served_model_names(ctx) if triton["model_ready"] else [],
                 "triton": triton,
                 "sessions": len(ctx.sessions),
+                "session_store": await store_state(ctx.store),
                 **ctx.pool.status(),
             },
         )
+
+
+async def store_state(store: SessionStore) -> str:
+    """`memory` (one proxy), `shared` (a store every replica reaches), or `unreachable`: live
+    sessions go on, new ones are served, neither can be continued elsewhere (the alert)."""
+    if not store.shared:
+        return "memory"
+    try:
+        await asyncio.wait_for(store.ping(), HEALTH_STORE_SECONDS)
+    except (StoreUnavailable, asyncio.TimeoutError):
+        return "unreachable"
+    return "shared"
 
 
 async def served_models(context: ProxyContext) -> dict[str, dict[str, Any]]:

@@ -16,6 +16,7 @@ or used token, a session past its grace, an index the store no longer keeps.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -53,7 +54,7 @@ async def take_over(
         sid = await store.find("resume", hashed)
         if sid is None:
             raise ResumeRefused("unknown token")
-        lease, reason = await _lease(store, sid, holder)
+        lease, reason = await _lease(store, sid, holder, hashed)
         try:
             stored = await store.load(sid)
         except BaseException:
@@ -80,7 +81,7 @@ async def take_over(
     return session
 
 
-async def _lease(store: SessionStore, sid: str, holder: str) -> tuple[Lease, str]:
+async def _lease(store: SessionStore, sid: str, holder: str, hashed: str) -> tuple[Lease, str]:
     """The session's lease, and why it was free: `free` (released, or never held), `expired`
     (its holder stopped renewing), `handoff` (a live holder let go when asked)."""
     found = await store.load(sid)
@@ -89,7 +90,9 @@ async def _lease(store: SessionStore, sid: str, holder: str) -> tuple[Lease, str
     lease = await store.acquire(sid, holder)
     if lease is not None:
         return lease, "free" if found.holder is None else "expired"
-    await store.ask_handoff(sid)
+    if json.loads(found.fields.get("tokens") or "{}").get("resume") != hashed:
+        raise ResumeRefused("this token was used already: each resume hands out a new one")
+    await store.ask_handoff(sid, hashed)  # a holder resumed with it meanwhile keeps the session
     deadline = time.monotonic() + TAKEOVER_WAIT_SECONDS
     while time.monotonic() < deadline:
         await asyncio.sleep(_POLL_SECONDS)

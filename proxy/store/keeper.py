@@ -52,6 +52,7 @@ class StoreKeeper:
         self._payloads: collections.deque[tuple[int, int]] = collections.deque()  # (index, size) kept
         self._kept_bytes = 0
         self._ended = False
+        self._resume_hash = ""  # the live resume token's, as its renewals name it
 
     def start(self, lease: Lease | None = None) -> asyncio.Future[bool]:
         """Hold the session (a lease already acquired, or a new one), then write what was and is
@@ -87,7 +88,9 @@ class StoreKeeper:
             self._kept_bytes += size
 
     def bind(self, tokens: Mapping[str, str]) -> None:
-        """The session's live tokens, by kind, as hashes: any replica finds the session by them."""
+        """The session's live tokens, by kind, as hashes: any replica finds the session by them;
+        its renewals name the live resume token's (a handoff asked with an older one is dropped)."""
+        self._resume_hash = tokens.get("resume", self._resume_hash)
         for kind, token_hash in tokens.items():
             self._submit(functools.partial(self._bound, kind, token_hash))
 
@@ -134,7 +137,7 @@ class StoreKeeper:
         assert lease is not None
         while not (self.lost.is_set() or self.unkept):
             await asyncio.sleep(self._ttl / 3)
-            ok = await self._call("renew", lambda: self._store.renew(self.sid, lease, self._ttl))
+            ok = await self._call("renew", lambda: self._store.renew(self.sid, lease, self._ttl, self._resume_hash))
             if ok is False:
                 log.warning("session=%s lease lost (taken over, or a handoff asked)", self.sid)
                 self.lost.set()
@@ -164,7 +167,7 @@ class StoreKeeper:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         lease = self.lease
-        if lease is not None and not self.unkept and not self.lost.is_set():
+        if lease is not None and not self.unkept:  # a lease taken by another is not released: fenced
             await self._call("release", lambda: self._store.release(self.sid, lease))
-            if forget:
+            if forget and not self.lost.is_set():
                 await self._call("drop", lambda: self._store.drop(self.sid))

@@ -23,7 +23,7 @@ class _Entry:
     epoch: int = 0
     lease: Lease | None = None
     expires: float = 0.0
-    handoff: bool = False
+    handoff: str | None = None  # the resume token hash a handoff was asked with
 
 
 class MemoryStore:
@@ -41,6 +41,9 @@ class MemoryStore:
         if entry is None or entry.lease != lease or entry.expires < time.monotonic():
             return None
         return entry
+
+    async def ping(self) -> None:
+        return None
 
     async def put(self, sid: str, lease: Lease, fields: Mapping[str, str]) -> bool:
         entry = self._held(sid, lease)
@@ -82,14 +85,15 @@ class MemoryStore:
         if entry.lease is not None and entry.expires >= now:
             return None
         entry.epoch += 1
-        entry.lease, entry.expires, entry.handoff = Lease(holder, entry.epoch), now + ttl, False
+        entry.lease, entry.expires, entry.handoff = Lease(holder, entry.epoch), now + ttl, None
         entry.touched = now
         return entry.lease
 
-    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS) -> bool:
+    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> bool:
         entry = self._held(sid, lease)
-        if entry is None or entry.handoff:
+        if entry is None or (entry.handoff is not None and entry.handoff == resume_hash):
             return False
+        entry.handoff = None
         entry.touched = time.monotonic()
         entry.expires = entry.touched + ttl
         return True
@@ -99,10 +103,10 @@ class MemoryStore:
         if entry is not None and entry.lease == lease:
             entry.lease = None
 
-    async def ask_handoff(self, sid: str) -> None:
+    async def ask_handoff(self, sid: str, resume_hash: str) -> None:
         entry = self._sessions.get(sid)
         if entry is not None:
-            entry.handoff = True
+            entry.handoff = resume_hash
 
     async def drop(self, sid: str) -> None:
         self._sessions.pop(sid, None)

@@ -47,8 +47,12 @@ _ACQUIRE = _NOW_MS + (
     "redis.call('set', KEYS[1], ARGV[1] .. ':' .. e, 'PX', ARGV[2])\n"
     "redis.call('del', KEYS[3])\nreturn e"
 )
+# a handoff asked with the holder's live resume token ends the lease; one asked with an older
+# token (the holder was resumed with it meanwhile: the other resume lost the race) is dropped
 _RENEW = _NOW_MS + (
-    "if redis.call('get', KEYS[1]) ~= ARGV[1] or redis.call('exists', KEYS[2]) == 1 then return 0 end\n"
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end\n"
+    "local h = redis.call('get', KEYS[2])\n"
+    "if h then\n  if h == ARGV[3] then return 0 end\n  redis.call('del', KEYS[2])\nend\n"
     "redis.call('hset', KEYS[3], 'touched', now)\n"
     "redis.call('pexpire', KEYS[1], ARGV[2])\nreturn 1"
 )
@@ -134,15 +138,15 @@ class RedisStore:
         epoch = await self._call("acquire", self._scripts["acquire"](keys=keys, args=[holder, int(ttl * 1000)]))
         return Lease(holder, int(epoch)) if epoch else None
 
-    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS) -> bool:
+    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> bool:
         keys = [PREFIX + f"l:{sid}", PREFIX + f"h:{sid}", PREFIX + f"s:{sid}"]
-        return bool(await self._call("renew", self._scripts["renew"](keys=keys, args=[lease.value, int(ttl * 1000)])))
+        return bool(await self._call("renew", self._scripts["renew"](keys=keys, args=[lease.value, int(ttl * 1000), resume_hash])))
 
     async def release(self, sid: str, lease: Lease) -> None:
         await self._call("release", self._scripts["release"](keys=[PREFIX + f"l:{sid}"], args=[lease.value]))
 
-    async def ask_handoff(self, sid: str) -> None:
-        await self._call("ask_handoff", self._redis.set(PREFIX + f"h:{sid}", "1", ex=60))
+    async def ask_handoff(self, sid: str, resume_hash: str) -> None:
+        await self._call("ask_handoff", self._redis.set(PREFIX + f"h:{sid}", resume_hash, ex=60))
 
     async def drop(self, sid: str) -> None:
         keys = [PREFIX + f"{part}:{sid}" for part in ("s", "f", "p", "l", "h")]

@@ -71,14 +71,17 @@ def test_racing_takeovers_grant_one_lease(store_spec: str) -> None:
     run(store_spec, body)
 
 
-def test_a_handoff_asked_ends_the_holders_renewals_and_frees_the_session(store_spec: str) -> None:
+def test_a_handoff_asked_with_the_live_token_ends_the_holders_renewals(store_spec: str) -> None:
     async def body(store: SessionStore) -> None:
         sid = f"s-{store_spec[:5]}-handoff"
         await store.drop(sid)
         held = await store.acquire(sid, "replica-a", ttl=5)
-        assert held is not None and await store.renew(sid, held)
-        await store.ask_handoff(sid)
-        assert not await store.renew(sid, held)  # the holder lets go
+        assert held is not None and await store.renew(sid, held, resume_hash="r2")
+        await store.ask_handoff(sid, "r1")  # asked with a token the holder was resumed with meanwhile
+        assert await store.renew(sid, held, resume_hash="r2")  # that resume lost the race: dropped
+        assert await store.renew(sid, held, resume_hash="r2")
+        await store.ask_handoff(sid, "r2")  # asked with the holder's live token
+        assert not await store.renew(sid, held, resume_hash="r2")  # the holder lets go
         await store.release(sid, held)
         taken = await store.acquire(sid, "replica-b", ttl=5)
         assert taken is not None and await store.renew(sid, taken)  # the request was for the old holder
@@ -124,13 +127,14 @@ def test_the_keeper_writes_an_event_before_it_returns_and_stops_on_a_lost_lease(
         seen: list[tuple[str, bool]] = []
         keeper = StoreKeeper(store, sid, "replica-a", lambda call, _, ok: seen.append((call, ok)), lease_seconds=0.6)
         assert await keeper.claim()
+        keeper.bind({"resume": "r1"})
         keeper.put({"request_id": "r"})
         await keeper.event('{"prompt": "a"}')
         stored = await store.load(sid)  # written before event() returned, after the put before it
         assert stored is not None and stored.fields["request_id"] == "r" and list(stored.log) == ['e{"prompt": "a"}']
         await asyncio.sleep(1.0)  # renewed meanwhile (every 0.2 s)
         assert not keeper.lost.is_set() and await store.acquire(sid, "replica-b") is None
-        await store.ask_handoff(sid)
+        await store.ask_handoff(sid, "r1")
         await asyncio.wait_for(keeper.lost.wait(), 5)  # the holder hears it at its next renewal
         await keeper.event('{"prompt": "after"}')  # given up: returns at once, writes nothing
         await keeper.end(forget=False)
