@@ -173,22 +173,15 @@ class Invitations:
         """What the start asked of the proxy (resumable, watchable, steerable, record)."""
         return dict(self._options)
 
-    def restore(
-        self,
-        session: Joinable,
-        handouts: Handouts,
-        options: dict[str, bool],
-        hashes: Mapping[str, str],
-        resumed: str,
-        saved: SavedSession | None = None,
-    ) -> ReplayBuffer | None:
-        """A session taken over from another replica (rtvideo.proxy.store.takeover): what its start
-        asked for, set up as `offer` did there; `resumed`, the resume token its owner came back
-        with; its watch and steer tokens open it here by their hashes (`hashes`); its recording
-        goes on (`saved`, the session as stored: `_go_on_recording`). Returns the empty replay
-        buffer the takeover fills."""
+    def restore(self, session: Joinable, handouts: Handouts, saved: SavedSession, resumed: str) -> None:
+        """A session taken over from another replica (rtvideo.proxy.participants.takeover), as
+        stored (`saved`): what its start asked for, set up as `offer` did there; `resumed`, the
+        resume token its owner came back with; its watch and steer tokens open it here by their
+        hashes; its recording goes on (`_go_on_recording`). Its replay buffer is filled next
+        (`replayable`)."""
         features = self._features
         assert features is not None
+        options, hashes = saved.options, saved.token_hashes
         self._options = dict(options)
         if options.get("resumable") and features.resume_grace > 0:
             self._replay = ReplayBuffer(self._settings.replay_buffer_bytes)
@@ -204,9 +197,8 @@ class Invitations:
             handouts.tap(self._steer_hub.publish)
             if "steer" in hashes:
                 features.steer_tokens.adopt(self._adopted.setdefault("steer", hashes["steer"]), session)
-        if saved is not None and saved.recording_id:
+        if saved.recording_id:
             self._go_on_recording(saved, handouts)
-        return self._replay
 
     def _go_on_recording(self, saved: SavedSession, handouts: Handouts) -> None:
         """The recording of a session taken over goes on here under its id, following what is
@@ -237,9 +229,13 @@ class Invitations:
             return
         handouts.record_to(self._recorder)
 
-    def replay_taps(self, handouts: Handouts) -> None:
-        """After a takeover's replay buffer is filled: it follows what is handed out from now on."""
+    def replayable(self, cut: int, frames: list[Frame], handouts: Handouts) -> None:
+        """A takeover's replay buffer: `frames`, handed out after the pair `cut` by the replica it
+        was taken over from; then it follows what is handed out here."""
         if self._replay is not None:
+            self._replay.resumes_after(cut)
+            for frame in frames:
+                self._replay.record(frame)
             handouts.tap(self._replay.record)
 
     def _marks(self) -> dict[str, str]:

@@ -16,10 +16,12 @@ or used token, a session past its grace, an index the store no longer keeps.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from rtvideo.core.resume import ResumeRequest
 from rtvideo.proxy.observability.metrics import ProxyMetrics
@@ -30,11 +32,15 @@ from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, SessionStore, StoredS
 from rtvideo.proxy.store.keeper import StoreKeeper
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: how long a resume waits for a live holder to let go (or its lease to run out)
 TAKEOVER_WAIT_SECONDS = LEASE_SECONDS + 2.0
 #: how often the lease is asked for meanwhile
 _POLL_SECONDS = 0.1
+#: a holder whose last renewal is older than this missed one (it renews every third of a lease):
+#: presumed gone, its lease waited out (`expired`) rather than handed off
+_SILENT_SECONDS = LEASE_SECONDS * 2 / 3
 
 
 async def take_over(
@@ -50,13 +56,14 @@ async def take_over(
     `open_session` is made with; ResumeRefused when it cannot be (nothing is held then)."""
     began = time.monotonic()
     hashed = token_hash(request.resume_token)
+    calls = _Calls(store, metrics)
     try:
-        sid = await store.find("resume", hashed)
+        sid = await calls.run("find", store.find("resume", hashed))
         if sid is None:
             raise ResumeRefused("unknown token")
-        lease, reason = await _lease(store, sid, holder, hashed)
+        lease, reason, before = await _lease(calls, sid, holder, hashed)
         try:
-            stored = await store.load(sid)
+            stored = await calls.run("load", store.load(sid))
         except BaseException:
             await store.release(sid, lease)
             raise
@@ -66,13 +73,13 @@ async def take_over(
     keeper = new_keeper(sid)
     keeper.start(lease)
     try:
-        saved, hashes = _check(stored, hashed, request.last_transport_chunk_index, grace)
+        saved = _check(stored, before, hashed, request.last_transport_chunk_index, grace)
         session = open_session(keeper)
     except BaseException:
         await keeper.end(forget=False)
         raise
     try:
-        session.take_over(saved, hashes, request.last_transport_chunk_index, request.resume_token)
+        session.take_over(saved, request.last_transport_chunk_index, request.resume_token)
     except ResumeRefused:
         session.untaken()
         raise
@@ -81,37 +88,59 @@ async def take_over(
     return session
 
 
-async def _lease(store: SessionStore, sid: str, holder: str, hashed: str) -> tuple[Lease, str]:
-    """The session's lease, and why it was free: `free` (released, or never held), `expired`
-    (its holder stopped renewing), `handoff` (a live holder let go when asked)."""
-    found = await store.load(sid)
+class _Calls:
+    """The takeover's store calls, timed and counted as the keepers' are."""
+
+    def __init__(self, store: SessionStore, metrics: ProxyMetrics) -> None:
+        self.store = store
+        self._metrics = metrics
+
+    async def run(self, call: str, coro: Awaitable[T]) -> T:
+        began = time.perf_counter()
+        try:
+            result = await coro
+        except StoreUnavailable:
+            self._metrics.store_call(call, time.perf_counter() - began, False)
+            raise
+        self._metrics.store_call(call, time.perf_counter() - began, True)
+        return result
+
+
+async def _lease(calls: _Calls, sid: str, holder: str, hashed: str) -> tuple[Lease, str, StoredSession]:
+    """The session's lease, why it was to be had, and the session as it was before: `free` (its
+    holder released it: a shutdown), `expired` (its holder stopped renewing: it died), `handoff`
+    (a live holder let go when asked)."""
+    store = calls.store
+    found = await calls.run("load", store.load(sid))
     if found is None:
         raise ResumeRefused("the session has ended")
-    lease = await store.acquire(sid, holder)
+    silent = found.holder is None or found.age > _SILENT_SECONDS
+    why = "free" if found.fields.get("released") else "expired"
+    lease = await calls.run("acquire", store.acquire(sid, holder))
     if lease is not None:
-        return lease, "free" if found.holder is None else "expired"
+        return lease, why if found.holder is None else "expired", found
     if json.loads(found.fields.get("tokens") or "{}").get("resume") != hashed:
         raise ResumeRefused("this token was used already: each resume hands out a new one")
-    await store.ask_handoff(sid, hashed)  # a holder resumed with it meanwhile keeps the session
+    await calls.run("ask_handoff", store.ask_handoff(sid, hashed))  # a holder resumed with it keeps the session
     deadline = time.monotonic() + TAKEOVER_WAIT_SECONDS
     while time.monotonic() < deadline:
         await asyncio.sleep(_POLL_SECONDS)
-        lease = await store.acquire(sid, holder)
+        lease = await calls.run("acquire", store.acquire(sid, holder))
         if lease is not None:
-            return lease, "handoff"
+            return lease, "expired" if silent else "handoff", found
     raise ResumeRefused("the session is held by another proxy that did not let go; try again")
 
 
-def _check(stored: StoredSession | None, hashed: str, last: int, grace: float) -> tuple[SavedSession, dict[str, str]]:
-    """The session as stored, if this resume may continue it; ResumeRefused saying why not."""
+def _check(stored: StoredSession | None, before: StoredSession, hashed: str, last: int, grace: float) -> SavedSession:
+    """The session as stored, if this resume may continue it; ResumeRefused saying why not.
+    `before`: as it was before this replica took its lease (how long its holder was silent)."""
     if stored is None:
         raise ResumeRefused("the session has ended")
     try:
-        saved = SavedSession.read(stored)
+        saved = dataclasses.replace(SavedSession.read(stored), age=before.age)
     except (ValueError, KeyError) as exc:
         raise ResumeRefused(f"the session cannot be continued: {exc}") from None
-    hashes = saved.token_hashes
-    if hashes.get("resume") != hashed:
+    if saved.token_hashes.get("resume") != hashed:
         raise ResumeRefused("this token was used already: each resume hands out a new one")
     away = time.time() - saved.detached_at if saved.detached_at is not None else saved.age
     if away > grace + LEASE_SECONDS:
@@ -128,4 +157,4 @@ def _check(stored: StoredSession | None, hashed: str, last: int, grace: float) -
             f"last_transport_chunk_index {last} is older than what is kept; the oldest resumable index is {oldest}",
             oldest,
         )
-    return saved, {k: v for k, v in hashes.items() if k != "resume"}
+    return saved

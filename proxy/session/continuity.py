@@ -47,6 +47,11 @@ class Continuity:
         return self._keeper is not None
 
     @property
+    def continuable(self) -> bool:
+        """Whether another replica could go on with it: a shared store that took every write."""
+        return self._keeper is not None and not self._keeper.unkept
+
+    @property
     def lost(self) -> asyncio.Event | None:
         """Set when another replica holds the session now (None without a shared store)."""
         return None if self._keeper is None else self._keeper.lost

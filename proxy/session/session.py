@@ -158,7 +158,7 @@ class ProxySession:
     @property
     def continuable(self) -> bool:
         """Whether another replica can go on with it (a shared store, and a resume token)."""
-        return self._continuity.shared and self._invites.resumable and self._life.live
+        return self._continuity.continuable and self._invites.resumable and self._life.live
 
     @property
     def detached(self) -> bool:
@@ -279,7 +279,7 @@ class ProxySession:
             self._life.open_sequence()
             self.upstream.open(stream)
 
-    def take_over(self, saved: SavedSession, hashes: Mapping[str, str], last: int, token: str) -> None:
+    def take_over(self, saved: SavedSession, last: int, token: str) -> None:
         """This new session is `saved`, which another proxy held (rtvideo.proxy.participants.takeover):
         its parts are rebuilt as that proxy left them, from what the store kept in order; its
         owner (`owner` of the constructor, who came back with `token` from the pair `last`) is
@@ -288,14 +288,9 @@ class ProxySession:
         assert self._continuity.shared and self._life.phase is Phase.AWAITING_START
         self._life.named(saved.request_id)
         self._trace.named(saved.request_id)
-        replay = self._invites.restore(self, self._handouts, saved.options, hashes, token, saved)
+        self._invites.restore(self, self._handouts, saved, token)
         self._handouts.restore(saved.handed_start, saved.init)
-        cut, recent = restore_log(saved, self.ledger, self._mover, self._acks)
-        if replay is not None:
-            replay.resumes_after(cut)
-            for frame in recent:
-                replay.record(frame)
-        self._invites.replay_taps(self._handouts)
+        self._invites.replayable(*restore_log(saved, self.ledger, self._mover, self._acks), self._handouts)
         self._continuity.adopted(saved)
         self._attachments.reseat(self._seat.owner, last, token)
         self._life.open_sequence()
@@ -446,7 +441,7 @@ class ProxySession:
         in the store for the replica its owner resumes through. Nothing more is handed out, the
         owner is closed with 1012 (Service Restart), the writes are finished and the lease is
         released (the record stays), and the sequence here is ended, freeing its Triton slot."""
-        if not self._continuity.shared or not self._life.claim_end():
+        if not self._continuity.continuable or not self._life.claim_end():
             await self._ending.closed_within(timeout)
             return
         self._dispatch.stop()

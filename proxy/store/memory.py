@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, Payload, StoredSession
+from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, Payload, StoredSession, StoreUnavailable
 
 
 @dataclass
@@ -87,9 +87,12 @@ class MemoryStore:
         entry.epoch += 1
         entry.lease, entry.expires, entry.handoff = Lease(holder, entry.epoch), now + ttl, None
         entry.touched = now
+        entry.fields.pop("released", None)
         return entry.lease
 
     async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> bool:
+        if sid not in self._sessions:
+            raise StoreUnavailable(f"session store renew: session {sid} is gone from the store")
         entry = self._held(sid, lease)
         if entry is None or (entry.handoff is not None and entry.handoff == resume_hash):
             return False
@@ -102,6 +105,7 @@ class MemoryStore:
         entry = self._sessions.get(sid)
         if entry is not None and entry.lease == lease:
             entry.lease = None
+            entry.fields["released"] = "1"  # a takeover tells a shutdown from a death
 
     async def ask_handoff(self, sid: str, resume_hash: str) -> None:
         entry = self._sessions.get(sid)

@@ -43,6 +43,7 @@ _NOW_MS = "local t = redis.call('time')\nlocal now = t[1] * 1000 + math.floor(t[
 _ACQUIRE = _NOW_MS + (
     "if redis.call('exists', KEYS[1]) == 1 then return 0 end\n"
     "local e = redis.call('hincrby', KEYS[2], 'epoch', 1)\n"
+    "redis.call('hdel', KEYS[2], 'released')\n"
     "redis.call('hset', KEYS[2], 'touched', now)\n"
     "redis.call('set', KEYS[1], ARGV[1] .. ':' .. e, 'PX', ARGV[2])\n"
     "redis.call('del', KEYS[3])\nreturn e"
@@ -50,14 +51,18 @@ _ACQUIRE = _NOW_MS + (
 # a handoff asked with the holder's live resume token ends the lease; one asked with an older
 # token (the holder was resumed with it meanwhile: the other resume lost the race) is dropped
 _RENEW = _NOW_MS + (
-    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end\n"
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return redis.call('exists', KEYS[3]) - 1 end\n"
     "local h = redis.call('get', KEYS[2])\n"
     "if h then\n  if h == ARGV[3] then return 0 end\n  redis.call('del', KEYS[2])\nend\n"
     "redis.call('hset', KEYS[3], 'touched', now)\n"
     "redis.call('pexpire', KEYS[1], ARGV[2])\nreturn 1"
 )
 
-_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) end\nreturn 1"
+# a released lease is marked on the session (a takeover tells a shutdown from a death)
+_RELEASE = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then\n  redis.call('del', KEYS[1])\n"
+    "  if redis.call('exists', KEYS[2]) == 1 then redis.call('hset', KEYS[2], 'released', '1') end\nend\nreturn 1"
+)
 
 
 def _flat(fields: Mapping[str, str]) -> list[str]:
@@ -140,10 +145,16 @@ class RedisStore:
 
     async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> bool:
         keys = [PREFIX + f"l:{sid}", PREFIX + f"h:{sid}", PREFIX + f"s:{sid}"]
-        return bool(await self._call("renew", self._scripts["renew"](keys=keys, args=[lease.value, int(ttl * 1000), resume_hash])))
+        renewed = await self._call(
+            "renew", self._scripts["renew"](keys=keys, args=[lease.value, int(ttl * 1000), resume_hash])
+        )
+        if int(renewed) < 0:  # neither its lease nor its record: the store lost it (restarted empty)
+            raise StoreUnavailable(f"session store renew: session {sid} is gone from the store")
+        return bool(renewed)
 
     async def release(self, sid: str, lease: Lease) -> None:
-        await self._call("release", self._scripts["release"](keys=[PREFIX + f"l:{sid}"], args=[lease.value]))
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}"]
+        await self._call("release", self._scripts["release"](keys=keys, args=[lease.value]))
 
     async def ask_handoff(self, sid: str, resume_hash: str) -> None:
         await self._call("ask_handoff", self._redis.set(PREFIX + f"h:{sid}", resume_hash, ex=60))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rtvideo.proxy.store import open_store
-from rtvideo.proxy.store.base import Payload, SessionStore
+from rtvideo.proxy.store.base import Payload, SessionStore, StoreUnavailable
 from rtvideo.proxy.store.keeper import StoreKeeper
 
 
@@ -158,3 +158,25 @@ def test_with_the_store_unreachable_the_keeper_gives_up_at_once_and_says_so() ->
 
     claimed, took, seen = run("redis://127.0.0.1:1/0", body)  # nothing listens on port 1
     assert not claimed and took < 5 and seen == [("acquire", False)]
+
+
+def test_a_release_is_told_from_an_expiry_and_a_store_that_lost_the_session_is_not_a_lost_lease(
+    store_spec: str,
+) -> None:
+    async def body(store: SessionStore) -> None:
+        sid = f"s-{store_spec[:5]}-released"
+        await store.drop(sid)
+        held = await store.acquire(sid, "replica-a", ttl=5)
+        assert held is not None and await store.put(sid, held, {"request_id": "r"})
+        await store.release(sid, held)  # a shutdown hands the session off
+        stored = await store.load(sid)
+        assert stored is not None and stored.fields.get("released") == "1" and stored.holder is None
+        taken = await store.acquire(sid, "replica-b", ttl=5)
+        assert taken is not None
+        stored = await store.load(sid)
+        assert stored is not None and "released" not in stored.fields
+        await store.drop(sid)  # the store restarted empty: neither lease nor record
+        with pytest.raises(StoreUnavailable):
+            await store.renew(sid, taken)  # the keeper goes on without the store, it does not let go
+
+    run(store_spec, body)

@@ -78,7 +78,7 @@ def test_a_replica_rebuilds_the_session_from_what_the_holder_wrote() -> None:
         lease = await store.acquire(SID, "b")
         assert lease is not None
         keeper.start(lease)  # as takeover.py does
-        b.take_over(saved, {}, 0, token)  # the client had the first chunk whole
+        b.take_over(saved, 0, token)  # the client had the first chunk whole
         await settle()
         return conn_a.frames, conn_b.frames, bridge_b.streams[0].sent, saved
 
@@ -112,7 +112,7 @@ def test_a_resume_older_than_what_the_store_keeps_is_refused_and_changes_nothing
         from rtvideo.proxy.participants.takeover import _check  # the refusal before anything is built
 
         try:
-            _check(stored, token_hash(token), -1, 30.0)
+            _check(stored, stored, token_hash(token), -1, 30.0)
         except ResumeRefused as exc:
             return exc.message
         return ""
