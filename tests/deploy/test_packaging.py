@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from websockets.asyncio.client import connect
 
 from tests.support.paths import REPO_ROOT
@@ -211,3 +214,35 @@ def test_dockerfile_targets_and_the_pinned_vllm_omni() -> None:
     assert f"VLLM_OMNI_VERSION={PINNED_VLLM_OMNI}" in (ROOT / "scripts" / "setup.sh").read_text()
     assert f"__version__ = version = '{PINNED_VLLM_OMNI}'" in wheel_source("vllm_omni/_version.py")
     assert "omni_ver != vllm_ver" in wheel_source("vllm_omni/version.py")  # major.minor must match vLLM's
+
+
+def test_every_image_that_runs_the_proxy_carries_the_session_stores_client() -> None:
+    """`--session-store redis://…` imports the Redis client when the proxy starts; it is only in
+    the optional `redis` extra, so an image that installs rtvideo without it fails there with an
+    ImportError. The cpu image installs rtvideo with its extras; the vllm-omni image installs
+    rtvideo without dependencies and everything else from its hash-checked lock."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    client = [Requirement(r) for r in extras["redis"]]
+    assert [r.name for r in client] == ["redis"]
+    text = (ROOT / "Dockerfile").read_text()
+    stages = {s.split()[2]: s for s in re.split(r"^FROM ", text, flags=re.M)[1:]}
+    serving = {name: stage for name, stage in stages.items() if 'ENTRYPOINT ["rtvideo", "serve"]' in stage}
+    assert sorted(serving) == ["cpu", "vllm-omni"]
+    for name, stage in serving.items():
+        stage = stage.replace("\\\n", " ")  # one line per RUN
+        with_extras = re.search(r"pip install [^\n]*\"\.\[([\w,-]+)\]\"", stage)
+        lock = re.search(r"--no-deps [^\n]*-r (\S+\.lock)", stage)
+        assert bool(with_extras) != bool(lock), f"{name}: rtvideo goes in either with its extras or beside a lock"
+        if with_extras:
+            assert "redis" in with_extras.group(1).split(","), f"{name} installs .[{with_extras.group(1)}]"
+            continue
+        assert lock and re.search(r"pip install [^\n]*--no-deps \.(\s|$)", stage), name
+        pins = {
+            canonicalize_name(m.group(1)): m.group(2)
+            for m in re.finditer(
+                r"^([A-Za-z0-9][\w.-]*)(?:\[[^\]]*\])?==(\S+)", (ROOT / lock.group(1)).read_text(), re.M
+            )
+        }
+        for requirement in client:
+            pinned = pins.get(canonicalize_name(requirement.name))
+            assert pinned is not None and requirement.specifier.contains(pinned), (name, requirement, pinned)

