@@ -67,7 +67,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -212,6 +212,10 @@ class Dispatch:
     def handed_out(self, message: Mapping[str, Any]) -> None:
         """The owner's socket took this message."""
         self._order.handed_out(message)
+
+    def taken_over(self, acked: Iterable[str]) -> None:
+        """The session was taken over: what the replica before handed out (`OutboundOrder.taken_over`)."""
+        self._order.taken_over(acked)
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -387,6 +391,13 @@ class OutboundOrder(Generic[T]):
         """The writer handed this message to the socket."""
         if message.get("type") == protocol.VIDEO_START:
             self._start_taken = True
+
+    def taken_over(self, acked: Iterable[str]) -> None:
+        """A session taken over from another replica: its video.start and the acks of `acked`
+        were handed out there (the new stream's own video.start never reaches the client)."""
+        self._started = self._start_taken = True
+        for event_id in acked:
+            self._acked.add(event_id)
 
     @property
     def deadline(self) -> float | None:

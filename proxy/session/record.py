@@ -62,6 +62,13 @@ class SavedSession:
     token_hashes: dict[str, str]  # its live tokens by kind ("resume", "watch", …), hashed
     recording_id: str | None = None  # its recording (rtvideo.proxy.recordings), which goes on with it
 
+    def acked(self) -> list[str]:
+        """The events whose ack the owner was handed."""
+        frames = (e.message for e in self.log if isinstance(e, SavedFrame))
+        return [
+            m["event_id"] for m in frames if m.get("type") == protocol.QUEUED and isinstance(m.get("event_id"), str)
+        ]
+
     @classmethod
     def read(cls, stored: StoredSession) -> SavedSession:
         """ValueError when the store holds no session that can be continued (not started)."""

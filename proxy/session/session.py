@@ -281,16 +281,16 @@ class ProxySession:
 
     def take_over(self, saved: SavedSession, last: int, token: str) -> None:
         """This new session is `saved`, which another proxy held (rtvideo.proxy.participants.takeover):
-        its parts are rebuilt as that proxy left them, from what the store kept in order; its
-        owner (`owner` of the constructor, who came back with `token` from the pair `last`) is
-        given what a resume gives; its stream is opened again at the next chunk (a move). Raises
-        ResumeRefused (nothing was started) when the chunks after `last` are not kept."""
+        its parts rebuilt from what the store kept, in order; its owner (the constructor's, back
+        with `token` from the pair `last`) is given what a resume gives; its stream goes on at the
+        next chunk (a move). ResumeRefused (nothing started) when the chunks after `last` are gone."""
         assert self._continuity.shared and self._life.phase is Phase.AWAITING_START
         self._life.named(saved.request_id)
         self._trace.named(saved.request_id)
         self._invites.restore(self, self._handouts, saved, token)
         self._handouts.restore(saved.handed_start, saved.init)
         self._invites.replayable(*restore_log(saved, self.ledger, self._mover, self._acks), self._handouts)
+        self._dispatch.taken_over(saved.acked())
         self._continuity.adopted(saved)
         self._attachments.reseat(self._seat.owner, last, token)
         self._life.open_sequence()

@@ -117,7 +117,8 @@ class StoreKeeper:
         got = lease or await self._call("acquire", lambda: self._store.acquire(self.sid, self._holder, self._ttl))
         if isinstance(got, Lease):
             self.lease = got
-            self._tasks.append(asyncio.ensure_future(self._renew_all()))
+            if not self._ended:  # ended before it began: nothing to renew
+                self._tasks.append(asyncio.ensure_future(self._renew_all()))
         elif not self.unkept:
             self.lost.set()  # another replica holds it
         held.set_result(self.lease is not None)
@@ -135,7 +136,7 @@ class StoreKeeper:
     async def _renew_all(self) -> None:
         lease = self.lease
         assert lease is not None
-        while not (self.lost.is_set() or self.unkept):
+        while not (self.lost.is_set() or self.unkept or self._ended):
             await asyncio.sleep(self._ttl / 3)
             ok = await self._call("renew", lambda: self._store.renew(self.sid, lease, self._ttl, self._resume_hash))
             if ok is False:
@@ -162,10 +163,11 @@ class StoreKeeper:
             return
         self._ended = True
         self._queue.put_nowait(None)
+        if self._tasks:  # the writes first, to the last (the lease renewed meanwhile), then the renewals
+            await asyncio.gather(self._tasks[0], return_exceptions=True)
         for task in self._tasks[1:]:
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks[1:], return_exceptions=True)
         lease = self.lease
         if lease is not None and not self.unkept:  # a lease taken by another is not released: fenced
             await self._call("release", lambda: self._store.release(self.sid, lease))

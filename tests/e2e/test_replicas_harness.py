@@ -93,12 +93,6 @@ def test_a_session_outlives_a_kill_9_and_a_sigterm_through_the_balancer(deployme
     assert len(frames) == sum(c.metadata["num_frames"] for c in media)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a session taken over answers no interaction: its outbound ordering waits for a video.start "
-    "that a takeover never passes through it (rtvideo.proxy.session.dispatch.OutboundOrder)",
-)
 def test_an_interaction_is_acked_after_a_takeover(deployment: Replicas) -> None:
     replicas = deployment
 
