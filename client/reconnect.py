@@ -61,13 +61,7 @@ class Reconnect:
                     ws = await connect(
                         self._url, additional_headers=self._headers, max_size=2**26, open_timeout=self._open_timeout
                     )
-                    resume = {
-                        "type": RESUME,
-                        "resume_token": resume_token,
-                        "last_transport_chunk_index": self.last_index,
-                    }
-                    await ws.send(json.dumps(resume))
-                    first = json.loads(await asyncio.wait_for(ws.recv(), self._open_timeout))
+                    first = await self._ask(ws, resume_token)
                 except (OSError, ConnectionClosed, asyncio.TimeoutError, InvalidHandshake):
                     continue  # the network is still away, or the old connection is not seen gone yet
                 if first.get("type") == protocol.VIDEO_START and first.get("resumed"):
@@ -82,6 +76,17 @@ class Reconnect:
             )
         finally:
             self.reconnecting = False
+
+    async def _ask(self, ws: ClientConnection, resume_token: str) -> dict[str, Any]:
+        """`ws`'s answer to the resume. A cancel (the client leaving) closes `ws`: a connection
+        not handed to the client is not left open for the server to stream into."""
+        resume = {"type": RESUME, "resume_token": resume_token, "last_transport_chunk_index": self.last_index}
+        try:
+            await ws.send(json.dumps(resume))
+            return json.loads(await asyncio.wait_for(ws.recv(), self._open_timeout))
+        except asyncio.CancelledError:
+            await ws.close()
+            raise
 
     def reattached(self) -> None:
         """A new connection is in place: wake every sender waiting in `wait`."""

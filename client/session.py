@@ -180,6 +180,8 @@ class RealtimeVideoClient:
         if self._ws is not None:
             await self._ws.close()
         if self._reader is not None:
+            if self._link.reconnecting:
+                self._reader.cancel()  # leaving: a resume under way is not waited for
             await asyncio.gather(self._reader, return_exceptions=True)
 
     # --- requests ------------------------------------------------------------------------
@@ -366,6 +368,10 @@ class RealtimeVideoClient:
         if not token or not self._link.may_resume():
             return False
         resumed = await self._link.resume(token)
+        if self._link.closing:  # the caller left while it resumed: the new connection goes too
+            if not isinstance(resumed, RealtimeVideoError):
+                await resumed[0].close()
+            return False
         if isinstance(resumed, RealtimeVideoError):
             self.failure = resumed
             return False
