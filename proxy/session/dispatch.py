@@ -1,36 +1,25 @@
-"""What goes to a session's owner, and when (docs/protocol.md §3.1).
+"""What goes to a session's owner, and when (docs/protocol.md §3.1, §7).
 
-Triton's replies for a client (rtvideo.proxy.session.upstream drops the rest) and the proxy's own
-answers (pongs, acks, errors about one message) go through the session's `OutboundOrder`
-(rtvideo.proxy.session.dispatch), which holds a chunk until the acks it names went out, and answers
-until video.start did. This class feeds it, drops the model's answers to interactions the
-proxy acked itself (rtvideo.proxy.session.dispatch), keeps the one timer for the ordering's deadline,
-bounds the answers held for video.start like the outbound buffer, and writes each released
-item to the owner's seat, in order, until the end is claimed. What a video.start or a
-session.done means for the session is the session's (`DispatchedSession`).
-
-A guest steerer's answers (rtvideo.proxy.participants.steerers) take the same ordering, so that a chunk
-naming its event still waits for that event's ack, but are written to the guest alone: the
-proxy's own answers carry their recipient, the model's are routed by request tag, and an
+Triton's replies for a client (the upstream drops the rest) and the proxy's own answers (pongs,
+acks, errors about one message) go through the session's `OutboundOrder`, which holds a chunk
+until the acks it names went out, and answers until video.start did. `Dispatch` feeds it, drops
+the model's answers to interactions the proxy acked itself, keeps the ordering's one timer,
+bounds the answers held for video.start like the outbound buffer, and writes each released item
+to the owner's seat, in order, until the end is claimed (what a video.start or a session.done
+means is the session's: `DispatchedSession`). A guest steerer's answers take the same ordering,
+so a chunk naming its event still waits for its ack, but are written to the guest alone: the
+proxy's own answers carry their recipient, the model's are routed by request tag, an
 `interaction_failed` on the start stream by the event id it names (its first sender's).
 
 ## The order (OutboundOrder)
 
-The order in which one session's messages may reach its client (docs/protocol.md §7).
-
-Triton may interleave the responses of different requests on one gRPC stream, so two
-rules need enforcing in the proxy:
-
-* nothing precedes `video.start`: an answer to a later request (ack, pong, per-message
-  error; from Triton or the proxy itself) that overtook it waits behind it;
-* no message names an event before its ack: a start-stream message naming an event
-  whose ack has not been written yet waits, in order, until the ack passes. Every named
-  event was admitted, so its ack is on its way; still, each message waits at most
-  `ack_wait` seconds from its own arrival.
-
-Answers may overtake queued video (they are small and a client waits for them), but
-only once `video.start` was handed to the socket: until then the writer could put them
-ahead of it.
+Triton may interleave the responses of different requests on one gRPC stream, so the proxy
+keeps two rules: nothing precedes `video.start` (an answer to a later request that overtook it
+waits behind it); no message names an event before its ack (a start-stream message naming an
+event whose ack has not been written waits, in order, until the ack passes: it is on its way,
+the event was admitted; still, each waits at most `ack_wait` seconds from its own arrival).
+Answers may overtake queued video (they are small and a client waits for them), but only once
+`video.start` was handed to the socket: until then the writer could put them ahead of it.
 
 Pure (no I/O, no asyncio, time passed in) so that it can be tested alone; the session
 writes what each call returns and arms one timer for `deadline`.

@@ -152,13 +152,17 @@ class Replicas:
         triton_metrics_port: int = 0,
         env: Mapping[str, str] | None = None,
         ready_seconds: float = 120.0,
+        keyed: bool = True,
     ) -> None:
-        if not os.environ.get(KEY_ENV) and not (env or {}).get(KEY_ENV):
+        if keyed and not os.environ.get(KEY_ENV) and not (env or {}).get(KEY_ENV):
             raise RuntimeError(f"no Triton key: {KEY_ENV} must be set (the `triton` fixture, bench_common.triton_key)")
         self.triton_url, self.model, self.flags = triton_url, model, tuple(flags)
         self.triton_metrics_port = triton_metrics_port
         self.ready_seconds = ready_seconds
         self._env = {**os.environ, **(env or {}), "RTVIDEO_SESSION_STORE": store}
+        if not keyed:  # a Triton started without a key (tests/support/triton_pair.py, omni_triton.py)
+            self._env.pop(KEY_ENV, None)
+        directory.mkdir(parents=True, exist_ok=True)
         self.replicas = [Replica(i, directory) for i in range(count)]
         self.balancer = TcpRelay([r.port for r in self.replicas])
         self._loop: _LoopThread | None = None
