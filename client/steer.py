@@ -7,58 +7,36 @@ async with steer("ws://127.0.0.1:8080/v1/realtime/video", steer_token) as s:
 
 A steerer gets what a watcher gets, plus the answers to its own messages (and only those). It
 cannot stop the session; when the owner revokes steering the socket closes with code 4001
-(`REVOKED_CLOSE_CODE`), and `messages()` ends.
+(`REVOKED_CLOSE_CODE`), and `messages()` ends. Its link comes back by itself as a watch link
+does (rtvideo.client.watch): a send that meets a dropped link waits for the new one. An
+interaction whose ack had not come when the link dropped may be sent again with the same
+event id: the session acks a retry without applying it twice.
 """
 
 from __future__ import annotations
 
 import json
-import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from rtvideo.client.watch import REVOKED_CLOSE_CODE, GuestLink, guest_url
 from rtvideo.core import protocol
 
-#: the close code of a steer link the owner revoked
-REVOKED_CLOSE_CODE = 4001
+__all__ = ["REVOKED_CLOSE_CODE", "SteerClient", "steer", "steer_url"]
 
 
 def steer_url(url: str, steer_token: str) -> str:
     """The steer endpoint for a session URL (`ws://host:port/v1/realtime/video`) and a token."""
-    base = url.rstrip("/")
-    if not base.endswith("/steer"):
-        base += "/steer"
-    return f"{base}?steer_token={urllib.parse.quote(steer_token, safe='')}"
+    return guest_url(url, "steer", steer_token)
 
 
-class SteerClient:
+class SteerClient(GuestLink):
     """One steer link: send interactions and pings, read what the session sends this steerer."""
 
-    def __init__(self, url: str, steer_token: str, token: str | None = None, *, open_timeout: float = 10.0) -> None:
-        self.url = steer_url(url, steer_token)
-        self._token = token
-        self._open_timeout = open_timeout
-        self._ws: ClientConnection | None = None
-        self.video_start: dict[str, Any] | None = None
-        self.done: dict[str, Any] | None = None
-
-    async def __aenter__(self) -> SteerClient:
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
-        self._ws = await connect(self.url, additional_headers=headers, max_size=2**26, open_timeout=self._open_timeout)
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._ws is not None:
-            await self._ws.close()
-
-    @property
-    def revoked(self) -> bool:
-        """Whether the owner revoked steering (the link closed with REVOKED_CLOSE_CODE)."""
-        return self._ws is not None and self._ws.close_code == REVOKED_CLOSE_CODE
+    kind = "steer"
 
     async def interaction(self, interaction: Mapping[str, Any]) -> str:
         """Send one `session.interaction` (`{"event_id"?, "event", "transition_chunks"?}`); returns
@@ -90,29 +68,19 @@ class SteerClient:
     async def ping(self) -> None:
         await self._send({"type": protocol.PING})
 
-    async def messages(self) -> AsyncIterator[tuple[dict[str, Any], bytes | None]]:
-        """Every message with its payload (None for messages without one), until `session.done`
-        or the link closes (a revoke, a drop)."""
-        assert self._ws is not None, "use `async with`"
-        try:
-            while True:
-                message = json.loads(await self._ws.recv())
-                payload = None
-                if message.get("type") == protocol.CHUNK_METADATA:
-                    data = await self._ws.recv()
-                    payload = data if isinstance(data, bytes) else data.encode()
-                elif message.get("type") == protocol.VIDEO_START:
-                    self.video_start = message
-                yield message, payload
-                if message.get("type") == protocol.DONE:
-                    self.done = message
-                    return
-        except ConnectionClosed:
-            return
-
     async def _send(self, message: Mapping[str, Any]) -> None:
+        """Sent on the live link; one that dropped is opened again first (ConnectionClosed when
+        it is not to be, or could not be)."""
         assert self._ws is not None, "use `async with`"
-        await self._ws.send(json.dumps(message))
+        text = json.dumps(message)
+        while True:
+            ws = self._ws
+            try:
+                await ws.send(text)
+                return
+            except ConnectionClosed:
+                if not await self._rejoin(ws):
+                    raise
 
 
 def steer(url: str, steer_token: str, token: str | None = None) -> SteerClient:

@@ -20,6 +20,7 @@ from rtvideo.proxy.edge.access import host_allowed, refused_without_token, token
 from rtvideo.proxy.edge.connections import BoundedHTTPServer, fd_room
 from rtvideo.proxy.edge.guest_doors import STEER_PATH, WATCH_PATH, SteerHandler, WatchHandler
 from rtvideo.proxy.edge.recordings_http import routes as recording_routes
+from rtvideo.proxy.edge.relay import Advertisement, Relays
 from rtvideo.proxy.edge.socket import ProxyContext, RealtimeVideoHandler
 from rtvideo.proxy.observability import accesslog
 from rtvideo.proxy.observability.metrics import ProxyMetrics
@@ -310,10 +311,12 @@ def make_app(
         metrics=metrics,
         per_recording=settings.recording_cap,
     )
+    relays = Relays(settings, metrics)  # guests forwarded to the replica that holds their session
+    guests: dict[str, Any] = {"context": context, "relays": relays}
     handlers = [
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
-        (WATCH_PATH, WatchHandler, {"context": context}),
-        (STEER_PATH, SteerHandler, {"context": context}),
+        (WATCH_PATH, WatchHandler, guests),
+        (STEER_PATH, SteerHandler, guests),
         *health_routes(context),
         (r"/v1/models", ModelsHandler, {"context": context}),
         *recording_routes(context.features.recordings, settings),
@@ -337,6 +340,7 @@ def make_app(
     return ProxyApplication(
         handlers,
         context=context,
+        relays=relays,
         log_function=accesslog.log_request,  # `?token=` values masked, refusals not at ERROR
         # Above the protocol's limits, so that the proxy answers `message_too_large` itself.
         websocket_max_message_size=2 * MAX_START_BYTES,
@@ -360,6 +364,8 @@ class ProxyServer:
         self.context: ProxyContext = self.app.settings["context"]
         self.health_app = make_health_app(self.context)
         self.pool = self.context.pool
+        self.relays: Relays = self.app.settings["relays"]
+        self._advertisement: Advertisement | None = None
         self._server: BoundedHTTPServer | None = None
         self._health_server: BoundedHTTPServer | None = None
         self.port = settings.port
@@ -423,7 +429,20 @@ class ProxyServer:
             )
             self._health_server.add_sockets(health_sockets)
             log.info("health and metrics listening on %s", self.health_url)
+        self._advertise()
         log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
+
+    def _advertise(self) -> None:
+        """With a shared store: where the other replicas forward this proxy's sessions' guests
+        (`--advertise-url`, else the address it listens on), renewed while it runs."""
+        wildcard = self.settings.host in ("0.0.0.0", "::", "")
+        host = "127.0.0.1" if wildcard else self.settings.host
+        url = self.settings.advertise_url or f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+        ctx = self.context
+        if ctx.store.shared and wildcard and not self.settings.advertise_url:
+            log.warning("advertised to other replicas as %s, which only this machine reaches: set --advertise-url", url)
+        self._advertisement = Advertisement(ctx.store, ctx.holder, url.rstrip("/"), ctx.metrics.store_call)
+        self._advertisement.start()
 
     async def drain(self, seconds: float | None = None, cut: asyncio.Event | None = None) -> int:
         """Shutting down: `/readyz` turns 503 and new connections are refused (503) at once; live
@@ -464,6 +483,9 @@ class ProxyServer:
         if health is not None:
             health.stop()
         sessions = list(self.context.sessions)
+        if self._advertisement is not None:
+            await self._advertisement.stop()
+        self.relays.close_all()  # relayed guests come back through another replica (1012)
         await self._end_all(sessions)
         await self._server.close_all_connections()
         if health is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +162,12 @@ class ProxySettings:
         "RTVIDEO_SESSION_STORE, not on a command line",
         secret=True,
     )
+    advertise_url: str | None = setting(
+        None,
+        "http://HOST:PORT at which the other replicas of a shared --session-store reach this proxy: a watch "
+        "or steer link that lands on another replica is forwarded here while this proxy holds its session "
+        "(unset: the address it listens on; in Kubernetes the pod's IP, RTVIDEO_ADVERTISE_URL=http://$(POD_IP):8080)",
+    )
     recordings: str | None = setting(
         None,
         "where session recordings are stored (docs/recordings.md): a directory, or an fsspec URL such as "
@@ -231,6 +238,8 @@ class ProxySettings:
         if self.move_patience_seconds < 0:
             raise ValueError("move_patience_seconds must be >= 0 (0: moves off)")
         parse_urls(self.triton_url)  # HOST:PORT, each one
+        if self.advertise_url is not None and not re.fullmatch(r"https?://[^/?#\s]+/?", self.advertise_url):
+            raise ValueError(f"advertise_url {self.advertise_url!r}: use http://HOST:PORT (no path)")
         if self.ping_interval and self.ping_timeout > self.ping_interval:
             raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")
 

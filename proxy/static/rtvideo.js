@@ -151,11 +151,13 @@ export class RealtimeVideoClient extends Emitter {
   /**
    * @param {string} url  the WebSocket URL (see urlFor)
    * @param {object} options  token (added as ?token=), retryMs (resend an unacked update after this
-   *   long, default 1000), maxAttempts (sends per update before giving up, default 5)
+   *   long, default 1000), maxAttempts (sends per update before giving up, default 5),
+   *   rejoinSeconds (how long a dropped watch or steer link is opened again, default 10)
    */
-  constructor(url, { token = null, retryMs = 1000, maxAttempts = 5, resumeAttempts = 5, resumeBackoffMs = 250 } = {}) {
+  constructor(url, { token = null, retryMs = 1000, maxAttempts = 5, resumeAttempts = 5, resumeBackoffMs = 250, rejoinSeconds = 10 } = {}) {
     super();
     this._initResume(resumeAttempts, resumeBackoffMs);
+    this.rejoinSeconds = rejoinSeconds;
     const target = new URL(url, globalThis.location ? globalThis.location.href : undefined);
     if (token) target.searchParams.set("token", token);
     this.url = target.href;
@@ -353,8 +355,10 @@ export class RealtimeVideoClient extends Emitter {
     let m;
     try { m = parseJson(data); } catch (e) { this.emit("error", { code: "client_invalid_json", message: String(e) }); return; }
     this.emit("message", m);
+    this._lastError = m.type === "error"; // a close right after an error is the server's word: no rejoin
     switch (m.type) {
       case "video.start":
+        if (this._rejoinStart) { this._rejoinStart = false; this.emit("rejoined", m); break; } // the same watch goes on
         this.resumeToken = m.resume_token || null;
         this.watchToken = m.watch_token || this.watchToken;
         this.watcher = m.watcher === true;
@@ -456,6 +460,9 @@ export class RealtimeVideoClient extends Emitter {
     this.lastIndex = -1; // transport index of the last payload received whole
     this.reconnecting = false;
     this.resumes = 0;
+    this.rejoins = 0; // watch or steer links opened again after a drop
+    this._rejoinStart = false; // the next video.start is a rejoined link's
+    this._lastError = false;
     this._closing = false;
   }
 
@@ -536,8 +543,51 @@ export class RealtimeVideoClient extends Emitter {
     return true;
   }
 
+  /** A watch or steer link that closed before session.done, and not for a reason the server gave
+   * (a revoke or refusal: 4xxx; an error written just before a close), is opened again with the same
+   * token, waiting 0.1 s, 0.2 s … up to 1 s between tries, for up to rejoinSeconds: its proxy
+   * restarted, its session moved to another replica, or the relay to it went (a refused open, such as
+   * the 503 of a session on its way to another proxy, is tried again). The rejoined link's video.start
+   * is "rejoined", not "video.start"; its init pair and pairs received already are not handed out. */
+  _rejoinAfter(ev) {
+    if (this.done || this._closing || !(this.watcher || this.steerer)) return false;
+    if ((ev.code >= 4000 && ev.code < 5000) || (ev.code === 1000 && this._lastError)) return false;
+    this._meta = null;
+    this.reconnecting = true;
+    const deadline = performance.now() + this.rejoinSeconds * 1000;
+    let tries = 0;
+    const attempt = waitMs => {
+      if (this._closing || performance.now() + waitMs > deadline) {
+        this.reconnecting = false;
+        if (!this._closing) this.emit("rejoin_failed", { why: `no link after ${tries} tries`, attempts: tries });
+        this._closed(ev);
+        return;
+      }
+      tries += 1;
+      this.emit("reconnecting", { attempt: tries, of: `${this.rejoinSeconds} s`, rejoin: true });
+      setTimeout(() => {
+        const ws = new WebSocket(this.url);
+        ws.binaryType = "arraybuffer";
+        ws.onopen = () => {
+          if (this._closing) { ws.onclose = null; ws.close(1000); this._closed(ev); return; }
+          this.ws = ws;
+          this.reconnecting = false;
+          this.rejoins += 1;
+          this._lastError = false;
+          this._rejoinStart = true;
+          ws.onmessage = e => this._onFrame(e.data);
+          ws.onclose = e => this._onClose(e);
+        };
+        ws.onclose = () => attempt(Math.min(waitMs * 2, 1000));
+      }, waitMs);
+    };
+    attempt(100);
+    return true;
+  }
+
   _onClose(ev) {
     if (this._resumeAfter(ev)) return;
+    if (this._rejoinAfter(ev)) return;
     this._closed(ev);
   }
 

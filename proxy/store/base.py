@@ -14,6 +14,10 @@ rebuilds it from them (rtvideo.proxy.session.record):
   a resume after a takeover can be given again);
 - its tokens, hashed: token hash → session id (`bind_token`); never a token in clear.
 
+Beside the sessions, each proxy's own address (`advertise`, under its holder id, for as long as
+it renews it): a replica that gets a watch or steer link of a session another live replica
+holds forwards it there (rtvideo.proxy.edge.relay).
+
 One holder drives a session at a time: a lease with an expiry and an epoch (`acquire`,
 `renew`, `release`). Every write names the lease it is made under and is refused (False)
 once that lease is not the live one, so a replica that lost its lease cannot write, and
@@ -73,6 +77,14 @@ class StoredSession:
     age: float = 0.0  # seconds since the holder's last renewal (by the store's clock)
 
 
+@dataclass(frozen=True)
+class Holding:
+    """Who drives a session now (None: nobody), and seconds since its holder last renewed."""
+
+    holder: str | None
+    age: float
+
+
 class SessionStore(Protocol):
     """Where sessions live beyond one proxy process."""
 
@@ -110,5 +122,18 @@ class SessionStore(Protocol):
     async def ask_handoff(self, sid: str, resume_hash: str) -> None: ...
 
     async def drop(self, sid: str) -> None: ...
+
+    async def holding(self, sid: str) -> Holding | None:
+        """`load`'s holder and age alone, without the log (None: the session is not stored)."""
+        ...
+
+    async def advertise(self, holder: str, url: str, ttl: float) -> None:
+        """Where the proxy `holder` is reached by the other replicas (`http://host:port`), for
+        `ttl` seconds unless advertised again; a `ttl` of 0 or less withdraws it."""
+        ...
+
+    async def address(self, holder: str) -> str | None:
+        """The URL `holder` advertised and still renews (None: it never did, withdrew, or stopped)."""
+        ...
 
     async def close(self) -> None: ...

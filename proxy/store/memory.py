@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, Payload, StoredSession, StoreUnavailable
+from rtvideo.proxy.store.base import LEASE_SECONDS, Holding, Lease, Payload, StoredSession, StoreUnavailable
 
 
 @dataclass
@@ -35,6 +35,7 @@ class MemoryStore:
         self.cluster = secrets.token_hex(8)
         self._sessions: dict[str, _Entry] = {}
         self._tokens: dict[tuple[str, str], str] = {}
+        self._addresses: dict[str, tuple[str, float]] = {}  # holder → (url, expiry)
 
     def _held(self, sid: str, lease: Lease) -> _Entry | None:
         entry = self._sessions.get(sid)
@@ -117,6 +118,21 @@ class MemoryStore:
         for key in [k for k, v in self._tokens.items() if v == sid]:
             del self._tokens[key]
 
+    async def holding(self, sid: str) -> Holding | None:
+        stored = await self.load(sid)
+        return None if stored is None else Holding(stored.holder, stored.age)
+
+    async def advertise(self, holder: str, url: str, ttl: float) -> None:
+        if ttl <= 0:
+            self._addresses.pop(holder, None)
+        else:
+            self._addresses[holder] = (url, time.monotonic() + ttl)
+
+    async def address(self, holder: str) -> str | None:
+        url, expires = self._addresses.get(holder, ("", 0.0))
+        return url if url and expires >= time.monotonic() else None
+
     async def close(self) -> None:
         self._sessions.clear()
         self._tokens.clear()
+        self._addresses.clear()

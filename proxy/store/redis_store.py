@@ -3,7 +3,8 @@
 Keys, under the prefix `rtvideo:` (one Redis may serve several deployments by database):
 `s:{sid}` the fields (a hash, with `epoch` and `touched`), `f:{sid}` the log (a list), `p:{sid}`
 the kept payloads (a hash, base64), `l:{sid}` the lease (`holder:epoch`, with an expiry),
-`h:{sid}` a handoff request, `k:{kind}:{hash}` a token's session. Each write under a lease is one Lua script that checks
+`h:{sid}` a handoff request, `k:{kind}:{hash}` a token's session, `a:{holder}` where a proxy is
+reached by the other replicas (with an expiry it renews). Each write under a lease is one Lua script that checks
 the lease first, so a replica that lost it writes nothing (base.py). Every key of a session
 expires `KEEP_SECONDS` after its last write: a session nobody drives is forgotten.
 """
@@ -17,7 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, Payload, StoredSession, StoreUnavailable
+from rtvideo.proxy.store.base import LEASE_SECONDS, Holding, Lease, Payload, StoredSession, StoreUnavailable
 
 PREFIX = "rtvideo:"
 #: how long a session's keys outlive its last write (a live one writes every chunk)
@@ -162,6 +163,30 @@ class RedisStore:
     async def drop(self, sid: str) -> None:
         keys = [PREFIX + f"{part}:{sid}" for part in ("s", "f", "p", "l", "h")]
         await self._call("drop", self._redis.delete(*keys))
+
+    async def holding(self, sid: str) -> Holding | None:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.exists(PREFIX + f"s:{sid}")
+        pipe.hget(PREFIX + f"s:{sid}", "touched")
+        pipe.get(PREFIX + f"l:{sid}")
+        pipe.time()
+        stored, touched, lease, (seconds, micros) = await self._call("holding", pipe.execute())
+        if not stored:
+            return None
+        now = int(seconds) * 1000 + int(micros) // 1000
+        holder = None if lease is None else str(lease).rsplit(":", 1)[0]
+        return Holding(holder, max(0.0, (now - int(touched or now)) / 1000))
+
+    async def advertise(self, holder: str, url: str, ttl: float) -> None:
+        key = PREFIX + f"a:{holder}"
+        if ttl <= 0:
+            await self._call("advertise", self._redis.delete(key))
+        else:
+            await self._call("advertise", self._redis.set(key, url, px=max(1, int(ttl * 1000))))
+
+    async def address(self, holder: str) -> str | None:
+        found = await self._call("address", self._redis.get(PREFIX + f"a:{holder}"))
+        return None if found is None else str(found)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -1,0 +1,111 @@
+"""Where a guest's session is, for a replica that does not hold it (rtvideo.proxy.edge.relay),
+the same with the in-process store and a real Redis server: each proxy's advertised address
+(renewed, expiring, withdrawn), a session's holder without its log, and what a guest door
+makes of them."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rtvideo.proxy.edge.relay import Where, hop_url, locate
+from rtvideo.proxy.session.record import token_hash
+from rtvideo.proxy.store import open_store
+from rtvideo.proxy.store.base import LEASE_SECONDS, SessionStore
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_spec(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield "memory" if request.param == "memory" else request.getfixturevalue("redis_url")
+
+
+def run(spec: str, body: Any) -> Any:
+    async def main() -> Any:
+        store = open_store(spec)
+        try:
+            return await body(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_an_address_lives_while_it_is_renewed_and_goes_when_withdrawn(store_spec: str) -> None:
+    async def body(store: SessionStore) -> None:
+        holder = f"proxy-{secrets.token_hex(4)}"
+        assert await store.address(holder) is None  # never advertised
+        await store.advertise(holder, "http://10.0.0.7:8080", 0.4)
+        assert await store.address(holder) == "http://10.0.0.7:8080"
+        await asyncio.sleep(0.25)
+        await store.advertise(holder, "http://10.0.0.7:8080", 0.4)  # renewed before it ran out
+        await asyncio.sleep(0.25)
+        assert await store.address(holder) == "http://10.0.0.7:8080"
+        await asyncio.sleep(0.3)  # not renewed: a proxy that died is no longer advertised
+        assert await store.address(holder) is None
+        await store.advertise(holder, "http://10.0.0.8:8080", 30)
+        assert await store.address(holder) == "http://10.0.0.8:8080"  # the latest address wins
+        await store.advertise(holder, "http://10.0.0.8:8080", 0)  # a proxy that stops withdraws it
+        assert await store.address(holder) is None
+        assert await store.address("another-proxy") is None
+
+    run(store_spec, body)
+
+
+def test_holding_names_the_live_holder_without_the_log(store_spec: str) -> None:
+    async def body(store: SessionStore) -> None:
+        sid = f"s-{secrets.token_hex(4)}"
+        assert await store.holding(sid) is None
+        lease = await store.acquire(sid, "replica-a", ttl=5)
+        assert lease is not None
+        assert await store.put(sid, lease, {"request_id": "r"})
+        held = await store.holding(sid)
+        assert held is not None and held.holder == "replica-a" and 0 <= held.age < 5
+        await store.release(sid, lease)  # handed off: kept, held by nobody
+        held = await store.holding(sid)
+        assert held is not None and held.holder is None
+        await store.drop(sid)
+        assert await store.holding(sid) is None
+
+    run(store_spec, body)
+
+
+def test_a_guest_door_finds_where_its_session_is(store_spec: str) -> None:
+    """Nowhere for a token the store never saw; here; elsewhere at the holder's address; moving
+    while nobody holds it within the grace (or its holder advertises no address); nowhere past
+    the grace."""
+
+    async def body(store: SessionStore) -> None:
+        sid = f"s-{secrets.token_hex(4)}"
+        token = f"wv1.{store.cluster}.{secrets.token_urlsafe(32)}"
+        assert (await locate(store, "watch", token, "replica-b", 30)).where is Where.NOWHERE
+        lease = await store.acquire(sid, "replica-a", ttl=5)
+        assert lease is not None and await store.put(sid, lease, {"request_id": "r"})
+        await store.bind_token("watch", token_hash(token), sid)
+        assert (await locate(store, "steer", token, "replica-b", 30)).where is Where.NOWHERE  # another kind
+        assert (await locate(store, "watch", token, "replica-a", 30)).where is Where.HERE
+        assert (await locate(store, "watch", token, "replica-b", 30)).where is Where.MOVING  # no address yet
+        await store.advertise("replica-a", "http://127.0.0.1:9001", 5)
+        found = await locate(store, "watch", token, "replica-b", 30)
+        assert found.where is Where.ELSEWHERE and found.url == "http://127.0.0.1:9001"
+        await store.release(sid, lease)
+        assert (await locate(store, "watch", token, "replica-b", 30)).where is Where.MOVING
+        # its owner had the grace to resume it, and the lease's length besides: over, it is gone
+        assert (await locate(store, "watch", token, "replica-b", -LEASE_SECONDS - 1)).where is Where.NOWHERE
+        await store.drop(sid)
+        assert (await locate(store, "watch", token, "replica-b", 30)).where is Where.NOWHERE
+        await store.advertise("replica-a", "", 0)
+
+    run(store_spec, body)
+
+
+def test_the_hop_goes_to_the_same_door_at_the_advertised_address() -> None:
+    assert hop_url("http://10.1.2.3:8080", "/v1/realtime/video/watch", "watch_token=a%2Bb") == (
+        "ws://10.1.2.3:8080/v1/realtime/video/watch?watch_token=a%2Bb"
+    )
+    assert hop_url("https://[fd00::5]:8443/", "/v1/realtime/video/steer", "steer_token=x").startswith(
+        "wss://[fd00::5]:8443/v1/realtime/video/steer?"
+    )
