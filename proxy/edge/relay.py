@@ -283,9 +283,14 @@ class Relay:
 
     async def _pipe(self) -> None:
         """The holder's frames to the guest, then the holder's close (or 1012 for none)."""
-        while (message := await self._hop.read_message()) is not None:
-            if self.phase is not RelayPhase.PIPING or not self._to_guest(message):
-                return
+        try:
+            while (message := await self._hop.read_message()) is not None:
+                if self.phase is not RelayPhase.PIPING or not self._to_guest(message):
+                    return
+        except Exception:  # a relay that breaks closes its two sides, and nothing else
+            log.exception("a relayed %ser's pipe failed", self._kind)
+            self.cut(HOP_LOST_CODE, HOP_LOST_REASON)
+            return
         if self.phase is not RelayPhase.PIPING:
             return
         code, reason = self._hop.close_code, self._hop.close_reason
