@@ -22,7 +22,8 @@ One holder drives a session at a time: a lease with an expiry and an epoch (`acq
 `renew`, `release`). Every write names the lease it is made under and is refused (False)
 once that lease is not the live one, so a replica that lost its lease cannot write, and
 learns it at its next write or renewal. `ask_handoff` asks the live holder to let go (it
-sees it at its next renewal).
+sees it at its next renewal), naming the resume token it was asked with: a holder resumed with
+that token meanwhile keeps the session (the other resume lost the race).
 """
 
 from __future__ import annotations
