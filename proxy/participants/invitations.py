@@ -318,8 +318,9 @@ class Invitations:
             self._grace_timer.cancel()
             self._grace_timer = None
 
-    def close(self) -> None:
-        """The session is over: its tokens stop working, its watchers go, its gauges drop."""
+    def close(self, handed_off: bool = False) -> None:
+        """The session is over here: its tokens stop working, its watchers go (with 1012 when it
+        was `handed_off` to another replica, where they rejoin), its gauges drop."""
         self._cancel_grace()
         self.uncount()
         if self._features is not None:
@@ -328,7 +329,8 @@ class Invitations:
             self._features.steer_tokens.retire(self._steer_token, "the session has ended")
             self._features.watch_tokens.retire_hash(self._adopted.get("watch"), "the session has ended")
             self._features.steer_tokens.retire_hash(self._adopted.get("steer"), "the session has ended")
+        code = 1012 if handed_off else 1000
         if self._hub is not None:
-            self._hub.close()
+            self._hub.close(code)
         if self._steer_hub is not None:
-            self._steer_hub.close()
+            self._steer_hub.close(code)

@@ -216,8 +216,9 @@ class SteerHub:
 
         self._closing.spawn(close())
 
-    def close(self) -> None:
-        """The session is over without a session.done handed out: the steerers close."""
+    def close(self, code: int = 1000) -> None:
+        """The session is over without a session.done handed out: the steerers close (1012: it
+        goes on at another replica, where they rejoin)."""
         self._closed = True
         for steerer in list(self._steerers):
-            self._end(steerer, 1000)
+            self._end(steerer, code)

@@ -149,8 +149,9 @@ class WatchHub:
 
         self._closing.spawn(close())
 
-    def close(self) -> None:
-        """The session is over without a session.done handed out: the watchers close."""
+    def close(self, code: int = 1000) -> None:
+        """The session is over without a session.done handed out: the watchers close (1012: it
+        goes on at another replica, where they rejoin)."""
         self._closed = True
         for watcher in list(self._watchers):
-            self._end(watcher, 1000)
+            self._end(watcher, code)

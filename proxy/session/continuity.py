@@ -41,6 +41,7 @@ class Continuity:
         self._keeper = keeper
         self._init: bytes | None = None  # the init segment, once put
         self.handed_off = False  # left in the store for another replica: its record is kept
+        self._bound: dict[str, str] = {}  # kind → the token hash last bound
 
     @property
     def shared(self) -> bool:
@@ -66,6 +67,7 @@ class Continuity:
         """The session is `saved`, taken over with the keeper's lease: what the store holds of it."""
         assert self._keeper is not None
         self._init = saved.init
+        self._bound.update(saved.token_hashes)
         frames = (e for e in saved.log if isinstance(e, SavedFrame))
         self._keeper.payloads_kept((e.index, len(e.data)) for e in frames if e.index is not None and e.data)
         self._keeper.put({"detached_at": ""})
@@ -76,9 +78,14 @@ class Continuity:
             self._keeper.put(fields)
             self.tokens(tokens)
 
-    def tokens(self, hashes: Mapping[str, str]) -> None:
-        """The session's live tokens, hashed: any replica finds it by them."""
+    def tokens(self, hashes: Mapping[str, str], gone: tuple[str, ...] = ()) -> None:
+        """The session's live tokens, hashed: any replica finds it by them (`gone`: kinds that
+        no longer open it, forgotten by every replica)."""
         if self._keeper is not None:
+            for kind in gone:
+                if (old := self._bound.pop(kind, None)) is not None:
+                    self._keeper.unbind(kind, old)
+            self._bound.update(hashes)
             self._keeper.put({"tokens": json.dumps(dict(hashes))})
             self._keeper.bind(hashes)
 

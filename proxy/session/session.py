@@ -18,12 +18,11 @@ dropped connection or a move to another Triton, each part in its own module:
 Its participants (rtvideo.proxy.participants.links) each hold one link, with its outbox and its
 bounds: the `Owner`, whose frames steer the session (rtvideo.proxy.session.steering) and who is
 handed every reply, read-only watchers (rtvideo.proxy.participants.watchers), and guest steerers
-(rtvideo.proxy.participants.steerers), whose frames also go to `steer`. A resume attaches a new owner
-(`attach_owner`); a watch attaches a watcher (`attach_watcher`); a steer link a steerer
-(`attach_steerer`).
+(rtvideo.proxy.participants.steerers), whose frames also go to `steer`. A resume attaches a new
+owner (`attach_owner`), a watch a watcher (`attach_watcher`), a steer link a steerer.
 
-A session is made by a connection's `session.start` (rtvideo.proxy.edge.socket): a connection
-is not a session until its first message says so, and a resume attaches to an existing one.
+A session is made by a connection's `session.start` (rtvideo.proxy.edge.socket), or by a resume
+of a session another replica held (rtvideo.proxy.participants.takeover).
 Its phase and request id are written here alone (`Lifecycle`); its parts read them and tell
 it what happened by their return values or the `SteeredSession` and `InbandSource` seams.
 
@@ -250,7 +249,9 @@ class ProxySession:
             self.on_disconnect()
 
     def revoke_steering(self) -> int:
-        return self._invites.revoke_steering()
+        revoked = self._invites.revoke_steering()
+        self._continuity.tokens(self._invites.token_hashes(), gone=("steer",))  # never adopted again
+        return revoked
 
     def heard(self, message: Mapping[str, Any], sender: Guest | None) -> None:
         self._invites.heard(message, sender)
@@ -424,7 +425,7 @@ class ProxySession:
         self.metrics.sessions_active.dec()
         self._playhead.finish()
         self._trace.end()
-        self._invites.close()
+        self._invites.close(handed_off=self._continuity.handed_off)
         self._handouts.ended()
         self.tasks.spawn(self._continuity.end())  # its record goes, unless handed off
         log.info(
@@ -437,10 +438,9 @@ class ProxySession:
         self._on_closed(self)
 
     async def hand_off(self, timeout: float) -> None:
-        """Shutdown with a shared store (docs/operations.md "Rolling updates"): the session stays
-        in the store for the replica its owner resumes through. Nothing more is handed out, the
-        owner is closed with 1012 (Service Restart), the writes are finished and the lease is
-        released (the record stays), and the sequence here is ended, freeing its Triton slot."""
+        """Shutdown with a shared store (docs/operations.md "Rolling updates"): nothing more handed
+        out, the owner closed with 1012, the writes finished, the lease released (the record stays
+        for the replica it resumes through), the sequence here ended (its Triton slot freed)."""
         if not self._continuity.continuable or not self._life.claim_end():
             await self._ending.closed_within(timeout)
             return

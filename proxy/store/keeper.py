@@ -94,6 +94,14 @@ class StoreKeeper:
         for kind, token_hash in tokens.items():
             self._submit(functools.partial(self._bound, kind, token_hash))
 
+    def unbind(self, kind: str, token_hash: str) -> None:
+        """A token that no longer opens the session (a revoked steer token): no replica finds it."""
+        self._submit(functools.partial(self._unbound, kind, token_hash))
+
+    async def _unbound(self, kind: str, token_hash: str, _: Lease) -> bool:
+        await self._store.unbind_token(kind, token_hash)
+        return True
+
     async def _bound(self, kind: str, token_hash: str, _: Lease) -> bool:
         await self._store.bind_token(kind, token_hash, self.sid)
         return True
