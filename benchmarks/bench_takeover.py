@@ -34,16 +34,14 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import shutil
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bench_common import PACED_PARAMS, bench_triton, percentile
 
@@ -52,7 +50,7 @@ from rtvideo.client.session import RealtimeVideoClient
 
 # The replicas harness the end-to-end tests use lives with them, in tests/support.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import serve_redis
 from tests.support.replicas import Replicas
 
 MODEL = "realtime_video_takeover"
@@ -320,17 +318,8 @@ def report_histograms(replicas: Replicas) -> None:
                 )
 
 
-@contextlib.contextmanager
-def redis_server(directory: Path) -> Iterator[RedisServer]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (scripts/test.sh installs it: apt-get install -y redis-server)")
-    server = RedisServer(binary, directory)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+def no_redis() -> NoReturn:
+    raise SystemExit("redis-server is not installed (scripts/test.sh installs it: apt-get install -y redis-server)")
 
 
 async def scenario(shared: Replicas, own: Replicas, args: argparse.Namespace) -> int:
@@ -356,7 +345,7 @@ def main() -> None:
         for folder in ("shared", "memory"):
             (logs / folder).mkdir(parents=True, exist_ok=True)
         triton = stack.enter_context(bench_triton({MODEL: PACED_PARAMS}))
-        redis = stack.enter_context(redis_server(logs))
+        redis = stack.enter_context(serve_redis(logs, no_redis))
         options: dict[str, Any] = {
             "model": MODEL,
             "triton_metrics_port": triton.config.metrics_port,

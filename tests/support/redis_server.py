@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -109,12 +109,13 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def serve_redis(directory: Path) -> Iterator[RedisServer]:
+def serve_redis(directory: Path, absent: Callable[[], NoReturn] = missing) -> Iterator[RedisServer]:
     """A started server (the body of the `redis_url` fixture), stopped on the way out, an
-    exception's included."""
+    exception's included. No `redis-server` on PATH: `absent()` (a test's skip or failure;
+    a benchmark's exit)."""
     binary = shutil.which("redis-server")
     if binary is None:
-        missing()
+        absent()
     server = RedisServer(binary, directory)
     try:
         server.start()

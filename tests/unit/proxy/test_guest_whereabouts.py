@@ -7,31 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
 
 from rtvideo.proxy.edge.relay import Where, hop_url, locate
 from rtvideo.proxy.session.record import token_hash
-from rtvideo.proxy.store import open_store
 from rtvideo.proxy.store.base import LEASE_SECONDS, SessionStore
-
-
-@pytest.fixture(params=["memory", "redis"])
-def store_spec(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield "memory" if request.param == "memory" else request.getfixturevalue("redis_url")
-
-
-def run(spec: str, body: Any) -> Any:
-    async def main() -> Any:
-        store = open_store(spec)
-        try:
-            return await body(store)
-        finally:
-            await store.close()
-
-    return asyncio.run(asyncio.wait_for(main(), 30))
+from tests.support.stores import with_store
 
 
 def test_an_address_lives_while_it_is_renewed_and_goes_when_withdrawn(store_spec: str) -> None:
@@ -52,7 +32,7 @@ def test_an_address_lives_while_it_is_renewed_and_goes_when_withdrawn(store_spec
         assert await store.address(holder) is None
         assert await store.address("another-proxy") is None
 
-    run(store_spec, body)
+    with_store(store_spec, body)
 
 
 def test_holding_names_the_live_holder_without_the_log(store_spec: str) -> None:
@@ -70,7 +50,7 @@ def test_holding_names_the_live_holder_without_the_log(store_spec: str) -> None:
         await store.drop(sid)
         assert await store.holding(sid) is None
 
-    run(store_spec, body)
+    with_store(store_spec, body)
 
 
 def test_a_guest_door_finds_where_its_session_is(store_spec: str) -> None:
@@ -99,7 +79,7 @@ def test_a_guest_door_finds_where_its_session_is(store_spec: str) -> None:
         assert (await locate(store, "watch", token, "replica-b", 30)).where is Where.NOWHERE
         await store.advertise("replica-a", "", 0)
 
-    run(store_spec, body)
+    with_store(store_spec, body)
 
 
 def test_the_hop_goes_to_the_same_door_at_the_advertised_address() -> None:

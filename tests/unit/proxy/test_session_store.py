@@ -5,30 +5,12 @@ asked of a live holder, tokens found by their hash (docs/operations.md "When a p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from rtvideo.proxy.store import open_store
 from rtvideo.proxy.store.base import Payload, SessionStore, StoreUnavailable
 from rtvideo.proxy.store.keeper import StoreKeeper
-
-
-@pytest.fixture(params=["memory", "redis"])
-def store_spec(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield "memory" if request.param == "memory" else request.getfixturevalue("redis_url")
-
-
-def run(spec: str, body: Any) -> Any:
-    async def main() -> Any:
-        store = open_store(spec)
-        try:
-            return await body(store)
-        finally:
-            await store.close()
-
-    return asyncio.run(asyncio.wait_for(main(), 30))
+from tests.support.stores import with_store
 
 
 def test_one_holder_at_a_time_and_a_lost_lease_writes_nothing(store_spec: str) -> None:
@@ -57,7 +39,7 @@ def test_one_holder_at_a_time_and_a_lost_lease_writes_nothing(store_spec: str) -
         await store.drop(sid)
         assert await store.load(sid) is None
 
-    run(store_spec, body)
+    with_store(store_spec, body)
 
 
 def test_racing_takeovers_grant_one_lease(store_spec: str) -> None:
@@ -68,7 +50,7 @@ def test_racing_takeovers_grant_one_lease(store_spec: str) -> None:
         assert sum(lease is not None for lease in leases) == 1
         await store.drop(sid)
 
-    run(store_spec, body)
+    with_store(store_spec, body)
 
 
 def test_a_handoff_asked_with_the_live_token_ends_the_holders_renewals(store_spec: str) -> None:
@@ -87,7 +69,7 @@ def test_a_handoff_asked_with_the_live_token_ends_the_holders_renewals(store_spe
         assert taken is not None and await store.renew(sid, taken)  # the request was for the old holder
         await store.drop(sid)
 
-    run(store_spec, body)
+    with_store(store_spec, body)
 
 
 def test_tokens_are_found_by_their_hash_only(store_spec: str) -> None:
@@ -98,7 +80,7 @@ def test_tokens_are_found_by_their_hash_only(store_spec: str) -> None:
         await store.unbind_token("resume", "ab" * 32)
         assert await store.find("resume", "ab" * 32) is None
 
-    run(store_spec, body)
+    with_store(store_spec, body)
 
 
 def test_the_keeper_keeps_the_payloads_of_the_last_chunks_within_its_bound(store_spec: str) -> None:
@@ -117,7 +99,7 @@ def test_the_keeper_keeps_the_payloads_of_the_last_chunks_within_its_bound(store
         await keeper.end(forget=True)
         assert await store.load(sid) is None
 
-    run(store_spec, body)
+    with_store(store_spec, body)
 
 
 def test_the_keeper_writes_an_event_before_it_returns_and_stops_on_a_lost_lease(store_spec: str) -> None:
@@ -143,7 +125,7 @@ def test_the_keeper_writes_an_event_before_it_returns_and_stops_on_a_lost_lease(
         assert ("write", True) in seen and ("renew", False) not in seen
         await store.drop(sid)
 
-    run(store_spec, body)
+    with_store(store_spec, body)
 
 
 def test_with_the_store_unreachable_the_keeper_gives_up_at_once_and_says_so() -> None:
@@ -156,7 +138,7 @@ def test_with_the_store_unreachable_the_keeper_gives_up_at_once_and_says_so() ->
         await keeper.end(forget=True)
         return claimed, asyncio.get_running_loop().time() - began, seen
 
-    claimed, took, seen = run("redis://127.0.0.1:1/0", body)  # nothing listens on port 1
+    claimed, took, seen = with_store("redis://127.0.0.1:1/0", body)  # nothing listens on port 1
     assert not claimed and took < 5 and seen == [("acquire", False)]
 
 
@@ -179,4 +161,4 @@ def test_a_release_is_told_from_an_expiry_and_a_store_that_lost_the_session_is_n
         with pytest.raises(StoreUnavailable):
             await store.renew(sid, taken)  # the keeper goes on without the store, it does not let go
 
-    run(store_spec, body)
+    with_store(store_spec, body)
