@@ -23,13 +23,12 @@ from rtvideo.client.steer import SteerClient
 from rtvideo.client.watch import GuestLink, WatchClient, watch_url
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.session.record import token_hash
-from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.store import open_store
-from rtvideo.triton.access import key_from_env
 from rtvideo.triton.server import free_port
 from tests.support.proxy_host import ProxyHost, run, wait_idle
+from tests.support.replica_servers import replica_servers
 from tests.support.resume_client import NO_KEEPALIVE, Leg
-from tests.support.streams import FAST_MODEL, decode
+from tests.support.streams import decode
 from tests.support.tcp_relay import TcpRelay
 
 PROMPT = "a lantern festival over a river"
@@ -51,31 +50,17 @@ class Deployment:
 
 @pytest.fixture
 def deployment(proxies: ProxyHost, redis_url: str) -> Iterator[Deployment]:
-    started: list[ProxyServer] = []
     a_port = free_port()
     hop = TcpRelay(a_port)
-
-    async def start(**overrides: Any) -> ProxyServer:
-        settings = ProxySettings(
-            triton_url=proxies.triton_url,
-            model=FAST_MODEL,
-            triton_key=key_from_env(),
-            session_store=redis_url,
-            drain_seconds=5.0,
-            **overrides,
-        )
-        server = ProxyServer(settings)
-        await server.start()
-        return server
-
+    proxies.call(hop.up())
     try:
-        proxies.call(hop.up())
-        started.append(proxies.call(start(port=a_port, advertise_url=f"http://127.0.0.1:{hop.port}")))
-        started.append(proxies.call(start(port=0, watcher_buffer_bytes=B_GUEST_BUFFER)))
-        yield Deployment(started[0], started[1], hop, redis_url)
+        each = [
+            {"port": a_port, "advertise_url": f"http://127.0.0.1:{hop.port}"},
+            {"watcher_buffer_bytes": B_GUEST_BUFFER},
+        ]
+        with replica_servers(proxies, each=each, session_store=redis_url, drain_seconds=5.0) as (a, b):
+            yield Deployment(a, b, hop, redis_url)
     finally:
-        for server in started:
-            proxies.call(server.stop(), timeout=90)
         proxies.call(hop.down())
 
 

@@ -10,18 +10,10 @@ import json
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
-import pytest
-import torch
-
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from rtvideo.backend.loading import catalog
-from rtvideo.backend.media.encoder import FragmentedMp4Encoder
-from rtvideo.backend.replay.regenerate import replay_frames
-from rtvideo.core.session_log import read_log
 from tests.support.http_calls import drain, fetch, metric_values
 from tests.support.streams import check_stream_rules, decode
 from tests.support.triton_pair import (
@@ -33,24 +25,11 @@ from tests.support.triton_pair import (
     run_beside_main,
     wait_endpoints,
 )
+from tests.support.undisturbed import regenerate, worst_psnr
 
 SESSIONS = 8
 SIZE = {"width": 128, "height": 96}
 CAMERA = {"multi_modal_data": {"camera": {"mode": "target", "data": {"translation": [0.4, 0.1, 0.3]}}}}
-
-
-@pytest.fixture(scope="module")
-def generator() -> Iterator[BuiltinGenerator]:
-    """On one torch thread, as the model renders (`torch_threads` 1)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield BuiltinGenerator(device="cpu", fps=16)
-    torch.set_num_threads(threads)
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 class Steered(LiveClient):
@@ -135,11 +114,9 @@ def test_sessions_survive_a_kill_and_a_drain_with_the_frames_of_undisturbed_ones
         check_stream_rules(c.t)
         frames = decode(c.t.video)
         # the same session undisturbed: its events where they took effect, its encoder never replaced
-        encoder = FragmentedMp4Encoder(SIZE["width"], SIZE["height"], 16, catalog.LIMITS["builtin"])
-        replayed = replay_frames(read_log(c.log_lines()), generator)
-        want = decode(b"".join([encoder.encode_chunk(r.frames) for r in replayed] + [encoder.close()]))
+        want = regenerate(c.log_lines(), generator, SIZE["width"], SIZE["height"])
         assert frames.shape == want.shape and frames.shape[1:] == (SIZE["height"], SIZE["width"], 3)
-        worst = min(worst, min(psnr(g, w) for g, w in zip(frames, want, strict=True)))
+        worst = min(worst, worst_psnr(frames, want))
     started = {e for m in clients[0].t.media for e in m["started_event_ids"]}
     assert "storm" in started and "cam" in {e for m in clients[1].t.media for e in m["started_event_ids"]}
     assert worst >= 33.0, worst  # the encoder's noise: a chunk encoded after a move, by a fresh encoder

@@ -5,7 +5,6 @@ clients, the recording fetched over HTTP with its token and decoded by PyAV."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +13,11 @@ from typing import Any
 import pytest
 
 from rtvideo.proxy.app import ProxyServer
-from rtvideo.proxy.settings import ProxySettings
-from rtvideo.triton.access import key_from_env
 from tests.support.http_calls import fetch, finished, http_base, recording_url
 from tests.support.proxy_host import ProxyHost, run, wait_idle
+from tests.support.replica_servers import replica_servers, through_a_handoff
 from tests.support.resume_client import Leg, continuous_stream, media_pairs
-from tests.support.streams import FAST_MODEL, decode
+from tests.support.streams import decode
 
 pytestmark = pytest.mark.triton
 
@@ -32,34 +30,8 @@ STORM = {"type": "session.interaction", "interaction": {"event_id": "e1", "event
 @pytest.fixture
 def replicas(proxies: ProxyHost, redis_url: str, tmp_path: Path) -> Iterator[list[ProxyServer]]:
     """Two proxies of one deployment: one Triton, one shared session store, one recordings folder."""
-    started: list[ProxyServer] = []
-
-    async def start() -> ProxyServer:
-        settings = ProxySettings(
-            port=0,
-            triton_url=proxies.triton_url,
-            model=FAST_MODEL,
-            triton_key=key_from_env(),
-            session_store=redis_url,
-            drain_seconds=5.0,
-            recordings=str(tmp_path),
-        )
-        server = ProxyServer(settings)
-        await server.start()
-        return server
-
-    try:
-        started.extend(proxies.call(start()) for _ in range(2))
+    with replica_servers(proxies, session_store=redis_url, drain_seconds=5.0, recordings=str(tmp_path)) as started:
         yield started
-    finally:
-        for server in started:
-            proxies.call(server.stop(), timeout=90)
-
-
-async def _read_media(leg: Leg, count: int) -> None:
-    for _ in range(count):
-        while (await leg.read())["type"] != "video.chunk_metadata" or leg.messages[-1]["kind"] != "media":
-            pass
 
 
 def test_a_recording_goes_on_under_its_id_at_the_replica_that_takes_the_session_over(
@@ -72,24 +44,7 @@ def test_a_recording_goes_on_under_its_id_at_the_replica_that_takes_the_session_
         first = await Leg.open(a.url)
         start = await first.start(PROMPT, num_frames=FRAMES, seed=41, record=True, **SIZE)
         assert start["type"] == "video.start" and start["recording_id"] and start["recording_token"], start
-        await _read_media(first, 3)
-        await first.send(STORM)
-        await first.until("session.interaction.queued", event_id="e1")
-        await _read_media(first, 1)
-        handed = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(a.drain(0.0), proxies.loop))
-        while True:  # read on until the close 1012 (frames the proxy still wrote come first)
-            try:
-                await first.read(10)
-            except Exception:  # noqa: BLE001 - the close ends the read
-                break
-        assert first.conn.close_code == 1012, first.conn.close_code
-        await handed
-        second, resumed = await Leg.resumed(b.url, start["resume_token"], first.last_index)
-        assert resumed["type"] == "video.start" and resumed["resumed"] is True, resumed
-        await _read_media(second, 3)
-        await second.send({"type": "session.stop"})
-        await second.until("session.done", timeout=60)
-        await second.conn.close()
+        second, _ = await through_a_handoff(proxies, first, start["resume_token"], a, b, STORM)
         return first, second, start
 
     first, second, start = run(body(), timeout=240)

@@ -24,36 +24,24 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from rtvideo.backend.loading import catalog
-from rtvideo.backend.media.encoder import FragmentedMp4Encoder
-from rtvideo.backend.replay.regenerate import replay_frames
 from rtvideo.client.session import Chunk, RealtimeVideoClient
 from rtvideo.client.steer import SteerClient
 from rtvideo.client.watch import GuestLink
-from rtvideo.core.session_log import read_log
 from tests.support.omni_triton import FPC
 from tests.support.omni_triton import MODEL as OMNI_MODEL
 from tests.support.proxy_host import run
 from tests.support.replicas import Replicas
 from tests.support.streams import decode
 from tests.support.triton_pair import ROOMY_MODEL, Pair
+from tests.support.undisturbed import regenerate, worst_psnr
 
 SIZE = {"width": 128, "height": 96}
 FRAMES = 4000  # more than the test lasts: it stops every session
 WATCHED, STEERED, RECORDED, PLAIN = (0, 1), (2, 3), (4, 5), (6,)
 BUILTIN = 7
 FLAGS = ("--max-sessions-per-client", "16")  # every client is 127.0.0.1 behind the balancer
-
-
-@pytest.fixture(scope="module")
-def generator() -> Iterator[BuiltinGenerator]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield BuiltinGenerator(device="cpu", fps=16)
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -142,11 +130,6 @@ async def until(what: Callable[[], bool], why: str, timeout: float = 60.0) -> No
         await asyncio.sleep(0.05)
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
-
-
 def undisturbed(
     owner: Owner, guest: Guest | None, guest_sent: list[dict[str, Any]], generator: BuiltinGenerator
 ) -> np.ndarray:
@@ -157,9 +140,7 @@ def undisturbed(
     acks = [m for m in (guest.messages if guest is not None else []) if m.get("type") == "session.interaction.queued"]
     lines += [{"dir": "out", "message": m} for m in [*owner.acks, *acks]]
     lines += [{"dir": "out", "message": c.metadata} for c in owner.got]
-    encoder = FragmentedMp4Encoder(SIZE["width"], SIZE["height"], 16, catalog.LIMITS["builtin"])
-    replayed = replay_frames(read_log(lines), generator)
-    return decode(b"".join([encoder.encode_chunk(r.frames) for r in replayed] + [encoder.close()]))
+    return regenerate(lines, generator, SIZE["width"], SIZE["height"])
 
 
 def recording(base: str, rid: str, key: str, file: str) -> bytes:
@@ -259,7 +240,7 @@ def test_a_kill_9_and_a_rolling_restart_of_the_proxies_lose_no_session(
             steerer = steerers[STEERED.index(i)] if i in STEERED else None
             want = undisturbed(owner, steerer, guest_sent.get(i, []), generator)
             assert frames.shape == want.shape, (i, frames.shape, want.shape)
-            worst = min(worst, min(psnr(g, w) for g, w in zip(frames, want, strict=True)))
+            worst = min(worst, worst_psnr(frames, want))
     assert worst >= 33.0, worst
     for guest in watchers + steerers:
         assert guest.link.rejoins >= 1 and guest.media >= 3

@@ -14,20 +14,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from rtvideo.backend.loading import catalog
-from rtvideo.backend.media.encoder import FragmentedMp4Encoder
-from rtvideo.backend.replay.regenerate import replay_frames
-from rtvideo.core.session_log import read_log
 from rtvideo.proxy.app import ProxyServer
-from rtvideo.proxy.settings import ProxySettings
-from rtvideo.triton.access import key_from_env
 from tests.support.http_calls import fetch, metric_values
 from tests.support.proxy_host import ProxyHost, run, wait_idle
+from tests.support.replica_servers import replica_servers, through_a_handoff
 from tests.support.resume_client import Leg, continuous_stream, media_pairs
-from tests.support.streams import FAST_MODEL, PACED_MODEL, decode, wait_for_metric
+from tests.support.streams import PACED_MODEL, decode, wait_for_metric
+from tests.support.undisturbed import regenerate, worst_psnr
 
 PROMPT = "a lighthouse on a cliff at dusk"
 FRAMES = 4000  # more than the test reads: it stops the session
@@ -35,54 +30,18 @@ SIZE = {"width": 128, "height": 96}
 STORM = {"type": "session.interaction", "interaction": {"event_id": "e1", "event": {"prompt": "a storm"}}}
 
 
-def start_replicas(proxies: ProxyHost, redis_url: str, model: str) -> list[ProxyServer]:
-    """Two proxies of one deployment: one Triton, one shared store."""
-
-    async def start() -> ProxyServer:
-        settings = ProxySettings(
-            port=0,
-            triton_url=proxies.triton_url,
-            model=model,
-            triton_key=key_from_env(),
-            session_store=redis_url,
-            drain_seconds=5.0,
-        )
-        server = ProxyServer(settings)
-        await server.start()
-        return server
-
-    return [proxies.call(start()) for _ in range(2)]
-
-
 @pytest.fixture
 def replicas(proxies: ProxyHost, redis_url: str) -> Iterator[list[ProxyServer]]:
-    started = start_replicas(proxies, redis_url, FAST_MODEL)
-    yield started
-    for server in started:
-        proxies.call(server.stop(), timeout=90)
+    """Two proxies of one deployment: one Triton, one shared store."""
+    with replica_servers(proxies, session_store=redis_url, drain_seconds=5.0) as started:
+        yield started
 
 
 @pytest.fixture
 def paced_replicas(proxies: ProxyHost, redis_url: str) -> Iterator[list[ProxyServer]]:
     """As `replicas`, on the model that paces its stream: a session lasts as long as its video."""
-    started = start_replicas(proxies, redis_url, PACED_MODEL)
-    yield started
-    for server in started:
-        proxies.call(server.stop(), timeout=90)
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
-
-
-@pytest.fixture(scope="module")
-def generator() -> Iterator[BuiltinGenerator]:
-    """On one torch thread, as the model renders (`torch_threads` 1)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield BuiltinGenerator(device="cpu", fps=16)
-    torch.set_num_threads(threads)
+    with replica_servers(proxies, model=PACED_MODEL, session_store=redis_url, drain_seconds=5.0) as started:
+        yield started
 
 
 def undisturbed(sent: list[dict[str, Any]], legs: list[Leg], generator: BuiltinGenerator) -> np.ndarray:
@@ -90,15 +49,7 @@ def undisturbed(sent: list[dict[str, Any]], legs: list[Leg], generator: BuiltinG
     (its events where they took effect), encoded by one encoder: as if nothing had happened."""
     lines = [{"dir": "in", "message": m} for m in sent]
     lines += [{"dir": "out", "message": m} for leg in legs for m in leg.messages]
-    encoder = FragmentedMp4Encoder(SIZE["width"], SIZE["height"], 16, catalog.LIMITS["builtin"])
-    replayed = replay_frames(read_log(lines), generator)
-    return decode(b"".join([encoder.encode_chunk(r.frames) for r in replayed] + [encoder.close()]))
-
-
-async def _read_media(leg: Leg, count: int) -> None:
-    for _ in range(count):
-        while (await leg.read())["type"] != "video.chunk_metadata" or leg.messages[-1]["kind"] != "media":
-            pass
+    return regenerate(lines, generator, SIZE["width"], SIZE["height"])
 
 
 def test_a_proxy_shutdown_hands_its_session_to_the_other_replica(
@@ -112,24 +63,7 @@ def test_a_proxy_shutdown_hands_its_session_to_the_other_replica(
         first = await Leg.open(a.url)
         start = await first.start(PROMPT, num_frames=FRAMES, seed=seed, **SIZE)
         assert start["type"] == "video.start" and start["resume_token"]  # resumable by default with a store
-        await _read_media(first, 3)
-        await first.send(STORM)
-        await first.until("session.interaction.queued", event_id="e1")
-        await _read_media(first, 1)
-        handed = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(a.drain(0.0), proxies.loop))
-        while True:  # read on until the close 1012 (frames the proxy still wrote come first)
-            try:
-                await first.read(10)
-            except Exception:  # noqa: BLE001 - the close ends the read
-                break
-        assert first.conn.close_code == 1012, first.conn.close_code
-        await handed
-        second, resumed = await Leg.resumed(b.url, start["resume_token"], first.last_index)
-        assert resumed["type"] == "video.start" and resumed["resumed"] is True, resumed
-        await _read_media(second, 3)
-        await second.send({"type": "session.stop"})
-        await second.until("session.done", timeout=60)
-        await second.conn.close()
+        second, resumed = await through_a_handoff(proxies, first, start["resume_token"], a, b, STORM)
         return first, second, resumed
 
     first, second, resumed = run(body(), timeout=240)
@@ -145,7 +79,7 @@ def test_a_proxy_shutdown_hands_its_session_to_the_other_replica(
     sent = [{"type": "session.start", "prompt": PROMPT, "num_frames": FRAMES, "seed": 77, **SIZE}, STORM]
     want = undisturbed(sent, [first, second], generator)
     assert got.shape == want.shape
-    worst = min(psnr(g, w) for g, w in zip(got, want, strict=True))
+    worst = worst_psnr(got, want)
     assert worst >= 33.0, worst  # the encoder's noise after the move (tests/e2e/test_moves.py)
     assert "e1" in {e for m, _ in pairs for e in m["started_event_ids"]}
 
@@ -162,7 +96,7 @@ def test_two_resumes_racing_at_two_replicas_leave_one_driver(
     async def body() -> tuple[list[dict[str, Any]], int]:
         first = await Leg.open(a.url)
         start = await first.start(PROMPT, num_frames=FRAMES, seed=5, **SIZE)
-        await _read_media(first, 2)
+        await first.media(2)
         first.drop()
         at_a = Leg.resumed(a.url, start["resume_token"], first.last_index)
 
@@ -173,7 +107,7 @@ def test_two_resumes_racing_at_two_replicas_leave_one_driver(
         (leg_a, answer_a), (leg_b, answer_b) = await asyncio.gather(at_a, at_b())
         answers = [answer_a, answer_b]
         winner = leg_a if answer_a["type"] == "video.start" else leg_b
-        await _read_media(winner, 2)
+        await winner.media(2)
         live = await asyncio.to_thread(proxies.call, _count_live(replicas))
         # one Triton sequence (the paced model holds it while it streams)
         await asyncio.to_thread(wait_for_metric, triton, "rtvideo_active_sessions", PACED_MODEL, 1, 30)
@@ -197,28 +131,16 @@ def test_with_the_store_unreachable_sessions_are_served_without_continuation(pro
     held, health says the store is unreachable (the proxy stays ready), the errors are counted."""
     wait_idle(triton)
 
-    async def start() -> ProxyServer:
-        settings = ProxySettings(
-            port=0,
-            triton_url=proxies.triton_url,
-            model=FAST_MODEL,
-            triton_key=key_from_env(),
-            session_store="redis://127.0.0.1:1/0",  # port 1: connection refused
-        )
-        server = ProxyServer(settings)
-        await server.start()
-        return server
-
-    server = proxies.call(start())
-    try:
+    unreachable = "redis://127.0.0.1:1/0"  # port 1: connection refused
+    with replica_servers(proxies, count=1, session_store=unreachable) as (server,):
 
         async def body() -> Leg:
             leg = await Leg.open(server.url)
             await leg.start(PROMPT, num_frames=FRAMES, seed=9, **SIZE)
-            await _read_media(leg, 2)
+            await leg.media(2)
             await leg.send(STORM)
             await leg.until("session.interaction.queued", event_id="e1")
-            await _read_media(leg, 2)
+            await leg.media(2)
             await leg.send({"type": "session.stop"})
             await leg.until("session.done", timeout=60)
             return leg
@@ -231,8 +153,6 @@ def test_with_the_store_unreachable_sessions_are_served_without_continuation(pro
         assert fetch(f"http://127.0.0.1:{server.port}/readyz")[0] == 200
         values = metric_values(server.port)
         assert values['rtvideo_proxy_store_errors_total{call="acquire"}'] >= 1
-    finally:
-        proxies.call(server.stop(), timeout=90)
 
 
 def test_a_resume_at_another_replica_takes_a_live_holders_session(
@@ -246,10 +166,10 @@ def test_a_resume_at_another_replica_takes_a_live_holders_session(
     async def body() -> tuple[Leg, Leg, dict[str, Any], int]:
         first = await Leg.open(a.url)
         start = await first.start(PROMPT, num_frames=FRAMES, seed=6, **SIZE)
-        await _read_media(first, 2)
+        await first.media(2)
         first.drop()
         second, resumed = await Leg.resumed(b.url, start["resume_token"], first.last_index)
-        await _read_media(second, 2)
+        await second.media(2)
         live = await asyncio.to_thread(proxies.call, _count_live([a]))
         await asyncio.to_thread(wait_for_metric, triton, "rtvideo_active_sessions", PACED_MODEL, 1, 30)
         await second.send({"type": "session.stop"})

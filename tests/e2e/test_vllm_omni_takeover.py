@@ -7,7 +7,6 @@ record."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,10 +14,9 @@ import numpy as np
 import pytest
 
 from rtvideo.proxy.app import ProxyServer
-from rtvideo.proxy.settings import ProxySettings
-from rtvideo.triton.access import key_from_env
 from tests.support.omni_triton import FPC, MODEL, Engine
 from tests.support.proxy_host import ProxyHost, run
+from tests.support.replica_servers import hand_over, replica_servers
 from tests.support.resume_client import Leg, continuous_stream, media_pairs
 from tests.support.streams import decode
 
@@ -28,28 +26,8 @@ CHUNKS = 14
 @pytest.fixture
 def omni_replicas(omni: tuple[ProxyHost, dict[str, Engine]], redis_url: str) -> Iterator[list[ProxyServer]]:
     proxies, _ = omni
-    started: list[ProxyServer] = []
-
-    async def start() -> ProxyServer:
-        settings = ProxySettings(
-            port=0, triton_url=proxies.triton_url, model=MODEL, triton_key=key_from_env(), session_store=redis_url
-        )
-        server = ProxyServer(settings)
-        await server.start()
-        return server
-
-    try:
-        started.extend(proxies.call(start()) for _ in range(2))
+    with replica_servers(proxies, model=MODEL, session_store=redis_url) as started:
         yield started
-    finally:
-        for server in started:
-            proxies.call(server.stop(), timeout=90)
-
-
-async def _media(leg: Leg, count: int) -> None:
-    for _ in range(count):
-        while (await leg.read(60))["type"] != "video.chunk_metadata" or leg.messages[-1]["kind"] != "media":
-            pass
 
 
 def test_a_handed_off_vllm_omni_session_goes_on_from_its_last_frame(
@@ -63,20 +41,11 @@ def test_a_handed_off_vllm_omni_session_goes_on_from_its_last_frame(
         first = await Leg.open(a.url)
         start = await first.start("a harbour", seed=611, num_frames=CHUNKS * FPC)
         assert start["type"] == "video.start" and start["resume_token"], start
-        await _media(first, 2)
+        await first.media(2, 60)
         await first.interact("late snow", "late", 1)
         await first.until("session.interaction.queued", event_id="late")
-        await _media(first, 2)
-        handed = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(a.drain(0.0), proxies.loop))
-        while True:
-            try:
-                await first.read(10)
-            except Exception:  # noqa: BLE001 - the close ends the read
-                break
-        assert first.conn.close_code == 1012
-        await handed
-        second, resumed = await Leg.resumed(b.url, start["resume_token"], first.last_index)
-        assert resumed["type"] == "video.start" and resumed["resumed"] is True, resumed
+        await first.media(2, 60)
+        second, resumed = await hand_over(proxies, first, start["resume_token"], a, b)
         await second.until("session.done", timeout=120)
         await second.conn.close()
         return first, second, resumed

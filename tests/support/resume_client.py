@@ -5,12 +5,14 @@ the assembly of several legs into one continuous stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from rtvideo.proxy.participants.replay import init_segment, strip_init
 
@@ -100,6 +102,20 @@ class Leg:
             message = await self.read(timeout)
             if message["type"] == kind and all(message.get(k) == v for k, v in match.items()):
                 return message
+
+    async def media(self, count: int, timeout: float = 30.0) -> None:
+        """Read on until `count` more media pairs were read whole (init pairs and messages between
+        them are read and kept too)."""
+        for _ in range(count):
+            while (await self.read(timeout))["type"] != "video.chunk_metadata" or self.messages[-1]["kind"] != "media":
+                pass
+
+    async def read_to_close(self, timeout: float = 10.0) -> None:
+        """Read, keeping what comes, until the connection closes (its code is `conn.close_code`)
+        or nothing comes within `timeout` seconds (the code is then None)."""
+        with contextlib.suppress(ConnectionClosed, asyncio.TimeoutError):
+            while True:
+                await self.read(timeout)
 
     @property
     def last_index(self) -> int:
