@@ -48,7 +48,11 @@ class ProxySettings:
         secret=True,
     )
     resolve_interval: float = setting(10.0, "seconds between resolutions of the Triton host names (0: only at start)")
-    drain_seconds: float = setting(30.0, "on SIGTERM, seconds live sessions may run on before server_shutdown")
+    drain_seconds: float = setting(
+        30.0,
+        "on SIGTERM, seconds live sessions may run on before server_shutdown (with a shared "
+        "--session-store, a resumable session is handed off at once instead: close 1012)",
+    )
     allowed_origins: tuple[str, ...] = setting(
         (),
         "extra allowed browser Origin, scheme://host[:port] (repeatable; '*' allows any); "

@@ -61,9 +61,6 @@ class StoreKeeper:
         self._tasks = [asyncio.ensure_future(self._write_all(lease, held))]
         return held
 
-    async def claim(self, lease: Lease | None = None) -> bool:
-        return await self.start(lease)
-
     def put(self, fields: Mapping[str, str]) -> None:
         self._submit(lambda lease: self._store.put(self.sid, lease, fields))
 

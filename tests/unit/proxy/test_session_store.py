@@ -88,7 +88,7 @@ def test_the_keeper_keeps_the_payloads_of_the_last_chunks_within_its_bound(store
         sid = f"s-{store_spec[:5]}-payloads"
         await store.drop(sid)
         keeper = StoreKeeper(store, sid, "replica-a", lambda *_: None, payload_bytes=250)
-        assert await keeper.claim()
+        assert await keeper.start()
         for index in range(6):
             keeper.handed_out(f'{{"i": {index}}}', index, bytes([index]) * 100)
         keeper.handed_out('{"type": "ack"}', None, None)
@@ -108,7 +108,7 @@ def test_the_keeper_writes_an_event_before_it_returns_and_stops_on_a_lost_lease(
         await store.drop(sid)
         seen: list[tuple[str, bool]] = []
         keeper = StoreKeeper(store, sid, "replica-a", lambda call, _, ok: seen.append((call, ok)), lease_seconds=0.6)
-        assert await keeper.claim()
+        assert await keeper.start()
         keeper.bind({"resume": "r1"})
         keeper.put({"request_id": "r"})
         await keeper.event('{"prompt": "a"}')
@@ -133,7 +133,7 @@ def test_with_the_store_unreachable_the_keeper_gives_up_at_once_and_says_so() ->
         seen: list[tuple[str, bool]] = []
         keeper = StoreKeeper(store, "s-down", "replica-a", lambda call, _, ok: seen.append((call, ok)))
         began = asyncio.get_running_loop().time()
-        claimed = await keeper.claim()
+        claimed = await keeper.start()
         await keeper.event("{}")  # nothing to wait for: never claimed
         await keeper.end(forget=True)
         return claimed, asyncio.get_running_loop().time() - began, seen
