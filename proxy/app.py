@@ -33,6 +33,7 @@ from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
 from rtvideo.proxy.store import open_store
 from rtvideo.proxy.store.base import SessionStore, StoreUnavailable
+from rtvideo.redaction import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +431,15 @@ class ProxyServer:
             self._health_server.add_sockets(health_sockets)
             log.info("health and metrics listening on %s", self.health_url)
         self._advertise()
-        log.info("proxy listening on %s (triton %s, model %s)", self.url, self.settings.triton_url, self.settings.model)
+        settings = self.settings
+        log.info(
+            "proxy listening on %s (triton %s, model %s, session store %s, recordings %s)",
+            self.url,
+            settings.triton_url,
+            settings.model,
+            redact_url(settings.session_store),  # a store URL's password is never shown
+            redact_url(settings.recordings) if settings.recordings else "off",
+        )
 
     def _advertise(self) -> None:
         """With a shared store: where the other replicas forward this proxy's sessions' guests

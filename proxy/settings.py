@@ -9,6 +9,7 @@ from typing import Any
 
 from rtvideo import settings_text
 from rtvideo.proxy.placement.addresses import parse_urls, trusted_networks
+from rtvideo.proxy.store import check_store
 from rtvideo.settings_text import setting
 
 MiB = 1024 * 1024
@@ -176,6 +177,7 @@ class ProxySettings:
         None,
         "where session recordings are stored (docs/recordings.md): a directory, or an fsspec URL such as "
         "s3://bucket/prefix (needs rtvideo[recordings]); unset: recordings off",
+        secret=True,  # an fsspec URL may carry a key: shown only through rtvideo.redaction.redact_url
     )
     recordings_max_bytes: int = setting(
         10 * 1024 * MiB, "bytes all recordings may take together; the oldest finished ones go first"
@@ -242,6 +244,7 @@ class ProxySettings:
         if self.move_patience_seconds < 0:
             raise ValueError("move_patience_seconds must be >= 0 (0: moves off)")
         parse_urls(self.triton_url)  # HOST:PORT, each one
+        check_store(self.session_store)  # a malformed URL is refused here, its password masked
         if self.advertise_url is not None and not re.fullmatch(r"https?://[^/?#\s]+/?", self.advertise_url):
             raise ValueError(f"advertise_url {self.advertise_url!r}: use http://HOST:PORT (no path)")
         if self.ping_interval and self.ping_timeout > self.ping_interval:

@@ -18,6 +18,7 @@ from tornado.httputil import HTTPServerRequest, split_host_and_port
 from tornado.web import RequestHandler
 
 from rtvideo.proxy.placement.addresses import client_address, trusted_networks
+from rtvideo.redaction import QUERY_CREDENTIALS
 
 #: names of this machine: pages served from them are local development pages
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -31,6 +32,11 @@ def bearer(request: HTTPServerRequest) -> str | None:
 
 
 def query_value(request: HTTPServerRequest, name: str) -> str | None:
+    """The credential `name` of the request's query (its last value), if there is one. The only
+    reader of query values in the proxy, and only for the names in `QUERY_CREDENTIALS` (the
+    list the access log masks): a credential read here is never written in clear in a log."""
+    if name not in QUERY_CREDENTIALS:
+        raise ValueError(f"{name!r} is not a query credential (rtvideo.redaction.QUERY_CREDENTIALS)")
     values = request.query_arguments.get(name)
     return values[-1].decode("utf-8", "replace").strip() if values else None
 

@@ -27,7 +27,7 @@ from tornado.websocket import WebSocketHandler
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.proxy.edge.access import origin_allowed, refused_without_token
+from rtvideo.proxy.edge.access import origin_allowed, query_value, refused_without_token
 from rtvideo.proxy.edge.relay import (
     RELAYED_HEADER,
     HopRefused,
@@ -93,8 +93,7 @@ class _GuestDoor(WebSocketHandler, Generic[S]):
         ctx = self.context
         if refused_without_token(self, ctx.settings.token, lambda reason: ctx.metrics.rejected.labels(reason).inc()):
             return
-        values = self.request.query_arguments.get(f"{self.kind}_token") or [b""]
-        token = values[-1].decode("utf-8", "replace")
+        token = query_value(self.request, f"{self.kind}_token") or ""
         try:
             session = self.book().find(token)
         except ResumeRefused as exc:

@@ -1,11 +1,14 @@
 """The proxy's access log, with secrets kept out of it.
 
 The demo page passes the bearer token as `?token=...` (a browser cannot set headers on a
-WebSocket), and Tornado's own access line is `<status> <method> <uri> (<ip>) <ms>`: the
-token would land in every log. `log_request` (the application's `log_function`) writes the
-same line with each `token` query value replaced by `***`; `SecretFilter`, on Tornado's
-loggers, does the same to anything else they write (an uncaught exception names the URI),
-and to `Bearer` credentials. Request headers are never logged.
+WebSocket), guest and recording links carry theirs as `?watch_token=...` and the like, and
+Tornado's own access line is `<status> <method> <uri> (<ip>) <ms>`: the tokens would land in
+every log. `log_request` (the application's `log_function`) writes the same line with the value
+of every secret query parameter masked: the names are `rtvideo.redaction.SECRET_PARAMS`, the one
+list the URL parsing (`rtvideo.proxy.edge.access.query_value`) and docs/security.md share,
+and any name that ends like a credential (`..._token`, `...key`). `SecretFilter`, on Tornado's
+loggers, does the same to anything else they write (an uncaught exception names the URI), and
+to `Bearer` credentials and URL passwords. Request headers are never logged.
 
 Levels: below 400 INFO, except the probe endpoints (`/healthz`, `/readyz`, `/livez`,
 `/metrics`: a load balancer polls them) at DEBUG; a 503 from a probe endpoint is INFO (the
@@ -16,40 +19,21 @@ down) WARNING; other 5xx ERROR.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
-from urllib.parse import unquote_plus
 
 from tornado.log import access_log
 
-__all__ = ["SecretFilter", "install_filter", "log_request", "redact"]
+from rtvideo.redaction import SECRET_PARAMS, redact_text, redact_uri
 
-#: query parameters whose value never reaches a log
-SECRET_PARAMS = frozenset({"token", "watch_token", "steer_token", "recording_token"})  # links that carry a key
+# SECRET_PARAMS and redact_text are rtvideo.redaction's, re-exported: what this log masks
+__all__ = ["SECRET_PARAMS", "SecretFilter", "install_filter", "log_request", "redact", "redact_text"]
+
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/livez", "/metrics"})
-_MASK = "***"
-_BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\",;)]+")
-_QUERY_SECRET = re.compile(
-    r"(?i)([?&;](?:watch_|steer_|recording_)?(?:%74|t)(?:%6f|o)(?:%6b|k)(?:%65|e)(?:%6e|n)=)[^&\s'\"#;)]*"
-)
 
 
 def redact(uri: str) -> str:
     """`uri` with the value of every secret query parameter (however its name is encoded) masked."""
-    path, sep, rest = uri.partition("?")
-    if not sep:
-        return uri
-    query, hash_sep, fragment = rest.partition("#")
-    parts = []
-    for piece in query.split("&"):
-        name, _eq, _value = piece.partition("=")
-        parts.append(f"{name}={_MASK}" if unquote_plus(name).lower() in SECRET_PARAMS else piece)
-    return f"{path}?{'&'.join(parts)}{hash_sep}{fragment}"
-
-
-def redact_text(text: str) -> str:
-    """Free text (a log message) with `token=` query values and `Bearer` credentials masked."""
-    return _BEARER.sub(rf"\g<1>{_MASK}", _QUERY_SECRET.sub(rf"\g<1>{_MASK}", text))
+    return redact_uri(uri)
 
 
 def log_request(handler: Any) -> None:
@@ -89,8 +73,14 @@ class SecretFilter(logging.Filter):
 
 
 def install_filter() -> None:
-    """Put a `SecretFilter` on Tornado's loggers (once)."""
+    """Put a `SecretFilter` on Tornado's loggers and on the root logger's handlers (once each):
+    a logger's filter sees only what is logged on it, a handler's also what its children pass
+    up, so every line the proxy writes (a library's exception that names a URL included) is
+    masked, not only the lines written with `redact_url` in hand."""
     for name in ("tornado.access", "tornado.application", "tornado.general"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, SecretFilter) for f in logger.filters):
             logger.addFilter(SecretFilter())
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, SecretFilter) for f in handler.filters):
+            handler.addFilter(SecretFilter())

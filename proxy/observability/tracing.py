@@ -19,10 +19,10 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode
+from rtvideo.redaction import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +108,9 @@ def otlp_provider(endpoint: str, service: str) -> Any:
 
 
 def shown_endpoint(endpoint: str) -> str:
-    """`endpoint` as it may be logged: scheme, host and port, never a user or a password."""
-    parts = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")
-    host = parts.hostname or "?"
-    return f"{parts.scheme + '://' if parts.scheme else ''}{host}{f':{parts.port}' if parts.port else ''}"
+    """`endpoint` as it may be logged: its password and secret query values masked
+    (rtvideo.redaction.redact_url, which never raises on a malformed one)."""
+    return redact_url(endpoint)
 
 
 def wall_ns(perf: float) -> int:

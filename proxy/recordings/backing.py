@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from rtvideo.proxy.recordings import ids
+from rtvideo.redaction import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class FsspecBacking:
             import fsspec
         except ImportError as exc:
             raise ValueError(
-                f"--recordings {url}: a URL store needs fsspec (pip install 'rtvideo[recordings]')"
+                f"--recordings {redact_url(url)}: a URL store needs fsspec (pip install 'rtvideo[recordings]')"
             ) from exc
         self.fs, self.prefix = fsspec.core.url_to_fs(url)
         self.fs.makedirs(self.prefix, exist_ok=True)

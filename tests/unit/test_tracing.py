@@ -129,5 +129,6 @@ def test_triton_trace_flags_and_logged_endpoint() -> None:
     args = trace_args("127.0.0.1:4318/v1/traces")
     assert "--trace-config=mode=opentelemetry" in args
     assert "--trace-config=opentelemetry,url=127.0.0.1:4318/v1/traces" in args
-    assert tracing.shown_endpoint("https://user:pw@collector:4317/x") == "https://collector:4317"
+    assert tracing.shown_endpoint("https://user:pw@collector:4317/x") == "https://user:***@collector:4317/x"
+    assert tracing.shown_endpoint("https://user:pw@collector:notaport") == "https://user:***@collector:notaport"
     assert tracing.shown_endpoint("collector:4317") == "collector:4317"
