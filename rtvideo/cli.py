@@ -10,6 +10,9 @@ here always has an access key (`--triton-key` / `RTVIDEO_TRITON_KEY`, else one g
 and known only to this process and its proxy; docs/security.md); bound elsewhere than loopback
 it must be given one.
 
+`rtvideo triton`: one keyed Triton alone (`rtvideo.triton.standalone`); `rtvideo replicas`: one
+Triton, several proxies, Redis and HAProxy on this machine, to try replicas (`rtvideo.replicas`).
+
 `rtvideo record`: a WebSocket client that records one session (`rtvideo.client.record`).
 It needs only `websockets` and PyAV: the serving modules (Tornado, tritonclient, torch)
 are imported by `serve` alone, so this module imports none of them at the top.
@@ -141,6 +144,26 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
+    from rtvideo.triton import standalone
+
+    standalone.add_arguments(
+        commands.add_parser(
+            "triton",
+            help="start one keyed Triton alone, for proxies started with --triton-url",
+            description=standalone.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    from rtvideo import replicas
+
+    replicas.add_arguments(
+        commands.add_parser(
+            "replicas",
+            help="try replicas locally: one Triton, N proxies, Redis and HAProxy",
+            description=replicas.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     from rtvideo.backend.replay import command as replay_command  # torch and PyAV only when it runs
 
     replay_command.add_arguments(
@@ -170,6 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rtvideo.client import record
 
         return record.main(args)
+    if args.command == "triton":
+        from rtvideo.triton import standalone
+
+        return standalone.main(args)
+    if args.command == "replicas":
+        from rtvideo import replicas
+
+        return replicas.main(args)
     if args.command == "replay":
         from rtvideo.backend.replay import command as replay_command
 
