@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtvideo import settings_text
-from rtvideo.proxy.placement.addresses import parse_urls, trusted_networks
+from rtvideo.proxy.placement.addresses import (
+    DEFAULT_PREFIX_V4,
+    DEFAULT_PREFIX_V6,
+    client_group,
+    parse_urls,
+    trusted_networks,
+)
 from rtvideo.proxy.store import check_store
 from rtvideo.settings_text import setting
 
@@ -17,6 +23,10 @@ MiB = 1024 * 1024
 #: the waiting share (`awaiting_start_bound`) is full: a client sends its start right after the
 #: upgrade, so one that waited this long is idle (or held open on purpose)
 AWAITING_START_GRACE_SECONDS = 2.0
+#: an upgrade over its client's part of the waiting share is held (not yet answered) this long for
+#: a place of that client's to free: a burst of clients that each start at once gets in as the
+#: earlier ones start, and an idle waiter of the same client gives its place after the grace
+AWAITING_PLACE_SECONDS = 2 * AWAITING_START_GRACE_SECONDS
 #: connections to the health listener idle this long are closed (a probe sends one request)
 HEALTH_IDLE_SECONDS = 5.0
 #: the longest --resume-grace-seconds: below the model's MAX_PAUSE_SECONDS, so a detached session's
@@ -82,6 +92,16 @@ class ProxySettings:
         "(repeatable); from any other peer the header is ignored",
         flag="--trusted-proxy",
     )
+    address_prefix_v4: int = setting(
+        DEFAULT_PREFIX_V4,
+        "IPv4 addresses in one network of this many bits are one client to every per-client bound "
+        "(open connections, the waiting share, the share of model slots; 8 to 32)",
+    )
+    address_prefix_v6: int = setting(
+        DEFAULT_PREFIX_V6,
+        "IPv6 addresses in one network of this many bits are one client to every per-client bound "
+        "(a subscriber holds at least a /64; 32 to 128)",
+    )
     max_connections: int = setting(64, "concurrent WebSocket sessions (HTTP 503 beyond)")
     max_sessions_per_client: int = setting(
         0,
@@ -113,6 +133,12 @@ class ProxySettings:
         "upgraded connections that have not sent session.start yet, at most (0: a quarter of "
         "--max-connections, at least 4); beyond, a new upgrade takes the place of one that waited "
         f"over {AWAITING_START_GRACE_SECONDS:g} s, or is refused (503)",
+    )
+    max_awaiting_start_per_client: int = setting(
+        0,
+        "of those, how many one client (--address-prefix-v4/-v6) may hold (0: a quarter of the waiting "
+        "share, at least 1); beyond, its next upgrade waits for one of its own to start or to pass "
+        f"{AWAITING_START_GRACE_SECONDS:g} s, at most {AWAITING_PLACE_SECONDS:g} s, then 503",
     )
     outbound_buffer_bytes: int = setting(16 * MiB, "per-session outbound buffer before slow_consumer")
     start_timeout: float = setting(10.0, "seconds to wait for session.start")
@@ -167,6 +193,12 @@ class ProxySettings:
         "RTVIDEO_SESSION_STORE, not on a command line",
         secret=True,
     )
+    session_store_bytes: int = setting(
+        16 * MiB,
+        "per session, bytes of its interactions and frames a shared --session-store keeps (its chunks' payloads "
+        "are bounded beside it by --replay-buffer-bytes) and a move's log holds in memory; past it the session "
+        "goes on unkept (no longer resumable at another replica) and can no longer move to another Triton",
+    )
     advertise_url: str | None = setting(
         None,
         "http://HOST:PORT at which the other replicas of a shared --session-store reach this proxy: a watch "
@@ -188,6 +220,11 @@ class ProxySettings:
         "as truncated and the session goes on (0: a quarter of --recordings-max-bytes)",
     )
     recordings_max_age: float = setting(7 * 24 * 3600.0, "seconds a finished recording is kept (0: no age limit)")
+    recordings_max_count: int = setting(
+        10_000,
+        "recordings this proxy keeps, live and finished: the oldest finished ones go first; a new one is "
+        "refused while the live ones reach it (0: no count limit)",
+    )
     record_all: bool = setting(False, 'record every session (else a session asks with "record": true)')
 
     def __post_init__(self) -> None:
@@ -224,16 +261,27 @@ class ProxySettings:
             raise ValueError(f"health_port {self.health_port}: use 1 to 65535 (0: any free port; off: none)")
         if self.health_port is not None and self.health_port == self.port != 0:
             raise ValueError("health_port must differ from port")
-        if self.health_max_open_connections < 1 or self.max_awaiting_start < 0:
-            raise ValueError("health_max_open_connections must be positive, max_awaiting_start >= 0")
+        if self.health_max_open_connections < 1 or min(self.max_awaiting_start, self.max_awaiting_start_per_client) < 0:
+            raise ValueError(
+                "health_max_open_connections must be positive, max_awaiting_start and "
+                "max_awaiting_start_per_client >= 0"
+            )
+        if not (8 <= self.address_prefix_v4 <= 32 and 32 <= self.address_prefix_v6 <= 128):
+            raise ValueError("address_prefix_v4 must be between 8 and 32, address_prefix_v6 between 32 and 128")
         if not 0 <= self.triton_metrics_port <= 65535:
             raise ValueError(f"triton_metrics_port {self.triton_metrics_port}: use 1 to 65535 (0: not read)")
         if self.ping_interval < 0 or self.ping_timeout <= 0:
             raise ValueError("ping_interval must be >= 0 and ping_timeout positive")
         if self.probe_interval <= 0 or self.probe_timeout <= 0 or self.probe_failures < 1:
             raise ValueError("probe_interval and probe_timeout must be positive, probe_failures at least 1")
-        if self.recordings_max_bytes < 1 or self.recordings_max_age < 0 or self.recording_max_bytes < 0:
-            raise ValueError("recordings_max_bytes must be positive, recording_max_bytes and recordings_max_age >= 0")
+        if (
+            self.recordings_max_bytes < 1
+            or min(self.recordings_max_age, self.recording_max_bytes, self.recordings_max_count) < 0
+        ):
+            raise ValueError(
+                "recordings_max_bytes must be positive, recording_max_bytes, recordings_max_age and "
+                "recordings_max_count >= 0"
+            )
         if self.admin_token is not None and self.admin_token == self.token:
             raise ValueError("admin_token must differ from token: the operator's credential is not a client's")
         trusted_networks(self.trusted_proxies)  # each one parses
@@ -253,8 +301,8 @@ class ProxySettings:
     def _check_resume_settings(self) -> None:
         if not 0 <= self.resume_grace_seconds <= MAX_RESUME_GRACE_SECONDS:
             raise ValueError(f"resume_grace_seconds must be between 0 and {MAX_RESUME_GRACE_SECONDS:g}")
-        if min(self.replay_buffer_bytes, self.watcher_buffer_bytes) < 1:
-            raise ValueError("replay_buffer_bytes and watcher_buffer_bytes must be positive")
+        if min(self.replay_buffer_bytes, self.watcher_buffer_bytes, self.session_store_bytes) < 1:
+            raise ValueError("replay_buffer_bytes, watcher_buffer_bytes and session_store_bytes must be positive")
         if min(self.max_watchers_per_session, self.max_watchers, self.max_steerers_per_session, self.max_steerers) < 0:
             raise ValueError(
                 "max_watchers_per_session, max_watchers, max_steerers_per_session, max_steerers must be >= 0"
@@ -279,6 +327,18 @@ class ProxySettings:
         `max_connections`, so that connections that never start cannot take every slot."""
         share = self.max_awaiting_start or max(4, self.max_connections // 4)
         return min(share, self.max_connections)
+
+    @property
+    def awaiting_start_per_client(self) -> int:
+        """How many of the waiting share one client (`client_group`) may hold: its part, so that
+        one client's idle upgrades never take the places of another's."""
+        part = self.max_awaiting_start_per_client or max(1, self.awaiting_start_bound // 4)
+        return min(part, self.awaiting_start_bound)
+
+    def client_group(self, address: str) -> str:
+        """The client `address` counts as for every per-client bound: its network of
+        `address_prefix_v4` / `address_prefix_v6` bits (rtvideo.proxy.placement.addresses.client_group)."""
+        return client_group(address, self.address_prefix_v4, self.address_prefix_v6)
 
 
 def add_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:

@@ -24,6 +24,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketP
 from rtvideo.core import resume, server_messages, start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.edge.access import client_of, origin_allowed, refused_without_token
+from rtvideo.proxy.edge.waiting import WaitingShare
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
@@ -35,7 +36,7 @@ from rtvideo.proxy.placement.supervisor import BackendState
 from rtvideo.proxy.session.ending import refuse_connection
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.session.steering import raw_bytes
-from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS, ProxySettings
+from rtvideo.proxy.settings import AWAITING_PLACE_SECONDS, AWAITING_START_GRACE_SECONDS, ProxySettings
 from rtvideo.proxy.store.base import SessionStore
 from rtvideo.proxy.store.keeper import StoreKeeper
 from rtvideo.proxy.store.memory import MemoryStore
@@ -63,8 +64,8 @@ class ProxyContext:
     metrics: ProxyMetrics
     pool: EndpointPool  # the Triton endpoints, their health, and where a new session goes
     sessions: set[ProxySession] = field(default_factory=set)
-    #: connections waiting for their first message (each one's handler writes its own entry)
-    waiting: set[RealtimeVideoHandler] = field(default_factory=set)
+    #: connections waiting for their first message, by client (rtvideo.proxy.edge.waiting)
+    waiting: WaitingShare[RealtimeVideoHandler] = field(init=False)
     #: where sessions are kept beyond this process (rtvideo.proxy.store), and this proxy's name there
     store: SessionStore = field(default_factory=MemoryStore)
     holder: str = field(default_factory=lambda: secrets.token_hex(8))
@@ -73,6 +74,8 @@ class ProxyContext:
 
     def __post_init__(self) -> None:
         self.features = Features(self.settings, shared=self.store.shared)
+        s = self.settings
+        self.waiting = WaitingShare(s.awaiting_start_bound, s.awaiting_start_per_client, AWAITING_START_GRACE_SECONDS)
         # one token identity for every replica of a shared store: any of them tells its tokens
         # from forged ones, and finds a session held elsewhere by the token's hash
         for book in (self.features.resume_tokens, self.features.watch_tokens, self.features.steer_tokens):
@@ -101,16 +104,18 @@ class RealtimeVideoHandler(WebSocketHandler):
         self.session: ProxySession | None = None
         self.owner: Owner | None = None  # built at the upgrade
         self.client = str(self.request.remote_ip)  # the client address (a trusted proxy's report), set in prepare
+        self.group = self.client  # the client every per-client bound counts it as (its network), set in prepare
         self.opened = time.monotonic()
         self._start_timer: asyncio.TimerHandle | None = None
         self._tasks = TaskSet()  # the refusal's flush and close
         self._pong: asyncio.Event | None = None  # set by the pong of the latest `responsive` ping
 
-    def prepare(self) -> None:
+    def prepare(self) -> Awaitable[None] | None:
         ctx = self.context
         self.client = client_of(self.request, ctx.settings.trusted_proxies)
+        self.group = ctx.settings.client_group(self.client)
         if refused_without_token(self, ctx.settings.token, lambda reason: ctx.metrics.rejected.labels(reason).inc()):
-            return
+            return None
         if ctx.draining:
             ctx.metrics.rejected.labels("draining").inc()
             self.set_header("Retry-After", "1")
@@ -124,34 +129,45 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.metrics.rejected.labels("backend_busy" if busy else "backend_down").inc()
             self.set_header("Retry-After", "5")
             self.send_error(503, reason="Video backend busy" if busy else "Video backend unavailable")
-        elif not self._room_to_wait():
-            ctx.metrics.rejected.labels("awaiting_start").inc()
-            self.set_header("Retry-After", "1")
-            self.send_error(503, reason="Too many connections waiting to start")
+        elif not ctx.waiting.place(self):
+            return self._wait_for_place()
+        return None
+
+    async def _wait_for_place(self) -> None:
+        """The waiting share (rtvideo.proxy.edge.waiting) has no place for this client now: the
+        upgrade is held until one of its own starts (or waited past the grace), then goes on;
+        503 `awaiting_start` when none frees within AWAITING_PLACE_SECONDS."""
+        ctx = self.context
+        if not await ctx.waiting.enter(self, AWAITING_PLACE_SECONDS):
+            if self.phase is ConnectionPhase.WAITING:  # not closed by its client meanwhile
+                ctx.metrics.rejected.labels("awaiting_start").inc()
+                self.set_header("Retry-After", "1")
+                self.send_error(503, reason="Too many connections waiting to start")
+            return
+        if ctx.draining or ctx.connections() > ctx.settings.max_connections:  # changed while it waited
+            ctx.waiting.leave(self)
+            ctx.metrics.rejected.labels("draining" if ctx.draining else "capacity").inc()
+            self.set_header("Retry-After", "1" if ctx.draining else "5")
+            self.send_error(503, reason="Server shutting down" if ctx.draining else "Too many connections")
+
+    def on_finish(self) -> None:
+        """A request answered without the upgrade (403, 400, 503...) leaves the waiting share."""
+        if self.get_status() != 101:
+            self.context.waiting.leave(self)
 
     @property
     def waited(self) -> float:
         """Seconds since the connection was opened."""
         return time.monotonic() - self.opened
 
-    def _room_to_wait(self) -> bool:
-        """Whether this connection may join those waiting for their first message: they are at
-        most `awaiting_start_bound` (a share of --max-connections), so connections that never
-        start cannot take every slot. When the share is full, the one that waited longest takes
-        its leave if it waited over AWAITING_START_GRACE_SECONDS (a real client starts at once):
-        holding the share then costs a client a new upgrade for each place every grace period."""
-        ctx = self.context
-        if len(ctx.waiting) < ctx.settings.awaiting_start_bound:
-            return True
-        oldest = max(ctx.waiting, key=lambda c: c.waited)
-        if oldest.waited < AWAITING_START_GRACE_SECONDS:
-            return False
-        log.info("peer=%s displaced after %.1f s without session.start", oldest.client, oldest.waited)
-        oldest.refuse(
-            ErrorCode.START_TIMEOUT,
-            f"no session.start after {oldest.waited:.1f} s while other clients wait to connect",
-        )
-        return True
+    def displace(self, held: float) -> None:
+        """Its place in the waiting share goes to a newcomer: it held it `held` seconds, past the
+        grace, without a first message (a real client starts at once)."""
+        log.info("peer=%s displaced after %.1f s without session.start", self.client, held)
+        if self.owner is None:  # placed, not upgraded yet: nothing to answer on
+            self.context.waiting.leave(self)
+            return
+        self.refuse(ErrorCode.START_TIMEOUT, f"no session.start after {held:.1f} s while other clients wait to connect")
 
     def check_origin(self, origin: str) -> bool:
         allowed = origin_allowed(origin, self.context.settings.allowed_origins, self.request.host)
@@ -163,8 +179,7 @@ class RealtimeVideoHandler(WebSocketHandler):
     def open(self, *args: Any, **kwargs: Any) -> None:
         ctx = self.context
         self.set_nodelay(True)  # small messages (acks) must not wait for Nagle
-        self.owner = Owner(self, self.client, ctx.settings, ctx.metrics)
-        ctx.waiting.add(self)
+        self.owner = Owner(self, self.client, ctx.settings, ctx.metrics)  # placed in the waiting share by prepare
         timeout = ctx.settings.start_timeout
         self._start_timer = asyncio.get_running_loop().call_later(
             timeout, self.refuse, ErrorCode.START_TIMEOUT, f"no session.start within {timeout:g} s"
@@ -180,7 +195,7 @@ class RealtimeVideoHandler(WebSocketHandler):
     # --- the first message --------------------------------------------------------------------
     def _stop_waiting(self, phase: ConnectionPhase) -> None:
         self.phase = phase
-        self.context.waiting.discard(self)
+        self.context.waiting.leave(self)
         if self._start_timer is not None:
             self._start_timer.cancel()
 
@@ -257,7 +272,7 @@ class RealtimeVideoHandler(WebSocketHandler):
             return  # closed meanwhile
         try:
             try:
-                self.session = attach(features, self.owner, message)
+                self.session = await attach(features, self.owner, message)
             except ResumeRefused as exc:
                 if not (exc.unknown and self.context.store.shared):
                     raise

@@ -86,3 +86,29 @@ def client_address(peer: str, forwarded_for: str | None, networks: tuple[Network
         if not is_trusted(address, networks):
             return address
     return peer
+
+
+#: the default network prefixes a client address is grouped by (`client_group`): an IPv4 address
+#: is one client, an IPv6 client holds (at least) a /64, the smallest subnet a provider hands out
+DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6 = 32, 64
+
+
+def client_group(address: str, prefix_v4: int = DEFAULT_PREFIX_V4, prefix_v6: int = DEFAULT_PREFIX_V6) -> str:
+    """The group every per-client bound counts `address` against: its network of `prefix_v4`
+    (IPv4) or `prefix_v6` (IPv6) bits, as text (`203.0.113.7`, `2001:db8:1:2::/64`). An
+    IPv4-mapped IPv6 address (`::ffff:203.0.113.7`, a dual-stack socket's IPv4 client) is the
+    IPv4 address it maps; anything that is not an address (a Unix socket's peer) is its own group.
+
+    Invariant: one function groups for every bound (open connections, the waiting share, the
+    share of model slots, here and in the shared store), so a client cannot be one client to one
+    bound and many to another."""
+    try:
+        ip = ipaddress.ip_address(address.strip().strip("[]").split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    prefix = prefix_v4 if isinstance(ip, ipaddress.IPv4Address) else prefix_v6
+    if prefix >= ip.max_prefixlen:
+        return str(ip)
+    return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))

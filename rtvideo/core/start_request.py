@@ -71,6 +71,11 @@ MAX_OBJECT_ENTRIES = 256
 MAX_OBJECT_DEPTH = 8
 #: the JSON size of one such object (references excepted: they may carry a data URL)
 MAX_OBJECT_BYTES = 64 * 1024
+#: fields of one start, named or not: every named one and the proxy's own options fit many times
+MAX_START_FIELDS = 64
+#: characters of one field's name (a field name is the client's to choose: an unknown one is echoed
+#: in `config.ignored_fields` and in errors)
+MAX_FIELD_NAME_CHARS = 128
 #: The rest of vLLM-Omni 0.30's `VideoGenerationRequest` (`entrypoints/openai/protocol/videos.py`):
 #: accepted when well-formed (its types and ranges), kept in `StartRequest.request_fields`, and
 #: reported in `config.ignored_fields` unless the generator uses them (`ModelCapabilities.start_fields`;
@@ -233,11 +238,32 @@ def check_bounded(value: Any, name: str, *, sized: bool = True) -> None:
 
 
 def check_object_bounds(fields: Mapping[str, Any]) -> None:
-    """Every free-form object of a start within its bounds (`check_bounded`): the proxy checks
-    this before a start is recorded or forwarded, the model again in `validate_start`."""
-    for name in (*_START_OBJECT_FIELDS, "lora", "video_params", "video_reference", "audio_reference"):
-        if isinstance(fields.get(name), (dict, list)):
-            check_bounded(fields[name], name, sized=not name.endswith("_reference"))
+    """Every field of a start within the bounds of a free-form object (`check_bounded`), so
+    that no field, named, unlisted (the proxy's own options) or unknown, costs more than one of
+    them; the references are bounded in keys and depth only (they may carry a data URL: the
+    start's own limit bounds their size); and at most `MAX_START_FIELDS` fields. The proxy
+    checks this before a start is recorded or forwarded, the model again in `validate_start`.
+    Each check stops at its first bound passed, so a hostile start costs little to refuse."""
+    if len(fields) > MAX_START_FIELDS:
+        raise ProtocolError(
+            ErrorCode.INVALID_START, f"session.start has more than {MAX_START_FIELDS} fields (docs/protocol.md §7)"
+        )
+    for name, value in fields.items():
+        if len(name) > MAX_FIELD_NAME_CHARS:
+            raise ProtocolError(
+                ErrorCode.INVALID_START, f"a session.start field name is longer than {MAX_FIELD_NAME_CHARS} characters"
+            )
+        unsized = name == IMAGE_REFERENCE or name.endswith("_reference")
+        if isinstance(value, str) and not unsized:
+            if len(value) > MAX_OBJECT_BYTES:  # a cheap test first: no copy of a huge string
+                raise ProtocolError(ErrorCode.INVALID_START, f"{_shown(name)} is larger than {MAX_OBJECT_BYTES} bytes")
+        elif isinstance(value, (dict, list)):
+            check_bounded(value, _shown(name), sized=not unsized)
+
+
+def _shown(name: str) -> str:
+    """A field's name for an error: a client's unknown name is cut short, never echoed whole."""
+    return name if len(name) <= 64 else f"{name[:61]}..."
 
 
 def validate_start(obj: Mapping[str, Any]) -> StartRequest:
