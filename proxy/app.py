@@ -311,6 +311,7 @@ def make_app(
         record_all=settings.record_all,
         metrics=metrics,
         per_recording=settings.recording_cap,
+        max_count=settings.recordings_max_count,
     )
     relays = Relays(settings, metrics)  # guests forwarded to the replica that holds their session
     guests: dict[str, Any] = {"context": context, "relays": relays}
@@ -404,6 +405,7 @@ class ProxyServer:
             max_open=room,
             max_per_client=s.max_open_connections_per_client,
             trusted=lambda address: is_trusted(address, trusted),
+            group=s.client_group,
             on_refused=lambda reason: self.context.metrics.rejected.labels(reason).inc(),
         )
         self._server.add_sockets(sockets)
@@ -426,6 +428,7 @@ class ProxyServer:
                 body_timeout=HEALTH_IDLE_SECONDS,
                 max_open=health_open,
                 max_per_client=max(1, health_open // 4),
+                group=s.client_group,
                 on_refused=lambda reason: self.context.metrics.rejected.labels(f"health_{reason}").inc(),
             )
             self._health_server.add_sockets(health_sockets)

@@ -47,8 +47,9 @@ def fd_room(max_open: int) -> int:
 
 class BoundedHTTPServer(HTTPServer):
     """Closes a new connection at once while `max_open` connections (of any kind) are open, or
-    `max_per_client` from its address: one client alone cannot hold them all. A trusted proxy's
-    address (`trusted`, `--trusted-proxy`) carries many clients, so only the first bound holds it."""
+    `max_per_client` from its client (`group`: its address's network, `ProxySettings.client_group`):
+    one client alone cannot hold them all. A trusted proxy's address (`trusted`, `--trusted-proxy`)
+    carries many clients, so only the first bound holds it."""
 
     # Tornado's `Configurable` hands the constructor's arguments to `initialize`; this one adds
     # required keywords of its own, which mypy takes for an incompatible override.
@@ -59,18 +60,21 @@ class BoundedHTTPServer(HTTPServer):
         max_per_client: int,
         on_refused: Callable[[str], None],
         trusted: Callable[[str], bool] = lambda _: False,
+        group: Callable[[str], str] = lambda address: address,
         **kwargs: Any,
     ) -> None:
         super().initialize(*args, **kwargs)
         self._trusted = trusted
+        self._group = group
         self._max_open = max_open
         self._max_per_client = max_per_client
         self._on_refused = on_refused  # called with the reason: open_connections, client_connections
-        self._open: dict[IOStream, str] = {}  # each open connection's client address
+        self._open: dict[IOStream, str] = {}  # each open connection's client (`group` of its address)
         self._full = False
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
-        client = address[0] if isinstance(address, tuple) else str(address)
+        peer = address[0] if isinstance(address, tuple) else str(address)
+        client = self._group(peer)
         self._open = {known: host for known, host in self._open.items() if not known.closed()}
         if len(self._open) >= self._max_open:
             if not self._full:
@@ -81,7 +85,7 @@ class BoundedHTTPServer(HTTPServer):
             self._refuse(stream, "open_connections")
             return
         self._full = False
-        if not self._trusted(client) and sum(host == client for host in self._open.values()) >= self._max_per_client:
+        if not self._trusted(peer) and sum(host == client for host in self._open.values()) >= self._max_per_client:
             self._refuse(stream, "client_connections")
             return
         self._open[stream] = client

@@ -16,6 +16,10 @@ Two backings, one interface (`Backing`):
   it ends (and one taken over is fetched into a spool again).
 
 On a local store folders are 0700 and files 0600: only the proxy's user reads what was said.
+What a recording takes (`stored_bytes`) is what it takes on the disk, not its content: a local
+store's allocated blocks (`st_blocks`), a file at least one block and its folder one more; an
+object store, which has no blocks to tell, each object rounded up to `BLOCK_BYTES` (`allocated`):
+thousands of tiny recordings take thousands of blocks, and are counted so.
 Every method does blocking I/O: the proxy calls them off its event loop.
 """
 
@@ -43,6 +47,21 @@ LIVE = "live.json"
 #: modes of what a local store creates: the proxy's user alone
 FOLDER_MODE = 0o700
 FILE_MODE = 0o600
+#: the unit a file takes the disk in where the store cannot say (an object store), and the least
+#: any file is counted as (an empty or tiny file still takes an inode and a block's worth)
+BLOCK_BYTES = 4096
+#: what a recording's folder (or spool) is counted as besides its files
+FOLDER_BYTES = BLOCK_BYTES
+
+
+def allocated(size: int) -> int:
+    """What a file of `size` bytes is counted as taking: whole blocks, at least one."""
+    return max(BLOCK_BYTES, -(-size // BLOCK_BYTES) * BLOCK_BYTES)
+
+
+def _on_disk(path: Path) -> int:
+    """What a local file or folder takes: its allocated blocks, at least one block."""
+    return max(BLOCK_BYTES, path.stat().st_blocks * 512)
 
 
 def private_folder(path: Path) -> None:
@@ -84,6 +103,15 @@ class Backing(Protocol):
 
     def remove_file(self, rid: str, name: str) -> None:
         """One file of a recording gone (none: nothing to do)."""
+        ...
+
+    def stamp(self) -> object:
+        """Something that changes whenever a recording is added to or removed from the store; None
+        when the store cannot tell (it is listed to know)."""
+        ...
+
+    def stored_bytes(self, rid: str) -> int:
+        """What the recording takes on the store (see the module docstring); 0 when it is gone."""
         ...
 
     def touched(self, rid: str) -> float:
@@ -142,6 +170,20 @@ class LocalBacking:
 
     def remove_file(self, rid: str, name: str) -> None:
         (self._folder(rid) / name).unlink(missing_ok=True)
+
+    def stamp(self) -> object:
+        found = self.root.stat()
+        return (found.st_mtime_ns, found.st_nlink)  # a folder made or removed changes both
+
+    def stored_bytes(self, rid: str) -> int:
+        folder = self._folder(rid)
+        total = 0
+        with contextlib.suppress(FileNotFoundError):
+            total += _on_disk(folder)
+            for path in folder.iterdir():
+                with contextlib.suppress(FileNotFoundError):
+                    total += _on_disk(path)
+        return total
 
     def touched(self, rid: str) -> float:
         folder = self._folder(rid)
@@ -212,6 +254,16 @@ class FsspecBacking:
     def remove_file(self, rid: str, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self._path(rid, name))
+
+    def stamp(self) -> object:
+        return None  # an object store has no cheap way to tell
+
+    def stored_bytes(self, rid: str) -> int:
+        try:
+            found = self.fs.ls(self._path(rid), detail=True)
+        except FileNotFoundError:
+            return 0
+        return sum(allocated(int(f.get("size") or 0)) for f in found if f.get("type") != "directory")
 
     def touched(self, rid: str) -> float:
         return 0.0  # a live recording is in its proxy's spool: what the bucket holds is never live

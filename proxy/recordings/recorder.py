@@ -13,6 +13,10 @@ participants send, written off the event loop.
 - `manifest.json`: the session (request id, model, the video.start config with its seed),
   times, counts and how it ended (`Manifest`).
 
+A new session's recording begins in the store only when its `video.start` is handed out
+(`until_video_start`): until then what it would write is held in memory, and a start refused
+before it (by the proxy or the model) leaves nothing behind, not even a folder.
+
 Writing never delays the stream: the loop only queues; one writer thread per store does the
 I/O, charges every write to the store first (`RecordingStore.charge`), and flushes both files
 after each write, so a killed proxy loses only what was queued (docs/recordings.md "Recordings
@@ -64,6 +68,7 @@ class RecordingState(Enum):
     TRUNCATED = "truncated"  # closed at its cap or a full store; what it holds is kept
     FAILED = "failed"
     NOT_CONTINUED = "not continued"  # a takeover's: the recording stays as the old holder left it
+    NOT_BEGUN = "not begun"  # the session ended before its video.start went out: nothing was recorded
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class SessionRecorder:
         on_end: Callable[[SessionRecorder], None] | None = None,
         token_digest: str | None = None,
         takeover: Takeover | None = None,
+        until_video_start: bool = False,
     ) -> None:
         self.rid = rid
         self._store = store
@@ -161,7 +167,12 @@ class SessionRecorder:
         self._before: Manifest | None = None  # writer side: what the recording held when taken over
         self._t_shift: float | None = None  # writer side: this recorder's times → the recording's
         self._t_floor = 0.0  # writer side: the last time the recording held when taken over
-        if takeover is None:
+        #: a new recording held (in memory, in order) until its session's video.start is handed
+        #: out: a start refused before it leaves nothing in the store (`_begin_at_video_start`)
+        self._awaiting_video_start = until_video_start and takeover is None
+        if self._awaiting_video_start:
+            self._held = []
+        elif takeover is None:
             self._submit(self._open)
         else:
             self._held = []
@@ -200,12 +211,42 @@ class SessionRecorder:
         message = loggable(frame.message, inbound=False)
         if message is None:
             return
+        if self._awaiting_video_start and message.get("type") == "video.start":
+            self._begin_at_video_start()
         self._manifest.saw_out(message)
         line = encode({"t": self._t(), "dir": "out", "message": message})
         writes = [(EVENTS, line)] if frame.data is None else [(EVENTS, line), (VIDEO, frame.data)]
         self._queue(writes)  # a chunk's metadata line and its payload are kept or refused together
 
+    def _begin_at_video_start(self) -> None:
+        """The session's video.start goes out: the recording begins in the store, with what was
+        held for it (the start's line) first."""
+        with self._lock:
+            self._awaiting_video_start = False
+            held, self._held = self._held or [], None
+        for job in [self._open, *held]:
+            self._submit(job)
+
+    def _never_begun(self) -> None:
+        """The session ended (or the recording was dropped) before its video.start: what was held
+        goes, the store's place for it is given back, and nothing is written (the writer thread
+        runs `_released`)."""
+        with self._lock:
+            self._awaiting_video_start = False
+            self._held = None
+        self.state = RecordingState.NOT_BEGUN
+        self._submit(self._released)
+
+    def _released(self) -> None:
+        self._closed = True
+        self._store.release()
+        if self._on_end is not None:
+            self._on_end(self)
+
     def session_ended(self) -> None:
+        if self._awaiting_video_start:
+            self._never_begun()
+            return
         if self.state is not RecordingState.RECORDING:
             return
         self.state = RecordingState.COMPLETE
@@ -240,6 +281,11 @@ class SessionRecorder:
 
     def _drop(self, reason: str) -> None:
         if self.state is not RecordingState.RECORDING:
+            return
+        if self._awaiting_video_start:  # nothing is in the store yet: nothing to leave there
+            log.error("recording_id=%s not begun: %s", self.rid, reason)
+            self._metrics.recording_failures.labels(reason.split(":")[0]).inc()
+            self._never_begun()
             return
         self.state = RecordingState.FAILED
         log.error("recording_id=%s request_id=%s recording dropped: %s", self.rid, self.request_id, reason)
@@ -358,7 +404,7 @@ class SessionRecorder:
         if self._t_shift is not None:
             writes = [(name, self._shifted(data) if name == EVENTS else data) for name, data in writes]
         size = sum(len(data) for _, data in writes)
-        charged = self._store.charge(self.rid, size)
+        charged = self._store.charge(self.rid, [(name, len(data)) for name, data in writes])
         if charged is not Charge.OK:
             self._truncate(charged)
             return

@@ -63,6 +63,7 @@ class Recordings:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtvideo-recordings")
         self._waiter = ThreadPoolExecutor(max_workers=REOPEN_WAITERS, thread_name_prefix="rtvideo-reopen")
         self._tidied = time.monotonic()  # the writer's: when leftovers were last closed
+        self._indexed = False  # the writer's: the store's index was built
         self._live: set[SessionRecorder] = set()
         self.branch_reader = ThreadPoolExecutor(max_workers=BRANCH_READERS, thread_name_prefix="rtvideo-branches")
         self._branching = 0  # branches being prepared (the event loop's count)
@@ -78,10 +79,11 @@ class Recordings:
         record_all: bool,
         metrics: ProxyMetrics,
         per_recording: int = 0,
+        max_count: int = 0,
     ) -> Recordings | None:
         if not location:
             return None
-        limits = Limits(max_bytes=max_bytes, max_age=max_age, per_recording=per_recording)
+        limits = Limits(max_bytes=max_bytes, max_age=max_age, per_recording=per_recording, max_count=max_count)
         store = RecordingStore(backing_for(location), limits)
         return cls(store, record_all=record_all, metrics=metrics)
 
@@ -89,11 +91,14 @@ class Recordings:
         return self.record_all or asked
 
     def begin(self, received_at: float) -> tuple[SessionRecorder, str]:
-        """A new recording and its token; NoRoom when the live recordings leave it no room."""
-        if not self.store.room_for_new():
+        """A new recording and its token; NoRoom when the live recordings leave it no room. Its
+        place is reserved now; it begins in the store only when its video.start goes out (a start
+        refused before that records nothing)."""
+        if not self.store.reserve():
             raise NoRoom(
                 f"recordings: live recordings fill the store (--recordings-max-bytes {self.store.limits.max_bytes}, "
-                f"{self.store.per_recording} bytes each at most); try again when one ends"
+                f"{self.store.per_recording} bytes each at most; --recordings-max-count "
+                f"{self.store.limits.max_count or 'unbounded'}); try again when one ends"
             )
         token = new_token()
         recorder = SessionRecorder(
@@ -104,6 +109,7 @@ class Recordings:
             received_at=received_at,
             on_end=self._ended,
             token_digest=token_digest(token),
+            until_video_start=True,
         )
         self._live.add(recorder)
         return recorder, token
@@ -154,10 +160,13 @@ class Recordings:
             self._tidy()
 
     def _tidy(self) -> None:
-        """At start: close what a killed proxy left, apply the bounds."""
+        """At start: index what earlier runs left (once), close what a killed proxy left, apply the
+        bounds; later, the leftovers again (only what the index does not hold is read)."""
         try:
+            if not self._indexed:
+                self.store.index()
+                self._indexed = True
             closed = self.store.close_leftovers()
-            self.store.index()
             removed = self.store.evict()
         except Exception as exc:  # noqa: BLE001 - a store that cannot be read is logged, not fatal
             log.error("recordings: the store could not be tidied: %s", exc)
