@@ -12,6 +12,14 @@ config with its seed, each media chunk's started events and their frame offsets)
 only that: an event's first forwarded payload (the one admitted: a different payload under the
 same id is refused) and the chunk it started in, so it grows with events, not with chunks.
 
+What it keeps of an event is the parsed request, as bounded as parsing makes it (what the model
+got: `rebuild.interaction_message`), and only for an event the session's `EventBook` admitted: an
+interaction the model refuses (invalid, a conflict, past the session's event bound) is never
+kept, and one refused after its ack (`interaction_failed`) is forgotten unless it started. Its
+size is counted as that canonical frame's; past `max_bytes` the log forgets every payload and
+the session can no longer move (`movable` says why), so one session's events never hold more
+than that much of the proxy's memory.
+
 Pure (no I/O): the session feeds it and asks it for a start.
 """
 
@@ -21,13 +29,14 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rtvideo.core import protocol, server_messages
+from rtvideo.core import protocol
 from rtvideo.core.approximation import approximate_start
 from rtvideo.core.chunks import EVENT_FRAME_OFFSETS, MEDIA
-from rtvideo.core.errors import ProtocolError
+from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.event_book import EventBook
 from rtvideo.core.interaction.parse import parse_interaction
 from rtvideo.core.interaction.types import InteractionRequest
-from rtvideo.core.rebuild import REBUILD, Rebuild, ScriptedEvent, interaction_json, parse_rebuild
+from rtvideo.core.rebuild import REBUILD, Rebuild, ScriptedEvent, interaction_message, parse_rebuild
 
 #: `config` fields only a generator whose state cannot be rebuilt reports (docs/protocol.md §3.2)
 _ENGINE_CONFIG = ("sampling", "model_rules")
@@ -40,7 +49,12 @@ class Unmovable(Exception):
 class MoveLog:
     """One session's start and effective events, as a move needs them (module docstring)."""
 
-    def __init__(self, start: Mapping[str, Any]) -> None:
+    def __init__(self, start: Mapping[str, Any], book: EventBook | None = None, max_bytes: int | None = None) -> None:
+        self._book = book  # the session's admissions (None: every parsed interaction is kept)
+        self._max_bytes = max_bytes  # None: unbounded
+        self._bytes = 0  # the canonical size of the payloads kept in `_sent`
+        self._sizes: dict[str, int] = {}  # event id -> its payload's counted size
+        self._overflow: str | None = None  # why the log stopped keeping payloads (past max_bytes)
         self._start = {k: v for k, v in start.items() if k != REBUILD}
         # a branch's recorded events: history on every stream of this session
         self._history = parse_rebuild(start[REBUILD]).events if REBUILD in start else ()
@@ -58,13 +72,33 @@ class MoveLog:
             request = parse_interaction(message)
         except (ValueError, ProtocolError):
             return  # refused by the model: it changed nothing
-        if request.event_id is not None:
-            self._sent.setdefault(request.event_id, request)
+        event_id = request.event_id
+        if event_id is None or event_id in self._sent or self._overflow is not None:
+            return  # the first payload is the admitted one
+        if self._book is not None and not self._book.holds(event_id, request.fingerprint):
+            return  # refused by the model (a conflict, the event bound): it changed nothing
+        size = len(interaction_message(request))
+        if self._max_bytes is not None and self._bytes + size > self._max_bytes:
+            self._overflow = f"its events exceed the bound of {self._max_bytes} bytes kept for a move"
+            self._sent.clear()
+            self._sizes.clear()
+            self._bytes = 0
+            return
+        self._sent[event_id] = request
+        self._sizes[event_id] = size
+        self._bytes += size
+
+    @property
+    def kept_bytes(self) -> int:
+        """The canonical size of the event payloads kept (within `max_bytes`)."""
+        return self._bytes
 
     def arrived(self, message: Mapping[str, Any]) -> None:
         """A message from Triton, on the session's coordinates (after any splice)."""
         kind = message.get("type")
-        if kind == protocol.VIDEO_START and self.config is None and isinstance(message.get("config"), dict):
+        if kind == protocol.ERROR and message.get("code") == ErrorCode.INTERACTION_FAILED.value:
+            self._refused(message.get("event_id"))
+        elif kind == protocol.VIDEO_START and self.config is None and isinstance(message.get("config"), dict):
             self.config = dict(message["config"])
         elif kind == protocol.CHUNK_METADATA and message.get("kind") == MEDIA:
             index = message.get("generation_chunk_index")
@@ -76,8 +110,17 @@ class MoveLog:
             completed = set(message.get("completed_event_ids") or ())
             self._open = tuple(e for e in message.get("active_event_ids") or () if e not in completed)
 
+    def _refused(self, event_id: object) -> None:
+        """An acked event the model refused (`interaction_failed`): applied nowhere, never to be
+        sent again; its payload goes unless a chunk started it (a later failure)."""
+        if isinstance(event_id, str) and event_id in self._sent and event_id not in self._started:
+            del self._sent[event_id]
+            self._bytes -= self._sizes.pop(event_id, 0)
+
     def movable(self) -> str | None:
         """Why this session cannot be started elsewhere, or None."""
+        if self._overflow is not None:
+            return self._overflow
         if self.config is None or "seed" not in self.config:
             return "the model has not started the session"
         return None
@@ -125,6 +168,5 @@ class MoveLog:
         for event_id in event_ids:
             request = self._sent.get(event_id)
             if request is not None and event_id not in self._started:
-                message = {"type": protocol.INTERACTION, "interaction": interaction_json(request)}
-                out.append(server_messages.encode(message).encode("utf-8", "surrogatepass"))
+                out.append(interaction_message(request))
         return out

@@ -59,8 +59,17 @@ class Mover:
     Fed on the event loop: `opened` with the start, `forwarded` with every request sent, and
     `arrived` with every reply for the client, which it returns in the session's coordinates."""
 
-    def __init__(self, streams: StreamSource, patience: float, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self,
+        streams: StreamSource,
+        patience: float,
+        metrics: ProxyMetrics,
+        book: EventBook | None = None,
+        log_bytes: int | None = None,
+    ) -> None:
         self._streams = streams
+        self._book = book  # the session's admissions: the move log keeps only admitted events
+        self._log_bytes = log_bytes  # the most bytes of event payloads the move log keeps (None: no bound)
         self._patience = patience  # how long a move waits for an endpoint (0: moves off)
         self._metrics = metrics
         self._log: MoveLog | None = None
@@ -77,7 +86,7 @@ class Mover:
     def opened(self, start: bytes) -> None:
         """The session.start as sent to the model."""
         try:
-            self._log = MoveLog(json.loads(start))
+            self._log = MoveLog(json.loads(start), self._book, self._log_bytes)
         except (ValueError, ProtocolError) as exc:  # a start the model refuses moves nowhere
             log.debug("no move log: %s", exc)
 

@@ -4,8 +4,16 @@ parts.
 
 `Continuity` is the session's side of its `StoreKeeper` (rtvideo.proxy.store.keeper): the start
 as sent, the fields once `video.start` is out, the tokens' hashes, each interaction before its
-ack, each frame the owner's socket took, whether the owner is away. With no shared store (one
-proxy alone) it holds no keeper and every call does nothing: the session has one code path.
+ack, each frame the owner's socket took that a takeover reads, whether the owner is away. With
+no shared store (one proxy alone) it holds no keeper and every call does nothing: the session
+has one code path.
+
+It keeps only what a takeover reads, so that what a client sends does not grow the store: an
+interaction as parsed (the canonical frame the model got, `rebuild.interaction_message`, never
+the client's frame), the acks, the chunks' metadata and `interaction_failed` (the event book and
+the ledger read them), and no other error: an answer about one refused message (`rate_limited`,
+a conflict, an invalid one) changes nothing a takeover rebuilds, and a flood of them would fill
+the store. The keeper bounds what is left per session (`--session-store-bytes`).
 
 `restore_log` feeds a saved session's log (rtvideo.proxy.session.record) into the parts of the
 session that takes it over, in the order it happened: the move log and the event book see every
@@ -22,6 +30,7 @@ import time
 from collections.abc import Awaitable, Mapping
 
 from rtvideo.core import protocol
+from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.participants.replay import init_segment
 from rtvideo.proxy.placement.mover import Mover
@@ -32,6 +41,16 @@ from rtvideo.proxy.store.keeper import StoreKeeper
 
 #: frames the store does not log: kept as a field, an answer to one link, the end
 _NOT_LOGGED = frozenset({protocol.VIDEO_START, protocol.PONG, protocol.DONE})
+
+
+def _read_by_takeover(message: Mapping[str, object]) -> bool:
+    """Whether a frame the owner took is one `restore_log` needs (module docstring)."""
+    kind = message.get("type")
+    if kind in _NOT_LOGGED:
+        return False
+    if kind == protocol.ERROR:  # only a refusal after the ack moves an event (EventBook.observe)
+        return message.get("code") == ErrorCode.INTERACTION_FAILED.value and isinstance(message.get("event_id"), str)
+    return True
 
 
 class Continuity:
@@ -103,7 +122,7 @@ class Continuity:
 
     def taken(self, frame: Frame) -> None:
         """A frame the owner's socket took: its text, a chunk's payload, the init segment."""
-        if self._keeper is None or frame.message.get("type") in _NOT_LOGGED:
+        if self._keeper is None or not _read_by_takeover(frame.message):
             return
         index = frame.message.get("transport_chunk_index") if frame.data is not None else None
         if self._init is None and frame.data and (init := init_segment(frame.data)):
@@ -138,8 +157,8 @@ def restore_log(saved: SavedSession, ledger: Ledger, mover: Mover, acks: ProxyAc
     cut, recent = -1, list[Frame]()
     for entry in saved.log:
         if not isinstance(entry, SavedFrame):
+            acks.restored(entry.raw)  # admitted first: the move log keeps what the book admitted
             mover.forwarded(entry.raw)
-            acks.restored(entry.raw)
             continue
         mover.restored(entry.message, entry.data)
         if entry.index is not None and entry.data is None:

@@ -65,6 +65,7 @@ from rtvideo.core.chunks import mentioned_event_ids
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.event_book import EventBook, UnknownPayload
 from rtvideo.core.interaction.parse import parse_interaction
+from rtvideo.core.rebuild import interaction_message
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming
 from rtvideo.proxy.participants.links import Guest, OwnerSeat
@@ -435,7 +436,7 @@ class Ack:
     """An interaction the proxy acks now."""
 
     event_id: str
-    raw: bytes  # what goes to the model: the client's frame, with the generated id when it had none
+    raw: bytes  # what goes to the model and the store: the canonical frame (`interaction_message`), its id filled in
     new: bool  # False: a retry (acked again, applied once)
 
 
@@ -460,13 +461,13 @@ class ProxyAcks:
             request = parse_interaction(message)
         except ProtocolError:
             return None  # invalid: answered by the model, admitted by neither
-        filled = request.with_event_id()
+        filled = request.with_event_id()  # the model must use the id the client is told
         assert filled.event_id is not None
-        if request.event_id is None:  # the model must use the id the client is told
-            interaction = {**message["interaction"], "event_id": filled.event_id}
-            raw = server_messages.encode({**message, "interaction": interaction}).encode("utf-8", "surrogatepass")
-            if len(raw) > protocol.MAX_MESSAGE_BYTES:
-                return None  # the id would take it over the model's size limit: the model names it
+        # What the model gets, the store keeps and a move resends: the parsed request, never the
+        # client's frame (a field the parser ignores is not carried, stored or kept in memory)
+        canonical = interaction_message(filled)
+        if len(canonical) > protocol.MAX_MESSAGE_BYTES:
+            return None  # the id would take it over the model's size limit: the model names it
         try:
             new = self.book.admit(filled.event_id, filled.fingerprint)
         except (ProtocolError, UnknownPayload):

@@ -119,7 +119,10 @@ class ProxySession:
             self._life, ACK_WAIT_SECONDS, bound, self._seat, self._acks, metrics, self._playhead, self
         )
         times = UpstreamTimes(KEEPALIVE_SECONDS, PING_FORWARD_SECONDS, END_GRACE_SECONDS)
-        self._mover = Mover(bridge, settings.move_patience_seconds, metrics)  # rtvideo.proxy.placement.mover
+        # rtvideo.proxy.placement.mover: its log keeps the admitted events, within the session's bound
+        self._mover = Mover(
+            bridge, settings.move_patience_seconds, metrics, self._acks.book, settings.session_store_bytes
+        )
         self.upstream = Upstream(
             self._life, settings, times, self.tasks, self.on_reply, self._stream_broke, self._mover.forwarded
         )

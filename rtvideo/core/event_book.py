@@ -116,6 +116,13 @@ class EventBook:
         elif entry.state is EventState.ADMITTED:
             entry.state = EventState.ACKED
 
+    def holds(self, event_id: str, fingerprint: bytes) -> bool:
+        """Whether `event_id` was admitted with this payload, or is known only from an observed
+        ack (its payload unknown: the model admitted it): what a move may need to send again.
+        False for an id the book refused (its event bound) or holds with another payload."""
+        entry = self._events.get(event_id)
+        return entry is not None and entry.fingerprint in (None, fingerprint)
+
     # --- what chunks and errors say -------------------------------------------------------
     def chunk(
         self,

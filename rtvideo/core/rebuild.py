@@ -25,6 +25,7 @@ Pure: decoded JSON in, dataclasses out; every failure is a `ProtocolError` (`inv
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.fields import as_int, json_kind
 from rtvideo.core.interaction.parse import parse_interaction
 from rtvideo.core.interaction.types import InteractionRequest
+from rtvideo.core.protocol import INTERACTION
 
 REBUILD = "rebuild"
 #: most events one rebuild may carry (a session's own bound: `event_book.MAX_EVENTS_PER_SESSION`)
@@ -110,6 +112,15 @@ def interaction_json(request: InteractionRequest) -> dict[str, Any]:
     if request.interpolation is not None:
         out["interpolation"] = request.interpolation
     return out
+
+
+def interaction_message(request: InteractionRequest) -> bytes:
+    """The canonical `session.interaction` frame of a parsed request: what the proxy forwards to
+    the model, keeps in the session store and in a move's log, so a takeover or a move rebuilds
+    exactly what the model got. Nothing the parser ignores (a top-level field, a null prompt)
+    survives: its size is bounded by what parsing bounds, not by what a client sent."""
+    message = {"type": INTERACTION, "interaction": interaction_json(request)}
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def split_start(obj: Mapping[str, Any]) -> tuple[dict[str, Any], Rebuild | None]:

@@ -84,13 +84,36 @@ def test_a_missing_event_id_is_generated_here_and_sent_on_to_the_model() -> None
 
 def test_an_id_that_would_take_a_message_over_the_size_limit_is_left_to_the_model() -> None:
     acks = ProxyAcks()
-    message = {**interaction(None), "padding": ""}  # other top-level keys are ignored, and passed on
-    message["padding"] = "x" * (protocol.MAX_MESSAGE_BYTES - len(server_messages.encode(message)) - 10)
+    message = interaction(None)  # an engine's modality (kept as sent) fills the message
+    message["interaction"]["event"]["multi_modal_data"] = {"depth": {"data": ""}}
+    filler = protocol.MAX_MESSAGE_BYTES - len(server_messages.encode(message)) - 30  # room for "mine", not a UUID
+    message["interaction"]["event"]["multi_modal_data"]["depth"]["data"] = "x" * filler
     raw = server_messages.encode(message).encode()
     assert len(raw) <= protocol.MAX_MESSAGE_BYTES  # within the limit as sent, not with a UUID added
     assert acks.decide(message, raw) is None and len(acks.book) == 0
     message["interaction"]["event_id"] = "mine"
     assert acks.decide(message, server_messages.encode(message).encode()) is not None  # as sent: acked here
+
+
+def test_what_goes_on_is_the_parsed_interaction_never_the_clients_frame() -> None:
+    """A field the parser ignores (a 100 kB pad beside `interaction`, a null prompt) is neither
+    forwarded to the model nor stored: the ack carries the canonical frame, whose size is the
+    parsed request's, and it parses back to the same request (a takeover rebuilds exactly)."""
+    acks = ProxyAcks()
+    message = {**interaction("e1", transition_chunks=3), "pad": "x" * 100_000}
+    message["interaction"]["event"]["prompts"] = None
+    raw = server_messages.encode(message).encode()
+    ack = acks.decide(message, raw)
+    assert ack is not None and ack.new
+    assert len(ack.raw) < 200 < len(raw) and b"pad" not in ack.raw and b"prompts" not in ack.raw
+    assert json.loads(ack.raw) == {
+        "type": "session.interaction",
+        "interaction": {"event_id": "e1", "event": {"prompt": "a lighthouse"}, "transition_chunks": 3},
+    }
+    replica = ProxyAcks()
+    replica.restored(ack.raw)  # as a takeover reads it back: the same admission
+    retry = replica.decide(message, raw)
+    assert retry is not None and not retry.new and retry.raw == ack.raw
 
 
 def frame(message: dict[str, Any], data: bytes | None = None) -> Frame:
