@@ -114,6 +114,34 @@ def test_record_without_recordings_is_invalid_start_and_without_asking_nothing_i
     assert fetch(http_base(proxies.url()) + "/v1/recordings/" + "0" * 32)[0] == 404  # off: said so
 
 
+def test_a_start_refused_before_video_start_records_nothing(proxies, triton, tmp_path: Path) -> None:
+    """The model refuses the start (an image it cannot decode): no folder, no manifest, nothing
+    listed; the next start that is answered with video.start is recorded as ever."""
+    wait_idle(triton)
+    store = tmp_path / "rec"
+    url = proxies.url(recordings=str(store), admin_token=ADMIN)
+
+    async def body() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        refused = await Leg.open(url)
+        answer = await refused.start(PROMPT, record=True, image_reference="data:image/png;base64,AAAA")
+        rest = [answer]
+        while rest[-1]["type"] != "session.done":
+            rest.append(await refused.read())
+        recorded = await Leg.open(url)
+        started = await recorded.start(PROMPT, record=True, num_frames=9)
+        await recorded.until("session.done")
+        return rest, started
+
+    refused, started = run(body())
+    assert refused[0]["type"] == "error" and refused[0]["code"] == "invalid_start", refused
+    assert not any(m["type"] == "video.start" for m in refused)
+    manifest = finished(http_base(url), started["recording_id"], recording_token=started["recording_token"])
+    assert manifest["status"] == "complete"
+    assert [p.name for p in store.iterdir()] == [started["recording_id"]]  # the refused start left nothing
+    status, listed, _ = fetch(f"{http_base(url)}/v1/recordings", token=ADMIN)
+    assert status == 200 and [m["recording_id"] for m in json.loads(listed)["data"]] == [started["recording_id"]]
+
+
 def test_a_full_store_truncates_the_recording_never_the_session(proxies, triton, tmp_path: Path) -> None:
     wait_idle(triton)
     # each payload is about 12 kB: a cap of 30 kB holds two chunks of the four
