@@ -4,11 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Debian packages the tests drive: the browser test plays the stream in a real headless Chromium,
-# and the session store's tests start their own redis-server (tests/support/redis_server.py).
-# Serving needs neither: scripts/setup.sh, which serve.sh runs too, installs no system package.
+# the session store's tests start their own redis-server (tests/support/redis_server.py), and the
+# local replicas recipe's test puts HAProxy in front of its proxies (tests/e2e/test_local_replicas.py).
+# Serving needs none of them: scripts/setup.sh, which serve.sh runs too, installs no system package.
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
 if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   echo "installing ${missing[*]} for the tests (apt-get)"
