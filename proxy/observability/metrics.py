@@ -63,6 +63,8 @@ REPORTED_LEAD_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0
 UNDERRUN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 #: a move costs the new endpoint's time to rebuild and render one chunk, plus detection for a loss
 MOVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: what a proxy finds of a shared session store (rtvideo.proxy.store.watch)
+STORE_STATES = ("shared", "refusing_writes", "unreachable")
 #: why a live recording is dropped (exported at 0 from the start)
 RECORDING_FAILURES = ("the store is too slow", "write failed")
 
@@ -150,6 +152,19 @@ class ProxyMetrics:
         "rtvideo_proxy_store_errors",
         "Session store calls that failed (the store unreachable); the session goes on without it",
         ("call",),
+    )
+    store_sessions_bounded = MetricSpec(
+        Counter,
+        "rtvideo_proxy_store_sessions_bounded",
+        "Sessions whose keeping in the session store ended at --session-store-bytes: each goes on, "
+        "no longer resumable at another replica",
+    )
+    store_state = MetricSpec(
+        Gauge,
+        "rtvideo_proxy_store_state",
+        "1 for the session store's state as this proxy last found it (shared, refusing_writes: it "
+        "answers but refuses writes, full or read-only; unreachable), 0 for the others",
+        ("state",),
     )
     sessions_taken_over = MetricSpec(
         Counter,
@@ -367,6 +382,14 @@ class ProxyMetrics:
         self.store_seconds.labels(call).observe(seconds)
         if not ok:
             self.store_errors.labels(call).inc()
+
+    def store_session_bounded(self) -> None:
+        self.store_sessions_bounded.inc()
+
+    def store_found(self, state: str) -> None:
+        """The session store's state, as the last look found it (`STORE_STATES`)."""
+        for name in STORE_STATES:
+            self.store_state.labels(name).set(1.0 if name == state else 0.0)
 
     def recording_written(self, size: int) -> None:
         self.recordings_written.inc()

@@ -41,6 +41,10 @@ class StoreUnavailable(Exception):
     """The store did not answer (or answered an error); the message says which call."""
 
 
+class StoreRefusing(StoreUnavailable):
+    """The store answers but refuses writes: full (at its `maxmemory`) or read-only (a replica)."""
+
+
 @dataclass(frozen=True)
 class Lease:
     """The right to drive one session: who holds it, and the epoch it was granted in."""
@@ -95,7 +99,8 @@ class SessionStore(Protocol):
     cluster: str
 
     async def ping(self) -> None:
-        """Returns when the store answers; StoreUnavailable when it does not."""
+        """Returns when the store answers and takes a write; StoreRefusing when it answers but
+        refuses writes (full, read-only), StoreUnavailable when it does not answer."""
         ...
 
     async def put(self, sid: str, lease: Lease, fields: Mapping[str, str]) -> bool: ...
@@ -122,7 +127,10 @@ class SessionStore(Protocol):
 
     async def ask_handoff(self, sid: str, resume_hash: str) -> None: ...
 
-    async def drop(self, sid: str) -> None: ...
+    async def drop(self, sid: str, lease: Lease | None = None) -> None:
+        """The session's record and the token bindings it names go; with `lease`, only when nobody
+        acquired the session since that lease was granted (a record another replica holds stays)."""
+        ...
 
     async def holding(self, sid: str) -> Holding | None:
         """`load`'s holder and age alone, without the log (None: the session is not stored)."""

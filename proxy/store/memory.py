@@ -113,7 +113,10 @@ class MemoryStore:
         if entry is not None:
             entry.handoff = resume_hash
 
-    async def drop(self, sid: str) -> None:
+    async def drop(self, sid: str, lease: Lease | None = None) -> None:
+        entry = self._sessions.get(sid)
+        if entry is not None and lease is not None and (entry.epoch != lease.epoch or entry.lease not in (None, lease)):
+            return  # acquired by another since: not this caller's to drop
         self._sessions.pop(sid, None)
         for key in [k for k, v in self._tokens.items() if v == sid]:
             del self._tokens[key]
