@@ -181,6 +181,12 @@ class ProxyMetrics:
         ("reason",),
         buckets=MOVE_BUCKETS,
     )
+    store_refusals = MetricSpec(
+        Counter,
+        "rtvideo_proxy_store_refusals",
+        "Interactions answered store_unavailable: the shared session store could not keep them "
+        "(away, full, or the lease unsure), so they were neither acked nor applied; the video went on",
+    )
     acks_refused = MetricSpec(
         Counter,
         "rtvideo_proxy_acks_refused",

@@ -42,10 +42,12 @@ async def drop_silent_owner(features: Features, raw: str | bytes) -> None:
     await session.drop_if_silent(RESUME_PROBE_SECONDS)
 
 
-def attach(features: Features, owner: Owner, raw: str | bytes) -> ProxySession:
+async def attach(features: Features, owner: Owner, raw: str | bytes) -> ProxySession:
     """A connection whose first message is `session.resume`: `owner` (its participant) is attached
     to the session the token names, which is returned. ResumeRefused (with the oldest index
-    still kept, where that is why) when it cannot; `owner` is then attached to nothing."""
+    still kept, where that is why) when it cannot; `owner` is then attached to nothing. With a
+    shared store the session's lease is checked there first (`ProxySession.check_held`): a
+    replica that may have lost it while the store was away takes no resume."""
     try:
         request = resume.parse_resume(raw)
     except ProtocolError as exc:
@@ -54,5 +56,8 @@ def attach(features: Features, owner: Owner, raw: str | bytes) -> ProxySession:
         raise ResumeRefused("resume is off on this server (--resume-grace-seconds 0)")
     session = features.resume_tokens.find(request.resume_token)
     assert isinstance(session, ProxySession)  # the only kind that issues resume tokens
+    await session.check_held()
+    if features.resume_tokens.find(request.resume_token) is not session:
+        raise ResumeRefused("this token was used already: each resume hands out a new one")
     session.attach_owner(owner, request.last_transport_chunk_index, request.resume_token)
     return session

@@ -71,7 +71,7 @@ async def take_over(
         log.error("a resume could not reach the session store: %s", exc)
         raise ResumeRefused("the session store is unreachable: the session cannot be continued here") from None
     keeper = new_keeper(sid)
-    keeper.start(lease)
+    keeper.start(lease, stored)
     try:
         saved = _check(stored, before, hashed, request.last_transport_chunk_index, grace)
         session = open_session(keeper)
@@ -136,6 +136,8 @@ def _check(stored: StoredSession | None, before: StoredSession, hashed: str, las
     `before`: as it was before this replica took its lease (how long its holder was silent)."""
     if stored is None:
         raise ResumeRefused("the session has ended")
+    if stored.fields.get("restoring"):  # its holder is writing it again after a store fault: never half
+        raise ResumeRefused("the session is being written back to the store by its proxy; resume again")
     try:
         saved = dataclasses.replace(SavedSession.read(stored), age=before.age)
     except (ValueError, KeyError) as exc:

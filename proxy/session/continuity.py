@@ -68,8 +68,13 @@ class Continuity:
 
     @property
     def continuable(self) -> bool:
-        """Whether another replica could go on with it: a shared store that took every write."""
-        return self._keeper is not None and not self._keeper.unkept
+        """Whether another replica could go on with it: a shared store that holds it as it is."""
+        return self._keeper is not None and self._keeper.kept
+
+    async def held_here(self) -> bool:
+        """Before a resume is taken here: whether this replica still drives the session, checked
+        in the store (rtvideo.proxy.store.keeper `recheck`); True without a shared store."""
+        return self._keeper is None or await self._keeper.recheck()
 
     @property
     def lost(self) -> asyncio.Event | None:
@@ -87,8 +92,6 @@ class Continuity:
         assert self._keeper is not None
         self._init = saved.init
         self._bound.update(saved.token_hashes)
-        frames = (e for e in saved.log if isinstance(e, SavedFrame))
-        self._keeper.payloads_kept((e.index, len(e.data)) for e in frames if e.index is not None and e.data)
         self._keeper.put({"detached_at": ""})
 
     def started(self, fields: Mapping[str, str], tokens: Mapping[str, str]) -> None:
@@ -113,9 +116,11 @@ class Continuity:
         if self._keeper is not None:
             self._keeper.put({"detached_at": f"{time.time():.3f}" if away else ""})
 
-    def event(self, raw: bytes | None) -> Awaitable[None] | None:
-        """An interaction as forwarded (None: a retry, stored already): its ack waits for the
-        returned awaitable (write before ack; the writes, so the acks, keep their order)."""
+    def event(self, raw: bytes | None) -> Awaitable[bool] | None:
+        """An admitted interaction, its canonical frame (None: a retry, stored already, or an
+        interaction the model answers): it is forwarded and acked once the returned awaitable says
+        True (write before ack; the writes, so the forwards and acks, keep their order); False: the
+        store cannot take it now (refused with store_unavailable). None: no shared store."""
         if self._keeper is None:
             return None
         return self._keeper.event(None if raw is None else raw.decode("utf-8", "surrogatepass"))

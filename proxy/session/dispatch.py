@@ -474,6 +474,10 @@ class ProxyAcks:
             return None  # a conflict, the session's limit, or a payload unknown here: the model answers
         return Ack(filled.event_id, raw, new)
 
+    def unkept(self, ack: Ack) -> None:
+        """A new event the store could not keep: refused, never forwarded; as if never admitted."""
+        self.book.retract(ack.event_id)
+
     def restored(self, raw: bytes) -> None:
         """An interaction another proxy admitted (and stored before its ack left) is admitted
         here too, so a retry of it is acked again and not applied twice (a takeover)."""

@@ -54,6 +54,7 @@ from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.invitations import Invitations
 from rtvideo.proxy.participants.links import Frame, Guest, Link, Owner, OwnerSeat, Steerer
 from rtvideo.proxy.participants.steerers import GuestSteerer
+from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.participants.watchers import Watcher
 from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS
 from rtvideo.proxy.placement.mover import Mover, MoveReason
@@ -216,17 +217,17 @@ class ProxySession:
             self.upstream.send_stop()
             self._life.stop_sent()
 
-    def when_kept(self, event_id: str, raw: bytes | None, ack: Callable[[], None]) -> None:
-        kept = self._continuity.event(raw)
-        if kept is None:
-            ack()
+    def when_kept(self, raw: bytes | None, kept: Callable[[], None], refused: Callable[[], None] | None = None) -> None:
+        waiting = self._continuity.event(raw)
+        if waiting is None:
+            kept()
         else:
-            self.tasks.spawn(self._ack_when_kept(kept, ack))
+            self.tasks.spawn(self._when_kept(waiting, kept, refused or kept))
 
-    async def _ack_when_kept(self, kept: Awaitable[None], ack: Callable[[], None]) -> None:
-        await kept  # the keeper's writes go in order: so do the acks that wait for them
+    async def _when_kept(self, waiting: Awaitable[bool], kept: Callable[[], None], refused: Callable[[], None]) -> None:
+        ok = await waiting  # the keeper's writes go in order: so do the forwards and acks that wait for them
         if self._life.live:
-            ack()
+            (kept if ok else refused)()
 
     async def _watch_lease(self) -> None:
         """Another replica holds the session now: this one stops driving it. Its owner is closed
@@ -469,6 +470,16 @@ class ProxySession:
     # --- attaching participants (rtvideo.proxy.participants.attachments) ------------------------------------
     async def drop_if_silent(self, timeout: float) -> None:
         await self._attachments.drop_if_silent(timeout)
+
+    async def check_held(self) -> None:
+        """Before a resume attaches here (docs/decisions.md "The session store under faults"):
+        ResumeRefused unless the session waits for a new owner and this replica still drives it,
+        its lease and epoch checked in a shared store, so a token never brings it to life twice."""
+        self._attachments.check_resume()
+        if not await self._continuity.held_here():
+            if self._continuity.lost is not None and self._continuity.lost.is_set():
+                raise ResumeRefused("the session is continued by another proxy")
+            raise ResumeRefused("the session store cannot confirm that this proxy holds the session; resume again")
 
     def attach_owner(self, owner: Owner, last: int, token: str) -> None:
         """DETACHED → STREAMING with `owner` (a resume), who is given what it may have lost;

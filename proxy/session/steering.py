@@ -36,7 +36,7 @@ from rtvideo.proxy.observability.session_timing import PlayheadTiming
 from rtvideo.proxy.observability.tracing import NO_TRACE, SessionTrace
 from rtvideo.proxy.participants.links import Guest, Steerer
 from rtvideo.proxy.participants.steerers import in_flight_share
-from rtvideo.proxy.session.dispatch import Dispatch, ProxyAcks
+from rtvideo.proxy.session.dispatch import Ack, Dispatch, ProxyAcks
 from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
 from rtvideo.proxy.session.limits import event_id_in, over_rate_stop, refused_event_id
 from rtvideo.proxy.session.upstream import Upstream
@@ -54,9 +54,11 @@ class SteeredSession(Protocol):
     def stop(self) -> None:
         """The owner's session.stop: sequence_end goes to Triton once, and the session moves on."""
 
-    def when_kept(self, event_id: str, raw: bytes | None, ack: Callable[[], None]) -> None:
-        """`ack` once the event is in the session store (at once without a shared one): an event
-        is stored before its ack leaves, so a replica continuing the session knows it."""
+    def when_kept(self, raw: bytes | None, kept: Callable[[], None], refused: Callable[[], None] | None = None) -> None:
+        """`kept` once the interaction `raw` is in the session store (at once without a shared
+        one), after the writes before it (`raw` None: nothing to write); `refused` (default
+        `kept`) when the store cannot take it: an event is stored before its ack leaves, so a
+        replica continuing the session knows it."""
 
     def revoke_steering(self) -> int:
         """Ends every guest's steer link; returns how many there were."""
@@ -161,39 +163,78 @@ class Steering:
                 self._dispatch.route(tag, guest)
 
     def _interact(self, message: Mapping[str, Any], raw: bytes, guest: Guest | None = None) -> None:
-        """Acked here at once when the proxy can decide it like the model (rtvideo.proxy.session.dispatch);
+        """Acked here when the proxy can decide it like the model (rtvideo.proxy.session.dispatch);
         forwarded in order, but for a retry of an event acked here: the model has its first copy
         (or, after a move, knows it as named or got it again), and would apply nothing, so a
-        superseded or failed event retried after a move is never applied by the new model."""
+        superseded or failed event retried after a move is never applied by the new model.
+
+        With a shared store a new event is written there first (docs/decisions.md "The session
+        store under faults"): only then is it forwarded, told to the others and acked, so no ack
+        leaves before a takeover could read the event, and no chunk ever waits for an ack on the
+        store. One the store cannot take is refused with `store_unavailable` (retryable), as if
+        never admitted. Every interaction waits for the writes before it, so they reach the model
+        in the order they came."""
         received = time.perf_counter()
         ack = self._acks.decide(message, raw)
-        if ack is None:
-            tag = self._upstream.send(raw)
-            self._dispatch.ack_due(tag, received, guest)
-            if guest is not None:
-                guest.forwarded(tag)
-            self._trace.interaction(event_id_in(message), received)
+        if ack is None:  # the model answers it: forwarded after the interactions before it
+            self._session.when_kept(None, lambda: self._unacked(raw, message, received, guest))
             return
+        self._trace.interaction(ack.event_id, received)
+        self._session.when_kept(
+            ack.raw if ack.new else None,  # a retry is stored already
+            lambda: self._kept(message, ack, received, guest),
+            lambda: self._unkept(ack, guest),
+        )
+
+    def _unacked(self, raw: bytes, message: Mapping[str, Any], received: float, guest: Guest | None) -> None:
+        if not self._open_to(guest):
+            return
+        tag = self._upstream.send(raw)
+        self._dispatch.ack_due(tag, received, guest)
+        if guest is not None:
+            guest.forwarded(tag)
+        self._trace.interaction(event_id_in(message), received)
+
+    def _kept(self, message: Mapping[str, Any], ack: Ack, received: float, guest: Guest | None) -> None:
+        """The acked interaction is in the store (or there is none): forwarded, shared, acked."""
+        if not self._open_to(guest):
+            return
+        event_id, life = ack.event_id, self._life
         if ack.new:
             tag = self._upstream.send(ack.raw)
             self._acks.forwarded(tag, ack)
             if guest is not None:
                 guest.forwarded(tag)  # its model ack is dropped, but it counts in flight until it comes
-        event_id = ack.event_id
-        self._trace.interaction(event_id, received)
-        life = self._life
-        if ack.new:  # told to the others before its sender's ack: no chunk can name it ahead of this
+            # told to the others before its sender's ack: no chunk can name it ahead of this
             sender = "owner" if guest is None else "steerer"
             self._session.share(
                 server_messages.interaction_shared(life.request_id, event_id, sender, message["interaction"]), guest
             )
-        self._session.when_kept(
-            event_id,
-            ack.raw if ack.new else None,  # a retry is stored already
-            lambda: self._dispatch.answer(
-                lambda: server_messages.queued(life.request_id, event_id), ack=event_id, received=received, to=guest
-            ),
+        self._dispatch.answer(
+            lambda: server_messages.queued(life.request_id, event_id), ack=event_id, received=received, to=guest
         )
+
+    def _unkept(self, ack: Ack, guest: Guest | None) -> None:
+        """The store could not take the interaction: never acked, never forwarded, forgotten."""
+        if ack.new:
+            self._acks.unkept(ack)
+        self._metrics.store_refusals.inc()
+        self._dispatch.reject(
+            ErrorCode.STORE_UNAVAILABLE,
+            "the session store cannot keep this interaction now; it was not applied: send it again shortly",
+            event_id=ack.event_id,
+            to=guest,
+        )
+
+    def _open_to(self, guest: Guest | None) -> bool:
+        """Whether an interaction whose store write was awaited may still go on (the session is
+        live, its sequence open to it); one that came too late is answered as if it came now."""
+        if not self._life.live:
+            return False
+        if self._life.phase is Phase.STOP_SENT:
+            self._dispatch.reject(ErrorCode.INVALID_MESSAGE, "session.stop was sent; the session is ending", to=guest)
+            return False
+        return True
 
     def _playback(self, message: Mapping[str, Any], raw: bytes, guest: Guest | None = None) -> None:
         """A playhead report (docs/protocol.md §2.6): checked here, fed to the on-screen timing,

@@ -35,6 +35,9 @@ from typing import Protocol
 #: how long a lease lasts unless renewed: short enough that a client's own resume retries
 #: (about 8 s) reach a replica that can take a dead holder's session over
 LEASE_SECONDS = 3.0
+#: the longest one store call may take before the store is taken for away (an ack waits at most
+#: this long for its write; docs/decisions.md "The session store under faults")
+CALL_SECONDS = 2.0
 
 
 class StoreUnavailable(Exception):
@@ -56,6 +59,9 @@ class Lease:
     def value(self) -> str:
         return f"{self.holder}:{self.epoch}"
 
+
+#: fields the store keeps of a session itself (beside those its holder puts)
+STORE_FIELDS = frozenset({"epoch", "touched", "released", "restoring"})
 
 #: a log entry's first character: an interaction as forwarded, or a frame the owner took
 EVENT, FRAME = "e", "f"
@@ -106,6 +112,15 @@ class SessionStore(Protocol):
     async def put(self, sid: str, lease: Lease, fields: Mapping[str, str]) -> bool: ...
 
     async def append(self, sid: str, lease: Lease, entries: Sequence[str], payload: Payload | None) -> bool: ...
+
+    async def restore(
+        self, sid: str, lease: Lease, fields: Mapping[str, str], log: Sequence[str], payloads: Mapping[int, bytes]
+    ) -> bool:
+        """The whole record of a session written again under `lease` (its holder kept it while the
+        store was away, or the store lost it): fields, log and payloads replace what is stored.
+        While it is written the record is marked `restoring`, so a takeover never reads half of it.
+        False when `lease` is not the live one."""
+        ...
 
     async def bind_token(self, kind: str, token_hash: str, sid: str) -> None: ...
 

@@ -64,6 +64,15 @@ class MemoryStore:
         return True
 
     async def bind_token(self, kind: str, token_hash: str, sid: str) -> None:
+    async def restore(
+        self, sid: str, lease: Lease, fields: Mapping[str, str], log: Sequence[str], payloads: Mapping[int, bytes]
+    ) -> bool:
+        entry = self._held(sid, lease)
+        if entry is None:
+            return False
+        entry.fields, entry.log, entry.payloads = dict(fields), list(log), dict(payloads)
+        return True
+
         self._tokens[(kind, token_hash)] = sid
 
     async def unbind_token(self, kind: str, token_hash: str) -> None:

@@ -26,6 +26,9 @@ class ErrorCode(str, Enum):
     BACKEND_UNAVAILABLE = "backend_unavailable"
     SLOW_CONSUMER = "slow_consumer"
     RATE_LIMITED = "rate_limited"  # one message refused by the proxy's bounds; the session goes on
+    # an interaction the shared session store could not keep (a stall, a full or lost store): not
+    # applied, never acked; retryable with the same event_id; the session and its video go on
+    STORE_UNAVAILABLE = "store_unavailable"
     SERVER_SHUTDOWN = "server_shutdown"
     # a session.resume refused: wrong, expired or used token, another replica's session, or an
     # index outside the replay buffer; the connection closes, the session (if any) is untouched

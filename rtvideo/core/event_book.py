@@ -106,6 +106,13 @@ class EventBook:
             event_id,
         )
 
+    def retract(self, event_id: str) -> None:
+        """An admission that did not hold (the proxy could not keep the event, so never acked or
+        forwarded it): the id is as if never admitted, and a retry of it is new."""
+        entry = self._events.get(event_id)
+        if entry is not None and entry.state is EventState.ADMITTED:
+            del self._events[event_id]
+
     def acked(self, event_id: str) -> None:
         """The event's ack was delivered. An id never admitted here (an ack this book only
         observes) is recorded as acked, payload unknown, within the session's bound."""
