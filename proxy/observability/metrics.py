@@ -267,7 +267,14 @@ class ProxyMetrics:
     probe_busy = MetricSpec(
         Counter,
         "rtvideo_proxy_probe_busy",
-        "Health probes not answered while the model's heartbeat moved (every sequence slot held: busy, not down)",
+        "Health probes not answered while the model's heartbeat moved and it reported every sequence slot "
+        "held (busy, not down)",
+    )
+    probe_late = MetricSpec(
+        Counter,
+        "rtvideo_proxy_probe_late",
+        "Health probes not answered in time while the model's heartbeat moved and it had a free sequence "
+        "slot (late: a loaded host, neither busy nor down)",
     )
     backend_restarts = MetricSpec(
         Counter, "rtvideo_proxy_backend_restarts", "Restarts of the Triton started by rtvideo serve"

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 REFUSED_HOLD_SECONDS = 2.0
 _STATE_ORDER = (
     BackendState.UP,
+    BackendState.LATE,
     BackendState.BUSY,
     BackendState.STARTING,
     BackendState.RESTARTING,
@@ -61,6 +62,9 @@ class EndpointProbes:
 
     def probe_busy(self) -> None:
         self._metrics.probe_busy.inc()
+
+    def probe_late(self) -> None:
+        self._metrics.probe_late.inc()
 
     def backend_restarted(self) -> None:
         self._metrics.backend_restarts.inc()

@@ -10,13 +10,18 @@ restarted; a later answered probe makes it *up* again. Every transition is logge
 with its reason. With several Triton endpoints (rtvideo.proxy.placement.pool) each has its own
 supervisor, named after its address. Everything runs on the proxy's event loop.
 
-Full is not dead. The probe is a sequence of its own, so when every sequence slot of the
-model's batcher is held it waits in Triton's backlog and gets no answer, like a probe to a
-wedged model. On such a timeout the supervisor asks the model's heartbeat
-(rtvideo.proxy.placement.heartbeat, read from the Triton's metrics port): when it moves, the model is
-*busy*, not down: its live sessions go on, nothing is restarted, it takes no new session
-until a probe is answered again, and `/healthz` says "busy". A heartbeat that does not move,
-cannot be read, or an error answer to the probe count as failures.
+Full is not dead, and late is not full. The probe is a sequence of its own, so when every
+sequence slot of the model's batcher is held it waits in Triton's backlog and gets no answer,
+like a probe to a wedged model; on a loaded host it may also be answered after its deadline
+with most slots free. On a timeout the supervisor asks the model's metrics
+(rtvideo.proxy.placement.heartbeat, read from the Triton's metrics port):
+- the heartbeat moves and the model reports every slot held: *busy*. Its live sessions go on,
+  nothing is restarted, it takes no new session until a probe is answered again (a start
+  would wait in the backlog like the probe), and `/healthz` says "busy";
+- the heartbeat moves and the model does not report every slot held (or reports no slots):
+  *late*. Not a failure and not full: it takes new sessions as when up (the model itself
+  answers server_busy beyond its sessions), `/healthz` says "late" with the probe's deadline;
+- the heartbeat does not move or cannot be read, or the probe got an error answer: a failure.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class ProbeMetrics(Protocol):
 
     def probe_busy(self) -> None: ...
 
+    def probe_late(self) -> None: ...
+
     def backend_restarted(self) -> None: ...
 
     def set_backend_up(self, up: bool) -> None: ...
@@ -58,7 +65,8 @@ class ProbeMetrics(Protocol):
 class BackendState(str, enum.Enum):
     STARTING = "starting"  # no probe has been answered or failed often enough yet
     UP = "up"
-    BUSY = "busy"  # the probe got no answer (no free sequence slot) but the model's heartbeat moves
+    BUSY = "busy"  # the probe got no answer, the model's heartbeat moves and it reports every slot held
+    LATE = "late"  # the probe got no answer in time, the heartbeat moves, and the model has free slots
     DOWN = "down"
     RESTARTING = "restarting"
 
@@ -115,8 +123,9 @@ class Supervisor:
 
     @property
     def ready(self) -> bool:
-        """Whether the last probe was answered and no session's start or stream failed since."""
-        return self.state is BackendState.UP and not self.suspected
+        """Whether the last probe was answered (or late with free slots: the model lives and has
+        room) and no session's start or stream failed since."""
+        return self.state in (BackendState.UP, BackendState.LATE) and not self.suspected
 
     @property
     def suspected(self) -> bool:
@@ -128,11 +137,11 @@ class Supervisor:
         `/readyz` 503) until a probe that began after it is answered, and a probe goes out now.
         Sessions are not ended and nothing is restarted on this alone: the probes decide that."""
         self.last_error = reason
-        if not self.suspected and self.state is BackendState.UP:
+        if not self.suspected and self.state in (BackendState.UP, BackendState.LATE):
             log.warning("%s: not ready until a health probe is answered: %s", self.name, reason)
         self._suspected_at = time.monotonic()
         self._metrics.set_backend_up(self.ready)
-        if self.state in (BackendState.UP, BackendState.STARTING):
+        if self.state in (BackendState.UP, BackendState.LATE, BackendState.STARTING):
             self._wake.set()
 
     def status(self) -> dict[str, object]:
@@ -161,13 +170,17 @@ class Supervisor:
         self._wake.clear()  # a session failing from now on asks for the next probe
         try:
             latency = await self._bridge.probe(self._timeout)
-        except ProbeTimeout as exc:  # full or wedged: the heartbeat tells which
+        except ProbeTimeout as exc:  # full, late or wedged: the model's metrics tell which
             if self._heartbeat is None:
                 self._failed(str(exc))
-            elif await self._heartbeat.moving():
+                return False
+            pulse = await self._heartbeat.pulse()
+            if not pulse.moving:
+                self._failed(f"{exc}, and the model's heartbeat ({self._heartbeat.url}) does not move")
+            elif pulse.full:
                 self._busy(str(exc))
             else:
-                self._failed(f"{exc}, and the model's heartbeat ({self._heartbeat.url}) does not move")
+                self._late(str(exc), pulse.full is None)
             return False
         except BackendUnavailable as exc:
             self._failed(str(exc))
@@ -214,16 +227,27 @@ class Supervisor:
                 self._on_up()
 
     def _busy(self, reason: str) -> None:
-        """No answer, but the model's heartbeat moves: every sequence slot is held. Not a failure:
-        the live sessions go on, no restart (one from down is called off), no new session here
-        until a probe is answered."""
+        """No answer, but the model's heartbeat moves and it reports every sequence slot held.
+        Not a failure: the live sessions go on, no restart (one from down is called off), no new
+        session here until a probe is answered."""
         self.failures = 0
         self._metrics.probe_busy()
         log.debug("%s: health probe not answered, the model's heartbeat moves: busy (%s)", self.name, reason)
         self._set(
             BackendState.BUSY,
-            f"{reason}, but the model's heartbeat moves: every sequence slot is held (busy, not dead)",
+            f"{reason}, but the model's heartbeat moves and it reports every sequence slot held (busy, not dead)",
         )
+
+    def _late(self, reason: str, unreported: bool) -> None:
+        """No answer in time, but the model's heartbeat moves and it has a free sequence slot (or
+        reports none): a loaded host, not a full model and not a dead one. Not a failure; new
+        sessions go on being placed here, the model's own server_busy refusing beyond its room."""
+        self.failures = 0
+        slots = "reports no sequence slots" if unreported else "reports a free sequence slot"
+        self.last_error = f"{reason}; the model's heartbeat moves and it {slots} (late, not busy)"
+        self._metrics.probe_late()
+        log.debug("%s: health probe late: %s", self.name, self.last_error)
+        self._set(BackendState.LATE, self.last_error)
 
     def _failed(self, reason: str) -> None:
         self.failures += 1
@@ -253,7 +277,7 @@ class Supervisor:
         if state is self.state:
             return
         previous, self.state = self.state, state
-        self._metrics.set_backend_up(state is BackendState.UP)
+        self._metrics.set_backend_up(state in (BackendState.UP, BackendState.LATE))
         level = logging.INFO if state in (BackendState.UP, BackendState.RESTARTING) else logging.ERROR
-        level = logging.WARNING if state is BackendState.BUSY else level
+        level = logging.WARNING if state in (BackendState.BUSY, BackendState.LATE) else level
         log.log(level, "%s %s (was %s): %s", self.name, state.value, previous.value, reason)

@@ -29,6 +29,7 @@ from rtvideo.backend.runtime.dispatch import RequestDispatcher
 from rtvideo.backend.runtime.memory import MemoryProbe
 from rtvideo.backend.runtime.metrics import BufferedMetrics
 from rtvideo.backend.runtime.priority_lock import PriorityLock
+from rtvideo.backend.runtime.sequence_slots import SequenceSlots
 from rtvideo.process import shm, watchdog
 from rtvideo.process.interpreter import worker_python
 from rtvideo.triton import wire
@@ -159,9 +160,7 @@ class TritonPythonModel:
         settings = BackendSettings.from_parameters(params)
         # A KIND_GPU instance runs on its own GPU (cuda:<model_instance_device_id>) unless `device` says otherwise.
         settings = dataclasses.replace(settings, device=device_from_args(settings.device, args))
-        settings.check_sequence_slots(
-            config.get("sequence_batching", {}).get("oldest", {}).get("max_candidate_sequences")
-        )
+        settings.check_sequence_slots(candidate_sequences(config))
         buffered = BufferedMetrics()
         self._publisher = TritonMetricsPublisher(
             args["model_name"], buffered, instance=args.get("model_instance_name", "")
@@ -173,10 +172,12 @@ class TritonPythonModel:
         self._manager = build_manager(
             settings, args["model_name"], buffered, idle_timeout_seconds=sequence_idle_seconds(config)
         )
+        # what the model says of its batcher's slots, so the proxy tells full from late (docs/operations.md)
+        self._slots = SequenceSlots(candidate_sequences(config), sequence_idle_seconds(config))
         self._dispatcher = RequestDispatcher(self._manager.on_request)
         self._manager.serve_on(self._dispatcher.call_soon)  # a remote image_reference is fetched off this thread
         self._publisher.alive = self._dispatcher.moving
-        self._publisher.sample = memory_sampler(MemoryProbe(settings.device), self._manager, buffered)
+        self._publisher.sample = memory_sampler(MemoryProbe(settings.device), self._manager, buffered, self._slots)
         # torch, PyAV and numpy leave ~10^5 objects that live as long as the model: frozen, no full
         # garbage collection walks them (each walk would pause every session's thread).
         gc.freeze()
@@ -184,13 +185,16 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             start = bool(_control(request, wire.START))
+            end = bool(_control(request, wire.END))
+            corrid = _control(request, wire.CORRID)
+            self._slots.request(corrid, end=end)  # here, not on the dispatch thread: Triton's view now
             parameters = request.parameters()
             channel = TritonChannel(request.get_response_sender(), urgent=not start)
             self._dispatcher.submit(
-                _control(request, wire.CORRID),
+                corrid,
                 wire.request_payload(_input(request, wire.REQUEST)),
                 start=start,
-                end=bool(_control(request, wire.END)),
+                end=end,
                 # a traced session's start stream records its chunks' spans (docs/operations.md "Traces")
                 channel=tracing.traced(channel, wire.request_traceparent(parameters)) if start else channel,
                 secret=wire.session_secret(parameters),
@@ -203,15 +207,29 @@ class TritonPythonModel:
         tracing.shutdown()
 
 
-def memory_sampler(probe: MemoryProbe, manager: Any, buffered: BufferedMetrics) -> Callable[[], None]:
-    """The generator's memory gauges, read at each metrics flush (rtvideo/backend/runtime/memory.py)."""
+def memory_sampler(
+    probe: MemoryProbe, manager: Any, buffered: BufferedMetrics, slots: SequenceSlots
+) -> Callable[[], None]:
+    """The gauges read at each metrics flush: the generator's memory (rtvideo/backend/runtime/memory.py)
+    and the batcher's slots its sequences hold (rtvideo/backend/runtime/sequence_slots.py)."""
 
     def sample() -> None:
         reading = probe.read(manager.active_sessions)
         if reading is not None:
             buffered.set_memory(*reading)
+        if slots.slots is not None:
+            buffered.set_sequence_slots(slots.held(), slots.slots)
 
     return sample
+
+
+def candidate_sequences(config: Mapping[str, Any]) -> int | None:
+    """The `oldest` sequence batcher's `max_candidate_sequences` (this instance's slots), or None."""
+    value = config.get("sequence_batching", {}).get("oldest", {}).get("max_candidate_sequences")
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def sequence_idle_seconds(config: Mapping[str, Any]) -> float | None:

@@ -34,6 +34,10 @@ SESSION_ENDS = "rtvideo_session_ends_total"
 #: unix time of the model's last flush: it moves once a second while the model's request path
 #: works, also when no sequence slot is free, so a supervisor tells a full model from a dead one
 HEARTBEAT = "rtvideo_model_heartbeat_seconds"
+#: the slots of Triton's sequence batcher this model instance has, and how many its sequences hold
+#: (rtvideo/backend/runtime/sequence_slots.py): busy means held >= slots, not a late probe
+SEQUENCE_SLOTS = "rtvideo_sequence_slots"
+SEQUENCE_SLOTS_HELD = "rtvideo_sequence_slots_held"
 
 #: per chunk: its generation and its encoding, in seconds (histograms beside the totals above)
 GENERATE_DURATION = "rtvideo_chunk_generate_duration_seconds"
@@ -61,6 +65,11 @@ FAMILIES: dict[str, tuple[str, str]] = {
     INTERACTIONS: ("Interactions by outcome", "COUNTER"),
     SESSION_ENDS: ("Session ends by reason", "COUNTER"),
     HEARTBEAT: ("Unix time of the model's last heartbeat (once a second while its request path works)", "GAUGE"),
+    SEQUENCE_SLOTS: ("Slots of Triton's sequence batcher for this model instance (max_candidate_sequences)", "GAUGE"),
+    SEQUENCE_SLOTS_HELD: (
+        "Slots of the sequence batcher held by open sequences (sessions, unended starts) as the model sees them",
+        "GAUGE",
+    ),
     GENERATOR_MEMORY: (
         "Generator memory in all: the GPU's used bytes with CUDA, else the model's resident bytes",
         "GAUGE",
@@ -155,6 +164,11 @@ class BufferedMetrics:
 
     def count_session_end(self, reason: str) -> None:
         self._add((SESSION_ENDS, 1), label=("reason", reason))
+
+    def set_sequence_slots(self, held: int, slots: int) -> None:
+        with self._lock:
+            self._pending.gauges[(SEQUENCE_SLOTS_HELD, "", "")] = float(held)
+            self._pending.gauges[(SEQUENCE_SLOTS, "", "")] = float(slots)
 
     def heartbeat(self, unix_time: float) -> None:
         """The model is alive at `unix_time` (the flush calls it once a second)."""

@@ -17,7 +17,7 @@ from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.placement import heartbeat as heartbeat_module
 from rtvideo.proxy.placement.bridge import KEEPALIVE, PING, STOP, BackendUnavailable, ProbeTimeout
-from rtvideo.proxy.placement.heartbeat import Heartbeat, heartbeat_in, metrics_url
+from rtvideo.proxy.placement.heartbeat import Heartbeat, Pulse, heartbeat_in, metrics_url
 from rtvideo.proxy.placement.pool import EndpointProbes
 from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
 from rtvideo.proxy.session import session as proxy_session
@@ -249,14 +249,17 @@ class _Full:
 
 
 class _Beat:
+    """A model whose heartbeat moves (or not) and which reports every sequence slot held (`full`)."""
+
     def __init__(self) -> None:
         self.moves = True
+        self.full: bool | None = True
         self.url = "http://triton:8002/metrics"
         self.reads = 0
 
-    async def moving(self) -> bool:
+    async def pulse(self) -> Pulse:
         self.reads += 1
-        return self.moves
+        return Pulse(moving=self.moves, full=self.full if self.moves else None)
 
 
 def test_a_probe_timeout_with_a_moving_heartbeat_is_busy_not_down() -> None:
