@@ -107,6 +107,16 @@ def test_admin_token_and_a_new_token_name_are_masked() -> None:
     assert redact("/x?prompt=a%20token%3Dx&page=2") == "/x?prompt=a%20token%3Dx&page=2"  # a value is no name
 
 
+def test_the_docs_name_every_credential_the_list_has() -> None:
+    """docs/security.md "Secrets in URLs and logs" states the same list (a name added to
+    rtvideo.redaction must be documented)."""
+    text = (PROXY.parent / "docs" / "security.md").read_text()
+    section = text[text.index("### Secrets in URLs and logs") :]
+    section = section[: section.index("\n### ", 1)]
+    missing = [name for name in (*QUERY_CREDENTIALS, *NEVER_IN_QUERY) if f"`{name}`" not in section]
+    assert missing == [], missing
+
+
 def test_query_value_takes_only_listed_credentials() -> None:
     with pytest.raises(ValueError, match="admin_token"):
         query_value(None, "admin_token")  # type: ignore[arg-type]
