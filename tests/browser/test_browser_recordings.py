@@ -88,15 +88,32 @@ def test_record_list_play_and_branch_from_the_pages(triton, tmp_path: Path) -> N
             recorded = json.loads((tmp_path / "rec" / rid / "manifest.json").read_text())
             assert summary["chunks"] == recorded["chunks"] - BRANCH_AT, (summary, recorded)
 
-            # The operator lists every recording; a wrong credential is told so.
+            # The operator's credential is never taken from a link: an old ?admin_token= link lists
+            # only this browser's recordings, says why, and leaves the address bar without it.
+            linked = chromium.open(f"{base}recordings.html?token={TOKEN}&admin_token={ADMIN}")
+            linked.wait("document.title === 'rtvideo recordings: listed'", timeout=30)
+            said = linked.eval(TEXT % "status")
+            assert "recorded in this browser" in said and "not taken from a link" in said, said
+            assert ADMIN not in linked.eval("location.href") and "admin_token" not in linked.eval("location.href")
+
+            # The operator types it: every recording is listed; it stays out of the URL and storage.
             listing = chromium.open(f"{base}recordings.html?token={TOKEN}")
             listing.wait("document.title === 'rtvideo recordings: listed'", timeout=30)
+            assert listing.eval("document.getElementById('admin').type") == "password"
+            listing.eval(
+                "document.getElementById('admin').value = 'not-the-operator';"
+                "document.querySelector('#operator-form button').click()"
+            )
+            listing.wait("document.title === 'rtvideo recordings: error'", timeout=30)
+            assert listing.eval(TEXT % "status") == "That is not the operator's credential (403)."
             listing.eval(
                 f"document.getElementById('admin').value = {json.dumps(ADMIN)};"
                 "document.querySelector('#operator-form button').click()"
             )
             listing.wait("document.getElementById('status').textContent.includes(\"all of this server's\")", timeout=30)
             assert listing.eval("document.querySelectorAll('tr.pick').length") == 1
+            stored = listing.eval("JSON.stringify({...localStorage}) + JSON.stringify({...sessionStorage})")
+            assert ADMIN not in stored and ADMIN not in listing.eval("location.href")
             keep_screenshot(listing.screenshot(tmp_path / "recordings-operator-1280.png"))
     finally:
         host.close()
