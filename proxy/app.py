@@ -32,7 +32,7 @@ from rtvideo.proxy.recordings.service import Recordings
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
 from rtvideo.proxy.store import open_store
-from rtvideo.proxy.store.base import SessionStore, StoreUnavailable
+from rtvideo.proxy.store.base import LEASE_SECONDS
 from rtvideo.redaction import redact_url
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 WEBSOCKET_PATH = "/v1/realtime/video"
 #: the browser demo served at `GET /` and its client module at `GET /rtvideo.js`
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-#: how long /healthz waits for the session store's answer
-HEALTH_STORE_SECONDS = 1.0
 #: how long ending one session at shutdown may take (its sequence end and flush are bounded too)
 SHUTDOWN_SECONDS = 15.0
 #: request bodies: no endpoint takes one, and Tornado reads a body whole before any handler (its
@@ -86,22 +84,10 @@ class HealthHandler(_JsonHandler):
                 "served_model_names": await served_model_names(ctx) if triton["model_ready"] else [],
                 "triton": triton,
                 "sessions": len(ctx.sessions),
-                "session_store": await store_state(ctx.store),
+                "session_store": await ctx.store_watch.look(),
                 **ctx.pool.status(),
             },
         )
-
-
-async def store_state(store: SessionStore) -> str:
-    """`memory` (one proxy), `shared` (a store every replica reaches), or `unreachable`: live
-    sessions go on, new ones are served, neither can be continued elsewhere (the alert)."""
-    if not store.shared:
-        return "memory"
-    try:
-        await asyncio.wait_for(store.ping(), HEALTH_STORE_SECONDS)
-    except (StoreUnavailable, asyncio.TimeoutError):
-        return "unreachable"
-    return "shared"
 
 
 async def served_models(context: ProxyContext) -> dict[str, dict[str, Any]]:
@@ -223,6 +209,9 @@ class ReadyHandler(_JsonHandler):
                 "room": room,
                 "free_slot": slot,
                 "draining": ctx.draining,
+                # the last look (rtvideo.proxy.store.watch): refusing_writes, unreachable or shared;
+                # new sessions are served either way, continued elsewhere only when shared
+                "session_store": ctx.store_watch.state,
             },
         )
 
@@ -303,7 +292,9 @@ def make_app(
         key=settings.triton_key,
         metrics_port=settings.triton_metrics_port,
     )
-    context = ProxyContext(settings=settings, metrics=metrics, pool=pool, store=open_store(settings.session_store))
+    # a session's keys live as long as it can still be resumed: the grace, and the lease
+    store = open_store(settings.session_store, keep_seconds=settings.resume_grace_seconds + LEASE_SECONDS)
+    context = ProxyContext(settings=settings, metrics=metrics, pool=pool, store=store)
     context.features.recordings = Recordings.create(
         settings.recordings,
         max_bytes=settings.recordings_max_bytes,
@@ -434,6 +425,7 @@ class ProxyServer:
             self._health_server.add_sockets(health_sockets)
             log.info("health and metrics listening on %s", self.health_url)
         self._advertise()
+        self.context.store_watch.start()  # a shared store: its state looked at, leftovers dropped
         settings = self.settings
         log.info(
             "proxy listening on %s (triton %s, model %s, session store %s, recordings %s)",
@@ -503,6 +495,8 @@ class ProxyServer:
         if health is not None:
             await health.close_all_connections()
         await self.pool.stop()
+        await self.context.shares.close()
+        await self.context.store_watch.stop()
         await self.context.store.close()
         if (recordings := self.context.features.recordings) is not None:
             await asyncio.to_thread(recordings.close)  # what the ended sessions left to write

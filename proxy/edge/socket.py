@@ -24,6 +24,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketP
 from rtvideo.core import resume, server_messages, start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.edge.access import client_of, origin_allowed, refused_without_token
+from rtvideo.proxy.edge.slot_shares import SlotShares
 from rtvideo.proxy.edge.waiting import WaitingShare
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
@@ -37,9 +38,10 @@ from rtvideo.proxy.session.ending import refuse_connection
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.session.steering import raw_bytes
 from rtvideo.proxy.settings import AWAITING_PLACE_SECONDS, AWAITING_START_GRACE_SECONDS, ProxySettings
-from rtvideo.proxy.store.base import SessionStore
+from rtvideo.proxy.store.base import LEASE_SECONDS, SessionStore
 from rtvideo.proxy.store.keeper import StoreKeeper
 from rtvideo.proxy.store.memory import MemoryStore
+from rtvideo.proxy.store.watch import StoreWatch
 from rtvideo.proxy.tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -51,9 +53,14 @@ class ConnectionPhase(enum.Enum):
 
     WAITING = enum.auto()  # upgraded; its first message decides
     ATTACHING = enum.auto()  # its session.resume is being answered
+    STARTING = enum.auto()  # its session.start is counted against its client's share of the slots
     IN_SESSION = enum.auto()  # the owner of a session (made by its start, or attached by its resume)
     REFUSED = enum.auto()  # answered and closing: frames still buffered behind are ignored
     CLOSED = enum.auto()
+
+
+#: the phases in which a connection that does not become a session is answered (`refuse`)
+_ANSWERABLE = (ConnectionPhase.WAITING, ConnectionPhase.ATTACHING, ConnectionPhase.STARTING)
 
 
 @dataclass
@@ -71,11 +78,18 @@ class ProxyContext:
     holder: str = field(default_factory=lambda: secrets.token_hex(8))
     draining: bool = False  # shutting down: no new session (ProxyServer.drain)
     features: Features = field(init=False)  # resume tokens and watchers (rtvideo.proxy.participants)
+    #: each session counted against its client's share of the model's slots, on every replica
+    shares: SlotShares = field(init=False)
+    #: the store's state as last found, and the records still to drop (rtvideo.proxy.store.watch)
+    store_watch: StoreWatch = field(init=False)
 
     def __post_init__(self) -> None:
         self.features = Features(self.settings, shared=self.store.shared)
         s = self.settings
         self.waiting = WaitingShare(s.awaiting_start_bound, s.awaiting_start_per_client, AWAITING_START_GRACE_SECONDS)
+        self.shares = SlotShares(self.store, self.metrics.store_call)
+        keep = s.resume_grace_seconds + LEASE_SECONDS  # as long as the store keeps a session's keys
+        self.store_watch = StoreWatch(self.store, self.metrics.store_found, self.metrics.store_call, keep)
         # one token identity for every replica of a shared store: any of them tells its tokens
         # from forged ones, and finds a session held elsewhere by the token's hash
         for book in (self.features.resume_tokens, self.features.watch_tokens, self.features.steer_tokens):
@@ -84,8 +98,21 @@ class ProxyContext:
     def keeper(self, sid: str | None = None) -> StoreKeeper:
         """A session's place in the store: a new one's under an id of its own, or `sid`'s."""
         sid = sid or secrets.token_hex(16)
-        payload_bytes = self.settings.replay_buffer_bytes
-        return StoreKeeper(self.store, sid, self.holder, self.metrics.store_call, payload_bytes=payload_bytes)
+        return StoreKeeper(
+            self.store,
+            sid,
+            self.holder,
+            self.metrics.store_call,
+            payload_bytes=self.settings.replay_buffer_bytes,
+            session_bytes=self.settings.session_store_bytes,
+            on_bounded=self.metrics.store_session_bounded,
+            drop_later=self.store_watch.later,
+        )
+
+    def session_closed(self, session: ProxySession) -> None:
+        """A session ended here (or was handed to another replica): it no longer counts."""
+        self.sessions.discard(session)
+        self.shares.release(session)
 
     def connections(self) -> int:
         """What --max-connections bounds: connections waiting for their first message, and the
@@ -202,7 +229,7 @@ class RealtimeVideoHandler(WebSocketHandler):
     def refuse(self, code: ErrorCode, message: str, *, close_code: int = 1000, **fields: Any) -> None:
         """A waiting connection that does not become a session: the error, an empty
         `session.done` (not for `invalid_resume`: no session of this connection ended), close."""
-        if self.phase not in (ConnectionPhase.WAITING, ConnectionPhase.ATTACHING) or self.owner is None:
+        if self.phase not in _ANSWERABLE or self.owner is None:
             return
         self._stop_waiting(ConnectionPhase.REFUSED)
         answer = server_messages.error(code, message) | fields
@@ -228,42 +255,47 @@ class RealtimeVideoHandler(WebSocketHandler):
         if resume.is_resume(message, binary=binary):
             self._stop_waiting(ConnectionPhase.ATTACHING)
             return self._resume(message)  # its session is counted already: no share is asked
-        if (over := self._over_share()) is not None:
-            self.context.metrics.rejected.labels("per_client").inc()
-            self.refuse(ErrorCode.SERVER_BUSY, over)
-            return None
         try:
             first = start_request.check_first_message(message, binary=binary)
-            start_request.check_object_bounds(first)  # before it is recorded or forwarded
+            start_request.check_object_bounds(first)  # every field bounded, before it is recorded or forwarded
         except ProtocolError as exc:
             self.refuse(exc.code, exc.message)
             return None
-        return self._start(first, raw_bytes(message))
+        return self._admit(first, raw_bytes(message))
 
-    def _start(self, first: dict[str, Any], raw: bytes) -> Awaitable[None] | None:
+    async def _admit(self, first: dict[str, Any], raw: bytes) -> None:
+        """A start leaves the waiting share at once (its place is another's), then counts against
+        its client's share of the model's slots (`ProxySettings.sessions_per_client`) on every
+        replica of a shared store (rtvideo.proxy.edge.slot_shares): beyond it, `server_busy`.
+        Asked when a connection becomes a session, not at the upgrade: a connection that resumes
+        a session of its own needs no new share."""
         ctx = self.context
-        assert self.owner is not None
-        self._stop_waiting(ConnectionPhase.IN_SESSION)
+        self._stop_waiting(ConnectionPhase.STARTING)
         keeper = ctx.keeper() if ctx.store.shared else None  # one proxy alone: nothing to continue elsewhere
+        member = keeper.sid if keeper is not None else secrets.token_hex(16)  # the session's id in the store
+        share = ctx.settings.sessions_per_client(ctx.pool.known_slots)
+        held = await ctx.shares.claim(self.group, member, share)
+        if held is not None:
+            ctx.metrics.rejected.labels("per_client").inc()
+            where = " on every replica" if ctx.store.shared else ""
+            self.refuse(
+                ErrorCode.SERVER_BUSY,
+                f"this client address holds {held} session(s){where}, its share of the model's slots "
+                f"({share}, --max-sessions-per-client); end one first",
+            )
+            return
+        if self.phase is not ConnectionPhase.STARTING or self.owner is None:  # closed while it was counted
+            await ctx.shares.release_claim(self.group, member)
+            return
+        self._stop_waiting(ConnectionPhase.IN_SESSION)
         self.session = ProxySession(
-            self.owner, ctx.pool, ctx.settings, ctx.metrics, ctx.sessions.discard, ctx.features, keeper
+            self.owner, ctx.pool, ctx.settings, ctx.metrics, ctx.session_closed, ctx.features, keeper
         )
         ctx.sessions.add(self.session)
-        return self.session.begin(first, raw)
-
-    def _over_share(self) -> str | None:
-        """Why a new session of this client would pass its address's share of the model's slots
-        (`ProxySettings.sessions_per_client`), or None. Asked when a connection becomes a session,
-        not at the upgrade: a connection that resumes a session of its own needs no new share."""
-        ctx = self.context
-        share = ctx.settings.sessions_per_client(ctx.pool.known_slots)
-        held = sum(1 for s in ctx.sessions if s.peer == self.client)
-        if held < share:
-            return None
-        return (
-            f"this client address holds {held} session(s), its share of the model's slots "
-            f"({share}, --max-sessions-per-client); end one first"
-        )
+        ctx.shares.count(self.session, self.group, member)
+        begun = self.session.begin(first, raw)
+        if begun is not None:
+            await begun  # the next frame is read once its sequence is open
 
     async def _resume(self, message: str | bytes) -> None:
         features = self.context.features
@@ -298,10 +330,9 @@ class RealtimeVideoHandler(WebSocketHandler):
             raise ResumeRefused(exc.message) from exc
 
         def open_session(keeper: StoreKeeper) -> ProxySession:
-            session = ProxySession(
-                owner, ctx.pool, ctx.settings, ctx.metrics, ctx.sessions.discard, ctx.features, keeper
-            )
+            session = ProxySession(owner, ctx.pool, ctx.settings, ctx.metrics, ctx.session_closed, ctx.features, keeper)
             ctx.sessions.add(session)
+            ctx.shares.count(session, self.group, keeper.sid)  # the entry its first holder made, renewed here
             return session
 
         grace = ctx.features.resume_grace

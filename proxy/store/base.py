@@ -161,3 +161,26 @@ class SessionStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    # --- the share of model slots each client holds, counted by every replica ------------------
+    # A client (`ProxySettings.client_group`) holds a bounded share of the model's slots; each of
+    # its sessions is an entry under its group that lives `ttl` seconds unless renewed, so a
+    # replica that dies stops counting within `ttl`, and only live entries count.
+
+    async def claim_share(self, group: str, member: str, limit: int, ttl: float) -> tuple[bool, int]:
+        """Counts `member` (a session) against `group` for `ttl` seconds when the group's live
+        entries are fewer than `limit` or `member` is one of them: (True, entries now); else
+        (False, entries). One atomic step: two replicas cannot both take a client's last place."""
+        ...
+
+    async def renew_shares(self, entries: Sequence[tuple[str, str]], ttl: float) -> None:
+        """Each `(group, member)` counted `ttl` seconds more (again, if it had expired meanwhile)."""
+        ...
+
+    async def release_share(self, group: str, member: str) -> None:
+        """`member` no longer counts against `group` (its session ended here)."""
+        ...
+
+    async def shares(self, group: str) -> int:
+        """How many live entries `group` holds."""
+        ...

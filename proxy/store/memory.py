@@ -36,6 +36,7 @@ class MemoryStore:
         self._sessions: dict[str, _Entry] = {}
         self._tokens: dict[tuple[str, str], str] = {}
         self._addresses: dict[str, tuple[str, float]] = {}  # holder → (url, expiry)
+        self._shares: dict[str, dict[str, float]] = {}  # client group → session → expiry
 
     def _held(self, sid: str, lease: Lease) -> _Entry | None:
         entry = self._sessions.get(sid)
@@ -148,3 +149,34 @@ class MemoryStore:
         self._sessions.clear()
         self._tokens.clear()
         self._addresses.clear()
+
+    # --- the share of model slots each client holds (base.py) ------------------------------------
+    def _share(self, group: str) -> dict[str, float]:
+        """`group`'s live entries (member → expiry), the expired ones dropped."""
+        now = time.monotonic()
+        entries = {member: until for member, until in self._shares.get(group, {}).items() if until > now}
+        if entries:
+            self._shares[group] = entries
+        else:
+            self._shares.pop(group, None)
+        return entries
+
+    async def claim_share(self, group: str, member: str, limit: int, ttl: float) -> tuple[bool, int]:
+        entries = self._share(group)
+        if member not in entries and len(entries) >= limit:
+            return False, len(entries)
+        entries[member] = time.monotonic() + ttl
+        self._shares[group] = entries
+        return True, len(entries)
+
+    async def renew_shares(self, entries: Sequence[tuple[str, str]], ttl: float) -> None:
+        for group, member in entries:
+            share = self._share(group)
+            share[member] = time.monotonic() + ttl
+            self._shares[group] = share
+
+    async def release_share(self, group: str, member: str) -> None:
+        self._share(group).pop(member, None)
+
+    async def shares(self, group: str) -> int:
+        return len(self._share(group))

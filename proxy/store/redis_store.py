@@ -190,3 +190,49 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+    # --- the share of model slots each client holds (base.py) ------------------------------------
+    # `c:{group}`: a sorted set of the group's sessions scored by their entry's expiry (the
+    # store's clock, ms); expired entries are dropped before a count; the key itself expires with
+    # its last entry.
+
+    async def claim_share(self, group: str, member: str, limit: int, ttl: float) -> tuple[bool, int]:
+        script = self._redis.register_script(_CLAIM_SHARE)
+        keys, args = [PREFIX + f"c:{group}"], [member, limit, max(1, int(ttl * 1000))]
+        counted, held = await self._call("claim_share", script(keys=keys, args=args))
+        return bool(counted), int(held)
+
+    async def renew_shares(self, entries: Sequence[tuple[str, str]], ttl: float) -> None:
+        if not entries:
+            return
+        script = self._redis.register_script(_RENEW_SHARES)
+        keys = [PREFIX + f"c:{group}" for group, _ in entries]
+        args: list[str | int] = [max(1, int(ttl * 1000)), *(member for _, member in entries)]
+        await self._call("renew_shares", script(keys=keys, args=args))
+
+    async def release_share(self, group: str, member: str) -> None:
+        await self._call("release_share", self._redis.zrem(PREFIX + f"c:{group}", member))
+
+    async def shares(self, group: str) -> int:
+        script = self._redis.register_script(_COUNT_SHARE)
+        return int(await self._call("shares", script(keys=[PREFIX + f"c:{group}"], args=[])))
+
+
+# the share of slots per client: KEYS[1] the group's sorted set; expired entries dropped first
+_SHARE_NOW = _NOW_MS + "redis.call('zremrangebyscore', KEYS[1], '-inf', now)\n"
+# ARGV: member, limit, ttl (ms). Returns {counted, entries}
+_CLAIM_SHARE = _SHARE_NOW + (
+    "local held = redis.call('zcard', KEYS[1])\n"
+    "if not redis.call('zscore', KEYS[1], ARGV[1]) and held >= tonumber(ARGV[2]) then return {0, held} end\n"
+    "redis.call('zadd', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])\n"
+    "redis.call('pexpire', KEYS[1], ARGV[3])\n"
+    "return {1, redis.call('zcard', KEYS[1])}"
+)
+# KEYS: each entry's group key; ARGV: ttl (ms), then each entry's member
+_RENEW_SHARES = _NOW_MS + (
+    "for i = 1, #KEYS do\n"
+    "  redis.call('zadd', KEYS[i], now + tonumber(ARGV[1]), ARGV[i + 1])\n"
+    "  redis.call('pexpire', KEYS[i], ARGV[1])\n"
+    "end\nreturn 1"
+)
+_COUNT_SHARE = _SHARE_NOW + "return redis.call('zcard', KEYS[1])"
