@@ -10,6 +10,7 @@ re-generates it in process, and a start with `rebuild` resumes it at chunk N on 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -25,11 +26,14 @@ from rtvideo import cli
 from rtvideo.backend.builtin.generator import BuiltinGenerator
 from rtvideo.backend.loading import catalog
 from rtvideo.backend.media.encoder import FragmentedMp4Encoder
-from rtvideo.backend.replay.regenerate import FrameRenderer, replay_frames, session_config
+from rtvideo.backend.replay.regenerate import FrameRenderer, ReplayError, load_recording, replay_frames, session_config
 from rtvideo.backend.runtime.sources import GeneratorChunkSource
+from rtvideo.client.recording import recording_line
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.core.interaction.types import Interaction
 from rtvideo.core.session_log import SessionLog, parse_lines, read_log
+from rtvideo.proxy.recordings import ids
+from rtvideo.proxy.recordings.store import TOKEN_DIGEST, token_digest
 from tests.support.streams import FAST_MODEL, PACED_MODEL, Transcript, decode, split_chunks
 
 CHUNKS = 12
@@ -192,6 +196,49 @@ def test_replay_refuses_another_generators_recording(recorded: Any, tmp_path: Pa
     assert cli.main(["replay", str(other), "-o", str(tmp_path / "x.mp4")]) == 1  # refused before loading anything
     assert "generator other than the built-in one" in capsys.readouterr().err
     assert not (tmp_path / "x.mp4").exists()
+
+
+def test_replay_takes_every_recording_url_the_product_prints(
+    proxies: Any, recorded: Any, generator: BuiltinGenerator, tmp_path: Path
+) -> None:
+    """The recording served by a real proxy (with a client token): `rtvideo replay` takes the
+    URL `rtvideo record --record` prints (`.../video.mp4?recording_token=`), the manifest's
+    URL with its token in the query, the recordings page's links (`?token=&recording_token=`),
+    a trailing slash, and the bare URL with --recording-token; each fetches the same log, and
+    the printed one replays to the recorded video. A URL that names no recording is refused
+    without quoting its tokens."""
+    folder, rec, log = recorded
+    rid, key, client = ids.new_id(), "rk1.replay-" + ids.new_id(), "replay-client-token"
+    store = tmp_path / "rec"
+    shutil.copytree(folder, store / rid)
+    manifest = {"recording_id": rid, "status": "complete", "config": log.config, TOKEN_DIGEST: token_digest(key)}
+    (store / rid / "manifest.json").write_text(json.dumps(manifest))
+    ws = proxies.url(recordings=str(store), token=client)
+    printed = recording_line({"recording_id": rid, "recording_token": key}, ws)  # what `rtvideo record` says
+    assert printed is not None
+    video_url = printed.split(": ", 1)[1].split(" ", 1)[0]
+    base = video_url.split("/video.mp4")[0]
+    assert video_url == f"{base}/video.mp4?recording_token={key}"
+    forms = {
+        video_url: {"token": client},
+        f"{base}?recording_token={key}": {"token": client},
+        f"{base}/events.jsonl?recording_token={key}": {"token": client},
+        f"{base}/video.mp4?token={client}&recording_token={key}": {},  # the recordings page's link
+        f"{base}/": {"token": client, "recording_token": key},
+        base: {"token": client, "recording_token": key},
+    }
+    for url, given in forms.items():
+        got_manifest, got = load_recording(url, **given)
+        assert got_manifest is not None and got_manifest["recording_id"] == rid, url
+        assert got.events == log.events and got.chunk_frames == log.chunk_frames, url
+
+    out = tmp_path / "again.mp4"
+    assert cli.main(["replay", video_url, "--token", client, "-o", str(out)]) == 0
+    assert out.read_bytes() == bytes(rec.video)
+
+    with pytest.raises(ReplayError, match="not a recording URL") as refused:
+        load_recording(f"{base}/manifest.json?recording_token={key}", token=client)
+    assert key not in str(refused.value)
 
 
 @pytest.mark.parametrize("model", [PACED_MODEL, FAST_MODEL])  # render workers, and in the model's process

@@ -19,7 +19,9 @@ DESCRIPTION = (
 def add_arguments(parser: Any) -> None:
     parser.add_argument(
         "recording",
-        help="a recording directory (manifest.json, events.jsonl), or http(s)://HOST/v1/recordings/ID",
+        help="a recording directory (manifest.json, events.jsonl), or a proxy's recording URL: "
+        "http(s)://HOST/v1/recordings/ID, or its /video.mp4 or /events.jsonl, with or without "
+        "?recording_token= (as `rtvideo record --record` prints it)",
     )
     parser.add_argument("-o", "--output", required=True, type=Path, help="the MP4 to write")
     parser.add_argument(

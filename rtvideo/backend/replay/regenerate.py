@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.parse
 import urllib.request
@@ -165,16 +166,50 @@ def replay_to_file(log: SessionLog, generator: VideoGenerator, out: Path) -> int
 
 
 # --- reading a recording ---------------------------------------------------------------------
+#: a recording's URL path: `.../v1/recordings/{id}`, or one of its files (what the product prints:
+#: `rtvideo record --record` names its video.mp4, the recordings page links both files)
+_RECORDING_PATH = re.compile(r"(?P<base>.*/v1/recordings/[0-9a-f]{32})(?:/(?:video\.mp4|events\.jsonl))?/?")
+
+
+@dataclass(frozen=True)
+class RecordingUrl:
+    """A proxy's recording, as a URL the product prints names it."""
+
+    base: str  # http(s)://HOST[/prefix]/v1/recordings/{id}: no query, no file
+    token: str | None  # the URL's `?token=` (the proxy's client token), if any
+    recording_token: str | None  # the URL's `?recording_token=`, if any
+
+
+def recording_url(location: str) -> RecordingUrl:
+    """`location` read as a recording's URL: `…/v1/recordings/{id}`, `…/{id}/video.mp4` or
+    `…/{id}/events.jsonl`, each with or without `?recording_token=` (and `?token=`, as the
+    recordings page's links carry it). ReplayError for anything else (the message never quotes
+    the query: it holds tokens)."""
+    parts = urllib.parse.urlsplit(location)
+    match = _RECORDING_PATH.fullmatch(parts.path)
+    if parts.scheme not in ("http", "https") or not parts.netloc or match is None:
+        shown = urllib.parse.urlunsplit(parts._replace(query="", fragment=""))
+        raise ReplayError(
+            f"{shown} is not a recording URL: expected http(s)://HOST/v1/recordings/ID "
+            "(or its /video.mp4 or /events.jsonl), with ?recording_token= or --recording-token"
+        )
+    query = urllib.parse.parse_qs(parts.query)
+    base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, match["base"], "", ""))
+    return RecordingUrl(base, (query.get("token") or [None])[-1], (query.get("recording_token") or [None])[-1])
+
+
 def load_recording(
     location: str, token: str | None = None, recording_token: str | None = None
 ) -> tuple[dict[str, Any] | None, SessionLog]:
     """The manifest (None when absent) and event log of a recording directory, or of a proxy's
-    `http(s)://HOST/v1/recordings/{id}`, fetched with the recording's token (the bearer, or
-    `?recording_token=` beside the client's `token` when the proxy has one)."""
+    recording URL (`recording_url`), fetched with the recording's token (the bearer, or
+    `?recording_token=` beside the client's `token` when the proxy has one). Tokens given as
+    arguments win over those the URL carries."""
     if location.startswith(("http://", "https://")):
-        base = location.rstrip("/")
-        manifest = json.loads(_fetch(base, token, recording_token))
-        text = _fetch(base + "/events.jsonl", token, recording_token).decode("utf-8")
+        url = recording_url(location)
+        token, recording_token = token or url.token, recording_token or url.recording_token
+        manifest = json.loads(_fetch(url.base, token, recording_token))
+        text = _fetch(url.base + "/events.jsonl", token, recording_token).decode("utf-8")
     else:
         folder = Path(location)
         if not (folder / "events.jsonl").is_file():
