@@ -15,10 +15,16 @@ Starts its own tritonserver (256x256, 9 frames per chunk) and two proxies with
   encoding one chunk of the same frames (the baseline every chunk pays);
 - what a burst of branches costs a bystander: a paced viewer's longest gap between two payloads
   while 15 branches of a large event log (`--log-mb`, grown from a real recording with long
-  prompt updates) are started at once on its proxy, against the same viewer alone, in one run.
+  prompt updates) are started at once on its proxy, against the same viewer alone, in one run;
+- one eviction of the recordings store (no Triton; `--eviction-only`): a store holding 10, then
+  10,000 finished recordings (tiny ones, as refused or short sessions leave them) on a local
+  folder, at its --recordings-max-count; a recording finishes (written through the store) and
+  the time of the eviction it causes (the oldest removed), median over `--evictions`; the ratio
+  of the two is what the number of recordings adds (the index makes it about 1). The store's
+  one-time index at start is printed beside it.
 
     .venv/bin/python benchmarks/bench_recordings.py [--chunks 120] [--repeats 5] [--approximation-only]
-        [--log-mb 40] [--branches 15]
+        [--log-mb 40] [--branches 15] [--eviction-only] [--evictions 50]
 """
 
 from __future__ import annotations
@@ -248,6 +254,71 @@ def approximation_costs(repeats: int) -> None:
         )
 
 
+def _tiny_recordings(root: Path, count: int) -> None:
+    """`count` finished recordings as short sessions leave them: a few hundred bytes each."""
+    import os
+
+    started = time.time() - 3600.0
+    for k in range(count):
+        rid = secrets.token_hex(16)
+        folder = root / rid
+        os.mkdir(folder)
+        (folder / "video.mp4").write_bytes(b"")
+        (folder / "events.jsonl").write_text('{"t":0,"dir":"in","message":{"type":"session.start"}}\n')
+        manifest = {"recording_id": rid, "status": "complete", "started_at": started + k, "ended_at": started + k}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def eviction_costs(counts: tuple[int, ...], evictions: int) -> None:
+    """One eviction's time at each number of recordings (module docstring)."""
+    from rtvideo.proxy.recordings.backing import LocalBacking
+    from rtvideo.proxy.recordings.store import Limits, RecordingStore
+
+    print(f"\none recordings eviction (ms, median of {evictions}): a store at --recordings-max-count N,")
+    print("a recording finishes and the oldest goes; and the store's index at start (s, once)")
+    print("beside it, one such folder removed alone (ms, median): the filesystem's part")
+    print(f"{'recordings':>10} {'eviction':>9} {'p90':>7} {'rmtree alone':>13} {'index (s)':>9}")
+    medians = {}
+    for count in counts:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            _tiny_recordings(root, count)
+            unbounded = Limits(max_bytes=1 << 40, max_age=0, per_recording=1 << 30)
+            store = RecordingStore(LocalBacking(root), unbounded)
+            t0 = time.perf_counter()
+            store.index()
+            indexed = time.perf_counter() - t0
+            bounded = Limits(max_bytes=1 << 40, max_age=0, per_recording=1 << 30, max_count=count)
+            times, alone = [], []
+            for _ in range(evictions):
+                spare = root / "spare"  # the filesystem's own cost: one such folder removed, in the same folder
+                spare.mkdir()
+                (spare / "events.jsonl").write_bytes(b"x" * 60)
+                (spare / "manifest.json").write_bytes(b"x" * 120)
+                t0 = time.perf_counter()
+                shutil.rmtree(spare)
+                alone.append(time.perf_counter() - t0)
+                store.limits = unbounded  # the new one is written and finished without evicting
+                rid = secrets.token_hex(16)
+                spool = store.begin(rid, {"recording_id": rid, "started_at": time.time()})
+                line = b'{"t":0,"dir":"in","message":{"type":"session.start"}}\n'
+                store.charge(rid, [("events.jsonl", len(line))])
+                (spool / "events.jsonl").write_bytes(line)
+                store.finish(rid, {"recording_id": rid, "status": "complete", "started_at": time.time()})
+                store.limits = bounded
+                t0 = time.perf_counter()
+                removed = store.evict()
+                times.append(time.perf_counter() - t0)
+                assert len(removed) == 1, removed
+            medians[count] = statistics.median(times)
+            print(
+                f"{count:>10} {medians[count] * 1e3:9.3f} {percentile(times, 0.9) * 1e3:7.3f} "
+                f"{statistics.median(alone) * 1e3:13.3f} {indexed:9.2f}"
+            )
+    low, high = min(counts), max(counts)
+    print(f"ratio {high} / {low} recordings: {medians[high] / medians[low]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=120, help="chunks of the recorded session")
@@ -257,11 +328,18 @@ def main() -> None:
     parser.add_argument("--log-mb", type=float, default=40.0, help="size of the event log the burst branches")
     parser.add_argument("--branches", type=int, default=15, help="branches started at once beside the viewer")
     parser.add_argument("--burst-only", action="store_true", help="only the branch burst beside a viewer")
+    parser.add_argument("--eviction-only", action="store_true", help="only the recordings store's eviction")
+    parser.add_argument("--evictions", type=int, default=50, help="evictions timed at each number of recordings")
     args = parser.parse_args()
+    if args.eviction_only:
+        eviction_costs((10, 10_000), args.evictions)
+        return
     if not args.burst_only:
         approximation_costs(args.repeats)
     if args.approximation_only:
         return
+    if not args.burst_only:
+        eviction_costs((10, 10_000), args.evictions)
     with (
         tempfile.TemporaryDirectory() as tmp,
         bench_triton({UNPACED: UNPACED_PARAMS, PACED: PACED_PARAMS}) as server,
