@@ -75,8 +75,9 @@ global
 defaults
     mode http
     log global
-    option httplog
     option dontlognull
+    # httplog's fields, the path without its query: a query may carry a token (?token=, ?recording_token=)
+    log-format "%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %tsc %ac/%fc/%bc/%sc/%rc %sq/%bq %HM %HP %HV"
     timeout connect 2s
     timeout client 30s
     timeout server 30s

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,6 +143,11 @@ def test_a_session_through_haproxy_lives_through_a_sigterm_of_its_proxy(recipe: 
 
     proxies = recipe.proxies()
     assert sorted(proxies) == ["proxy-0", "proxy-1"], recipe.text()
+    canary = "canary-" + os.urandom(8).hex()  # a token in a query: HAProxy's log keeps the path alone
+    with urllib.request.urlopen(
+        url.replace("ws://", "http://").replace("/v1/realtime/video", f"/readyz?token={canary}")
+    ):
+        pass
 
     async def body() -> tuple[RealtimeVideoClient, list[Chunk], dict, str, int]:
         got: list[Chunk] = []
@@ -201,3 +207,5 @@ def test_a_session_through_haproxy_lives_through_a_sigterm_of_its_proxy(recipe: 
     assert not left, [command_line(pid) for pid in left]
     assert not (run_dir / "triton.key").exists() and not (run_dir / "store.url").exists()
     assert "replicas: stopped" in recipe.text()
+    balancer_log = (run_dir / "haproxy.log").read_text()
+    assert "GET /readyz HTTP/1.1" in balancer_log and canary not in balancer_log
