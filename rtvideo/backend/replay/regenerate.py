@@ -195,7 +195,8 @@ def recording_url(location: str) -> RecordingUrl:
         )
     query = urllib.parse.parse_qs(parts.query)
     base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, match["base"], "", ""))
-    return RecordingUrl(base, (query.get("token") or [None])[-1], (query.get("recording_token") or [None])[-1])
+    token, recording_token = query.get("token"), query.get("recording_token")
+    return RecordingUrl(base, token[-1] if token else None, recording_token[-1] if recording_token else None)
 
 
 def load_recording(
