@@ -51,6 +51,7 @@ def test_the_assets_are_well_formed() -> None:
         "RtvideoScrapeTargetDown",
         "RtvideoSessionsRefusedForCapacity",
         "RtvideoSessionStoreUnreachable",
+        "RtvideoSessionStoreRefusingWrites",
         "RtvideoSlowTakeovers",
     }
     assert wanted <= set(alerts)
