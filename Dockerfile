@@ -81,7 +81,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     RTVIDEO_HEALTH_PORT=8081
 WORKDIR /opt/rtvideo
 COPY --from=source /src ./
-COPY deploy/gpu/requirements.lock deploy/gpu/lingbot_world_stepwise.yaml ./deploy/gpu/
+COPY deploy/gpu/requirements.lock deploy/gpu/lingbot_world_stepwise.yaml deploy/gpu/lingbot_world_h100_fp8.yaml ./deploy/gpu/
 COPY scripts/check_vllm_image.py ./scripts/
 # The GPU check (docs/vllm-omni.md): `bash scripts/gpu_check.sh` inside the image fails unless
 # the engine path works and runs in real time (the model's first-chunk budget and fps).

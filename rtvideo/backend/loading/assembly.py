@@ -41,9 +41,19 @@ def build_manager(
     host: EngineHost | None = None
     sources: ChunkSourceFactory
     if settings.generator == "vllm_omni":
+        from rtvideo.backend.vllm_omni import device_memory
         from rtvideo.backend.vllm_omni.engine import load_factory
         from rtvideo.backend.vllm_omni.source import EngineSources
 
+        # before the engine loads its weights: a deployment that cannot fit the GPU is refused with the numbers
+        device_memory.check(
+            settings.model_rules(),
+            settings.engine_args(),
+            (settings.width, settings.height),
+            settings.vllm_omni_max_request_frames,
+            settings.explicit_max_sessions() or 1,
+            device_memory.device_total_bytes(settings.device),
+        )
         host = EngineHost(
             load_factory(settings.vllm_omni_engine),
             model=settings.vllm_omni_model,

@@ -110,13 +110,15 @@ def vllm_omni_preset(model: str, rules: model_rules.ModelRules | None = None) ->
 # --- GPU memory of one vLLM-Omni engine request (docs/vllm-omni.md, "GPU memory") -------------
 #: In step mode Helios keeps every decoded frame of a request on the GPU (`history_video`, the
 #: VAE's float32 output, concatenated each chunk: pipeline_helios.py), so one request holds
-#: width x height x 3 channels x 4 bytes per frame for all its frames until it ends.
+#: width x height x 3 channels x 4 bytes per frame for all its frames until it ends, and twice
+#: that while a chunk is concatenated (`model_rules.MemoryRule.DECODED_HISTORY`).
 HELIOS_WIDTH, HELIOS_HEIGHT = 640, 384
 #: 2,949,120 bytes (2.8 MiB) per 640x384 frame
 HELIOS_FRAME_BYTES = HELIOS_WIDTH * HELIOS_HEIGHT * model_rules.FLOAT32_RGB_BYTES
-#: `vllm_omni_max_request_frames` by default: 4 GiB / 2,949,120 B = 1456 frames, cut to whole
-#: 33-frame chunks (a Helios request runs whole chunks): 44 chunks, 1452 frames (90.75 s at 16 fps)
-DEFAULT_MAX_REQUEST_FRAMES = model_rules.HELIOS_DISTILLED.memory_cap(HELIOS_WIDTH, HELIOS_HEIGHT)
+#: `vllm_omni_max_request_frames` by default: a peak of 8 GiB / (2 x 2,949,120 B) = 1456 frames,
+#: cut to whole 33-frame chunks (a Helios request runs whole chunks): 44 chunks, 1452 frames
+#: (90.75 s at 16 fps; 4 GiB of history held, 8 GiB at its peak)
+DEFAULT_MAX_REQUEST_FRAMES = model_rules.HELIOS_DISTILLED.history_cap(HELIOS_WIDTH, HELIOS_HEIGHT)
 
 #: `generator` parameter value → what it can produce
 LIMITS: dict[str, GeneratorLimits] = {name: entry.limits for name, entry in GENERATORS.items()}

@@ -60,8 +60,30 @@ from rtvideo.core.start_request import StartRequest
 
 #: float32 RGB: what a step-mode pipeline keeps on the GPU per decoded frame
 FLOAT32_RGB_BYTES = 3 * 4
-#: the decoded frames one engine request may hold on the GPU
-REQUEST_MEMORY_BOUND_BYTES = 4 * 2**30
+#: Helios' decoded history at its peak: `post_decode` concatenates each chunk onto
+#: `history_video` (`torch.cat([history, current])`), so for that moment the old history and
+#: the new one, a chunk longer, are both on the GPU: 2 x frames x frame bytes near the cap
+HISTORY_PEAK_COPIES = 2
+#: the GPU memory one engine request's decoded frames may reach at their peak (`memory_peak_bytes`):
+#: 8 GiB, i.e. 4 GiB of history held plus its copy while a chunk is concatenated onto it. The
+#: default frame cap (1452 at 640x384) comes from it; it is unchanged from the cap stated as
+#: "4 GiB held" before, now with the peak the pipeline really reaches
+REQUEST_MEMORY_BOUND_BYTES = 8 * 2**30
+
+
+class MemoryRule(enum.Enum):
+    """How a model's GPU memory grows with a request's frames (read from its pipeline's code)."""
+
+    #: every decoded frame stays on the GPU until the request ends, and each chunk's
+    #: concatenation holds the old history and the new one at once (Helios' `history_video`):
+    #: the peak is `HISTORY_PEAK_COPIES` x frames x width x height x 12 B, so the frame cap is memory's
+    DECODED_HISTORY = "decoded_history"
+    #: a fixed window (sink frames plus a sliding KV window, per-chunk condition and decode state):
+    #: nothing grows with the request's frames (LingBot-World), so memory sets no frame cap
+    FIXED_WINDOW = "fixed_window"
+
+
+GB = 10**9
 
 
 class FirstFrame(enum.Enum):
@@ -124,6 +146,20 @@ class ModelRules(GeneratorLimits):
     #: the longest time to the first chunk a deployment of this model passes its GPU check with
     #: (ours, not the wheel's: a viewer waits this long for the first frame)
     first_chunk_budget_seconds: float = 5.0
+    #: how its GPU memory grows with a request's frames (`memory_peak_bytes`, `frame_cap`)
+    memory: MemoryRule = MemoryRule.DECODED_HISTORY
+    #: its weights on the GPU in the deploy config's dtype (bf16), bytes: parameters x 2
+    weights_bytes: int = 0
+    #: what online FP8 (the deploy config's `quantization: fp8`) saves of them: the DiT's
+    #: parameters x 1 B (the pipeline hands the quantization config to its transformer only)
+    fp8_saving_bytes: int = 0
+    #: a session's fixed GPU state under `MemoryRule.FIXED_WINDOW` (KV window, per-block state)
+    session_state_bytes: int = 0
+    #: the checkpoint's license, as its model card states it (docs/vllm-omni.md)
+    license: str = ""
+    #: bytes a pixel of an engine output takes when it reaches our code: Helios hands over its
+    #: VAE's float32 RGB (12), LingBot-World uint8 RGB (3, `_uint8_frames`)
+    output_bytes_per_pixel: int = FLOAT32_RGB_BYTES
 
     def realtime_problems(self, first_chunk_seconds: float | None, delivered_fps: float | None, fps: int) -> list[str]:
         """Why a measured session is not real time for this model: its frames came slower than
@@ -243,7 +279,11 @@ class ModelRules(GeneratorLimits):
         return dataclasses.replace(self, exact_sizes=(size,), default_size=size, min_side=min(size), max_side=max(size))
 
     def frame_cap(self, width: int, height: int, cap: int) -> int:
-        return min(self.largest_frames(cap), self.memory_cap(width, height))
+        """The longest request: within `cap` (`vllm_omni_max_request_frames`) and, where memory
+        grows with frames, within the memory bound at this size."""
+        memory = self.memory_cap(width, height)
+        top = self.largest_frames(cap)
+        return top if memory is None else min(top, memory)
 
     def valid_frames(self, frames: int) -> bool:
         return frames >= 1 and frames % self.frame_modulus == self.frame_remainder % self.frame_modulus
@@ -266,9 +306,64 @@ class ModelRules(GeneratorLimits):
             top = max(self.frames_per_chunk, cap // self.frames_per_chunk * self.frames_per_chunk)
         return top
 
-    def memory_cap(self, width: int, height: int, bound: int = REQUEST_MEMORY_BOUND_BYTES) -> int:
-        """The largest valid request under `bound` bytes of decoded float32 frames at this size."""
-        return self.largest_frames(max(1, bound // (width * height * FLOAT32_RGB_BYTES)))
+    def memory_cap(self, width: int, height: int, bound: int = REQUEST_MEMORY_BOUND_BYTES) -> int | None:
+        """The largest valid request whose decoded frames stay under `bound` bytes at their peak at
+        this size (`memory_peak_bytes`); None where memory sets no cap (`MemoryRule.FIXED_WINDOW`)."""
+        if self.memory is MemoryRule.FIXED_WINDOW:
+            return None
+        return self.history_cap(width, height, bound)
+
+    def history_cap(self, width: int, height: int, bound: int = REQUEST_MEMORY_BOUND_BYTES) -> int:
+        """The largest valid request whose decoded history stays under `bound` bytes at its peak
+        (`MemoryRule.DECODED_HISTORY`'s arithmetic, whatever this model's rule)."""
+        per_frame = width * height * FLOAT32_RGB_BYTES * HISTORY_PEAK_COPIES
+        return self.largest_frames(max(1, bound // per_frame))
+
+    def memory_peak_bytes(self, width: int, height: int, frames: int) -> int:
+        """One session's GPU memory at its peak beyond the weights, for a request of `frames` at
+        this size: Helios' decoded history and its copy during the last concatenation, or
+        LingBot-World's fixed window whatever the length."""
+        if self.memory is MemoryRule.FIXED_WINDOW:
+            return self.session_state_bytes
+        return HISTORY_PEAK_COPIES * frames * width * height * FLOAT32_RGB_BYTES
+
+    def output_chunk_bytes(self, width: int, height: int) -> int:
+        """One full chunk of engine output at this size, as it waits in a session's output queue."""
+        return self.frames_per_chunk * width * height * self.output_bytes_per_pixel
+
+    def paused_chunks(self, queue_bytes: int, width: int, height: int) -> int:
+        """The chunks a session that reads nothing (a paused one) holds before the next output is
+        refused and the session ended (`output_queue.OutputQueue.offer`: taken while below the bound)."""
+        return max(1, math.ceil(queue_bytes / self.output_chunk_bytes(width, height)))
+
+    def reserved_bytes(self, width: int, height: int, frames: int, sessions: int, fp8: bool) -> int:
+        """What a deployment holds on its GPU before activations: the weights (less FP8's saving
+        when on) and `sessions` sessions at their peak (`load_memory_problem`)."""
+        weights = self.weights_bytes - (self.fp8_saving_bytes if fp8 else 0)
+        return weights + sessions * self.memory_peak_bytes(width, height, frames)
+
+    def load_memory_problem(
+        self, device_bytes: int, width: int, height: int, frames: int, sessions: int, fp8: bool
+    ) -> str | None:
+        """Why this deployment cannot fit a device of `device_bytes` (None when it fits), with the
+        numbers: what is reserved against what the device has."""
+        weights = self.weights_bytes - (self.fp8_saving_bytes if fp8 else 0)
+        session = self.memory_peak_bytes(width, height, frames)
+        reserved = weights + sessions * session
+        if reserved <= device_bytes:
+            return None
+        return (
+            f"{self.name} needs {reserved / GB:.1f} GB of GPU memory before activations, over the "
+            f"device's {device_bytes / GB:.1f} GB: weights {weights / GB:.1f} GB"
+            f"{' (FP8)' if fp8 else ''} + {sessions} session(s) x {session / GB:.1f} GB "
+            f"({'its fixed KV window and state' if self.memory is MemoryRule.FIXED_WINDOW else f'{frames} frames of decoded history at {width}x{height}, twice at its peak'}). "
+            + (
+                "Use quantization: fp8 (deploy/gpu/lingbot_world_h100_fp8.yaml), a larger GPU"
+                if self.fp8_saving_bytes and not fp8
+                else "Use a larger GPU"
+            )
+            + ", fewer sessions or a lower vllm_omni_max_request_frames"
+        )
 
     def describe(self) -> dict[str, Any]:
         """What a client is told (`GET /v1/models`, `video.start` `config.model_rules`)."""
@@ -342,6 +437,44 @@ def pyramid_problem(name: str, extra: Mapping[str, Any]) -> str | None:
 STEP_MODE_DEFAULT_STEPS = 50
 
 
+# --- GPU memory, from each model's own code (docs/vllm-omni.md, "GPU memory") ------------------
+#: bf16 bytes a parameter
+BF16_BYTES = 2
+#: a Wan-2.1-14B-sized DiT (both models' transformers: 40 blocks of width 5120, FFN 13824):
+#: per block self- and cross-attention (4 x 5120^2 each) and the FFN (2 x 5120 x 13824)
+WAN14B_DIT_PARAMS = 40 * (8 * 5120 * 5120 + 2 * 5120 * 13824)
+#: the UMT5-XXL text encoder both pipelines load (its encoder: 5.7 B parameters)
+UMT5_XXL_ENCODER_PARAMS = 5_680_000_000
+#: the Wan VAE (127 M parameters; Helios loads it in float32, LingBot-World in the deploy dtype)
+WAN_VAE_PARAMS = 127_000_000
+#: LingBot-World's transformer (`transformer.py`, `checkpoint_contract`) and cache geometry at 832x480
+LINGBOT_LAYERS, LINGBOT_HEADS, LINGBOT_HEAD_DIM = 40, 40, 128
+LINGBOT_SINK_FRAMES, LINGBOT_WINDOW_FRAMES, LINGBOT_BLOCK_FRAMES = 9, 18, 3
+#: post-patch tokens of one latent frame: (480 / 8 / 2) x (832 / 8 / 2)
+LINGBOT_TOKENS_PER_FRAME = (480 // 16) * (832 // 16)
+#: the text cross-attention cache (`_MAX_SEQUENCE_LENGTH`)
+LINGBOT_TEXT_TOKENS = 512
+#: K and V of every layer for one latent frame, bf16: 1.28 GB
+LINGBOT_KV_FRAME_BYTES = 2 * LINGBOT_LAYERS * LINGBOT_HEADS * LINGBOT_HEAD_DIM * LINGBOT_TOKENS_PER_FRAME * BF16_BYTES
+#: the paged KV one session keeps (`kv_cache/manager.py`): its sink and sliding window
+#: (`sliding_window_num_frames`, sinks included), the block in flight and its scratch block
+LINGBOT_KV_FRAMES = LINGBOT_WINDOW_FRAMES + LINGBOT_BLOCK_FRAMES + LINGBOT_BLOCK_FRAMES
+#: what one LingBot-World session holds whatever its length (`ar_diffusion_kv_cache_spec`): the KV
+#: above, the text cross-attention K/V, and the camera modulation cache (scale and shift of every
+#: layer for one block's tokens, one GPU); condition and decode state are megabytes
+LINGBOT_SESSION_STATE_BYTES = (
+    LINGBOT_KV_FRAMES * LINGBOT_KV_FRAME_BYTES
+    + 2 * LINGBOT_LAYERS * LINGBOT_HEADS * LINGBOT_HEAD_DIM * LINGBOT_TEXT_TOKENS * BF16_BYTES
+    + 2
+    * LINGBOT_LAYERS
+    * LINGBOT_TOKENS_PER_FRAME
+    * LINGBOT_BLOCK_FRAMES
+    * LINGBOT_HEADS
+    * LINGBOT_HEAD_DIM
+    * BF16_BYTES
+)
+
+
 #: Helios-Distilled's real-time preset, as vLLM-Omni's streaming example runs it
 HELIOS_DISTILLED_PRESET: dict[str, Any] = {
     "guidance_scale": 1.0,
@@ -369,8 +502,14 @@ HELIOS_DISTILLED = ModelRules(
     preset=HELIOS_DISTILLED_PRESET,
     first_chunk_budget_seconds=5.0,
     default_fps=16,
-    reference_fps=19.0,
-    fps_source="vLLM-Omni's streaming example README: 19+ fps at 640x384 with the preset; Helios' report: 19.5 on one H100",
+    reference_fps=19.5,
+    fps_source=(
+        "the Helios paper (arXiv 2603.04379, PKU-YuanGroup/Helios): 19.5 fps on one H100 with its own code, "
+        "not vLLM-Omni"
+    ),
+    memory=MemoryRule.DECODED_HISTORY,
+    weights_bytes=(WAN14B_DIT_PARAMS + UMT5_XXL_ENCODER_PARAMS) * BF16_BYTES + WAN_VAE_PARAMS * 4,
+    license="Apache-2.0",
 )
 
 #: Helios without stage 2 (the base pipeline): the 16-pixel grid, 50 steps by default
@@ -389,13 +528,17 @@ HELIOS = ModelRules(
     interactions=frozenset({"prompt"}),
     preset={"extra_params": {}},
     first_chunk_budget_seconds=30.0,  # 50 steps with guidance: an offline model, checked for completeness
+    memory=MemoryRule.DECODED_HISTORY,
+    weights_bytes=(WAN14B_DIT_PARAMS + UMT5_XXL_ENCODER_PARAMS) * BF16_BYTES + WAN_VAE_PARAMS * 4,
+    license="Apache-2.0",
 )
 
 #: LingBot-World's causal DMD pipeline on the AR-Diffusion engine (stepwise deploy config)
 LINGBOT_WORLD = ModelRules(
     name="LingBot-World",
     pipeline_classes=("LingBotWorldCausalDMDPipeline",),
-    model_ids=(),
+    # the checkpoint the pipeline's `checkpoint_contract` describes (v2, 14B, causal, 4-step DMD)
+    model_ids=("robbyant/lingbot-world-v2-14b-causal-fast-diffusers",),
     min_side=480,
     max_side=832,
     max_fps=16,
@@ -417,6 +560,13 @@ LINGBOT_WORLD = ModelRules(
     default_fps=5,
     reference_fps=5.0,
     fps_source="vLLM-Omni issue #7074: about 5 fps at 832x480 on one H200",
+    # a sliding KV window, per-block condition and decode state: nothing grows with frames
+    memory=MemoryRule.FIXED_WINDOW,
+    weights_bytes=(WAN14B_DIT_PARAMS + UMT5_XXL_ENCODER_PARAMS + WAN_VAE_PARAMS) * BF16_BYTES,
+    fp8_saving_bytes=WAN14B_DIT_PARAMS,
+    session_state_bytes=LINGBOT_SESSION_STATE_BYTES,
+    output_bytes_per_pixel=3,
+    license="CC BY-NC-SA (non-commercial)",
 )
 
 #: every model with rules, in the order they are looked up

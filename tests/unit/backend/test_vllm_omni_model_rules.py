@@ -188,13 +188,131 @@ def test_lingbot_steps_frames_first_frame_and_class() -> None:
 
 
 def test_lingbot_requests_are_valid_counts_within_the_caps() -> None:
-    assert LINGBOT_WORLD.memory_cap(832, 480) == 885  # 4 GiB / (832 x 480 x 12 B) = 896, down to 12k + 9
+    # LingBot-World keeps no decoded history (below): its cap is the deployment's, not Helios' memory's
+    assert LINGBOT_WORLD.memory_cap(832, 480) is None
+    assert LINGBOT_WORLD.frame_cap(832, 480, 1452) == 1449  # the largest 12k + 9 within 1452
     assert [LINGBOT_WORLD.request_frames(n, 885) for n in (1, 9, 10, 21, 22, 5000)] == [9, 9, 21, 21, 33, 885]
     sources = EngineSources(None, {}, 3600.0, None, max_request_frames=1452, rules=LINGBOT_WORLD)  # type: ignore[arg-type]
     config = resolve_session_config(
         validate_start(check_first_message(json.dumps(_start(image=True)))), _lingbot().capabilities("m")
     )
-    assert config.num_frames == 885 and sources.engine_frames(config) == 885
+    assert config.num_frames == 1449 and sources.engine_frames(config) == 1449  # 290 s at 5 fps, not 177 s
+    longer = _lingbot(vllm_omni_max_request_frames="6000").capabilities("m")
+    config = resolve_session_config(validate_start(check_first_message(json.dumps(_start(image=True)))), longer)
+    assert config.num_frames == 5997  # a deployer may raise it: memory does not grow with it
+
+
+# --- each model's memory, from its own pipeline ----------------------------------------------------
+def _method(source: str, name: str) -> str:
+    """The text of method `name` in `source` (up to the next method of the class)."""
+    start = source.index(f"    def {name}(")
+    end = source.find("\n    def ", start + 1)
+    return source[start : end if end > 0 else None]
+
+
+def test_helios_holds_its_decoded_history_twice_at_each_concatenation() -> None:
+    """`post_decode` decodes the chunk and concatenates it onto `history_video`: the old history,
+    the chunk and the new history coexist until the old one is freed, so the peak near the cap
+    is two histories (`HISTORY_PEAK_COPIES`); the VAE is float32 (`FLOAT32_RGB_BYTES`)."""
+    source = wheel_source(HELIOS_PIPELINE)
+    post_decode = _method(source, "post_decode")
+    assert "current_video = self.vae.decode(current_latents, return_dict=False)[0]" in post_decode
+    assert 'extra["history_video"] = torch.cat([extra["history_video"], current_video], dim=2)' in post_decode
+    assert "history_video" not in post_decode.split('torch.cat([extra["history_video"]')[1].split("output =")[1]
+    assert 'subfolder="vae", torch_dtype=torch.float32' in source
+    assert (model_rules.HISTORY_PEAK_COPIES, model_rules.FLOAT32_RGB_BYTES) == (2, 12)
+    for rules in (HELIOS, HELIOS_DISTILLED):
+        assert rules.memory is model_rules.MemoryRule.DECODED_HISTORY
+        # the cap is unchanged (1452 at 640x384); its peak is now stated: 2 x 1452 x 2.8 MiB = 7.98 GiB
+        assert rules.memory_cap(640, 384) == 1452
+        peak = rules.memory_peak_bytes(640, 384, 1452)
+        assert peak == 2 * 1452 * 640 * 384 * 12 <= model_rules.REQUEST_MEMORY_BOUND_BYTES == 8 * 2**30
+        assert peak > 4 * 2**30  # what the docs and the table stated before
+        assert rules.memory_peak_bytes(1280, 704, rules.memory_cap(1280, 704)) <= 8 * 2**30  # type: ignore[arg-type]
+
+
+def test_lingbot_keeps_a_fixed_window_and_no_decoded_history() -> None:
+    """Step mode decodes each block to uint8 on the host and keeps none of it; the condition is
+    encoded per block; the KV cache is a sink plus a sliding window: nothing grows with frames."""
+    source = wheel_source(LINGBOT_PIPELINE)
+    post_decode = _method(source, "post_decode")
+    assert 'payload = {"video": self._decode_chunk_to_pixels(latents, session_id=state.request_id)}' in post_decode
+    assert "torch.cat" not in post_decode and "history" not in post_decode
+    assert "frames = frames.float().mul_(255).round_().to(torch.uint8)" in source  # 1 B a channel, on the host
+    prepare = _method(source, "_prepare_next_chunk")
+    assert "self._next_condition_chunk(" in prepare and "_prepare_condition(" not in prepare
+    assert LINGBOT_WORLD.memory is model_rules.MemoryRule.FIXED_WINDOW
+    # the window's geometry, from the transformer's checkpoint contract
+    transformer = wheel_source(LINGBOT_TRANSFORMER)
+    for key, value in (
+        ("num_layers", model_rules.LINGBOT_LAYERS),
+        ("num_attention_heads", model_rules.LINGBOT_HEADS),
+        ("attention_head_dim", model_rules.LINGBOT_HEAD_DIM),
+        ("sink_size", model_rules.LINGBOT_SINK_FRAMES),
+        ("num_frames_per_block", model_rules.LINGBOT_BLOCK_FRAMES),
+        ("sliding_window_num_frames", model_rules.LINGBOT_WINDOW_FRAMES),
+        ("ffn_dim", 13824),
+    ):
+        assert f'"{key}": {value},' in transformer, key
+    assert '"local_attn_size": -1,' in transformer  # so the window is sliding_window_num_frames
+    # temporal RoPE past its table is computed, not refused: no frame limit from positions either
+    assert "temporal_cosine, temporal_sine = _rope_axis(frames, temporal_dim, start=start_frame)" in transformer
+    # the KV a session keeps: sink + window once per session, the block in flight and its scratch once
+    manager = wheel_source("vllm_omni/experimental/ar_diffusion/kv_cache/manager.py")
+    assert "resident_per_session = config.sink_chunks + config.window_chunks" in manager
+    assert "minimum_scratch_blocks = self.frames_per_block + declared_scratch_blocks" in manager
+    assert model_rules.LINGBOT_KV_FRAMES == 18 + 3 + 3
+    assert model_rules.LINGBOT_TOKENS_PER_FRAME == (480 // 8 // 2) * (832 // 8 // 2) == 1560
+    assert "_MAX_SEQUENCE_LENGTH = 512" in source and model_rules.LINGBOT_TEXT_TOKENS == 512
+    assert "camera_tokens = tokens_per_frame * condition_latent_frames" in source
+    state = LINGBOT_WORLD.session_state_bytes
+    assert LINGBOT_WORLD.memory_peak_bytes(832, 480, 9) == LINGBOT_WORLD.memory_peak_bytes(832, 480, 9_999) == state
+    assert 34e9 < state < 36e9  # 30.7 GB of KV, 0.4 GB of text K/V, 3.8 GB of camera modulation
+
+
+def test_a_paused_session_lasts_its_models_own_number_of_chunks() -> None:
+    """Helios hands over float32 chunks (97 MB at 640x384), LingBot-World uint8 ones (14.4 MB at
+    832x480): a session that reads nothing holds 3 of one and 19 of the other under 256 MiB."""
+    from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES
+
+    assert "return _uint8_frames(video)" in wheel_source(LINGBOT_PIPELINE)
+    assert HELIOS_DISTILLED.output_chunk_bytes(640, 384) == 33 * 640 * 384 * 12 == 97_320_960
+    assert LINGBOT_WORLD.output_chunk_bytes(832, 480) == 12 * 832 * 480 * 3 == 14_376_960
+    assert HELIOS_DISTILLED.paused_chunks(DEFAULT_OUTPUT_QUEUE_BYTES, 640, 384) == 3
+    assert LINGBOT_WORLD.paused_chunks(DEFAULT_OUTPUT_QUEUE_BYTES, 832, 480) == 19
+
+
+def test_the_weights_are_the_checkpoints_parameter_counts() -> None:
+    """A 14B DiT (40 blocks of width 5120, FFN 13824) in bf16, UMT5-XXL, the Wan VAE; online FP8
+    quantizes LingBot-World's transformer alone (the pipeline hands it the quantization config)."""
+    assert 14.0e9 < model_rules.WAN14B_DIT_PARAMS < 14.1e9
+    assert 39e9 < LINGBOT_WORLD.weights_bytes < 41e9 and 39e9 < HELIOS_DISTILLED.weights_bytes < 41e9
+    assert LINGBOT_WORLD.fp8_saving_bytes == model_rules.WAN14B_DIT_PARAMS  # 2 B -> 1 B a parameter
+    source = wheel_source(LINGBOT_PIPELINE)
+    assert (
+        "self.transformer = CausalLingBotWorldTransformer3DModel.from_config(\n"
+        "            transformer_config,\n"
+        '            quant_config=getattr(od_config, "quantization_config", None),'
+    ) in source
+    assert source.count("quant_config=") == 1  # nothing else of the pipeline is quantized
+
+
+def test_lingbots_model_id_is_the_checkpoint_its_pipeline_takes() -> None:
+    """The pipeline takes one checkpoint, by its contract (v2, 14B, causal, 4-step DMD); that is
+    `robbyant/lingbot-world-v2-14b-causal-fast-diffusers`, now found by its id as Helios' are."""
+    transformer = wheel_source(LINGBOT_TRANSFORMER)
+    assert "for the LingBot World v2 checkpoint" in transformer
+    assert LINGBOT_WORLD.model_ids == ("robbyant/lingbot-world-v2-14b-causal-fast-diffusers",)
+    assert model_rules.find("robbyant/lingbot-world-v2-14b-causal-fast-diffusers", None) is LINGBOT_WORLD
+    preset = catalog.VLLM_OMNI_PRESETS["robbyant/lingbot-world-v2-14b-causal-fast-diffusers"]
+    assert preset["num_inference_steps"] == 4
+
+
+@pytest.mark.parametrize("rules", model_rules.MODELS, ids=lambda r: r.name)
+def test_every_model_states_its_checkpoints_license(rules: model_rules.ModelRules) -> None:
+    assert rules.license
+    if rules is LINGBOT_WORLD:
+        assert "NC" in rules.license and "non-commercial" in rules.license
 
 
 # --- the registry and the table agree ------------------------------------------------------------
