@@ -28,7 +28,6 @@ from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.process.shm import stub_region
 from rtvideo.proxy.edge import socket as handler
 from rtvideo.proxy.observability.metrics import by_label
-from rtvideo.proxy.settings import AWAITING_START_GRACE_SECONDS
 from rtvideo.triton.server import free_port
 from tests.support.processes import RTVIDEO, descendants, stop_serve
 from tests.support.proxy_client import Ws, first_message_answers, ws
@@ -118,48 +117,51 @@ def test_the_health_listener_has_its_own_bound(proxies) -> None:
 
 # --- B: connections that never send session.start ----------------------------------------------
 def test_connections_that_never_start_cannot_lock_the_others_out(proxies, monkeypatch) -> None:
-    """Upgrades that never send session.start (8 here, --max-connections 8) take at most a
-    share of the slots (a quarter, at least 4): the rest are refused at the upgrade (503,
-    `awaiting_start`), a live session streams on, a waiting connection that starts leaves the
-    share at once, and one that waited past the grace gives its place to a new client (before:
-    they held every slot and every new client got 503 for --start-timeout)."""
+    """Upgrades that never send session.start take at most a share of the slots (a quarter of
+    --max-connections, at least 4: here 4 of 8), and one client at most its part of it (a
+    quarter of the share, at least 1): its next upgrade waits for a place of its own and is
+    refused (503, `awaiting_start`) when none frees, while other clients are upgraded at once; a
+    live session streams on; a waiting connection that starts leaves the share at once; with the
+    share full, one that waited past the grace gives its place to a new client (before: one
+    address's upgrades held every place, and every other client got 503)."""
     server = proxies.server(max_connections=8, max_sessions_per_client=8)
-    assert server.settings.awaiting_start_bound == 4
-    grace = 2 * AWAITING_START_GRACE_SECONDS  # room for a loaded machine in the steps within it
-    monkeypatch.setattr(handler, "AWAITING_START_GRACE_SECONDS", grace)
+    share = server.context.waiting
+    assert (share.bound, share.part) == (server.settings.awaiting_start_bound, 1) == (4, 1)
+    monkeypatch.setattr(handler, "AWAITING_PLACE_SECONDS", 1.0)  # how long an upgrade over its part is held
+    monkeypatch.setattr(share, "grace", 3600.0)  # nobody is displaced until the test says so
 
     def refused() -> int:
         return by_label(server.context.metrics.rejected, "reason")["awaiting_start"]
 
+    async def status(address: str, held: list[Any]) -> int:
+        try:
+            held.append(await ws(server.url, local_addr=(address, 0)))
+        except InvalidStatus as exc:
+            return exc.response.status_code
+        return 101
+
     async def body() -> None:
-        async with ws(server.url) as live_conn:
+        async with ws(server.url, local_addr=("127.0.0.9", 0)) as live_conn:
             live = Ws(live_conn)
             await live.start("a lighthouse", seed=3)
             before = refused()
-            waiting, statuses = [], []
-            opened = time.monotonic()
-            for _ in range(8):
-                try:
-                    waiting.append(await ws(server.url))
-                    statuses.append(101)
-                except InvalidStatus as exc:
-                    statuses.append(exc.response.status_code)
+            waiting: list[Any] = []
             try:
-                assert statuses == [101] * 4 + [503] * 4, statuses
-                assert refused() == before + 4
-                # One of them starts: it is no longer waiting, so a new connection has room at once.
+                # one client: its part (1) at once, its next upgrade held, then refused
+                assert await status("127.0.0.1", waiting) == 101
+                assert await status("127.0.0.1", waiting) == 503 and refused() == before + 1
+                # other clients: each its own part, until the share (4) is full
+                statuses = [await status(f"127.0.0.{i}", waiting) for i in (2, 3, 4, 5)]
+                assert statuses == [101, 101, 101, 503], statuses
+                assert refused() == before + 2 and len(server.context.waiting) == 4
+                # One of them starts: it is no longer waiting, so a new client has room at once.
                 starter = Ws(waiting.pop(0))
                 await starter.start("a harbour at dawn", seed=4)
-                newcomer = await ws(server.url)  # within the grace: room made by the start
-                assert time.monotonic() - opened < grace
-                waiting.append(newcomer)
-                with pytest.raises(InvalidStatus) as full:
-                    await ws(server.url)
-                assert full.value.response.status_code == 503 and refused() == before + 5
+                assert await status("127.0.0.5", waiting) == 101
                 # Past the grace the oldest waiting one makes way for a new client, which streams.
-                assert time.monotonic() - opened < grace, "too slow: the grace was over"
-                await asyncio.sleep(max(0.0, opened + grace + 0.3 - time.monotonic()))
-                async with ws(server.url) as late_conn:
+                share.grace = 0.2
+                await asyncio.sleep(0.3)
+                async with ws(server.url, local_addr=("127.0.0.6", 0)) as late_conn:
                     late = Ws(late_conn)
                     await late.start("a late client", seed=5)
                     assert (await late.next_media())["kind"] == "media"
