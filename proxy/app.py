@@ -142,7 +142,7 @@ def endpoint_capacity(endpoint: Any) -> dict[str, Any]:
     """What the model at `endpoint` said of itself in its last answered health probe (its pong's
     `model`, docs/protocol.md §8): frames per second it delivers in real time at its default size
     (measured by the model: `realtime_capacity_fps`, None until it has a figure), how much of it
-    its live sessions take, and its session limit."""
+    its live sessions take, and its session limit and why (`max_sessions_reason`)."""
     status = endpoint.bridge.model_status or {}
     return {
         "endpoint": endpoint.address,
@@ -150,6 +150,7 @@ def endpoint_capacity(endpoint: Any) -> dict[str, Any]:
         "realtime_capacity_from": status.get("realtime_capacity_from"),
         "realtime_load_fps": status.get("realtime_load_fps"),
         "max_sessions": status.get("max_sessions"),
+        "max_sessions_reason": status.get("max_sessions_reason"),
         "sessions": status.get("sessions"),
     }
 

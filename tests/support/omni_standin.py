@@ -33,7 +33,9 @@ The Triton model loads it through the `vllm_omni_engine` parameter
 it from this checkout: `paths.tests_importable`); its engine arguments configure it:
 `record` (a JSON-lines file of every call, for the test to read), `chunk_seconds`,
 `first_chunk_seconds`, `frames_per_chunk`, `model_class_name`, `max_num_seqs` (requests run at
-once, 1 by default as in the wheel; the others wait inside the engine, as its scheduler keeps them). Requests the configured
+once, 1 by default as in the wheel; the others wait inside the engine, as its scheduler keeps them),
+`enable_diffusion_pipeline_profiler` (each output's `stage_durations` carries the request's paced
+seconds so far under a `.diffuse` key, as the real engine's profiler does). Requests the configured
 pipeline would refuse (its size, frame count, steps, pyramid, first frame: the rule table's
 `request_problem`) fail inside `generate()`, as the pipeline's `ValueError` does.
 """
@@ -94,6 +96,8 @@ class StandInOutput:
     error: str | None = None
     finished: bool = False
     custom_output: dict[str, Any] = field(default_factory=dict)
+    #: the request's stage times so far, as the real engine's with its pipeline profiler on
+    stage_durations: dict[str, float] = field(default_factory=dict)
 
 
 def _image_summary(image: Any) -> dict[str, Any]:
@@ -169,6 +173,9 @@ class StandInAsyncOmni:
         self._dead = False
         # the scheduler's running requests (`max_num_running_reqs`): a request beyond waits, silently
         self._max_num_seqs = int(kwargs.get("max_num_seqs", 1))
+        # `enable_diffusion_pipeline_profiler`: each output carries the request's denoise time so
+        # far (the chunks' paced seconds) under a `.diffuse` key, as the real engine's do
+        self._profiled = bool(kwargs.get("enable_diffusion_pipeline_profiler", False))
         self._slots: asyncio.Semaphore | None = None  # made on the engine's loop
         self.default_sampling_params_list = [StandInSamplingParams()]
         self._log("init", model=model, kwargs={k: v for k, v in kwargs.items() if k != "record"})
@@ -282,9 +289,12 @@ class StandInAsyncOmni:
             if self._own_chunks and self._rules is not None:
                 sizes = self._rules.chunk_frames(params.num_frames)
             chunks = len(sizes)
+            computed = 0.0
             for index, size in enumerate(sizes):
                 state.interaction_chunk_metadata = meta
-                await asyncio.sleep(self._first_chunk_seconds if index == 0 else self._chunk_seconds)
+                pace = self._first_chunk_seconds if index == 0 else self._chunk_seconds
+                await asyncio.sleep(pace)
+                computed += pace
                 while self._dead:  # a dead engine produces nothing more
                     await asyncio.sleep(3600)
                 rgb = state.prompt_embeds.clamp(0, 1).numpy().astype(np.float32)
@@ -312,6 +322,7 @@ class StandInAsyncOmni:
                         {"metadata": {"stream": stream}} if stream else {},
                         images=[video],
                         finished=finished,
+                        stage_durations={"StandInPipeline.diffuse": computed} if self._profiled else {},
                     )
                 )
         except asyncio.CancelledError:

@@ -16,6 +16,7 @@ from rtvideo.backend.runtime.ports import Metrics
 from rtvideo.backend.runtime.session import Limits
 from rtvideo.backend.runtime.sources import ChunkSourceFactory, GeneratorSources
 from rtvideo.backend.vllm_omni.engine import EngineHost
+from rtvideo.backend.vllm_omni.engine_timing import PROFILER_ARG
 
 log = logging.getLogger(__name__)
 
@@ -26,16 +27,20 @@ def build_manager(
     metrics: Metrics | None = None,
     *,
     idle_timeout_seconds: float | None = None,
+    capacity: RealtimeCapacity | None = None,
 ) -> SessionManager:
     """Load the generator (the slow part of model load) and return the session manager.
-    `idle_timeout_seconds`: the sequence batcher's idle limit (`SessionManager`).
+    `idle_timeout_seconds`: the sequence batcher's idle limit (`SessionManager`). `capacity`: the
+    model's real-time capacity, made from the settings when None (a test passes its own, to
+    measure into it as the engine would: `RealtimeCapacity.observe`).
 
     With `generator=vllm_omni` this starts the engine; when it fails its health check, the
     manager ends live sessions and refuses starts and the health probe (`backend_failed`)."""
     from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 
     pooled = settings.generator == "builtin" and settings.render_workers > 0
-    capacity = RealtimeCapacity(settings.width, settings.height, settings.capacity_setting())
+    if capacity is None:
+        capacity = RealtimeCapacity(settings.width, settings.height, settings.capacity_setting())
     limit_cpu_threads(settings.torch_threads, blas=not pooled)  # the workers cap their own
     encoder_factory = functools.partial(FragmentedMp4Encoder, limits=catalog.LIMITS[settings.generator])
     host: EngineHost | None = None
@@ -45,6 +50,9 @@ def build_manager(
         from rtvideo.backend.vllm_omni.engine import load_factory
         from rtvideo.backend.vllm_omni.source import EngineSources
 
+        # the pipeline times its denoise steps and decodes (`engine_timing`), unless the deployer
+        # turned that off: the running capacity then falls back to wall-clock gaps
+        engine_args = {PROFILER_ARG: True, **settings.engine_args(), "diffusion_streaming_output": True}
         # before the engine loads its weights: a deployment that cannot fit the GPU is refused with the numbers
         device_memory.check(
             settings.model_rules(),
@@ -57,12 +65,12 @@ def build_manager(
         host = EngineHost(
             load_factory(settings.vllm_omni_engine),
             model=settings.vllm_omni_model,
-            engine_args={**settings.engine_args(), "diffusion_streaming_output": True},
+            engine_args=engine_args,
             health_seconds=settings.vllm_omni_health_seconds,
         )
         host.observe_rate = capacity.observe  # measured as the engine runs: no warm-up request at load
         try:
-            max_sessions = settings.session_limit(host.max_num_seqs, host.max_num_seqs_from)
+            rule = settings.session_rule(host.max_num_seqs, host.max_num_seqs_from)
         except ValueError:
             host.shutdown()  # the load fails: free the engine it started
             raise
@@ -76,9 +84,11 @@ def build_manager(
             output_queue_bytes=settings.vllm_omni_output_queue_bytes,
         )
         log.info(
-            "generator=vllm_omni engine=%s model=%s settings=%s",
+            "generator=vllm_omni engine=%s model=%s max_sessions=%d (%s) settings=%s",
             settings.vllm_omni_engine,
             settings.vllm_omni_model,
+            rule.sessions,
+            rule.reason,
             settings,
         )
     else:
@@ -86,7 +96,7 @@ def build_manager(
         from rtvideo.backend.builtin.generator import BuiltinGenerator
 
         device = resolve_device(settings.device)
-        max_sessions = settings.session_limit()
+        rule = settings.session_rule()
         size = (settings.width, settings.height, settings.fps, settings.frames_per_chunk, device)
         if pooled:
             from rtvideo.backend.builtin.render_pool import PooledSources, RenderPool
@@ -120,7 +130,8 @@ def build_manager(
             max_session_seconds=settings.max_session_seconds,
             stall_timeout_seconds=settings.stall_timeout_seconds,
         ),
-        max_sessions=max_sessions,
+        max_sessions=rule.sessions,
+        max_sessions_reason=rule.reason,
         metrics=metrics,
         capacity=capacity,
         idle_timeout_seconds=idle_timeout_seconds,

@@ -17,7 +17,7 @@ from rtvideo import settings_text
 from rtvideo.backend.loading import catalog
 from rtvideo.backend.media.image_reference import MediaPolicy
 from rtvideo.backend.runtime import capacity
-from rtvideo.backend.vllm_omni import interaction_rules, model_rules
+from rtvideo.backend.vllm_omni import engine_limits, interaction_rules, model_rules
 from rtvideo.backend.vllm_omni.model_rules import ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES
 from rtvideo.core.interaction.refusal import PipelineInteractions
@@ -263,14 +263,21 @@ class BackendSettings:
         return value
 
     def session_limit(self, engine_limit: int | None = None, engine_limit_from: str = "") -> int:
-        """Sessions the model holds at once. The built-in generator: `max_sessions`, `auto` being
-        BUILTIN_MAX_SESSIONS. vLLM-Omni: one engine request per session, and the engine runs at
-        most `engine_limit` requests (its `max_num_seqs`, `vllm_omni/engine_limits.py`); a session
-        beyond would wait inside the engine with no server_busy, so `auto` is that number and a
-        larger one fails the load."""
+        """Sessions the model holds at once (`session_rule`, without its reason)."""
+        return self.session_rule(engine_limit, engine_limit_from).sessions
+
+    def session_rule(self, engine_limit: int | None = None, engine_limit_from: str = "") -> engine_limits.SessionLimit:
+        """Sessions the model holds at once, and why. The built-in generator: `max_sessions`,
+        `auto` being BUILTIN_MAX_SESSIONS. vLLM-Omni: one engine request per session, and the
+        engine runs at most `engine_limit` requests (its `max_num_seqs`), of which only requests
+        with one batching key at once (`vllm_omni/engine_limits.py`); a session beyond would wait
+        inside the engine with no server_busy, so `auto` is that number where every session
+        shares the key, else 1, and a number above `engine_limit` fails the load."""
         explicit = self.explicit_max_sessions()
         if engine_limit is None:
-            return BUILTIN_MAX_SESSIONS if explicit is None else explicit
+            if explicit is None:
+                return engine_limits.SessionLimit(BUILTIN_MAX_SESSIONS, "auto: the built-in generator's default")
+            return engine_limits.SessionLimit(explicit, f"max_sessions={explicit} set by the deployer")
         if explicit is not None and explicit > engine_limit:
             raise ValueError(
                 f"model parameter max_sessions={explicit} is above the engine's max_num_seqs={engine_limit} "
@@ -278,7 +285,8 @@ class BackendSettings:
                 f"without server_busy. Set max_sessions to at most {engine_limit} (or auto), or raise the "
                 "engine's max_num_seqs where its pipeline runs several requests at once"
             )
-        return engine_limit if explicit is None else explicit
+        varying = engine_limits.batching_fields(self.capabilities("model"))
+        return engine_limits.engine_session_limit(engine_limit, engine_limit_from, varying, explicit)
 
     def capacity_setting(self) -> float | str:
         """`realtime_capacity_fps` as `RealtimeCapacity` takes it."""

@@ -63,6 +63,7 @@ class SessionManager:
         capabilities: ModelCapabilities,
         limits: Limits,
         max_sessions: int,
+        max_sessions_reason: str = "",
         metrics: Metrics | None = None,
         watchdog_interval: float = 0.5,
         idle_timeout_seconds: float | None = None,
@@ -77,6 +78,7 @@ class SessionManager:
         self._metrics = metrics or NullMetrics()
         self._table = SessionTable(max_sessions)  # the sessions, and the manager's lock
         self._capacity = capacity
+        self._max_sessions_reason = max_sessions_reason  # why that limit (`BackendSettings.session_rule`)
         self._closing = threading.Event()
         # why the backend cannot generate any more (engine died); set once, under its lock
         self._broken: str | None = None
@@ -268,9 +270,11 @@ class SessionManager:
 
     def status(self) -> dict[str, object]:
         """What the health probe's pong says of the model (docs/protocol.md §8): its session
-        limit, its live sessions, and its real-time capacity (`RealtimeCapacity.describe`)."""
+        limit and why, its live sessions, and its real-time capacity (`RealtimeCapacity.describe`)."""
         live = [s.config for s in self._table.live()]
         status: dict[str, object] = {"max_sessions": self._table.max_sessions, "sessions": len(live)}
+        if self._max_sessions_reason:
+            status["max_sessions_reason"] = self._max_sessions_reason
         if self._capacity is not None:
             status.update(self._capacity.describe(live))
         return status

@@ -41,7 +41,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rtvideo.backend.runtime.capacity import RUNNING, RUNNING_WALL_CLOCK
 from rtvideo.backend.vllm_omni.engine_limits import engine_max_num_seqs
+from rtvideo.backend.vllm_omni.engine_timing import ChunkTimer
 from rtvideo.backend.vllm_omni.model_rules import STEP_MODE_DEFAULT_STEPS, FirstFrameAt
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue, output_bytes, output_frames
 from rtvideo.core.session_config import SessionConfig
@@ -196,9 +198,9 @@ class _Request:
         self.ready.set()
 
 
-#: (frames, seconds, width, height, concurrent requests): one chunk's generation, for the
-#: running real-time capacity (`RealtimeCapacity.observe`)
-RateObserver = Callable[[int, float, int, int, int], None]
+#: (frames, seconds, width, height, requests running at once, where the seconds came from): one
+#: chunk's generation, for the running real-time capacity (`RealtimeCapacity.observe`)
+RateObserver = Callable[[int, float, int, int, int, str], None]
 
 
 def _report_dead(callback: Callable[[str], None], reason: str) -> None:
@@ -306,18 +308,23 @@ class EngineHost:
             ask_for_start_notice(params)
             prompt = engine_prompt(wanted.prompt, config, wanted.image_at)
             outputs = self._engine.generate(prompt=prompt, request_id=request_id, sampling_params_list=[params])
-            # the engine's rate: each chunk's time from the previous output to this one, except
-            # the first (it also encodes the prompt); every output is read as soon as the engine
-            # yields it, so these are the engine's own times
-            asked, timed = time.monotonic(), False
+            # the engine's rate: each chunk's own compute time as the engine reports it
+            # (`engine_timing`: denoise + decode, no queue wait), else the wall-clock time from the
+            # previous output (every output is read as soon as the engine yields it); the first
+            # chunk of a request is left out (a compile, the prompt's encoding)
+            asked, timed, timer = time.monotonic(), False, ChunkTimer()
             async for output in outputs:
                 now = time.monotonic()
                 request.ready.set()  # admitted (the notice) or past its first step (an output)
                 if is_start_notice(output):
                     asked = now  # queued until here: its generation starts now
                     continue  # carries no frames
+                computed = timer.chunk_seconds(output)
                 if timed:
-                    self._observe(output_frames(output), now - asked, config)
+                    if computed is not None:
+                        self._observe(output_frames(output), computed, config, RUNNING)
+                    else:
+                        self._observe(output_frames(output), now - asked, config, RUNNING_WALL_CLOCK)
                 # never held back: upstream's own per-request queue is unbounded, so a reader that
                 # waits only moves the frames there; the bound is enforced here (`OutputQueue`)
                 if not sink.offer(output, now, output_bytes(output)):
@@ -345,11 +352,15 @@ class EngineHost:
             with contextlib.suppress(Exception):
                 await close()
 
-    def _observe(self, frames: int, seconds: float, config: SessionConfig) -> None:
+    def _observe(self, frames: int, seconds: float, config: SessionConfig, how: str) -> None:
+        """Report one chunk's time with the requests that really run at once: those the engine has
+        admitted (its start notice, or an output). The scheduler admits a request beside a running
+        one only when their batching keys match, up to `max_num_seqs`
+        (`diffusion/sched/base_scheduler.py`), so one waiting inside the engine is not counted."""
         observe = self.observe_rate
         if observe is not None:
-            live = sum(1 for r in self._requests.values() if not r.over)
-            observe(frames, seconds, config.width, config.height, live)
+            running = sum(1 for r in self._requests.values() if r.ready.is_set() and not r.over)
+            observe(frames, seconds, config.width, config.height, running, how)
 
     def _sampling_params(self, config: SessionConfig, num_frames: int, preset: Mapping[str, Any]) -> Any:
         """The engine's own default diffusion params, with this session's values set as vLLM-Omni's
@@ -382,6 +393,8 @@ class EngineHost:
             extra["flow_shift"] = sampling["flow_shift"]
         extra.update(copy.deepcopy(dict(sampling.get("extra_params") or {})))
         params.extra_args = extra
+        if sampling.get("quality") is not None:  # as the endpoint: set only when the start gives it
+            params.quality = sampling["quality"]
         if sampling.get("lora") is not None:
             apply_lora(params, sampling["lora"])
         return params
