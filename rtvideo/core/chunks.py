@@ -14,6 +14,10 @@ INIT = "init"
 #: `{event_id: frame}` of a media chunk: where in the chunk each event started in it took effect,
 #: for those after frame 0 (docs/protocol.md §6); what an exact rebuild replays
 EVENT_FRAME_OFFSETS = "event_frame_offsets"
+#: vLLM-Omni 0.32's `coalesced_event_ids`: pending targets superseded before they started,
+#: reported at the boundary where they would have started: `superseded_event_ids` under 0.32's
+#: name, on media chunks only and only when not empty (docs/protocol.md §5)
+COALESCED_EVENT_IDS = "coalesced_event_ids"
 
 
 def _metadata(
@@ -53,6 +57,8 @@ def media_metadata(
     )
     if plan.frame_offsets:
         meta[EVENT_FRAME_OFFSETS] = dict(plan.frame_offsets)
+    if plan.superseded:  # vLLM-Omni 0.32's name for them, present only when not empty as there
+        meta[COALESCED_EVENT_IDS] = list(plan.superseded)
     return meta
 
 
@@ -75,6 +81,7 @@ def mentioned_event_ids(metadata: dict[str, Any]) -> set[str]:
         "completed_event_ids",
         "superseded_event_ids",
         "interrupted_event_ids",
+        COALESCED_EVENT_IDS,
     )
     return {event_id for key in keys for event_id in metadata.get(key, ())}
 

@@ -33,6 +33,15 @@ class ErrorCode(str, Enum):
     # a session.resume refused: wrong, expired or used token, another replica's session, or an
     # index outside the replay buffer; the connection closes, the session (if any) is untouched
     INVALID_RESUME = "invalid_resume"
+    # vLLM-Omni 0.32's names (docs/protocol.md §3): one interaction refused because the session
+    # already holds MAX_PENDING_EVENTS waiting for a chunk boundary (0.32: 64); the session goes on
+    INTERACTION_QUEUE_FULL = "interaction_queue_full"
+    # one interaction refused because the session has admitted its limit of distinct event ids
+    # (`event_book.MAX_EVENTS_PER_SESSION`); a new session takes more
+    INTERACTION_HISTORY_FULL = "interaction_history_full"
+    # 0.32: the server's queue of control answers (acks, pongs, errors) is full; never sent here
+    # (a client that does not read gets slow_consumer: docs/protocol.md §7)
+    CONTROL_QUEUE_FULL = "control_queue_full"
 
 
 #: Codes after which the session is over (followed by `session.done` where possible).

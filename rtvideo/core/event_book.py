@@ -28,7 +28,11 @@ from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
 
 #: distinct event ids one session may admit: ~3 new events a second for the longest session
+#: (beyond it: `interaction_history_full`, as vLLM-Omni 0.32 names its own bound of 4096)
 MAX_EVENTS_PER_SESSION = 10_000
+#: events admitted and not yet started, superseded or failed that one session may hold
+#: (beyond it: `interaction_queue_full`, vLLM-Omni 0.32's bound of 64 pending interactions)
+MAX_PENDING_EVENTS = 64
 
 
 class EventState(enum.Enum):
@@ -73,9 +77,11 @@ class _Entry:  # one per event for the session's life: kept small (a 32-byte dig
 class EventBook:
     """The events of one session, in admission order."""
 
-    def __init__(self, max_events: int = MAX_EVENTS_PER_SESSION) -> None:
+    def __init__(self, max_events: int = MAX_EVENTS_PER_SESSION, max_pending: int = MAX_PENDING_EVENTS) -> None:
         self.max_events = max_events
+        self.max_pending = max_pending
         self._events: dict[str, _Entry] = {}
+        self._waiting = 0  # entries in a waiting state (admitted or acked): kept by `_set`
 
     # --- admission ------------------------------------------------------------------------
     def admit(self, event_id: str, fingerprint: bytes) -> bool:
@@ -90,11 +96,18 @@ class EventBook:
         if known is None:
             if len(self._events) >= self.max_events:
                 raise ProtocolError(
-                    ErrorCode.INVALID_INTERACTION,
-                    f"this session has reached its limit of {self.max_events} interactions",
+                    ErrorCode.INTERACTION_HISTORY_FULL,
+                    f"this session has reached its limit of {self.max_events} interactions; start a new session",
+                    event_id,
+                )
+            if self._waiting >= self.max_pending:
+                raise ProtocolError(
+                    ErrorCode.INTERACTION_QUEUE_FULL,
+                    f"{self._waiting} interactions are waiting for a chunk boundary; send it again after the next chunk",
                     event_id,
                 )
             self._events[event_id] = _Entry(fingerprint, EventState.ADMITTED)
+            self._waiting += 1
             return True
         if known.fingerprint is None:
             raise UnknownPayload(event_id)
@@ -112,6 +125,7 @@ class EventBook:
         entry = self._events.get(event_id)
         if entry is not None and entry.state is EventState.ADMITTED:
             del self._events[event_id]
+            self._waiting -= 1
 
     def acked(self, event_id: str) -> None:
         """The event's ack was delivered. An id never admitted here (an ack this book only
@@ -120,6 +134,7 @@ class EventBook:
         if entry is None:
             if len(self._events) < self.max_events:
                 self._events[event_id] = _Entry(None, EventState.ACKED)
+                self._waiting += 1
         elif entry.state is EventState.ADMITTED:
             entry.state = EventState.ACKED
 
@@ -166,7 +181,8 @@ class EventBook:
                 started=message.get("started_event_ids") or (),
                 completed=message.get("completed_event_ids") or (),
                 interrupted=message.get("interrupted_event_ids") or (),
-                superseded=message.get("superseded_event_ids") or (),
+                # vLLM-Omni 0.32's name for the same end (a 0.32 engine's chunks carry only it)
+                superseded=[*(message.get("superseded_event_ids") or ()), *(message.get("coalesced_event_ids") or ())],
             )
         elif (
             kind == protocol.ERROR
@@ -181,6 +197,8 @@ class EventBook:
             return  # never admitted here (not ours to report), or already at its one end
         if state is EventState.STARTED and entry.state not in _WAITING:
             return
+        if entry.state in _WAITING:
+            self._waiting -= 1
         entry.state = state
 
     # --- reading --------------------------------------------------------------------------

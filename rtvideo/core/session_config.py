@@ -16,7 +16,10 @@ from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.interaction.types import PROMPT, resolve_chunks
 from rtvideo.core.protocol import MAX_SEED
 from rtvideo.core.rebuild import Rebuild
-from rtvideo.core.start_request import SAMPLING_FIELDS, STREAMING_BUFFER, StartRequest
+from rtvideo.core import codec_options as codec
+from rtvideo.core.codec_options import EncoderOptions
+from rtvideo.core.start_request import SAMPLING_FIELDS, StartRequest
+from rtvideo.core.streaming_pacing import StreamingPacing
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ class ModelCapabilities:
     paces: bool = False
     #: `start_request.REQUEST_FIELDS` the generator uses (merged into `sampling`); the others are ignored
     start_fields: frozenset[str] = frozenset()
+    #: the session's encoder takes `extra_params.video_codec_options` (`rtvideo.core.codec_options`):
+    #: what maps is applied there and not passed on, the rest is ignored; else the key is ignored
+    codec_options: bool = False
     #: the model's preset, for a generator that takes sampling (None: it takes none): sampling
     #: fields and `extra_params`, over which a start's own values are merged (`SessionConfig.sampling`)
     sampling_defaults: Mapping[str, Any] | None = None
@@ -103,7 +109,8 @@ class ModelCapabilities:
                 if name not in used and not (self.all_extra_params and name.startswith("extra_params."))
             ]
             + [name for name in start.request_fields if name not in self.start_fields]
-            + ([STREAMING_BUFFER] if start.streaming_buffer_seconds is not None and not self.paces else [])
+            + (codec.ignored(start.extra_params) if self.codec_options else [])
+            + ([start.pacing_field] if start.pacing_field is not None and not self.paces else [])
         )
 
     def sampling(self, start: StartRequest) -> dict[str, Any]:
@@ -119,6 +126,8 @@ class ModelCapabilities:
             if value is not None and name in self.sampling_fields:
                 merged[name] = value
         for key, value in start.extra_params.items():
+            if self.codec_options and key == codec.VIDEO_CODEC_OPTIONS:
+                continue  # our encoder's (`SessionConfig.encoder_options`), not the engine's
             if self.all_extra_params or key in self.extra_params:
                 extra[key] = copy.deepcopy(value)
         for name, value in start.request_fields.items():
@@ -154,6 +163,10 @@ class SessionConfig:
     #: the start's `streaming_buffer_seconds` where the generator paces (its lead over the player,
     #: in place of the model's `pacing_lead_chunks`), else None. Not sent (not in `to_json`).
     streaming_buffer_seconds: float | None = None
+    #: vLLM-Omni 0.32's `streaming_pacing` (or its alias) where the generator paces and it is
+    #: enabled: the session is paced to its client's playhead (rtvideo/core/streaming_pacing.py)
+    #: and its chunks carry `output_chunk_index` and `pacing`. Sent resolved when set.
+    streaming_pacing: StreamingPacing | None = None
     #: a blend start's `prompts`, normalised (then `prompt` is its heaviest text); sent when set
     prompts: tuple[tuple[str, float], ...] | None = None
     #: the session's default interpolation (an interaction without one uses it); always sent
@@ -167,6 +180,9 @@ class SessionConfig:
     metrics: bool = False
     #: the start's model-internal `rebuild` (`rtvideo.core.rebuild`), or None. Never sent (not in `to_json`)
     rebuild: Rebuild | None = field(default=None, repr=False, compare=False)
+    #: the start's `extra_params.video_codec_options` as the session's encoder takes them
+    #: (`ModelCapabilities.codec_options`); never sent (what was not taken is in `ignored_fields`)
+    encoder_options: EncoderOptions = EncoderOptions()
 
     def transition_chunks(self, requested: int | None) -> int:
         """A prompt's N (docs/protocol.md §5): its own `transition_chunks`, else this
@@ -177,6 +193,7 @@ class SessionConfig:
         out = asdict(replace(self, reference_image=None, rebuild=None))
         out.pop("reference_image")
         out.pop("rebuild")
+        out.pop("encoder_options")
         out["ignored_fields"] = list(self.ignored_fields)
         out.pop("sampling")
         if self.sampling:
@@ -188,6 +205,9 @@ class SessionConfig:
         out.pop("prompts")
         if self.prompts is not None:
             out["prompts"] = [{"text": text, "weight": weight} for text, weight in self.prompts]
+        out.pop("streaming_pacing")
+        if self.streaming_pacing is not None:
+            out["streaming_pacing"] = self.streaming_pacing.to_json()
         out.pop("pipeline_interactions")
         out.pop("interactions")
         if self.interactions is not None:
@@ -212,6 +232,15 @@ def resolve_session_config(
     )
     if problem is None and caps.interactions is not None:
         problem = caps.interactions.start_problem(blend=start.prompts is not None, interpolation=start.interpolation)
+    if problem is None and caps.codec_options:
+        problem = codec.problem(start.extra_params)
+    if problem is None and caps.paces and start.streaming_buffer_seconds is not None:
+        chunk_seconds = caps.frames_per_chunk / fps
+        if start.streaming_buffer_seconds < chunk_seconds:  # 0.32: "must fit a complete media chunk"
+            problem = (
+                f"{start.pacing_field}'s lead ({start.streaming_buffer_seconds:g} s) must fit one chunk "
+                f"({chunk_seconds:g} s here)"
+            )
     if problem:
         raise ProtocolError(ErrorCode.INVALID_START, problem)
     num_frames = start.num_frames
@@ -236,7 +265,9 @@ def resolve_session_config(
         sampling=caps.sampling(start),
         model_rules=caps.model_rules,
         streaming_buffer_seconds=start.streaming_buffer_seconds if caps.paces else None,
+        streaming_pacing=start.streaming_pacing if caps.paces and start.streaming_buffer_seconds is not None else None,
         metrics=start.metrics,
+        encoder_options=codec.encoder_options(start.extra_params) if caps.codec_options else EncoderOptions(),
         prompts=start.prompts,
         interpolation=start.interpolation or (caps.interactions.interpolation[0] if caps.interactions else LINEAR),
         interactions=caps.interactions,

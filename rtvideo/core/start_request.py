@@ -33,6 +33,7 @@ from rtvideo.core.protocol import (
     START,
     decode_object,
 )
+from rtvideo.core.streaming_pacing import STREAMING_PACING, StreamingPacing, from_buffer_seconds, parse_streaming_pacing
 
 MAX_INFERENCE_STEPS = 10_000
 #: vLLM-Omni's newer clients' pacing ask: how far generation may run ahead of the reported
@@ -125,6 +126,7 @@ START_FIELDS = frozenset(
         *REQUEST_FIELDS,
         IMAGE_REFERENCE,
         METRICS,
+        STREAMING_PACING,
     }
 )
 #: Diffusion sampling fields of a start: each generator uses some of them
@@ -165,6 +167,12 @@ class StartRequest:
     true_cfg_scale: float | None = None
     #: `STREAMING_BUFFER`: the session's lead over its player, where the generator paces
     streaming_buffer_seconds: float | None = None
+    #: vLLM-Omni 0.32's `streaming_pacing`, or its alias `streaming_buffer_seconds` made one
+    #: (rtvideo/core/streaming_pacing.py); None: neither was sent. Where enabled,
+    #: `streaming_buffer_seconds` is its lead in seconds; disabled, that is None (0.32's rule)
+    streaming_pacing: StreamingPacing | None = None
+    #: which of the two names the start used (reported in `ignored_fields` where nothing paces)
+    pacing_field: str | None = None
     extra_params: dict[str, Any] = field(default_factory=dict)
     #: the `REQUEST_FIELDS` this start sets (not null), as sent
     request_fields: dict[str, Any] = field(default_factory=dict)
@@ -320,12 +328,33 @@ def validate_start(obj: Mapping[str, Any]) -> StartRequest:
         if not isinstance(fields[METRICS], bool):
             raise ProtocolError(ErrorCode.INVALID_START, f"metrics must be a boolean, not {json_kind(fields[METRICS])}")
         values["metrics"] = fields[METRICS]
+    values.update(_pacing(fields, values.get(STREAMING_BUFFER)))
     request_fields = {name: fields[name] for name in REQUEST_FIELDS if fields.get(name) is not None}
     for name, value in request_fields.items():
         _check_request_field(name, value)
     if request_fields:
         values["request_fields"] = request_fields
     return StartRequest(**values)
+
+
+def _pacing(fields: Mapping[str, Any], buffer_seconds: float | None) -> dict[str, Any]:
+    """`streaming_pacing` or its alias, normalised as 0.32's `normalize_streaming_pacing` does:
+    both at once is `invalid_start`; the alias is a pacing with that lead; a disabled pacing
+    leaves no lead."""
+    given = fields.get(STREAMING_PACING)
+    if given is None and buffer_seconds is None:
+        return {}
+    if given is not None and buffer_seconds is not None:
+        raise ProtocolError(
+            ErrorCode.INVALID_START, f"use {STREAMING_PACING} or {STREAMING_BUFFER}, not both (they are one setting)"
+        )
+    if given is not None:
+        pacing, name = parse_streaming_pacing(given), STREAMING_PACING
+    else:
+        assert buffer_seconds is not None
+        pacing, name = from_buffer_seconds(buffer_seconds), STREAMING_BUFFER
+    lead = pacing.max_lead_seconds if pacing.enabled else None
+    return {"streaming_pacing": pacing, "pacing_field": name, STREAMING_BUFFER: lead}
 
 
 def _scene(fields: Mapping[str, Any]) -> dict[str, Any]:

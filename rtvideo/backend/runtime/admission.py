@@ -96,7 +96,7 @@ class EventDesk:
                 log.info("request_id=%s event_id=%s rejected: %s", self._request_id, event_id, exc)
                 return None
             try:
-                reply.send(server_messages.queued(self._request_id, event_id), final=True)
+                reply.send(server_messages.queued(self._request_id, event_id, self._received_at(received)), final=True)
                 self._book.acked(event_id)
             except Exception:  # noqa: BLE001 - admitted ids must be applied, or a retry would skip them
                 log.warning("request_id=%s event_id=%s ack not delivered", self._request_id, event_id)
@@ -126,6 +126,13 @@ class EventDesk:
                 return None
         log.info("request_id=%s event_id=%s refused: %s", self._request_id, event_id, refusal.message)
         return FailedEvent(event_id, refusal.message, refusal.code)
+
+    def _received_at(self, received: float) -> float | None:
+        """A paced session's ack carries when the interaction arrived (vLLM-Omni 0.32's
+        `received_at`), on the wall clock: `received` is this host's monotonic clock."""
+        if self._config.streaming_pacing is None:
+            return None
+        return time.time() - (time.monotonic() - received)
 
     def chunk_sent(self, plan: ChunkPlan) -> None:
         """Enter a sent chunk's event lists (call holding the stream lock, right after the send)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from rtvideo.backend.runtime.admission import EventDesk
 from rtvideo.backend.runtime.endings import EndReason
 from rtvideo.backend.runtime.pause import PauseGate
-from rtvideo.backend.runtime.playback_clock import PlaybackClock
+from rtvideo.backend.runtime.playback_clock import PlaybackClock, PlayerWait
 from rtvideo.backend.runtime.ports import Channel, Metrics
 from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, SourceChunk
 from rtvideo.backend.runtime.tracing import chunk_sent
@@ -28,6 +28,7 @@ from rtvideo.core.interaction.types import InteractionRequest
 from rtvideo.core.pacing import PacingPolicy, PlayheadPacer, ReportClamp
 from rtvideo.core.protocol import PlaybackReport
 from rtvideo.core.session_config import SessionConfig
+from rtvideo.core.streaming_pacing import OUTPUT_CHUNK_INDEX, PACING, PlayheadLead
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,14 @@ def _playhead_pacer(config: SessionConfig, limits: Limits, source: ChunkSource) 
         return None
     policy = PacingPolicy(chunk_seconds=config.frames_per_chunk / config.fps, lead_chunks=lead)
     return PlayheadPacer(policy)
+
+
+def _playhead_lead(config: SessionConfig, limits: Limits, source: ChunkSource) -> PlayheadLead | None:
+    """vLLM-Omni 0.32's bound over the player's reported playhead, for a session whose start
+    asked for `streaming_pacing` on a generator that paces (`SessionConfig.streaming_pacing`)."""
+    if config.streaming_pacing is None or limits.pacing_lead_chunks is None or not source.pacing:
+        return None
+    return PlayheadLead(config.streaming_pacing)
 
 
 def _complete_quietly(channel: Channel, request_id: str) -> None:
@@ -119,6 +128,9 @@ class Session:
         self._stream_lock = threading.Lock()
         self._wake = threading.Event()  # set by a stop, a cancellation or the end: pacing waits on it
         self._stop_requested = False
+        self._stop_at: float | None = None  # when the first stop came (`session.done`'s stop_latency_s)
+        self._end_message = ""  # the error text of an end the worker reached itself
+        self._paced_end: EndReason | None = None  # an end `streaming_pacing` calls for (worker only)
         self._cancelled = False
         self._pause = PauseGate(request_id, self.touch)  # a detached proxy session (set_paused)
         self._thread = threading.Thread(target=self._run, name=f"session-{request_id[-8:]}", daemon=True)
@@ -129,6 +141,7 @@ class Session:
             pacer=_playhead_pacer(config, limits, source),
             wake=self._wake,
             touch=self.touch,
+            playhead=_playhead_lead(config, limits, source),
         )
 
     # --- request path -------------------------------------------------------------------
@@ -149,6 +162,8 @@ class Session:
 
     def request_stop(self) -> None:
         """End after the chunk in hand (it is finished and sent, docs/protocol.md §2.3)."""
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
         self._stop_requested = True
         self._wake.set()
 
@@ -192,7 +207,7 @@ class Session:
             self._finish(EndReason.GENERATION_FAILED, f"generation failed: {type(exc).__name__}: {exc}")
             return
         if reason is not None:
-            self._finish(reason, trailer=trailer)
+            self._finish(reason, self._end_message, trailer=trailer)
 
     def _generate(self, started: float) -> EndReason | None:
         """Stream chunks until an end; None when another thread ended the session (`fail`)."""
@@ -204,6 +219,8 @@ class Session:
                 return EndReason.CANCELLED
             if self._stop_requested:
                 return EndReason.STOPPED
+            if self._paced_end is not None:
+                return self._paced_end
             remaining = None if cfg.num_frames is None else cfg.num_frames - self.stats.frames_sent
             if remaining is not None and remaining <= 0:
                 return EndReason.COMPLETE
@@ -215,6 +232,8 @@ class Session:
             if not self._clock.wait_turn(self.stats.chunks_sent, self.stats.frames_sent):
                 continue  # woken by a stop, a cancellation or the end: the checks above say which
             frames_wanted = cfg.frames_per_chunk if remaining is None else min(cfg.frames_per_chunk, remaining)
+            if self._wait_player(frames_wanted) is not PlayerWait.GO:
+                continue  # woken, or the player idle: the checks above say which
             boundary = time.monotonic()
             item = self._source.next_chunk(frames_wanted)
             if item is None:
@@ -222,9 +241,40 @@ class Session:
             if isinstance(item, FailedEvent):
                 self._event_failed(item)
                 continue
+            if self._oversized(item):
+                continue  # the checks above end the session
             if not self._send_chunk(item):
                 continue  # ended or cancelled meanwhile
             self._clock.chunk_sent(time.monotonic() - boundary)
+
+    def _wait_player(self, frames_wanted: int) -> PlayerWait:
+        """vLLM-Omni 0.32's playhead bound (`streaming_pacing`): wait until the next chunk fits
+        within the lead over the player's reported position. IDLE (the player made no progress
+        for `idle_timeout_s` meanwhile) sets the end's message."""
+        pacing = self.config.streaming_pacing
+        if pacing is None:
+            return PlayerWait.GO
+        waited = self._clock.wait_player(frames_wanted / self.config.fps, pacing.idle_timeout_s)
+        if waited is PlayerWait.IDLE:
+            self._paced_end = EndReason.STALL_TIMEOUT
+            self._end_message = (
+                f"no session.playback progress for {pacing.idle_timeout_s:g} s while generation waited for "
+                "the player (streaming_pacing.idle_timeout_s)"
+            )
+        return waited
+
+    def _oversized(self, chunk: SourceChunk) -> bool:
+        """0.32's `max_output_bytes`: a paced session whose encoded chunk exceeds it ends (the
+        chunk is not sent)."""
+        pacing = self.config.streaming_pacing
+        size = len(chunk.media.payload)
+        if pacing is None or size <= pacing.max_output_bytes:
+            return False
+        self._paced_end = EndReason.GENERATION_FAILED
+        self._end_message = (
+            f"an encoded chunk of {size} bytes exceeds streaming_pacing.max_output_bytes ({pacing.max_output_bytes})"
+        )
+        return True
 
     # --- pause (a detached proxy session: docs/triton-model.md "Pausing a session") ----------
     @property
@@ -255,6 +305,10 @@ class Session:
         lead = self._clock.lead_seconds((self.stats.frames_sent + media.frames) / self.config.fps)
         if lead is not None:
             meta["playback_lead_seconds"] = round(lead, 3)
+        pacing = self._clock.chunk_generated(media.frames / self.config.fps, len(media.payload))
+        if pacing is not None:  # a paced session (vLLM-Omni 0.32's streaming_pacing)
+            meta[OUTPUT_CHUNK_INDEX] = plan.generation_chunk_index
+            meta[PACING] = pacing
         if self.config.metrics:  # asked for in-band timing (docs/protocol.md §6, `timing`)
             meta["timing"] = chunk_timing(media.frames, self.config.fps, media.generate_seconds, media.encode_seconds)
         with self._stream_lock:
@@ -328,6 +382,8 @@ class Session:
                         self.channel.send(meta, trailer)
                         self.stats.chunks_sent += 1
                     done = self._desk.done(chunks=self.stats.chunks_sent, stopped=reason.stopped)
+                    if reason.stopped and self._stop_at is not None:  # vLLM-Omni 0.32's stop_latency_s
+                        done["stop_latency_s"] = round(time.monotonic() - self._stop_at, 6)
                     self.channel.send(done, final=True)
                 except Exception:  # noqa: BLE001 - the client may be gone; the session ends anyway
                     log.warning("request_id=%s could not send the end of the session", self.request_id)

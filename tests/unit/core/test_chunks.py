@@ -14,10 +14,12 @@ def test_media_and_trailer() -> None:
     assert (meta["transport_chunk_index"], meta["generation_chunk_index"]) == (5, 0)
     assert (meta["num_frames"], meta["byte_length"]) == (9, 1234)
     assert meta["started_event_ids"] == ["b"] and meta["superseded_event_ids"] == ["a"]
+    assert meta["coalesced_event_ids"] == ["a"]  # vLLM-Omni 0.32's name, present when not empty
     assert meta["transition_progress"] == {"b": 0.5}
     assert mentioned_event_ids(meta) == {"a", "b"}
     trailer = trailer_metadata("rid", 6, 40)
     assert trailer["kind"] == "trailer" and trailer["generation_chunk_index"] is None
     assert trailer["num_frames"] == 0 and trailer["transition_progress"] == {}
-    assert set(trailer) == set(meta)
+    assert set(trailer) == set(meta) - {"coalesced_event_ids"}
+    assert "coalesced_event_ids" not in media_metadata("rid", 7, tracker.next_chunk(), 9, 10)
     assert mentioned_event_ids(trailer) == set()

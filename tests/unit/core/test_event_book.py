@@ -27,7 +27,7 @@ def test_admission_is_the_idempotency_rule() -> None:
     assert book.admit("b", b"1") is True
     with pytest.raises(ProtocolError) as full:
         book.admit("c", b"1")
-    assert full.value.code is ErrorCode.INVALID_INTERACTION and "c" not in book
+    assert full.value.code is ErrorCode.INTERACTION_HISTORY_FULL and "c" not in book
 
 
 def test_new_retry_conflict() -> None:
@@ -48,7 +48,7 @@ def test_limit() -> None:
     assert book.admit("a", b"x") is False, "retries still answer at the limit"
     with pytest.raises(ProtocolError) as info:
         book.admit("c", b"x")
-    assert info.value.code is ErrorCode.INVALID_INTERACTION
+    assert info.value.code is ErrorCode.INTERACTION_HISTORY_FULL
 
 
 @settings(max_examples=300, deadline=None)

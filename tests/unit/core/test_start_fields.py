@@ -28,6 +28,7 @@ from tests.support.vllm_omni_wheel import wheel_source
 OURS_ONLY = {"type", "format", "sampling_params", "prompts", "interpolation"}
 OURS_ONLY |= {"metrics"}  # beyond vLLM-Omni: in-band timing (docs/protocol.md §3.5)
 OURS_ONLY |= {"streaming_buffer_seconds"}  # vLLM-Omni after 0.30 (its realtime clients); docs/protocol.md §2.1
+OURS_ONLY |= {"streaming_pacing"}  # vLLM-Omni 0.32 (StreamingPacingConfig); docs/protocol.md §2.1
 
 
 def wheel_request_fields() -> set[str]:
