@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from rtvideo.core import codec_options as codec
+from rtvideo.core.codec_options import EncoderOptions
 from rtvideo.core.conditioning import LINEAR
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.interaction.refusal import PipelineInteractions
@@ -16,8 +18,6 @@ from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.interaction.types import PROMPT, resolve_chunks
 from rtvideo.core.protocol import MAX_SEED
 from rtvideo.core.rebuild import Rebuild
-from rtvideo.core import codec_options as codec
-from rtvideo.core.codec_options import EncoderOptions
 from rtvideo.core.start_request import SAMPLING_FIELDS, StartRequest
 from rtvideo.core.streaming_pacing import StreamingPacing
 
@@ -182,7 +182,7 @@ class SessionConfig:
     rebuild: Rebuild | None = field(default=None, repr=False, compare=False)
     #: the start's `extra_params.video_codec_options` as the session's encoder takes them
     #: (`ModelCapabilities.codec_options`); never sent (what was not taken is in `ignored_fields`)
-    encoder_options: EncoderOptions = EncoderOptions()
+    encoder_options: EncoderOptions = field(default_factory=EncoderOptions)
 
     def transition_chunks(self, requested: int | None) -> int:
         """A prompt's N (docs/protocol.md §5): its own `transition_chunks`, else this

@@ -82,6 +82,8 @@ class StandInSamplingParams:
     extra_args: dict[str, Any] = field(default_factory=dict)
     lora_request: Any = None
     lora_scale: float | None = None
+    #: a start's `quality` ("lossless", "high"), as the endpoint sets it when given
+    quality: str | None = None
     #: as vLLM-Omni 0.30's: asks for the start notice (an output with no frames) at admission
     emit_request_lifecycle: bool = False
 

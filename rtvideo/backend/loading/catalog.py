@@ -80,7 +80,9 @@ GENERATORS: dict[str, GeneratorEntry] = {
         limits=VLLM_OMNI,
         sampling_fields=frozenset(SAMPLING_FIELDS),
         all_extra_params=True,
-        start_fields=frozenset({"lora"}),  # vLLM-Omni's per-request LoRA (`_apply_lora`)
+        # vLLM-Omni's per-request LoRA (`_apply_lora`) and `quality`, which its streaming endpoint
+        # sets on the sampling params when a start gives it (`gen_params.quality`: the model's policy)
+        start_fields=frozenset({"lora", "quality"}),
         # vLLM-Omni 0.30's engine takes `prompt` (and its pipeline's modalities) and interpolates
         # linearly: a blend or slerp is acked, then `interaction_failed`. Its kinds are its
         # pipeline's (`BackendSettings.interactions`), unknown (None) without a known pipeline

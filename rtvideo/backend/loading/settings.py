@@ -322,6 +322,7 @@ class BackendSettings:
             extra_params=entry.extra_params,
             all_extra_params=entry.all_extra_params,
             start_fields=entry.start_fields,
+            codec_options=engine,  # a start's video_codec_options configure our encoder (core/codec_options.py)
             # a source that paces (the built-in generator, when the deployment paces) takes the
             # session's lead from streaming_buffer_seconds; an engine cannot be held back
             paces=not engine and self.pacing_lead_chunks is not None,

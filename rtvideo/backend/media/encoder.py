@@ -21,12 +21,13 @@ import numpy as np
 from av.video.frame import PictureType
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
+from rtvideo.core.codec_options import EncoderOptions
 from rtvideo.core.fmp4 import FragmentIndex, boxes, fragment_header
 from rtvideo.core.session_config import GeneratorLimits
 
 _MUX_OPTIONS = {
     # skip_trailer: the per-chunk muxer's own mfra would index one fragment at wrong offsets.
-    "movflags": "empty_moov+default_base_moof+frag_discont+skip_trailer",
+    "movflags": "empty_moov+default_base_moof+frag_discont+skip_trailer+frag_custom",
     "avoid_negative_ts": "disabled",
 }
 _X264_OPTIONS = {
@@ -44,11 +45,21 @@ _DEFAULT_LIMITS = GeneratorLimits()
 class FragmentedMp4Encoder:
     """RGB chunks in, one self-contained fMP4 fragment per chunk out, with zero frame lag."""
 
-    def __init__(self, width: int, height: int, fps: int, limits: GeneratorLimits = _DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        width: int,
+        height: int,
+        fps: int,
+        limits: GeneratorLimits = _DEFAULT_LIMITS,
+        options: EncoderOptions | None = None,
+    ) -> None:
+        """`options`: a start's `extra_params.video_codec_options` as they map onto this encoder
+        (`rtvideo.core.codec_options`: CRF, preset, keyframe interval); None keeps its defaults."""
         problem = limits.size_problem(width, height) or limits.fps_problem(fps)
         if problem:
             raise ValueError(problem)
         self.width, self.height, self.fps = width, height, fps
+        self.options = options or EncoderOptions()
         self.encoded_frames = 0
         self._time_base = Fraction(1, fps)
         self._codec = self._open_codec()
@@ -67,7 +78,15 @@ class FragmentedMp4Encoder:
         codec.max_b_frames = 0
         codec.colorspace = codec.color_primaries = codec.color_trc = _BT709
         codec.color_range = _TV_RANGE
-        codec.options = dict(_X264_OPTIONS)
+        options = dict(_X264_OPTIONS)
+        if self.options.preset is not None:
+            options["preset"] = self.options.preset
+        if self.options.crf is not None:
+            options["crf"] = f"{self.options.crf:g}"
+        if self.options.keyframe_interval is not None:
+            # keyframes inside a chunk too; each chunk's first frame is one whatever the interval
+            codec.gop_size = self.options.keyframe_interval
+        codec.options = options
         codec.open()
         return codec
 

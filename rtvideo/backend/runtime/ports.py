@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from rtvideo.core.codec_options import EncoderOptions
 from rtvideo.core.conditioning import Conditioning
 from rtvideo.core.pose import Pose
 from rtvideo.core.session_config import GeneratorLimits
@@ -31,8 +32,11 @@ class ChunkEncoder(Protocol):
         """The stream's closing bytes (the trailer; empty when there are none)."""
 
 
-#: (width, height, fps) → a new encoder
-EncoderFactory = Callable[[int, int, int], ChunkEncoder]
+class EncoderFactory(Protocol):
+    """(width, height, fps) → a new encoder; `options`: a start's codec options as they map onto
+    it (`rtvideo.core.codec_options`), None for its defaults."""
+
+    def __call__(self, width: int, height: int, fps: int, *, options: EncoderOptions | None = None) -> ChunkEncoder: ...
 
 
 class Metrics(Protocol):

@@ -279,7 +279,10 @@ class EngineSources:
     def open(self, config: SessionConfig, request_id: str) -> EngineChunkSource:
         if self.host.dead is not None:
             raise EngineError(f"the engine is not healthy: {self.host.dead}")
-        open_encoder = functools.partial(self._encoder_factory, config.width, config.height, config.fps)
+        # the start's `extra_params.video_codec_options` apply to our encoder; the engine is not sent them
+        open_encoder = functools.partial(
+            self._encoder_factory, config.width, config.height, config.fps, options=config.encoder_options
+        )
         image_at = self.rules.first_frame_at if self.rules is not None else FirstFrameAt.PROMPT
         frames = self.engine_frames(config)
         # dropped only where the request has a frame to spare for it (at the length cap it has not:
