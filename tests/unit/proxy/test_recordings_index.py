@@ -269,3 +269,12 @@ def test_block_accounting_of_an_object_store_rounds_each_object_up() -> None:
     store = RecordingStore(backing_for(f"memory://rtvideo-blocks-{ids.new_id()}"), Limits(max_bytes=10**12, max_age=0))
     record_one(store)
     assert store.total_bytes() == 3 * BLOCK_BYTES  # video, event log, manifest: a block each
+
+
+def test_an_object_store_is_evicted_by_its_index_too() -> None:
+    store = RecordingStore(backing_for(f"memory://rtvideo-count-{ids.new_id()}"), Limits(max_bytes=10**12, max_age=0))
+    made = [record_one(store, digest=token_digest(TOKEN)) for _ in range(4)]
+    store.limits = Limits(max_bytes=10**12, max_age=0, max_count=2)
+    assert store.evict() == made[:2]  # the oldest two, by the index
+    assert sorted(store.backing.ids()) == sorted(made[2:]) and store.count() == 2
+    assert store.authorised(made[0], TOKEN) is None and store.authorised(made[3], TOKEN) is not None
