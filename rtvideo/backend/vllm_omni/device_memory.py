@@ -14,7 +14,6 @@ stand-in) there is no device to check and nothing is refused.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,17 +28,15 @@ QUANTIZATION_KEYS = ("quantization", "quantization_config")
 
 
 def device_total_bytes(device: str = "cuda") -> int | None:
-    """Total memory of the GPU the engine runs on (`cuda`, `cuda:N`), or None without CUDA. torch
-    is imported only where it is already loaded: a process without it has no GPU to check."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch  # type: ignore[no-redef]
-        except ImportError:
-            return None
+    """Total memory of the GPU the engine runs on (`cuda`, `cuda:N`; else the first), or None
+    without torch or CUDA. The engine imports torch anyway; this runs just before it starts."""
+    try:
+        import torch
+    except ImportError:
+        return None
     if not torch.cuda.is_available():
         return None
-    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    index = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
     return int(torch.cuda.get_device_properties(index).total_memory)
 
 

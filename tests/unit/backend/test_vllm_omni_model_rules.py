@@ -484,5 +484,48 @@ def test_the_docs_promise_the_fps_the_table_holds(rules: model_rules.ModelRules)
     _, _, measured, source, serve_at, _, _ = (cell.strip() for cell in row.split("|"))
     assert re.match(rf"(\*\*)?{rules.default_fps}\b", serve_at), serve_at
     assert rules.reference_fps is not None and f"{rules.reference_fps:g}" in measured.replace("+", "")
-    cited = [mark for mark in ("issue #7074", "README") if mark in source]  # what the docs cite
+    cited = [mark for mark in ("issue #7074", "arXiv 2603.04379") if mark in source]  # what the docs cite
     assert cited and all(mark in rules.fps_source for mark in cited), (source, rules.fps_source)
+    # the streaming example's README gives no rate: it is never cited for one (issue 47)
+    assert "README" not in rules.fps_source and "README" not in source
+
+
+def _model_table(text: str, name: str) -> dict[str, str]:
+    """The rows of the `#### name` table in docs/vllm-omni.md's "Each model at a glance"."""
+    section = text.split("### Each model at a glance", 1)[1].split("\n### ", 1)[0]
+    body = section.split(f"#### {name}\n", 1)[1].split("\n#### ", 1)[0]
+    rows = [line.split("|")[1:3] for line in body.splitlines() if line.startswith("| ") and "---" not in line]
+    return {key.strip(): value.strip() for key, value in rows if key.strip()}
+
+
+@pytest.mark.parametrize("rules", model_rules.MODELS, ids=lambda r: r.name)
+def test_each_models_table_is_the_rules_tables(rules: model_rules.ModelRules) -> None:
+    """One table per model in docs/vllm-omni.md: memory at its cap, fps and source, first chunk,
+    the GPU it was validated on, its license; each figure the rules table's."""
+    from tests.support.paths import REPO_ROOT
+
+    table = _model_table((REPO_ROOT / "docs" / "vllm-omni.md").read_text(), rules.name)
+    assert set(table) == {"memory at its cap", "fps and source", "first chunk", "validated on", "license"}
+    assert table["license"].startswith(rules.license.split(" (")[0])
+    assert table["validated on"].startswith("not run")  # no GPU has run vLLM-Omni here
+    assert f"budget {rules.first_chunk_budget_seconds:g} s" in table["first chunk"]
+    assert "not run" in table["first chunk"]
+    memory = table["memory at its cap"]
+    width, height = rules.default_size
+    frames = rules.frame_cap(width, height, catalog.DEFAULT_MAX_REQUEST_FRAMES)
+    assert f"{rules.weights_bytes / 1e9:.1f} GB" in memory
+    if rules.memory is model_rules.MemoryRule.DECODED_HISTORY:
+        assert f"{rules.memory_peak_bytes(width, height, frames) / 2**30:.1f} GiB at its peak" in memory
+    else:
+        assert "no cap from memory" in memory
+        assert f"{rules.session_state_bytes / 1e9:.1f} GB a session" in memory
+        assert f"{rules.reserved_bytes(width, height, frames, 1, fp8=False) / 1e9:.1f} GB" in memory
+        assert f"{rules.reserved_bytes(width, height, frames, 1, fp8=True) / 1e9:.1f} GB with FP8" in memory
+    if rules.reference_fps is not None:
+        assert f"{rules.reference_fps:g}" in table["fps and source"]
+        assert any(
+            mark in table["fps and source"] and mark in rules.fps_source for mark in ("issue #7074", "arXiv 2603.04379")
+        )
+        assert f"Served at {rules.default_fps}" in table["fps and source"]
+    else:
+        assert "none published" in table["fps and source"]
