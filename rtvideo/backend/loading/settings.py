@@ -55,15 +55,17 @@ class BackendSettings:
     #: `auto`: the generator's own limit (`session_limit`); a number: at most that many
     max_sessions: int | str = setting(
         "auto",
-        "concurrent sessions in the model (server_busy beyond); auto: 16 for the built-in generator, the "
-        "engine's max_num_seqs for vllm_omni (a larger number is refused at load)",
+        "concurrent sessions in the model (server_busy beyond); auto: 16 for the built-in generator; for "
+        "vllm_omni the engine's max_num_seqs where every session shares its batching key, else 1 (a number "
+        "above max_num_seqs is refused at load)",
     )
     #: docs/triton-model.md "Real-time capacity" (`runtime/capacity.py`)
     realtime_capacity_fps: str = setting(
         "auto",
-        "frames per second at the default size the model delivers in real time; a start beyond it, beside "
-        "the live sessions, gets server_busy. auto: measured (built-in: at load; vllm_omni: the engine's "
-        "running rate); a number: that figure instead; off: measured and reported, nothing refused",
+        "frames per second at the default size the model delivers in real time; a start beyond it by more "
+        "than a tenth, beside at least one live session, gets server_busy. auto: measured (built-in: at load; "
+        "vllm_omni: the engine's own chunk times as it runs); a number: that figure instead; off: measured "
+        "and reported, nothing refused",
     )
     max_session_seconds: float = setting(3600.0, "longest session, in seconds")
     stall_timeout_seconds: float = setting(60.0, "end a session without generation progress for this long")
