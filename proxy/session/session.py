@@ -49,7 +49,7 @@ from rtvideo.proxy.observability.inband import InbandMetrics
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming, StreamTiming
 from rtvideo.proxy.observability.tracing import session_trace
-from rtvideo.proxy.participants.attachments import Attachments
+from rtvideo.proxy.participants.attachments import RESUME_PROBE_SECONDS, Attachments
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.invitations import Invitations
 from rtvideo.proxy.participants.links import Frame, Guest, Link, Owner, OwnerSeat, Steerer
@@ -104,7 +104,7 @@ class ProxySession:
         self.metrics = metrics
         self._on_closed = on_closed
         #: its writes to a shared session store (rtvideo.proxy.session.continuity): none with one proxy alone
-        self._continuity = Continuity(keeper)
+        self._continuity = Continuity(keeper, self._keeps_owner)
         self._life = Lifecycle()
         self.tasks = TaskSet()
         self.ledger = Ledger()  # what the owner was handed; holds the session's EventBook
@@ -112,6 +112,9 @@ class ProxySession:
         self._seat = OwnerSeat(owner, metrics, self._taken)
         self._handouts = Handouts()
         self._invites = Invitations(features, settings, metrics)
+        #: the model paces this session to its playhead (video.start's `config.streaming_pacing`):
+        #: then acks carry `received_at`, as vLLM-Omni 0.32's do (docs/protocol.md §3.1)
+        self.paced = False
         self._timing = StreamTiming(metrics)  # time to first chunk, chunk lead
         self._trace = session_trace(settings.otlp_endpoint, settings.model)  # rtvideo.proxy.observability.tracing
         self._playhead = PlayheadTiming(metrics, on_shown=self._trace.on_screen)  # on-screen latency and lead
@@ -343,6 +346,8 @@ class ProxySession:
         is offered the tokens its start asked for."""
         self._life.named(message.get("request_id"))
         self._trace.named(self._life.request_id)
+        config = message.get("config")
+        self.paced = isinstance(config, dict) and isinstance(config.get("streaming_pacing"), dict)
         log.info("request_id=%s peer=%s session started", self.request_id, self.peer)
         offered = self._invites.offer(self, self._handouts, message, text)
         if self._continuity.shared:
@@ -470,6 +475,13 @@ class ProxySession:
     # --- attaching participants (rtvideo.proxy.participants.attachments) ------------------------------------
     async def drop_if_silent(self, timeout: float) -> None:
         await self._attachments.drop_if_silent(timeout)
+
+    async def _keeps_owner(self) -> bool:
+        """A resume at another replica asks for this session: it stays while its owner is attached
+        and answers a ping (one controller at a time, docs/protocol.md §9.1); an owner that does not
+        answer is taken for dropped (the session detaches) and the session is handed over."""
+        await self._attachments.drop_if_silent(RESUME_PROBE_SECONDS)
+        return self._life.attached
 
     async def check_held(self) -> None:
         """Before a resume attaches here (docs/decisions.md "The session store under faults"):

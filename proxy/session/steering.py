@@ -69,6 +69,10 @@ class SteeredSession(Protocol):
     def share(self, notice: Mapping[str, Any], sender: Guest | None) -> None:
         """A new event acked to `sender`, told to every other participant (docs/protocol.md §9.4)."""
 
+    @property
+    def paced(self) -> bool:
+        """The model paces the session to its playhead: acks carry `received_at`."""
+
 
 class Steering:
     """The messages of one session's steering participants, after its session.start."""
@@ -210,8 +214,14 @@ class Steering:
             self._session.share(
                 server_messages.interaction_shared(life.request_id, event_id, sender, message["interaction"]), guest
             )
+        # vLLM-Omni 0.32's ingress stamp on a paced session's acks, on the wall clock
+        # (`received` is this process's perf_counter)
+        received_at = time.time() - (time.perf_counter() - received) if self._session.paced else None
         self._dispatch.answer(
-            lambda: server_messages.queued(life.request_id, event_id), ack=event_id, received=received, to=guest
+            lambda: server_messages.queued(life.request_id, event_id, received_at),
+            ack=event_id,
+            received=received,
+            to=guest,
         )
 
     def _unkept(self, ack: Ack, guest: Guest | None) -> None:
