@@ -46,10 +46,10 @@ WORKDIR /opt/rtvideo
 COPY --from=source /src ./
 # The container's Python runs the backend stub, so the package goes into it (a CUDA build of
 # torch from the registry on this GPU image), with the shared session store's client
-# (`--session-store redis://...` imports it at start). Then an unprivileged user to run as.
+# (`--session-store redis://...` imports it at start) and aiortc for WHEP viewers. Then an unprivileged user to run as.
 # DL3013: "." is this checkout, whose dependencies pyproject.toml bounds.
 # hadolint ignore=DL3013
-RUN python3 -m pip install --no-cache-dir ".[proxy,backend,redis]" \
+RUN python3 -m pip install --no-cache-dir ".[proxy,backend,redis,webrtc]" \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rtvideo
 
 USER 10001

@@ -22,8 +22,10 @@ from rtvideo.proxy.edge.guest_doors import STEER_PATH, WATCH_PATH, SteerHandler,
 from rtvideo.proxy.edge.recordings_http import routes as recording_routes
 from rtvideo.proxy.edge.relay import Advertisement, Relays
 from rtvideo.proxy.edge.socket import ProxyContext, RealtimeVideoHandler
+from rtvideo.proxy.edge.whep import whep_routes
 from rtvideo.proxy.observability import accesslog
 from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.whep_viewer import WhepViewers
 from rtvideo.proxy.placement.addresses import is_trusted, trusted_networks
 from rtvideo.proxy.placement.endpoint import Resolver
 from rtvideo.proxy.placement.pool import EndpointPool
@@ -307,10 +309,12 @@ def make_app(
     )
     relays = Relays(settings, metrics)  # guests forwarded to the replica that holds their session
     guests: dict[str, Any] = {"context": context, "relays": relays}
+    viewers = WhepViewers()  # WebRTC viewers (rtvideo.proxy.edge.whep)
     handlers = [
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
         (WATCH_PATH, WatchHandler, guests),
         (STEER_PATH, SteerHandler, guests),
+        *whep_routes(context, viewers),
         *health_routes(context),
         (r"/v1/models", ModelsHandler, {"context": context}),
         *recording_routes(context.features.recordings, settings),
@@ -335,6 +339,7 @@ def make_app(
         handlers,
         context=context,
         relays=relays,
+        whep_viewers=viewers,
         log_function=accesslog.log_request,  # `?token=` values masked, refusals not at ERROR
         # Above the protocol's limits, so that the proxy answers `message_too_large` itself.
         websocket_max_message_size=2 * MAX_START_BYTES,
@@ -359,6 +364,7 @@ class ProxyServer:
         self.health_app = make_health_app(self.context)
         self.pool = self.context.pool
         self.relays: Relays = self.app.settings["relays"]
+        self.whep_viewers: WhepViewers = self.app.settings["whep_viewers"]
         self._advertisement: Advertisement | None = None
         self._server: BoundedHTTPServer | None = None
         self._health_server: BoundedHTTPServer | None = None
@@ -492,6 +498,7 @@ class ProxyServer:
             await self._advertisement.stop()
         self.relays.close_all()  # relayed guests come back through another replica (1012)
         await self._end_all(sessions)
+        await self.whep_viewers.close_all()  # their peer connections closed, not left to the loop
         await self._server.close_all_connections()
         if health is not None:
             await health.close_all_connections()

@@ -172,6 +172,16 @@ class ProxySettings:
     )
     max_watchers_per_session: int = setting(16, "read-only watchers of one session (HTTP 503 beyond)")
     max_watchers: int = setting(256, "read-only watchers on this proxy, all sessions together (HTTP 503 beyond)")
+    ice_servers: tuple[str, ...] = setting(
+        (),
+        "STUN/TURN server for WHEP viewers' ICE, stun:HOST[:PORT] or turn:HOST[:PORT][?transport=udp|tcp] "
+        "(repeatable; none: host candidates only, for viewers that reach this address directly)",
+        flag="--ice-server",
+    )
+    ice_username: str | None = setting(None, "username for the turn: servers of --ice-server")
+    ice_credential: str | None = setting(
+        None, "credential for the turn: servers of --ice-server (set it in the environment)", secret=True
+    )
     watcher_buffer_bytes: int = setting(
         4 * MiB, "per watcher (and per steerer), outbound bytes waiting before it is dropped with slow_consumer"
     )
@@ -229,6 +239,7 @@ class ProxySettings:
 
     def __post_init__(self) -> None:
         self._check_resume_settings()
+        self._check_ice_servers()
         if not 0 <= self.port <= 65535:  # the socket layer would take 80800 as 80800 - 65536
             raise ValueError(f"port {self.port}: use 1 to 65535 (0: any free port)")
         if (
@@ -297,6 +308,14 @@ class ProxySettings:
             raise ValueError(f"advertise_url {self.advertise_url!r}: use http://HOST:PORT (no path)")
         if self.ping_interval and self.ping_timeout > self.ping_interval:
             raise ValueError("ping_timeout cannot exceed ping_interval (Tornado would shorten it)")
+
+    def _check_ice_servers(self) -> None:
+        for url in self.ice_servers:
+            if not re.fullmatch(r"(stuns?|turns?):[^\s/?#@]+(\?transport=(udp|tcp))?", url):
+                raise ValueError(
+                    f"ice_server {url!r}: use stun:HOST[:PORT] or turn:HOST[:PORT][?transport=udp|tcp] "
+                    "(TURN credentials go in ice_username and ice_credential, never in the URL)"
+                )
 
     def _check_resume_settings(self) -> None:
         if not 0 <= self.resume_grace_seconds <= MAX_RESUME_GRACE_SECONDS:
