@@ -197,3 +197,4 @@ def test_models_show_an_engines_running_capacity(omni) -> None:
     (engine,) = model["endpoints"]
     assert engine["realtime_capacity_from"] == "running" and engine["realtime_capacity_fps"] > 0, engine
     assert engine["max_sessions"] == 1 and model["realtime_capacity_fps"] == engine["realtime_capacity_fps"]
+    assert "one request at a time" in engine["max_sessions_reason"], engine  # and why: the engine's max_num_seqs
