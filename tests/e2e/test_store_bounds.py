@@ -43,7 +43,9 @@ async def session_bytes(client: aioredis.Redis) -> tuple[int, list[str]]:
 
 
 async def session_keys(client: aioredis.Redis) -> list[str]:
-    return sorted(k.decode() async for k in client.scan_iter(match="rtvideo:*") if k.decode().split(":")[1] != "a")
+    """A session's keys (record, log, payloads, lease, handoff, token bindings), not the proxies' own."""
+    keys = [key.decode() async for key in client.scan_iter(match="rtvideo:*")]
+    return sorted(key for key in keys if key.split(":")[1] in ("s", "f", "p", "l", "h", "k"))
 
 
 def test_a_flooding_client_leaves_its_parsed_session_and_nothing_once_it_ends(
@@ -70,8 +72,8 @@ def test_a_flooding_client_leaves_its_parsed_session_and_nothing_once_it_ends(
                     message = await leg.read(60)
                     if message["type"] == "session.interaction.queued":
                         acked.add(message["event_id"])
-                    elif message["type"] == "error":
-                        assert message["code"] == "rate_limited", message
+                    elif message["type"] == "error":  # the message rate, or 64 waiting for a chunk
+                        assert message["code"] in ("rate_limited", "interaction_queue_full"), message
                         limited += 1
                 used, log = await session_bytes(client)
                 await leg.send({"type": "session.stop"})
@@ -88,7 +90,7 @@ def test_a_flooding_client_leaves_its_parsed_session_and_nothing_once_it_ends(
     assert acked >= 1 and limited >= 1 and acked + limited == FLOOD  # the flood was refused, in part
     events = [json.loads(entry[1:]) for entry in log if entry.startswith("e")]
     assert len(events) == acked and all(set(e) == {"type", "interaction"} for e in events)  # as parsed
-    assert not [entry for entry in log if "rate_limited" in entry]
+    assert not [entry for entry in log if "rate_limited" in entry or "interaction_queue_full" in entry]
     assert max(len(entry) for entry in log) < 4_000  # no entry holds a pad
     assert used < acked * 2_000 + 12_000_000, used  # the log, and the payloads (replay buffer) beside it
     assert left == []
@@ -106,8 +108,7 @@ def test_a_store_at_its_maxmemory_is_said_to_refuse_writes_and_sessions_stream_o
         base = f"http://127.0.0.1:{server.port}"
 
         def health() -> str:
-            status, body, _ = fetch(base + "/healthz")
-            assert status == 200, body
+            _, body, _ = fetch(base + "/healthz")  # its status is the backend's (starting at first)
             return str(json.loads(body)["session_store"])
 
         def ready() -> tuple[int, str]:
@@ -121,6 +122,10 @@ def test_a_store_at_its_maxmemory_is_said_to_refuse_writes_and_sessions_stream_o
         async def body() -> tuple[str, str, tuple[int, str], dict[Any, float], str]:
             client = aioredis.from_url(redis.url)
             try:
+                deadline = time.monotonic() + 60  # the proxy's first probe of its Triton
+                while (await asyncio.to_thread(ready))[0] != 200:
+                    assert time.monotonic() < deadline, "never ready"
+                    await asyncio.sleep(0.2)
                 before = await asyncio.to_thread(health)
                 quiet = await asyncio.to_thread(scrape)
                 await client.config_set("maxmemory-policy", "noeviction")
@@ -147,5 +152,5 @@ def test_a_store_at_its_maxmemory_is_said_to_refuse_writes_and_sessions_stream_o
 
         before, full, said, fired, after = run(body(), timeout=240)
     assert (before, full, after) == ("shared", "refusing_writes", "shared")
-    assert said == (200, "refusing_writes")
+    assert said == (200, "refusing_writes")  # said, and still ready
     assert list(fired.values()) and all(v > 0 for v in fired.values()), fired
