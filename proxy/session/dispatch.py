@@ -472,7 +472,7 @@ class ProxyAcks:
             new = self.book.admit(filled.event_id, filled.fingerprint)
         except (ProtocolError, UnknownPayload):
             return None  # a conflict, the session's limit, or a payload unknown here: the model answers
-        return Ack(filled.event_id, raw, new)
+        return Ack(filled.event_id, canonical, new)
 
     def unkept(self, ack: Ack) -> None:
         """A new event the store could not keep: refused, never forwarded; as if never admitted."""
