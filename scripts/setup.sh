@@ -51,5 +51,12 @@ if [ ! -f ".venv/wheels/vllm_omni-$VLLM_OMNI_VERSION-py3-none-any.whl" ]; then
   step "the vllm-omni $VLLM_OMNI_VERSION wheel (for the tests; not installed)"
   quiet "$VPY" -m pip download -q --no-deps --only-binary=:all: "vllm-omni==$VLLM_OMNI_VERSION" -d .venv/wheels
 fi
+# vLLM-Omni 0.32.0rc1 (a release candidate) beside it, read by the tests of its protocol only
+# (tests/unit/core/test_coalescing_032.py): not installed, not the engine
+VLLM_OMNI_RC_VERSION=0.32.0rc1
+if [ ! -f ".venv/wheels/vllm_omni-$VLLM_OMNI_RC_VERSION-py3-none-any.whl" ]; then
+  step "the vllm-omni $VLLM_OMNI_RC_VERSION wheel (for the tests; not installed)"
+  quiet "$VPY" -m pip download -q --no-deps --only-binary=:all: "vllm-omni==$VLLM_OMNI_RC_VERSION" -d .venv/wheels
+fi
 echo "$want" > "$STAMP"
 step "done"

@@ -176,6 +176,9 @@ def test_golden_traces(proxies, case: str) -> None:
     steps, after, expected = GOLDEN[case]
     metas = run_trace(proxies, steps, after)
     assert [ids(m) for m in metas] == expected
+    # vLLM-Omni 0.32's coalescing: the superseded pending targets under its name, only when not empty
+    assert [m.get("coalesced_event_ids", []) for m in metas] == [list(lists[3]) for lists in expected]
+    assert all(m["coalesced_event_ids"] for m in metas if "coalesced_event_ids" in m)
     if case == "default_n":
         assert [m["transition_progress"]["A"] for m in metas[:3]] == pytest.approx([1 / 3, 2 / 3, 1.0])
     if case == "interrupt":

@@ -39,6 +39,19 @@ _MODULES = (
     "mixin",
 )
 
+#: modules of later releases' interaction package, loaded (after the handlers) where the wheel has them
+_LATER_MODULES = ("modality_handlers.taomate_h3_prompt",)
+#: vLLM-Omni 0.32.0rc1 (a release candidate), whose protocol this product also speaks
+#: (docs/vllm-omni.md "vLLM-Omni 0.32"); `scripts/setup.sh` downloads it beside the pinned one
+RC_VERSION = "0.32.0rc1"
+RC_WHEEL = ROOT / ".venv" / "wheels" / f"vllm_omni-{RC_VERSION}-py3-none-any.whl"
+
+
+def rc_wheel_path() -> Path:
+    if not RC_WHEEL.is_file():
+        raise FileNotFoundError(f"{RC_WHEEL} is missing: run scripts/setup.sh (it downloads the 0.32 wheel)")
+    return RC_WHEEL
+
 
 def wheel_path() -> Path:
     if not WHEEL.is_file():
@@ -124,7 +137,10 @@ def load_interaction(wheel: Path | None = None) -> dict[str, types.ModuleType]:
     try:
         sys.modules.update(stand_ins)
         with zipfile.ZipFile(key) as zf:
-            for name in _MODULES:
+            members = set(zf.namelist())
+            # 0.32's registry also imports the TaoMate-H3 prompt handler (absent from 0.30)
+            extra = [name for name in _LATER_MODULES if _PACKAGE + name.replace(".", "/") + ".py" in members]
+            for name in (*_MODULES[:3], *extra, *_MODULES[3:]):
                 full = f"vllm_omni.diffusion.interaction.{name}"
                 module = types.ModuleType(full)
                 module.__file__ = f"{key}!{_PACKAGE}{name.replace('.', '/')}.py"
@@ -139,7 +155,7 @@ def load_interaction(wheel: Path | None = None) -> dict[str, types.ModuleType]:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = previous
-    modules = {name: loaded[f"vllm_omni.diffusion.interaction.{name}"] for name in _MODULES}
+    modules = {name: loaded[f"vllm_omni.diffusion.interaction.{name}"] for name in (*_MODULES, *extra)}
     _LOADED[key] = modules
     return modules
 
