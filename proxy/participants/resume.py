@@ -19,16 +19,13 @@ import logging
 
 from rtvideo.core import resume
 from rtvideo.core.errors import ProtocolError
+from rtvideo.proxy.participants.attachments import RESUME_PROBE_SECONDS
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.session.session import ProxySession
 
 log = logging.getLogger(__name__)
-
-#: how long the connection of an attached session has to answer a ping when a resume names it
-#: (`ProxySession.drop_if_silent`) before it is taken for dropped
-RESUME_PROBE_SECONDS = 2.0
 
 
 async def drop_silent_owner(features: Features, raw: str | bytes) -> None:

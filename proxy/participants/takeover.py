@@ -4,7 +4,8 @@ proxy dies"): with a shared session store, any replica serves any session.
 The token is found in the store by its hash; the session's lease is taken: at once when its
 holder released it (a shutdown) or its lease ran out (the holder went), else the live holder
 is asked to let go (it sees that at its next renewal, within a third of the lease) and the
-lease is taken as soon as it is free, within `TAKEOVER_WAIT_SECONDS`. Then the session is read
+lease is taken as soon as it is free, within `TAKEOVER_WAIT_SECONDS`; a holder whose owner is
+attached and answers a ping declines, and the resume is refused as one proxy refuses it. Then the session is read
 back (rtvideo.proxy.session.record) and rebuilt here: its owner is given what a resume gives,
 and its stream goes on on a Triton with room at the next chunk (a move). Two replicas never
 both drive it: the lease has one holder, and every write names it.
@@ -34,6 +35,8 @@ from rtvideo.proxy.store.keeper import StoreKeeper
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+#: a resume refused because the session's owner is attached and answering (as on one proxy)
+ATTACHED = "the session is attached to another connection (one controller at a time)"
 #: how long a resume waits for a live holder to let go (or its lease to run out)
 TAKEOVER_WAIT_SECONDS = LEASE_SECONDS + 2.0
 #: how often the lease is asked for meanwhile
@@ -128,6 +131,8 @@ async def _lease(calls: _Calls, sid: str, holder: str, hashed: str) -> tuple[Lea
         lease = await calls.run("acquire", store.acquire(sid, holder))
         if lease is not None:
             return lease, "expired" if silent else "handoff", found
+        if await calls.run("handoff_declined", store.handoff_declined(sid, hashed)):
+            raise ResumeRefused(ATTACHED)  # its owner there answers: as one proxy refuses it
     raise ResumeRefused("the session is held by another proxy that did not let go; try again")
 
 

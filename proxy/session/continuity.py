@@ -27,7 +27,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode
@@ -56,8 +56,13 @@ def _read_by_takeover(message: Mapping[str, object]) -> bool:
 class Continuity:
     """What one session writes to a shared store (nothing without one)."""
 
-    def __init__(self, keeper: StoreKeeper | None) -> None:
+    def __init__(self, keeper: StoreKeeper | None, keeps_owner: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """`keeps_owner`: whether the session's owner is attached and answering, asked when a
+        resume at another replica asks for the session (it is refused then, as on one proxy;
+        None: the session is always handed over)."""
         self._keeper = keeper
+        if keeper is not None and keeps_owner is not None:
+            keeper.on_handoff(keeps_owner)
         self._init: bytes | None = None  # the init segment, once put
         self.handed_off = False  # left in the store for another replica: its record is kept
         self._bound: dict[str, str] = {}  # kind → the token hash last bound

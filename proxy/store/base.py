@@ -22,12 +22,15 @@ One holder drives a session at a time: a lease with an expiry and an epoch (`acq
 `renew`, `release`). Every write names the lease it is made under and is refused (False)
 once that lease is not the live one, so a replica that lost its lease cannot write, and
 learns it at its next write or renewal. `ask_handoff` asks the live holder to let go (it
-sees it at its next renewal), naming the resume token it was asked with: a holder resumed with
-that token meanwhile keeps the session (the other resume lost the race).
+sees it at its next renewal, `Renewal.ASKED`), naming the resume token it was asked with: a
+holder resumed with that token meanwhile keeps the session (the other resume lost the race),
+and a holder whose owner is attached and answering declines (`decline_handoff`: the resume is
+refused as on one proxy, one controller at a time); else it finishes its writes and releases.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -44,8 +47,22 @@ class StoreUnavailable(Exception):
     """The store did not answer (or answered an error); the message says which call."""
 
 
+class SessionGone(StoreUnavailable):
+    """A renewal found neither the lease nor the record: the store lost the session (restarted
+    empty, or its keys expired). Not a lost lease: nobody else holds it, its holder may write it
+    again (rtvideo.proxy.store.keeper)."""
+
+
 class StoreRefusing(StoreUnavailable):
     """The store answers but refuses writes: full (at its `maxmemory`) or read-only (a replica)."""
+
+
+class Renewal(enum.IntEnum):
+    """What a renewal found (true when the lease is renewed)."""
+
+    LOST = 0  # not the live lease (lapsed, or another holder's): nothing renewed
+    RENEWED = 1
+    ASKED = 2  # renewed, and a resume elsewhere asks the holder to let go (with its live token)
 
 
 @dataclass(frozen=True)
@@ -132,15 +149,25 @@ class SessionStore(Protocol):
 
     async def acquire(self, sid: str, holder: str, ttl: float = LEASE_SECONDS) -> Lease | None: ...
 
-    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> bool:
-        """False when `lease` is not the live one, or a resume with the holder's live resume token
-        (`resume_hash`) asked for a handoff; a handoff asked with an older token (one the holder
-        was resumed with meanwhile) is dropped, and the lease renewed."""
+    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> Renewal:
+        """LOST when `lease` is not the live one; ASKED (renewed) when a resume with the holder's
+        live resume token (`resume_hash`) asked for a handoff; a handoff asked with an older token
+        (one the holder was resumed with meanwhile) is dropped, and the lease renewed. SessionGone
+        when neither the lease nor the record is there."""
         ...
 
     async def release(self, sid: str, lease: Lease) -> None: ...
 
     async def ask_handoff(self, sid: str, resume_hash: str) -> None: ...
+
+    async def decline_handoff(self, sid: str, lease: Lease, resume_hash: str) -> None:
+        """The holder (under `lease`) keeps the session a resume with `resume_hash` asked for: the
+        request is dropped, and the resume that asked learns it (`handoff_declined`)."""
+        ...
+
+    async def handoff_declined(self, sid: str, resume_hash: str) -> bool:
+        """Whether the holder declined the handoff asked with `resume_hash` (its owner answers)."""
+        ...
 
     async def drop(self, sid: str, lease: Lease | None = None) -> None:
         """The session's record and the token bindings it names go; with `lease`, only when nobody

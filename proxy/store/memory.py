@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rtvideo.proxy.store.base import LEASE_SECONDS, Holding, Lease, Payload, StoredSession, StoreUnavailable
+from rtvideo.proxy.store.base import LEASE_SECONDS, Holding, Lease, Payload, Renewal, SessionGone, StoredSession
 
 
 @dataclass
@@ -24,6 +24,7 @@ class _Entry:
     lease: Lease | None = None
     expires: float = 0.0
     handoff: str | None = None  # the resume token hash a handoff was asked with
+    declined: str | None = None  # the resume token hash a handoff was declined for
 
 
 class MemoryStore:
@@ -64,7 +65,6 @@ class MemoryStore:
                 entry.payloads.pop(index, None)
         return True
 
-    async def bind_token(self, kind: str, token_hash: str, sid: str) -> None:
     async def restore(
         self, sid: str, lease: Lease, fields: Mapping[str, str], log: Sequence[str], payloads: Mapping[int, bytes]
     ) -> bool:
@@ -74,6 +74,7 @@ class MemoryStore:
         entry.fields, entry.log, entry.payloads = dict(fields), list(log), dict(payloads)
         return True
 
+    async def bind_token(self, kind: str, token_hash: str, sid: str) -> None:
         self._tokens[(kind, token_hash)] = sid
 
     async def unbind_token(self, kind: str, token_hash: str) -> None:
@@ -101,22 +102,33 @@ class MemoryStore:
         entry.fields.pop("released", None)
         return entry.lease
 
-    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> bool:
+    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> Renewal:
         if sid not in self._sessions:
-            raise StoreUnavailable(f"session store renew: session {sid} is gone from the store")
+            raise SessionGone(f"session store renew: session {sid} is gone from the store")
         entry = self._held(sid, lease)
-        if entry is None or (entry.handoff is not None and entry.handoff == resume_hash):
-            return False
-        entry.handoff = None
+        if entry is None:
+            return Renewal.LOST
+        asked = entry.handoff is not None and entry.handoff == resume_hash
+        if not asked:
+            entry.handoff = None
         entry.touched = time.monotonic()
         entry.expires = entry.touched + ttl
-        return True
+        return Renewal.ASKED if asked else Renewal.RENEWED
 
     async def release(self, sid: str, lease: Lease) -> None:
         entry = self._sessions.get(sid)
         if entry is not None and entry.lease == lease:
             entry.lease = None
             entry.fields["released"] = "1"  # a takeover tells a shutdown from a death
+
+    async def decline_handoff(self, sid: str, lease: Lease, resume_hash: str) -> None:
+        entry = self._held(sid, lease)
+        if entry is not None and entry.handoff == resume_hash:
+            entry.handoff, entry.declined = None, resume_hash
+
+    async def handoff_declined(self, sid: str, resume_hash: str) -> bool:
+        entry = self._sessions.get(sid)
+        return entry is not None and entry.declined == resume_hash
 
     async def ask_handoff(self, sid: str, resume_hash: str) -> None:
         entry = self._sessions.get(sid)

@@ -316,3 +316,31 @@ def test_a_resume_at_the_same_front_after_a_long_stall_goes_on_once(
     assert conflict["code"] == "event_id_conflict", conflict
     assert refused["type"] == "error" and refused["code"] == "invalid_resume", refused
     assert pairs == list(range(len(pairs)))  # no chunk missing, none twice
+
+
+def test_a_resume_at_another_replica_while_the_owner_answers_is_refused(
+    proxies: ProxyHost, triton: Any, store: Store, replicas: list[ProxyServer]
+) -> None:
+    """The owner is attached at the first replica and answers; its token is used at the second:
+    refused as one proxy refuses it (docs/protocol.md §9.1), and the session goes on untouched."""
+    wait_idle(triton, PACED_MODEL)
+    a, b = replicas
+
+    async def body() -> tuple[dict[str, Any], list[int]]:
+        first = await Leg.open(a.url)
+        start = await first.start(PROMPT, num_frames=FRAMES, seed=23, **SIZE)
+        await first.media(2)
+        elsewhere = await Leg.open(b.url)
+        refused = await elsewhere.resume(start["resume_token"], first.last_index)
+        await elsewhere.conn.close()
+        await first.media(2)  # still the owner, still streaming
+        assert (await answer(first, "after", "fog"))["type"] == QUEUED
+        await one_driver(proxies, [a, b])
+        await first.send({"type": "session.stop"})
+        await first.until("session.done", timeout=60)
+        return refused, [m["transport_chunk_index"] for m, _ in media_pairs([first])]
+
+    refused, pairs = run(body(), timeout=180)
+    assert refused["type"] == "error" and refused["code"] == "invalid_resume", refused
+    assert "attached to another connection" in refused["message"], refused
+    assert pairs == list(range(len(pairs)))

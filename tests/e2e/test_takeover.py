@@ -127,8 +127,10 @@ async def _count_live(servers: list[ProxyServer]) -> int:
 
 
 def test_with_the_store_unreachable_sessions_are_served_without_continuation(proxies: ProxyHost, triton: Any) -> None:
-    """Nothing listens where the store should be: a session starts and streams, its acks are not
-    held, health says the store is unreachable (the proxy stays ready), the errors are counted."""
+    """Nothing listens where the store should be: a session starts and streams, an interaction is
+    answered `store_unavailable` at once (never acked unkept; docs/decisions.md "The session store
+    under faults"), health says the store is unreachable (the proxy stays ready), the errors are
+    counted."""
     wait_idle(triton)
 
     unreachable = "redis://127.0.0.1:1/0"  # port 1: connection refused
@@ -139,20 +141,23 @@ def test_with_the_store_unreachable_sessions_are_served_without_continuation(pro
             await leg.start(PROMPT, num_frames=FRAMES, seed=9, **SIZE)
             await leg.media(2)
             await leg.send(STORM)
-            await leg.until("session.interaction.queued", event_id="e1")
+            await leg.until("error", event_id="e1")
             await leg.media(2)
             await leg.send({"type": "session.stop"})
             await leg.until("session.done", timeout=60)
             return leg
 
         leg = run(body(), timeout=120)
-        assert not [m for m in leg.messages if m["type"] == "error"], leg.messages
+        errors = [m for m in leg.messages if m["type"] == "error"]
+        assert [(m["code"], m["event_id"]) for m in errors] == [("store_unavailable", "e1")], leg.messages
+        assert not [m for m in leg.messages if m["type"] == "session.interaction.queued"]
         status, body, _ = fetch(f"http://127.0.0.1:{server.port}/healthz")
         health = json.loads(body)
         assert status == 200 and health["session_store"] == "unreachable", health
         assert fetch(f"http://127.0.0.1:{server.port}/readyz")[0] == 200
         values = metric_values(server.port)
         assert values['rtvideo_proxy_store_errors_total{call="acquire"}'] >= 1
+        assert values["rtvideo_proxy_store_refusals_total"] == 1
 
 
 def test_a_resume_at_another_replica_takes_a_live_holders_session(

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from rtvideo.proxy.store.base import Payload, SessionStore, StoreUnavailable
+from rtvideo.proxy.store.base import Payload, Renewal, SessionGone, SessionStore
 from rtvideo.proxy.store.keeper import StoreKeeper
 from tests.support.stores import with_store
 
@@ -58,12 +58,17 @@ def test_a_handoff_asked_with_the_live_token_ends_the_holders_renewals(store_spe
         sid = f"s-{store_spec[:5]}-handoff"
         await store.drop(sid)
         held = await store.acquire(sid, "replica-a", ttl=5)
-        assert held is not None and await store.renew(sid, held, resume_hash="r2")
+        assert held is not None and await store.renew(sid, held, resume_hash="r2") is Renewal.RENEWED
         await store.ask_handoff(sid, "r1")  # asked with a token the holder was resumed with meanwhile
-        assert await store.renew(sid, held, resume_hash="r2")  # that resume lost the race: dropped
-        assert await store.renew(sid, held, resume_hash="r2")
-        await store.ask_handoff(sid, "r2")  # asked with the holder's live token
-        assert not await store.renew(sid, held, resume_hash="r2")  # the holder lets go
+        assert await store.renew(sid, held, resume_hash="r2") is Renewal.RENEWED  # that resume lost the race
+        assert await store.renew(sid, held, resume_hash="r2") is Renewal.RENEWED
+        await store.ask_handoff(sid, "r2")  # asked with the holder's live token: renewed, the holder decides
+        assert await store.renew(sid, held, resume_hash="r2") is Renewal.ASKED
+        await store.decline_handoff(sid, held, "r2")  # its owner is attached and answers: kept
+        assert await store.handoff_declined(sid, "r2") and not await store.handoff_declined(sid, "r1")
+        assert await store.renew(sid, held, resume_hash="r2") is Renewal.RENEWED
+        await store.ask_handoff(sid, "r2")  # asked again, the owner gone: the holder lets go
+        assert await store.renew(sid, held, resume_hash="r2") is Renewal.ASKED
         await store.release(sid, held)
         taken = await store.acquire(sid, "replica-b", ttl=5)
         assert taken is not None and await store.renew(sid, taken)  # the request was for the old holder
@@ -159,7 +164,7 @@ def test_a_release_is_told_from_an_expiry_and_a_store_that_lost_the_session_is_n
         stored = await store.load(sid)
         assert stored is not None and "released" not in stored.fields
         await store.drop(sid)  # the store restarted empty: neither lease nor record
-        with pytest.raises(StoreUnavailable):
-            await store.renew(sid, taken)  # the keeper goes on without the store, it does not let go
+        with pytest.raises(SessionGone):
+            await store.renew(sid, taken)  # not a lost lease: the keeper writes the session back
 
     with_store(store_spec, body)
