@@ -48,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Triton model repository (default: {MODEL_REPOSITORY})",
     )
     parser.add_argument(
-        "--host", default="127.0.0.1", help="address the gRPC and metrics ports bind to (default: 127.0.0.1)"
+        "--host",
+        default="127.0.0.1",
+        help="address the gRPC and metrics ports bind to (default: 127.0.0.1; a published one needs a Triton "
+        "release without the shared-memory CVEs, NGC 25.07 or later: docs/security.md)",
     )
     parser.add_argument("--grpc-port", type=int, default=8001, metavar="PORT", help="gRPC port (default: 8001)")
     parser.add_argument(
@@ -102,7 +105,7 @@ def write_private(path: Path, text: str) -> None:
     """`text` in a new file `path` that only its owner may read (created 0600, never widened)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
+        f.write(text)
 
 
 def read_key_file(path: Path) -> str:
@@ -125,7 +128,7 @@ def key_source(key_file: Path | None) -> KeySource:
         return KeySource(read_key_file(key_file), key_file, False)
     key = generate_key()
     if key_file is not None:
-        write_private(key_file, key)
+        write_private(key_file, key + "\n")
         return KeySource(key, key_file, False)
     fd, name = tempfile.mkstemp(prefix="rtvideo-triton-key-")  # 0600
     with os.fdopen(fd, "w") as f:
