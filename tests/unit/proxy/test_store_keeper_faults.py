@@ -7,12 +7,17 @@ lapse, and what it kept meanwhile is written back whole, or it lets go."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from rtvideo.proxy.store.base import EVENT, FRAME, StoreRefusing
 from rtvideo.proxy.store.keeper import StoreKeeper, StoreState
 from rtvideo.proxy.store.memory import MemoryStore
+from rtvideo.triton.wire import START_TAG
+from tests.support.fake_bridge import begin, reply
+from tests.unit.proxy.test_moves import CONFIG, interaction
+from tests.unit.proxy.test_takeover_restore import replica, settle
 
 T = TypeVar("T")
 SID = "s-faults"
@@ -200,3 +205,33 @@ def test_a_store_refusing_writes_refuses_events_and_the_session_is_kept_once_it_
     refused, log = run(body)
     assert not refused
     assert log == [FRAME + '{"chunk": 1}', EVENT + '{"e": 2}']
+
+
+def test_a_session_answers_store_unavailable_forwards_nothing_and_takes_the_retry_once_kept() -> None:
+    """Through a real session (a fake Triton): an interaction the store cannot keep is answered
+    `store_unavailable`, never acked nor sent to the model; sent again once the store takes it,
+    it is acked and sent once."""
+
+    async def body() -> tuple[list[dict[str, Any]], list[str]]:
+        store = FaultyStore()
+        s, conn, bridge, keeper = replica(store, "a")  # type: ignore[arg-type]
+        begin(s)
+        s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
+        await until(lambda: keeper.kept)
+        store.refusing = True
+        s.on_frame(interaction("p1", "a storm"), False)
+        await until(lambda: any(m.get("event_id") == "p1" for m in conn.texts()))
+        store.refusing = False
+        await until(lambda: keeper.kept)
+        s.on_frame(interaction("p1", "a storm"), False)
+        await until(lambda: any(m["type"] == "session.interaction.queued" for m in conn.texts()))
+        await settle()
+        sent = [json.loads(raw)["interaction"]["event_id"] for raw, start, _ in bridge.streams[0].sent if not start]
+        s.on_disconnect()
+        await settle()
+        return conn.texts(), sent
+
+    texts, sent = run(body)
+    answers = [(m["type"], m.get("code")) for m in texts if m.get("event_id") == "p1"]
+    assert answers == [("error", "store_unavailable"), ("session.interaction.queued", None)], texts
+    assert sent == ["p1"]  # the refused one never reached the model
