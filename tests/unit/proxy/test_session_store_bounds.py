@@ -63,8 +63,11 @@ def frame(message: dict[str, Any]) -> Frame:
 
 
 async def session_keys(client: aioredis.Redis, sid: str) -> list[bytes]:
+    """`sid`'s keys: its record's, and the token bindings that name it (the fixture's Redis is
+    shared with other tests)."""
     keys = [key async for key in client.scan_iter(match=f"{PREFIX}*{sid}*")]
-    return sorted(keys) + sorted([key async for key in client.scan_iter(match=f"{PREFIX}k:*")])
+    bindings = [key async for key in client.scan_iter(match=f"{PREFIX}k:*") if await client.get(key) == sid.encode()]
+    return sorted(set(keys) | set(bindings))
 
 
 async def memory_usage(client: aioredis.Redis, sid: str) -> int:
