@@ -137,7 +137,7 @@ class ProxySettings:
     max_awaiting_start_per_client: int = setting(
         0,
         "of those, how many one client (--address-prefix-v4/-v6) may hold (0: a quarter of the waiting "
-        "share, at least 1); beyond, its next upgrade waits for one of its own to start or to pass "
+        "share, at least 2); beyond, its next upgrade waits for one of its own to start or to pass "
         f"{AWAITING_START_GRACE_SECONDS:g} s, at most {AWAITING_PLACE_SECONDS:g} s, then 503",
     )
     outbound_buffer_bytes: int = setting(16 * MiB, "per-session outbound buffer before slow_consumer")
@@ -350,8 +350,9 @@ class ProxySettings:
     @property
     def awaiting_start_per_client(self) -> int:
         """How many of the waiting share one client (`client_group`) may hold: its part, so that
-        one client's idle upgrades never take the places of another's."""
-        part = self.max_awaiting_start_per_client or max(1, self.awaiting_start_bound // 4)
+        one client's idle upgrades never take the places of another's; at least 2, so that a
+        client that opens a second connection before it starts the first is not made to wait."""
+        part = self.max_awaiting_start_per_client or max(2, self.awaiting_start_bound // 4)
         return min(part, self.awaiting_start_bound)
 
     def client_group(self, address: str) -> str:

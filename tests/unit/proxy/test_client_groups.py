@@ -62,7 +62,16 @@ def test_a_forwarded_ipv6_client_is_grouped_like_a_direct_one() -> None:
 
 @pytest.mark.parametrize(
     "max_connections,explicit,per_client,part",
-    [(64, 0, 0, 4), (16, 0, 0, 1), (8, 0, 0, 1), (64, 0, 6, 6), (64, 10, 0, 2), (8, 0, 40, 4)],
+    [
+        (64, 0, 0, 4),
+        (16, 0, 0, 2),
+        (8, 0, 0, 2),
+        (2, 0, 0, 2),
+        (1, 0, 0, 1),
+        (64, 0, 6, 6),
+        (64, 10, 0, 2),
+        (8, 0, 40, 4),
+    ],
 )
 def test_each_client_has_a_part_of_the_waiting_share(
     max_connections: int, explicit: int, per_client: int, part: int
