@@ -305,9 +305,10 @@ def main() -> None:
         )
         best: dict[str, int] = {}
         for model in configs:
-            # every WebSocket session comes from this one address, all connecting at once (more than
-            # the default share of connections waiting for their session.start, a quarter of 64)
-            flags = ("--max-sessions-per-client", str(biggest), "--max-awaiting-start", str(biggest))
+            # every WebSocket session comes from this one address, all connecting at once and each
+            # starting at once: ten times the address's default part of the waiting share (4), which
+            # admits them as the earlier ones start (rtvideo.proxy.edge.waiting)
+            flags = ("--max-sessions-per-client", str(biggest))
             with ProxyProcess(server.grpc_url, model, flags) as proxy:
                 assert server.pid is not None and proxy.proc is not None  # both started on entering
                 pids = [*family(server.pid), proxy.proc.pid]
