@@ -235,3 +235,35 @@ def test_a_session_answers_store_unavailable_forwards_nothing_and_takes_the_retr
     answers = [(m["type"], m.get("code")) for m in texts if m.get("event_id") == "p1"]
     assert answers == [("error", "store_unavailable"), ("session.interaction.queued", None)], texts
     assert sent == ["p1"]  # the refused one never reached the model
+
+
+def test_a_handoff_asked_is_declined_while_the_owner_answers_and_else_handed_over_whole() -> None:
+    async def body() -> tuple[bool, StoreState, bool, list[str], bool]:
+        store = FaultyStore()
+        keeper = keeper_of(store)
+        answering = True
+
+        async def keeps_owner() -> bool:
+            return answering
+
+        keeper.on_handoff(keeps_owner)
+        assert await keeper.start()
+        keeper.bind({"resume": "r1"})
+        await keeper.event(None)
+        await store.inner.ask_handoff(SID, "r1")  # a resume at another replica, with the live token
+        await until(lambda: asyncio.ensure_future(store.inner.handoff_declined(SID, "r1")))
+        declined, kept_state = True, keeper.state
+        answering = False
+        await store.inner.ask_handoff(SID, "r1")
+        await asyncio.wait_for(keeper.lost.wait(), DEADLINE)
+        handing = keeper.state is StoreState.HANDING_OVER
+        keeper.handed_out('{"chunk": 1}', None, None)  # taken by the socket before the session stopped
+        await keeper.end(forget=False)  # its writes finished, then its lease released
+        taken = await store.inner.acquire(SID, "b", 5.0)
+        stored = await store.inner.load(SID)
+        assert stored is not None
+        return declined, kept_state, handing, list(stored.log), taken is not None
+
+    declined, kept_state, handing, log, taken = run(body)
+    assert declined and kept_state is StoreState.KEPT and handing and taken
+    assert log == [FRAME + '{"chunk": 1}']
