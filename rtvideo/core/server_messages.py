@@ -31,7 +31,7 @@ def video_start(request_id: str, fmt: str, config: Mapping[str, Any]) -> dict[st
 def queued(request_id: str | None, event_id: str, received_at: float | None = None) -> dict[str, Any]:
     """The ack; `received_at` (vLLM-Omni 0.32, on a paced session's acks): when the server received
     the interaction, in wall-clock UNIX seconds (docs/protocol.md §3.1)."""
-    ack = {"type": QUEUED, "request_id": request_id, "event_id": event_id}
+    ack: dict[str, Any] = {"type": QUEUED, "request_id": request_id, "event_id": event_id}
     if received_at is not None:
         ack["received_at"] = round(received_at, 6)
     return ack
