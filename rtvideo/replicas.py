@@ -64,6 +64,8 @@ class Part:
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
     runs: int = 0
+    failures: int = 0  # starts in a row that failed (a proxy's restarts back off)
+    next_start: float = 0.0  # monotonic time before which a failed proxy is not started again
 
     @property
     def pid(self) -> int | None:
@@ -168,14 +170,19 @@ class LocalReplicas:
                     continue
                 if not part.name.startswith("proxy-"):
                     return part.name
+                if time.monotonic() < part.next_start:
+                    continue  # one that failed to start waits 2, 4 … 30 s before the next try
                 self._say(
                     f"{part.name} exited with code {part.proc.returncode if part.proc else '?'}; starting it again"
                 )
                 self._spawn_proxy(part)
                 try:
                     self._wait_proxy(part)
+                    part.failures = 0
                 except RuntimeError as exc:
                     self._say(str(exc))
+                    part.failures += 1
+                    part.next_start = time.monotonic() + min(30.0, 2.0**part.failures)
             time.sleep(0.5)
 
     def stop(self) -> None:

@@ -75,7 +75,7 @@ def redis_config(port: int, password: str, directory: Path, maxmemory: str | Non
         f"port {port}",
         'save ""',
         "appendonly no",
-        f"dir {directory}",
+        f'dir "{directory}"',  # quoted: a path may hold a space
         "daemonize no",
         f"requirepass {password}",
     ]
