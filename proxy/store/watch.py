@@ -4,7 +4,7 @@
 takes a write (`SessionStore.ping`: a store that answers but refuses writes, full at its
 `maxmemory` or a read-only replica, raises `StoreRefusing`). The last look is its `state`
 (`/readyz`, the `rtvideo_proxy_store_state` gauge, the alert `RtvideoSessionStoreRefusingWrites`);
-`/healthz` looks afresh (`look`).
+`/healthz` looks afresh (`look`), the watch's rounds every `WATCH_SECONDS` (`tend`).
 
 It also holds the records that a session's keeper could not drop at the session's end (the store
 was away or refused it): each is dropped at the first look that finds the store taking writes,
@@ -81,8 +81,8 @@ class StoreWatch:
         log.warning("session=%s its record could not be dropped from the session store: dropped once it answers", sid)
 
     async def look(self) -> str:
-        """The store's state now (`memory` without a shared store); pending drops are made when
-        it takes writes."""
+        """The store's state now (`memory` without a shared store): one ping and one probe write,
+        each bounded (what `/healthz` waits for)."""
         if not self._store.shared:
             return MEMORY
         try:
@@ -97,6 +97,11 @@ class StoreWatch:
             log.log(logging.INFO if state == SHARED else logging.ERROR, "the session store is %s now", state)
         self.state = state
         self._found(state)
+        return state
+
+    async def tend(self) -> str:
+        """One round of the watch: a look, and the pending drops made when the store takes writes."""
+        state = await self.look()
         if state == SHARED and self._pending:
             await self._drop_pending()
         return state
@@ -120,7 +125,7 @@ class StoreWatch:
     async def _watch(self) -> None:
         while True:
             try:
-                await self.look()
+                await self.tend()
             except Exception:  # a look must never end the watch
                 log.exception("looking at the session store failed")
             await asyncio.sleep(self._every)
