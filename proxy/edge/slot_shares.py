@@ -10,7 +10,7 @@ twice. With the in-process store (one proxy) the same calls count this proxy's s
 
 When the store does not answer, admission falls back to this proxy's own count (the client's
 sessions here and the admissions in flight): the bound then holds per replica only, as it did
-before it was shared, and sessions go on being admitted (docs/operations.md "Shared limits").
+before it was shared, and sessions go on being admitted (docs/operations.md "Per proxy or per service").
 This class is the one writer of what it counts.
 """
 
