@@ -26,6 +26,7 @@ nothing here imports it at module load.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import fractions
 import json
@@ -286,6 +287,7 @@ def _track_class() -> type:
             self._wake = asyncio.Event()
             self._anchor: tuple[float, int] | None = None  # (loop time, pts) of the clock's origin
             self._ended = False
+            self.drained = asyncio.Event()  # ended, and every queued unit handed to the sender
             self.sent = 0  # access units handed to the sender
             self.dropped = 0  # access units dropped because the sender fell behind
 
@@ -306,6 +308,7 @@ def _track_class() -> type:
         async def recv(self) -> Any:
             while not self._units:
                 if self._ended or self.readyState != "live":
+                    self.drained.set()
                     raise MediaStreamError
                 self._wake.clear()
                 await self._wake.wait()
@@ -347,7 +350,7 @@ class _ViewerLink:
         return self._done  # the viewer's own queue is bounded (MAX_QUEUED_SECONDS): never waits here
 
     def close(self, code: int | None = None, reason: str | None = None) -> None:
-        self._viewer.end(f"the session closed its participants ({code})")
+        self._viewer.finish(f"the session closed its participants ({code})")
 
 
 class WhepViewer:
@@ -378,6 +381,7 @@ class WhepViewer:
         self.pc.on("connectionstatechange", self._state_changed)
         self._watchdog: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
+        self._finishing: asyncio.Task[None] | None = None
 
     async def answer(self, offer: str) -> str:
         """Set the offer, add the one video track (H.264 only) and return the answer, with the
@@ -409,7 +413,7 @@ class WhepViewer:
         except (ValueError, AttributeError):
             return
         if kind == protocol.DONE:
-            self.end("the session ended")
+            self.finish("the session ended")
 
     def media(self, data: bytes) -> None:
         if self.phase is ViewerPhase.ENDED:
@@ -444,6 +448,20 @@ class WhepViewer:
         if self.pc.connectionState != "connected":
             self.end(f"not connected after {seconds:g} s ({self.pc.connectionState})")
 
+    def finish(self, why: str) -> None:
+        """The session has no more video for it: what is queued is sent (at most
+        `MAX_QUEUED_SECONDS` of it), then the viewer ends."""
+        if self.phase is ViewerPhase.ENDED or self._finishing is not None:
+            return
+        self.track.finish()
+        self._finishing = asyncio.ensure_future(self._end_when_drained(why))
+
+    async def _end_when_drained(self, why: str) -> None:
+        # never connected, or the sender stalled: ended all the same once the time is up
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.track.drained.wait(), MAX_QUEUED_SECONDS + LATE_SECONDS + 1)
+        self.end(why)
+
     def end(self, why: str) -> None:
         """End the viewer (idempotent): leave the session, stop the track, close the peer connection."""
         if self.phase is ViewerPhase.ENDED:
@@ -455,8 +473,9 @@ class WhepViewer:
         if leave is not None:
             leave()
         self.track.finish()
-        if self._watchdog is not None and self._watchdog is not asyncio.current_task():
-            self._watchdog.cancel()
+        for task in (self._watchdog, self._finishing):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         self._closing = asyncio.ensure_future(self._close())
 
     async def _close(self) -> None:
@@ -467,7 +486,9 @@ class WhepViewer:
             self._viewers.forget(self)
 
     async def closed(self) -> None:
-        """Wait until the peer connection is closed (after `end`)."""
+        """Wait until the peer connection is closed (after `end`, or `finish` and its drain)."""
+        if self._finishing is not None:
+            await asyncio.gather(self._finishing, return_exceptions=True)
         if self._closing is not None:
             await asyncio.gather(self._closing, return_exceptions=True)
 
