@@ -243,6 +243,33 @@ def check_stop(served: Served) -> str:
     return f"stopped after {len(t.media)} of {chunks} chunks in {time.monotonic() - t0:.1f} s; next first chunk {first:.1f} s"
 
 
+def check_032_client(served: Served) -> str:
+    """A client written for vLLM-Omni 0.32 (streaming_pacing, session.playback after each chunk,
+    a stop) works unchanged on the real 0.30 engine: the pacing ask is listed as ignored (0.30
+    cannot hold a request back), reports are never answered, the stop reports its latency."""
+
+    async def body() -> Transcript:
+        async with ws(served.url) as conn:
+            s = Ws(conn)
+            pacing = {"enabled": True, "mode": "client_playhead", "max_lead_ms": 1000}
+            start = await s.start("a road", num_frames=4 * FPC, seed=2, streaming_pacing=pacing)
+            played = 0.0
+            for _ in range(2):
+                played += (await media(s))["num_frames"] / start["config"]["fps"]
+                await s.send({"type": "session.playback", "position_seconds": played})
+            await s.send({"type": "session.stop"})
+            return await finish(s)
+
+    t = run(body())
+    check_stream_rules(t)
+    config, done = t.messages[0]["config"], t.messages[-1]
+    assert config["ignored_fields"] == ["streaming_pacing"], config["ignored_fields"]
+    assert not [m for m in t.messages if m["type"] == "error"], t.messages
+    assert all("pacing" not in m for m in t.media)
+    assert done["stopped"] is True and done["stop_latency_s"] >= 0, done
+    return f"streaming_pacing ignored; {len(t.media)} chunks; stop_latency_s {done['stop_latency_s']:.2f}"
+
+
 def check_dropped_client(served: Served) -> str:
     """A client that vanishes (TCP reset, no close) ends its session and aborts its engine request:
     the session count returns to 0 and the next session's first chunk is not late."""
@@ -276,6 +303,7 @@ CHECKS: list[tuple[str, Callable[[Served], str]]] = [
     ("refused_starts", check_refused_starts),
     ("refused_interactions", check_refused_interactions),
     ("stop", check_stop),
+    ("client_032", check_032_client),
     ("dropped_client", check_dropped_client),
 ]
 
