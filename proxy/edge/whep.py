@@ -31,7 +31,7 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.web import RequestHandler
 
-from rtvideo.proxy.edge.access import bearer, origin_allowed, refused_without_token
+from rtvideo.proxy.edge.access import bearer, origin_allowed, token_ok
 from rtvideo.proxy.edge.guest_doors import MOVING_REASON
 from rtvideo.proxy.edge.relay import RELAYED_HEADER, Where, locate
 from rtvideo.proxy.edge.socket import ProxyContext
@@ -57,9 +57,10 @@ class _WhepBase(RequestHandler):
         self.context = context
         self.viewers = viewers
 
-    def set_default_headers(self) -> None:
+    def prepare(self) -> None:
         """CORS for a player on another origin that `--allow-origin` lets in (and this server's
-        own pages): the answer's Location must be readable there."""
+        own pages): the answer's Location must be readable there. (Set here, not in
+        `set_default_headers`, which Tornado calls before `initialize`; `refuse` keeps them.)"""
         origin = self.request.headers.get("Origin")
         if origin is not None and self._origin_ok(origin):
             self.set_header("Access-Control-Allow-Origin", origin)
@@ -88,6 +89,17 @@ class _WhepBase(RequestHandler):
             self.set_header("Retry-After", retry_after)
         self.set_header("Content-Type", "text/plain; charset=UTF-8")
         self.finish(f"{status}: {reason}\n")
+
+    def without_token(self) -> bool:
+        """The `--token` rules (401, counted as the upgrades' refusals are; True: refused). Not
+        `access.refused_without_token`, whose `send_error` would drop the CORS headers."""
+        ctx = self.context
+        if token_ok(self.request, ctx.settings.token):
+            return False
+        ctx.metrics.rejected.labels("unauthorized").inc()
+        self.set_header("WWW-Authenticate", 'Bearer realm="rtvideo"')
+        self.refuse(401, "the server's --token is required (?token=)")
+        return True
 
     def foreign_origin(self) -> bool:
         """A browser page of an origin not allowed: 403 (True: refused)."""
@@ -136,7 +148,7 @@ class WhepHandler(_WhepBase):
         if not whep_viewer.available():
             self.refuse(501, "WHEP needs the webrtc extra (aiortc), which this server lacks")
             return
-        if refused_without_token(self, ctx.settings.token, lambda reason: ctx.metrics.rejected.labels(reason).inc()):
+        if self.without_token():
             return
         token, kind, offer = self._credential_and_offer()
         if token is None or kind is None or offer is None:
@@ -246,7 +258,7 @@ class WhepResourceHandler(_WhepBase):
         ctx = self.context
         if self.foreign_origin():
             return
-        if refused_without_token(self, ctx.settings.token, lambda reason: ctx.metrics.rejected.labels(reason).inc()):
+        if self.without_token():
             return
         viewer = self.viewers.get(resource_id)
         if viewer is not None:

@@ -1,0 +1,222 @@
+"""WebRTC viewers (WHEP, RFC 9725; docs/protocol.md §9.5) through real Triton and the real proxy,
+watched by aiortc as a third-party WHEP client: the frames it decodes are the WebSocket's frames
+of the same session; every refusal; nothing left behind (the proxy's peer connections counted).
+
+The sessions here are the paced model's (real time, as a viewer watches): unpaced, chunks come
+faster than a loaded machine's owner client and aiortc's decoder both take them."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+import urllib.parse
+
+import av
+import numpy as np
+import pytest
+
+from rtvideo.proxy.app import ProxyServer
+from rtvideo.proxy.participants import whep_viewer
+from tests.support.proxy_host import run, wait_idle
+from tests.support.resume_client import Leg
+from tests.support.streams import PACED_MODEL
+from tests.support.whep_client import Viewer, delete, offer, post, psnr
+
+PROMPT = "a lighthouse on a cliff at dusk"
+SDP = {"Content-Type": "application/sdp"}
+
+
+def _base(server: ProxyServer) -> str:
+    return f"http://127.0.0.1:{server.port}"
+
+
+def _yuv_frames(video: bytes) -> list[np.ndarray]:
+    with av.open(io.BytesIO(video), format="mp4") as container:
+        return [frame.to_ndarray(format="yuv420p") for frame in container.decode(video=0)]
+
+
+def _no_viewers_left(server: ProxyServer, timeout: float = 30.0) -> None:
+    """Every viewer's peer connection is closed and forgotten (nothing leaks)."""
+    deadline = time.monotonic() + timeout
+    while len(server.whep_viewers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(server.whep_viewers) == 0
+
+
+async def _read_on(leg: Leg) -> None:
+    while (await leg.read(60))["type"] != "session.done":
+        pass
+
+
+def test_a_whep_viewer_decodes_the_websockets_frames_and_ends_with_the_session(proxies, triton) -> None:
+    wait_idle(triton, PACED_MODEL)
+    server = proxies.server(model=PACED_MODEL)
+
+    async def body() -> None:
+        owner = await Leg.open(server.url)
+        start = await owner.start(PROMPT, seed=31, num_frames=9 * 120, watchable=True)
+        reading = asyncio.ensure_future(_read_on(owner))
+        viewer = await Viewer.open(_base(server), start["watch_token"])
+        assert viewer.location.startswith("/v1/realtime/video/whep/")
+        await viewer.until_frames(20)
+        await owner.send({"type": "session.stop"})
+        await reading
+        await asyncio.wait_for(viewer.ended.wait(), 60)  # the session's end ended the track
+        await viewer.until_closed()  # ... and the peer connection
+        sent = _yuv_frames(b"".join(d for _, d in owner.pairs))
+        # the first frame received is one of the session's, exactly (passed through, not re-encoded)
+        first = max(range(len(sent)), key=lambda i: psnr(sent[i], viewer.frames[0]))
+        assert psnr(sent[first], viewer.frames[0]) == float("inf")
+        for frame, rtp_time in zip(viewer.frames, viewer.times, strict=True):
+            index = first + round((rtp_time - viewer.times[0]) * 16 / 90_000)  # timed as the chunks say
+            assert psnr(sent[index], frame) == float("inf"), index  # the same decoded pixels
+        await viewer.close()
+
+    run(body(), timeout=240)
+    _no_viewers_left(server)
+
+
+def test_delete_ends_the_viewer_and_the_session_goes_on(proxies, triton) -> None:
+    wait_idle(triton, PACED_MODEL)
+    server = proxies.server(model=PACED_MODEL)
+
+    async def body() -> None:
+        owner = await Leg.open(server.url)
+        start = await owner.start(PROMPT, seed=32, num_frames=9 * 120, watchable=True)
+        reading = asyncio.ensure_future(_read_on(owner))
+        viewer = await Viewer.open(_base(server), start["watch_token"])
+        await viewer.until_frames(2)
+        assert len(server.whep_viewers) == 1
+        gone = await delete(_base(server), viewer.location)
+        assert gone.code == 200
+        assert len(server.whep_viewers) == 0  # closed before the answer
+        await viewer.until_closed()
+        assert (await delete(_base(server), viewer.location)).code == 404
+        assert not reading.done()  # the session did not notice
+        await owner.send({"type": "session.stop"})
+        await reading
+        await viewer.close()
+
+    run(body(), timeout=240)
+    _no_viewers_left(server)
+
+
+def test_refusals(proxies, triton) -> None:
+    wait_idle(triton, PACED_MODEL)
+    server = proxies.server(model=PACED_MODEL, max_watchers_per_session=1)
+    base = _base(server)
+
+    async def body() -> None:
+        pc, sdp = await offer()
+        vp8, vp8_sdp = await offer("video/VP8")
+        try:
+            owner = await Leg.open(server.url)
+            start = await owner.start(PROMPT, seed=33, num_frames=9 * 120, watchable=True, steerable=True)
+            reading = asyncio.ensure_future(_read_on(owner))
+            token = start["watch_token"]
+            bearer = {"Authorization": f"Bearer {token}", **SDP}
+            for headers, status in (
+                (SDP, 401),  # no credential
+                ({"Authorization": "Bearer nonsense", **SDP}, 401),  # not a watch or steer token
+                ({"Authorization": "Basic dXNlcjpwYXNz", **SDP}, 401),
+                ({"Authorization": "Bearer wv1.0000000000000000.AAAA", **SDP}, 403),  # forged
+                ({"Authorization": f"Bearer {token}", "Content-Type": "text/plain"}, 415),
+            ):
+                answer = await post(base, sdp.encode(), headers)
+                assert answer.code == status, (headers, answer.code, answer.body)
+            answer = await post(base, b"v=0\r\nthis is not sdp\r\n", bearer)
+            assert answer.code == 400
+            answer = await post(base, vp8_sdp.encode(), bearer)
+            assert answer.code == 406, answer.body
+            assert len(server.whep_viewers) == 0  # no peer connection made for a refused offer
+            first = await Viewer.open(base, token)  # --max-watchers-per-session 1: it takes the place
+            full = await post(base, sdp.encode(), bearer)
+            assert full.code == 503 and full.headers["Retry-After"]
+            assert len(server.whep_viewers) == 1
+            # a steer token's viewer counts as a steerer; revoked steering ends it, and its token
+            steerer = await Viewer.open(base, start["steer_token"])
+            await steerer.until_frames(1)
+            await owner.send({"type": "session.revoke_steering"})
+            await steerer.until_closed()
+            again = await post(base, sdp.encode(), {"Authorization": f"Bearer {start['steer_token']}", **SDP})
+            assert again.code == 403
+            await owner.send({"type": "session.stop"})
+            await reading
+            await first.until_closed()
+            ended = await post(base, sdp.encode(), bearer)  # an ended session
+            assert ended.code in (403, 404)
+            await first.close()
+            await steerer.close()
+        finally:
+            await pc.close()
+            await vp8.close()
+
+    run(body(), timeout=240)
+    _no_viewers_left(server)
+
+
+def test_cors_preflight_and_a_foreign_origin(proxies, triton) -> None:
+    server = proxies.server(allowed_origins=("https://player.example",))
+    base = _base(server)
+
+    async def body() -> None:
+        from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+        client = AsyncHTTPClient()
+        pre = await client.fetch(
+            HTTPRequest(
+                base + "/v1/realtime/video/whep",
+                method="OPTIONS",
+                headers={
+                    "Origin": "https://player.example",
+                    "Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": "authorization, content-type",
+                },
+            ),
+            raise_error=False,
+        )
+        assert pre.code == 204
+        assert pre.headers["Access-Control-Allow-Origin"] == "https://player.example"
+        assert "POST" in pre.headers["Access-Control-Allow-Methods"]
+        assert "authorization" in pre.headers["Access-Control-Allow-Headers"].lower()
+        assert "Location" in pre.headers["Access-Control-Expose-Headers"]
+        pc, sdp = await offer()
+        try:
+            foreign = await post(base, sdp.encode(), {"Origin": "https://elsewhere.example", **SDP})
+            assert foreign.code == 403 and "Access-Control-Allow-Origin" not in foreign.headers
+            listed = await post(base, sdp.encode(), {"Origin": "https://player.example", **SDP})
+            assert listed.code == 401 and listed.headers["Access-Control-Allow-Origin"] == "https://player.example"
+        finally:
+            await pc.close()
+
+    run(body())
+
+
+def test_without_aiortc_the_door_answers_501(proxies, triton, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = proxies.server()
+    monkeypatch.setattr(whep_viewer, "available", lambda: False)
+
+    async def body() -> None:
+        answer = await post(_base(server), b"v=0\r\n", {"Authorization": "Bearer wv1.x.y", **SDP})
+        assert answer.code == 501
+
+    run(body())
+
+
+def test_the_deployment_token_comes_in_the_query(proxies, triton) -> None:
+    server = proxies.server(token="deployment-secret")
+    base = _base(server)
+
+    async def body() -> None:
+        pc, sdp = await offer()
+        try:
+            headers = {"Authorization": "Bearer wv1.0000000000000000.AAAA", **SDP}
+            assert (await post(base, sdp.encode(), headers)).code == 401  # without ?token=
+            query = "?" + urllib.parse.urlencode({"token": "deployment-secret"})
+            forged = await post(base, sdp.encode(), headers, query)
+            assert forged.code == 403  # past the --token rule: the forged watch token is refused
+        finally:
+            await pc.close()
+
+    run(body())
