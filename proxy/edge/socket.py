@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tornado.web import Finish
 from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol, WebSocketProtocol13
 
 from rtvideo.core import resume, server_messages, start_request
@@ -166,10 +167,11 @@ class RealtimeVideoHandler(WebSocketHandler):
         503 `awaiting_start` when none frees within AWAITING_PLACE_SECONDS."""
         ctx = self.context
         if not await ctx.waiting.enter(self, AWAITING_PLACE_SECONDS):
-            if self.phase is ConnectionPhase.WAITING:  # not closed by its client meanwhile
-                ctx.metrics.rejected.labels("awaiting_start").inc()
-                self.set_header("Retry-After", "1")
-                self.send_error(503, reason="Too many connections waiting to start")
+            if self.phase is not ConnectionPhase.WAITING:  # its client closed the connection meanwhile
+                raise Finish()  # no upgrade on it (Tornado would go on to `get`)
+            ctx.metrics.rejected.labels("awaiting_start").inc()
+            self.set_header("Retry-After", "1")
+            self.send_error(503, reason="Too many connections waiting to start")
             return
         if ctx.draining or ctx.connections() > ctx.settings.max_connections:  # changed while it waited
             ctx.waiting.leave(self)

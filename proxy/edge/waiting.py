@@ -67,6 +67,10 @@ class WaitingShare(Generic[W]):
         """How many places the client `group` holds."""
         return len(self._placed.get(group, {}))
 
+    def queued(self, group: str) -> int:
+        """How many upgrades of the client `group` are held for a place."""
+        return len(self._queued.get(group, ()))
+
     # --- admission ------------------------------------------------------------------------------
     def place(self, waiter: W) -> bool:
         """A place for `waiter` now, if there is one and no earlier upgrade of its client is

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.proxy.app import ProxyServer
+from rtvideo.proxy.edge import socket as handler
 from rtvideo.proxy.observability.metrics import by_label
 from tests.support.proxy_client import ws
 from tests.support.proxy_host import run, wait_idle
@@ -154,6 +156,47 @@ def test_a_burst_of_clients_that_each_start_at_once_is_not_refused(proxies, trit
     assert not refused, refused
     assert awaiting_start_refusals(server) == before
     wait_idle(triton)
+
+
+def test_an_upgrade_whose_client_leaves_while_it_is_held_leaves_the_queue(proxies, monkeypatch, caplog) -> None:
+    """A client's third upgrade (its part is 2, both idle) is held; its client closes the TCP
+    connection meanwhile: the held upgrade leaves the queue at once (not at the end of its wait),
+    nothing is answered on the closed connection, and the client's next upgrade is held in turn."""
+    server = proxies.server(max_awaiting_start_per_client=2, max_sessions_per_client=4)
+    share = server.context.waiting
+    monkeypatch.setattr(share, "grace", 3600.0)  # nobody is displaced
+    monkeypatch.setattr(handler, "AWAITING_PLACE_SECONDS", 3600.0)  # only the close can end the wait
+
+    def eventually(check: Any, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    async def body() -> None:
+        idle = [await ws(server.url, local_addr=("127.0.0.3", 0)) for _ in range(2)]
+        try:
+            host, port = server.url.split("/")[2].rsplit(":", 1)
+            _, writer = await asyncio.open_connection(host, int(port), local_addr=("127.0.0.3", 0))
+            writer.write(
+                b"GET /v1/realtime/video HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            await writer.drain()
+            await asyncio.to_thread(eventually, lambda: share.queued("127.0.0.3") == 1, "the upgrade was not held")
+            writer.close()
+            await asyncio.to_thread(eventually, lambda: share.queued("127.0.0.3") == 0, "it stayed in the queue")
+            assert share.held("127.0.0.3") == 2
+        finally:
+            for conn in idle:
+                await conn.close()
+        await asyncio.to_thread(eventually, lambda: share.held("127.0.0.3") == 0, "the idle ones did not leave")
+
+    caplog.set_level(logging.WARNING)
+    run(body(), 120)
+    time.sleep(0.5)  # anything the closed request's handler would still do
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 # --- addresses grouped by network ----------------------------------------------------------------
