@@ -24,13 +24,21 @@
 #   for the model), printing time to first chunk, generated fps and the engine's own rate beside
 #   it. Nothing model-specific is written here: the size, frame counts, first frame, update kind
 #   and promised fps are the rules table's (rtvideo/backend/vllm_omni/model_rules.py), printed
-#   first as a `rules:` line (`bench_vllm_omni.py --show-rules`).
+#   first as a `rules:` line (`bench_vllm_omni.py --show-rules`). The engine is warmed with one
+#   session of the real size (WARMUP_CHUNKS chunks at the model's size and preset: the engine's own
+#   warm-up is 512x512, stage 1) before the first-chunk budget is asserted; that first session is
+#   reported apart. Each part's `summary:` lines (first chunk, sustained fps, GPU memory peak of
+#   the engine and of the device, each against the rules table) are repeated under `== Result`.
+#   LingBot-World's deploy config is the one-H100 FP8 one on a GPU under 100 GB (nvidia-smi's
+#   memory.total), the shipped H200 one otherwise (LINGBOT_DEPLOY_CONFIG overrides).
 #
 # Environment: PYTHON (the interpreter), HELIOS_MODEL (a Hugging Face id in the local cache, or a
 # directory), LINGBOT_MODEL (a directory of LingBot-World's weights; no default),
-# LINGBOT_DEPLOY_CONFIG (deploy/gpu/lingbot_world_stepwise.yaml), CHUNKS, EXTRA_PARAMS (Helios),
-# ENGINE_ARGS (JSON, Helios), TRITONSERVER (its path when not on PATH nor from the nvidia-pytriton
-# wheel), SIZES ("256x256 640x384", builtin only), SECONDS_PER_FIGURE (3).
+# LINGBOT_DEPLOY_CONFIG (by the GPU's memory, above), CHUNKS, WARMUP_CHUNKS (1), EXTRA_PARAMS
+# (Helios), ENGINE_ARGS (JSON, Helios), TRITONSERVER (its path when not on PATH nor from the
+# nvidia-pytriton wheel), SIZES ("256x256 640x384", builtin only), SECONDS_PER_FIGURE (3).
+# OMNI_STANDIN (tests only: module:callable of a stand-in engine): the vLLM-Omni parts run against
+# it on whatever device there is, without vLLM or weights; their figures are then no GPU's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then
@@ -46,7 +54,18 @@ SECONDS_PER_FIGURE=${SECONDS_PER_FIGURE:-3}
 SIZES=${SIZES:-256x256 640x384}
 HELIOS_MODEL=${HELIOS_MODEL:-BestWishYsh/Helios-Distilled}
 LINGBOT_MODEL=${LINGBOT_MODEL:-}
-LINGBOT_DEPLOY_CONFIG=${LINGBOT_DEPLOY_CONFIG:-deploy/gpu/lingbot_world_stepwise.yaml}
+WARMUP_CHUNKS=${WARMUP_CHUNKS:-1}
+OMNI_STANDIN=${OMNI_STANDIN:-}
+gpu_mib=
+if [ -z "${LINGBOT_DEPLOY_CONFIG:-}" ]; then
+  # one H100 (80 GB) needs FP8 for LingBot-World's weights beside its KV window (docs/vllm-omni.md)
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc '0-9')
+  if [ -n "$gpu_mib" ] && [ "$gpu_mib" -gt 0 ] && [ "$gpu_mib" -lt 100000 ]; then
+    LINGBOT_DEPLOY_CONFIG=deploy/gpu/lingbot_world_h100_fp8.yaml
+  else
+    LINGBOT_DEPLOY_CONFIG=deploy/gpu/lingbot_world_stepwise.yaml
+  fi
+fi
 
 usage() {
   echo "usage: gpu_check.sh [--device cuda|cpu] [builtin] [vllm-omni] [lingbot-world]" >&2
@@ -68,6 +87,7 @@ case $DEVICE in cpu|cuda|cuda:[0-9]*) ;; *) echo "gpu_check: --device must be cp
 
 failed=()  # "part: why" of each part that did not prove what it was asked to
 passed=()
+summaries=()  # each vLLM-Omni part's `summary:` lines, repeated under == Result
 cannot() {  # part, why: the part cannot run
   echo "gpu_check: part $1 CANNOT RUN: $2" >&2
   failed+=("$1: cannot run: $2")
@@ -84,22 +104,30 @@ omni_part() {
       --engine-args "$engine_args" --extra-params "$extra"; then
     why+=("its rules are not in rtvideo/backend/vllm_omni/model_rules.py for this model (above)")
   fi
-  [ "$DEVICE" = cpu ] && why+=("it runs on CUDA only (--device cpu)")
-  if [ $have_torch = 0 ]; then
-    why+=("$torch_line")
-  elif [ $have_cuda = 0 ]; then
-    why+=("this PyTorch sees no CUDA device")
+  if [ -n "$OMNI_STANDIN" ]; then
+    echo "(engine $OMNI_STANDIN: a stand-in, not vLLM-Omni; no figure here is a GPU figure)"
+  else
+    [ "$DEVICE" = cpu ] && why+=("it runs on CUDA only (--device cpu)")
+    if [ $have_torch = 0 ]; then
+      why+=("$torch_line")
+    elif [ $have_cuda = 0 ]; then
+      why+=("this PyTorch sees no CUDA device")
+    fi
   fi
   # as the benchmark finds it: $TRITONSERVER, else PATH, else the nvidia-pytriton wheel
   if ! found=$("$PY" -c 'from rtvideo.triton.install import find_tritonserver as f; print(f().binary)' 2>&1); then
     why+=("$(echo "$found" | tail -1 | sed 's/^[A-Za-z]*Error: //')")
   fi
-  if ! versions=$("$PY" -c 'from importlib.metadata import version as v; print("vllm", v("vllm"), "vllm-omni", v("vllm-omni"))' 2>/dev/null); then
+  if [ -n "$OMNI_STANDIN" ]; then
+    :  # the stand-in needs neither vLLM nor weights
+  elif ! versions=$("$PY" -c 'from importlib.metadata import version as v; print("vllm", v("vllm"), "vllm-omni", v("vllm-omni"))' 2>/dev/null); then
     why+=("vLLM and vllm-omni are not both installed for $PY")
   else
     echo "$versions"
   fi
-  if [ -z "$model" ]; then
+  if [ -n "$OMNI_STANDIN" ]; then
+    :
+  elif [ -z "$model" ]; then
     why+=("no weights named (LINGBOT_MODEL=a directory of LingBot-World's weights)")
   elif ! "$PY" - "$model" >/dev/null 2>&1 <<'EOF'
 import os, sys
@@ -116,8 +144,16 @@ EOF
     cannot "$part" "${reasons%; }"
     return
   fi
-  if "$PY" benchmarks/bench_vllm_omni.py --model "$model" --chunks "${CHUNKS:-5}" \
-      --extra-params "$extra" --engine-args "$engine_args" --assert; then
+  local out engine=()
+  [ -n "$OMNI_STANDIN" ] && engine=(--engine "$OMNI_STANDIN")
+  out=$(mktemp)
+  "$PY" benchmarks/bench_vllm_omni.py --model "${model:-standin}" --chunks "${CHUNKS:-5}" \
+      --warmup-chunks "$WARMUP_CHUNKS" --extra-params "$extra" --engine-args "$engine_args" "${engine[@]}" \
+      --assert 2>&1 | tee "$out"
+  local rc=${PIPESTATUS[0]}
+  while IFS= read -r line; do summaries+=("$line"); done < <(grep '^summary: ' "$out")
+  rm -f "$out"
+  if [ "$rc" = 0 ]; then
     passed+=("$part")
   else
     echo "gpu_check: part $part FAILED: an assertion of bench_vllm_omni.py (above)" >&2
@@ -168,12 +204,14 @@ for part in "${parts[@]}"; do
     omni_part vllm-omni "$HELIOS_MODEL" "${ENGINE_ARGS:-{\}}" "${EXTRA_PARAMS:-auto}"
     ;;
   lingbot-world)
+    echo "(LingBot-World deploy config: $LINGBOT_DEPLOY_CONFIG${gpu_mib:+, a GPU of $gpu_mib MiB})"
     omni_part lingbot-world "$LINGBOT_MODEL" "{\"deploy_config\": \"$LINGBOT_DEPLOY_CONFIG\"}" auto
     ;;
   esac
 done
 
 echo "== Result"
+for line in "${summaries[@]}"; do echo "$line"; done
 for p in "${passed[@]}"; do echo "PASSED $p"; done
 if [ ${#failed[@]} -gt 0 ]; then
   for f in "${failed[@]}"; do echo "FAILED $f"; done

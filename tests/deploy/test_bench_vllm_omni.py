@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,10 +63,19 @@ def test_paced_as_helios_every_assertion_holds_and_the_preset_reaches_the_engine
     assert "every assertion passed against the stand-in" in out.stdout and "not a GPU proof" in out.stdout
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     generates = [c for c in calls if c["call"] == "generate"]
+    # first a warm-up session of the real size and preset (one chunk), reported apart
+    warm, measured = generates[0], generates[1]
+    assert (warm["width"], warm["height"], warm["num_frames"], warm["extra_args"]) == (
+        128,
+        128,
+        33,
+        measured["extra_args"],
+    )
+    assert "first session after load (warm-up at 128x128, 33 frames; not held to the budget)" in out.stdout
     # the model's real-time preset ("auto", as gpu_check.sh passes it), the asked size and length
     preset = vllm_omni_preset("BestWishYsh/Helios-Distilled")
-    assert generates[0]["extra_args"] == preset["extra_params"] and generates[0]["guidance_scale"] == 1.0
-    assert (generates[0]["width"], generates[0]["height"], generates[0]["num_frames"]) == (128, 128, 4 * 33)
+    assert measured["extra_args"] == preset["extra_params"] and measured["guidance_scale"] == 1.0
+    assert (measured["width"], measured["height"], measured["num_frames"]) == (128, 128, 4 * 33)
     # both updates were forwarded once the engine had admitted their request (its start notice;
     # the early one may beat the first frames, as on vLLM-Omni), and the stop and disconnect aborted
     assert [c["event_id"] for c in calls if c["call"] == "submit"] == ["update", "early"]
@@ -75,7 +85,36 @@ def test_paced_as_helios_every_assertion_holds_and_the_preset_reaches_the_engine
             noticed.add(call["request_id"])
         elif call["call"] == "submit":
             assert call["request_id"] in noticed, call
-    assert {c["request_id"] for c in calls if c["call"] == "abort"} >= {g["request_id"] for g in generates[2:]}
+    assert {c["request_id"] for c in calls if c["call"] == "abort"} >= {g["request_id"] for g in generates[3:]}
+    _check_summary(out.stdout, model_rules.HELIOS_DISTILLED.name)
+
+
+def _check_summary(stdout: str, name: str) -> None:
+    """The per-model summary: first chunk (warm and first after load), sustained fps, GPU memory
+    peaks against the rules table; the stand-in's engine peak read back from Triton's log."""
+    lines = [line for line in stdout.splitlines() if line.startswith(f"summary: {name}")]
+    assert lines[0] == f"summary: {name} [stand-in engine on a CPU: not GPU figures]", lines
+    text = "\n".join(lines)
+    assert re.search(
+        r"first chunk \d+\.\d+ s after warm-up \(budget \d+ s\); first session after load: \d+\.\d+ s", text
+    )
+    assert re.search(r"sustained \d+\.\d+ fps after the first chunk", text)
+    # the stand-in reports a peak per output (as the runner does); the model logs it, the bench reads it
+    assert re.search(r"GPU memory peak: engine \d+\.\d+ GB \(\d+ % of the table's\)", text), text
+    assert "device 0.0 GB" in text and "rules table: " in text and "GB before activations" in text
+
+
+def test_the_engine_peak_is_read_from_the_models_log_line() -> None:
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    try:
+        import bench_vllm_omni
+    finally:
+        sys.path.remove(str(REPO_ROOT / "benchmarks"))
+    log = (
+        "2026-12-07 I rtvideo.backend.vllm_omni.source engine request video_stream-ab: GPU memory peak 51234 MiB (640x384, 165 frames)\n"
+        "noise engine request x: GPU memory peak 9 MiB\n"
+    )
+    assert bench_vllm_omni.engine_peak_mib(log) == 51234 and bench_vllm_omni.engine_peak_mib("nothing") is None
 
 
 def test_an_engine_that_ends_the_request_before_an_update_arrives_fails_loudly(tmp_path: Path) -> None:
@@ -168,7 +207,9 @@ def test_lingbot_world_by_its_rules_every_assertion_holds(tmp_path: Path) -> Non
         assert (g["width"], g["height"]) in rules.exact_sizes and rules.valid_frames(g["num_frames"])
         assert g["image_shape"] is not None and g["num_inference_steps"] == rules.steps  # first frame, 4 steps
         assert g["fps"] == rules.default_fps
-    assert generates[0]["num_frames"] == rules.request_length(5) == 57
+    assert generates[0]["num_frames"] == rules.request_length(1) == 9  # the warm-up session, reported apart
+    assert generates[1]["num_frames"] == rules.request_length(5) == 57
+    _check_summary(out.stdout, rules.name)
     submits = [c for c in calls if c["call"] == "submit"]
     assert [c["event_id"] for c in submits] == ["update", "early"]
     assert all(c["multi_modal_data"]["camera"]["mode"] == "target" and c["prompt"] is None for c in submits)

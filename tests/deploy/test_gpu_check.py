@@ -155,3 +155,52 @@ def test_a_deploy_config_of_a_model_without_rules_cannot_run(tmp_path: Path) -> 
     assert "no rules for model" in out.stderr + out.stdout
     assert "gpu_check: part lingbot-world CANNOT RUN: its rules are not in" in out.stderr
     assert "the weights of" not in out.stderr  # the directory is there: only the rules are missing
+
+
+def _fake_nvidia_smi(tmp_path: Path, total_mib: int) -> str:
+    """A `nvidia-smi` that reports a GPU of `total_mib` and 0 MiB used, 0 % busy."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "nvidia-smi").write_text(
+        f'#!/bin/sh\ncase "$*" in *memory.total*) echo {total_mib} ;; *name,*) echo "Fake GPU, 0, {total_mib} MiB" ;; *) echo 0 ;; esac\n'
+    )
+    (fake / "nvidia-smi").chmod(0o755)
+    return f"{fake}:{os.environ['PATH']}"
+
+
+@pytest.mark.parametrize(
+    "total_mib,config", [(81559, "lingbot_world_h100_fp8.yaml"), (143771, "lingbot_world_stepwise.yaml")]
+)
+def test_lingbots_deploy_config_follows_the_gpus_memory(tmp_path: Path, total_mib: int, config: str) -> None:
+    """An 80 GB H100 gets the FP8 config, an H200 the shipped one (shown even where it cannot run)."""
+    out = run("lingbot-world", PATH=_fake_nvidia_smi(tmp_path, total_mib))
+    assert f"(LingBot-World deploy config: deploy/gpu/{config}, a GPU of {total_mib} MiB)" in out.stdout
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_a_vllm_omni_part_warms_up_then_summarises_against_the_rules_table(tmp_path: Path) -> None:
+    """The LingBot-World part against the stand-in engine (OMNI_STANDIN; the pipeline class from
+    the chosen deploy config, paced at its published rate): one warm-up session of the real size,
+    reported apart, before the budget is asserted; its summary (first chunk, sustained fps, the
+    engine's and the device's GPU memory peak, the rules table's figure) repeated under Result."""
+    out = run(
+        "lingbot-world",
+        PATH=_fake_nvidia_smi(tmp_path, 81559),
+        OMNI_STANDIN="tests.support.omni_standin:StandInAsyncOmni",
+        CHUNKS="5",
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "a stand-in, not vLLM-Omni; no figure here is a GPU figure" in out.stdout
+    assert "first session after load (warm-up at 832x480, 9 frames; not held to the budget)" in out.stdout
+    result = out.stdout.split("== Result\n", 1)[1].splitlines()
+    summary = [line for line in result if line.startswith("summary: LingBot-World")]
+    assert summary[0] == "summary: LingBot-World [stand-in engine on a CPU: not GPU figures]"
+    text = "\n".join(summary)
+    assert "first session after load:" in text and "after warm-up (budget 5 s)" in text
+    assert "sustained" in text and "served at 5; reference 5.0: vLLM-Omni issue #7074" in text
+    rules = model_rules.LINGBOT_WORLD
+    table = rules.reserved_bytes(832, 480, rules.request_length(5), 1, fp8=True)
+    assert f"rules table: {table / 1e9:.1f} GB before activations" in text and "weights in FP8" in text
+    assert "GPU memory peak: engine " in text and "engine not measured" not in text
+    assert "PASSED lingbot-world" in out.stdout

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rtvideo.backend.vllm_omni import model_rules
+from rtvideo.backend.vllm_omni import interaction_rules, model_rules
 from tests.support.vllm_omni_wheel import (
     Sampling,
     StepRequestState,
@@ -100,6 +100,10 @@ class StandInOutput:
     custom_output: dict[str, Any] = field(default_factory=dict)
     #: the request's stage times so far, as the real engine's with its pipeline profiler on
     stage_durations: dict[str, float] = field(default_factory=dict)
+    #: the request's GPU memory peak so far in MiB, as the real engine's runner reports it (its
+    #: worker's torch max_memory_reserved); the stand-in's: the decoded history Helios would hold
+    #: at its peak, 2 x frames so far x width x height x 12 B
+    peak_memory_mb: float = 0.0
 
 
 def _image_summary(image: Any) -> dict[str, Any]:
@@ -157,7 +161,13 @@ class StandInAsyncOmni:
         self._record = kwargs.get("record")
         self._chunk_seconds = float(kwargs.get("chunk_seconds", 0.05))
         self._first_chunk_seconds = float(kwargs.get("first_chunk_seconds", self._chunk_seconds))
-        self._rules = model_rules.find(model, kwargs.get("model_class_name", "HeliosPyramidPipeline"))
+        # the pipeline class as the engine finds it: the argument, else the deploy config's stage
+        self._class: str = (
+            kwargs.get("model_class_name")
+            or interaction_rules.deploy_config_class(kwargs.get("deploy_config"))
+            or "HeliosPyramidPipeline"
+        )
+        self._rules = model_rules.find(model, self._class)
         # the pipeline's own chunks (LingBot-World: 9 frames, then 12), unless a test sets a size
         self._frames_per_chunk = int(
             kwargs.get("frames_per_chunk", self._rules.frames_per_chunk if self._rules else 33)
@@ -166,7 +176,7 @@ class StandInAsyncOmni:
         wheel = load_interaction()
         self._stream_metadata = stream_metadata_function()
         self._pipeline = _pipeline_class(wheel["mixin"].InteractionMixin, wheel["types"], 16.0)(self._frames_per_chunk)
-        od_config = SimpleNamespace(model_class_name=kwargs.get("model_class_name", "HeliosPyramidPipeline"))
+        od_config = SimpleNamespace(model_class_name=self._class)
         self._coordinator = wheel["coordinator"].InteractionCoordinator.build(self._pipeline, od_config)
         self._pipeline._interaction_coordinator = self._coordinator
         self._states: dict[str, StepRequestState] = {}
@@ -325,6 +335,7 @@ class StandInAsyncOmni:
                         images=[video],
                         finished=finished,
                         stage_durations={"StandInPipeline.diffuse": computed} if self._profiled else {},
+                        peak_memory_mb=2 * (index + 1) * len(video) * video[0].size * 4 / 2**20,
                     )
                 )
         except asyncio.CancelledError:
@@ -389,7 +400,7 @@ class StandInAsyncOmni:
         default 1, as in the wheel)."""
         return SimpleNamespace(
             max_num_seqs=int(self.kwargs.get("max_num_seqs", 1)),
-            model_class_name=self.kwargs.get("model_class_name", "HeliosPyramidPipeline"),
+            model_class_name=self._class,
         )
 
     async def check_health(self) -> None:

@@ -67,6 +67,8 @@ class EngineChunkSource:
         self._closed = False
         self._lock = threading.Lock()  # translator + forwarding (request path vs worker)
         self._queue = OutputQueue(output_queue_bytes)
+        #: the largest `peak_memory_mb` the engine's outputs reported (0: none did); logged at close
+        self._peak_memory_mb = 0.0
         self._encoder = LazyEncoder(open_encoder)
         # the engine renders whole chunks: its last one may run past a bounded session's frames
         self._frames_left = config.num_frames
@@ -177,6 +179,9 @@ class EngineChunkSource:
             frames = frames[: self._frames_left]
             self._frames_left -= len(frames)
         seconds, self._last = at - self._last, at
+        peak = getattr(output, "peak_memory_mb", None)
+        if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+            self._peak_memory_mb = max(self._peak_memory_mb, float(peak))
         return SourceChunk(plan, self._encoder.encode(frames, seconds))
 
     def _plan(self, stream: Mapping[str, Any] | None) -> ChunkPlan:
@@ -230,6 +235,17 @@ class EngineChunkSource:
                 return b""
             self._closed = True
         self._host.end_request(self._request_id)
+        if self._peak_memory_mb > 0:
+            # what the engine's runner measured for this request (vLLM-Omni's `peak_memory_mb`: its
+            # worker's torch max_memory_reserved since the request began); the GPU check reads it
+            log.info(
+                "engine request %s: GPU memory peak %.0f MiB (%dx%d, %s frames)",
+                self._request_id,
+                self._peak_memory_mb,
+                self._config.width,
+                self._config.height,
+                self._config.num_frames,
+            )
         return self._encoder.close()
 
 
