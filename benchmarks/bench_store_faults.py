@@ -62,6 +62,7 @@ class Window:
     ended: float = float("inf")
     sent: int = 0
     acks: list[float] = field(default_factory=list)
+    acked_at: list[float] = field(default_factory=list)  # when each ack arrived (monotonic)
     store_unavailable: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     drops: int = 0
@@ -182,6 +183,7 @@ class Session:
         sent, window = self.sent[event_id]
         if code is None:
             window.acks.append(time.monotonic() - sent)
+            window.acked_at.append(time.monotonic())
         elif code == STORE_UNAVAILABLE:
             window.store_unavailable += 1
         else:
@@ -250,6 +252,10 @@ async def stall(run: LocalReplicas, args: argparse.Namespace) -> int:
     for w in windows:
         if w.errors:
             print(f"  {w.label}: other errors {dict(w.errors)}")
+    during = [t - stalled.began for t in stalled.acked_at if t < stalled.ended]
+    # an ack while Redis is stopped would name an interaction no takeover could read yet
+    print(f"  acks of the stall's interactions while redis-server was stopped: {len(during)}; after its SIGCONT: "
+          f"{len(stalled.acked_at) - len(during)}")  # fmt: skip
     print(f"session after the stall: {'streaming' if lived else 'ENDED: ' + (session.failure or 'session.done')}")
     print(f"its stop: {'session.done' if session.done is not None else 'no session.done'}; resumes {session.drops}")
     return 0 if lived and session.done is not None else 1
