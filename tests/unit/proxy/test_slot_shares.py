@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
+import time
+from pathlib import Path
+
+import redis.asyncio as aioredis
 
 from rtvideo.proxy.edge.slot_shares import SlotShares
+from rtvideo.proxy.store import open_store
 from rtvideo.proxy.store.base import SessionStore, StoreUnavailable
 from rtvideo.proxy.store.memory import MemoryStore
+from tests.support.redis_server import serve_redis
 from tests.support.stores import with_store
 
 _names = itertools.count()
@@ -111,3 +119,44 @@ def test_without_the_store_this_proxys_own_count_holds() -> None:
         await shares.close()
 
     asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_a_paused_store_falls_back_to_the_local_count_and_an_emptied_one_is_filled_again(tmp_path: Path) -> None:
+    """A real Redis paused (SIGSTOP): a start's claim answers within one store call, by this
+    proxy's own count; resumed and emptied (FLUSHALL, as a restart without its data), the
+    renewals write this proxy's entries back and the store counts them again."""
+    with serve_redis(tmp_path) as server:
+        assert server.proc is not None
+        pid = server.proc.pid
+
+        async def body() -> None:
+            store = open_store(server.url)
+            failures: list[str] = []
+            shares = SlotShares(store, lambda call, _, ok: None if ok else failures.append(call))
+            a, b = object(), object()
+            try:
+                assert await shares.claim("198.51.100.4", "s1", 2) is None
+                shares.count(a, "198.51.100.4", "s1")
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    assert await shares.claim("198.51.100.4", "s2", 2) is None  # one here: admitted
+                    shares.count(b, "198.51.100.4", "s2")
+                    assert await shares.claim("198.51.100.4", "s3", 2) == 2  # two here: refused
+                    assert failures.count("claim_share") == 2
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                client = aioredis.from_url(server.url)
+                try:
+                    await client.flushall()
+                finally:
+                    await client.aclose()
+                deadline = time.monotonic() + 30
+                while await store.shares("198.51.100.4") < 2:  # the next renewal writes both back
+                    assert time.monotonic() < deadline, "the entries were not written back"
+                    await asyncio.sleep(0.1)
+                assert await shares.claim("198.51.100.4", "s3", 2) == 2
+            finally:
+                await shares.close()
+                await store.close()
+
+        asyncio.run(asyncio.wait_for(body(), 60))
