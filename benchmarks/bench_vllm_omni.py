@@ -32,9 +32,10 @@ runs direct-gRPC sessions. With --assert it exits 1, listing each failure, unles
    at least the fps the docs promise for the model (`ModelRules.realtime_problems`).
 
 The first session after load is not held to the first-chunk budget: the engine warms up at load
-on its own small request (vLLM-Omni's `diffusion_engine.py`: 512x512, stage 1, 2 steps, with
-compile on), not the sessions' size and pyramid, so the first real session pays for compiling and
-allocating at 640x384 with the 3-stage pyramid. `--warmup-chunks` (1 by default; 0: none) runs
+on its own small request (vLLM-Omni's `diffusion_engine.py` `_dummy_run`: 512x512, 2 steps, no
+extra_args, so Helios runs stage 1 only; LingBot-World skips it, `dummy_run_num_frames = 0`), not
+the sessions' size and pyramid, so the first real session pays for compiling and allocating at
+640x384 with the 3-stage pyramid. `--warmup-chunks` (1 by default; 0: none) runs
 one such session of the real size first and reports it apart ("first session after load"); the
 budget is asserted on the sessions after it.
 

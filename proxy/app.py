@@ -309,7 +309,7 @@ def make_app(
     )
     relays = Relays(settings, metrics)  # guests forwarded to the replica that holds their session
     guests: dict[str, Any] = {"context": context, "relays": relays}
-    viewers = WhepViewers()  # WebRTC viewers (rtvideo.proxy.edge.whep)
+    viewers = WhepViewers(metrics.whep_viewers)  # WebRTC viewers (rtvideo.proxy.edge.whep)
     handlers = [
         (WEBSOCKET_PATH, RealtimeVideoHandler, {"context": context}),
         (WATCH_PATH, WatchHandler, guests),

@@ -26,7 +26,7 @@
 #   and promised fps are the rules table's (rtvideo/backend/vllm_omni/model_rules.py), printed
 #   first as a `rules:` line (`bench_vllm_omni.py --show-rules`). The engine is warmed with one
 #   session of the real size (WARMUP_CHUNKS chunks at the model's size and preset: the engine's own
-#   warm-up is 512x512, stage 1) before the first-chunk budget is asserted; that first session is
+#   warm-up is 512x512, 2 steps, stage 1; LingBot-World has none) before the first-chunk budget is asserted; that first session is
 #   reported apart. Each part's `summary:` lines (first chunk, sustained fps, GPU memory peak of
 #   the engine and of the device, each against the rules table) are repeated under `== Result`.
 #   LingBot-World's deploy config is the one-H100 FP8 one on a GPU under 100 GB (nvidia-smi's

@@ -121,6 +121,9 @@ class ProxyMetrics:
     watchers = MetricSpec(Gauge, "rtvideo_proxy_watchers", "Read-only watchers connected now")
     watchers_dropped = MetricSpec(Counter, "rtvideo_proxy_watchers_dropped", "Watchers dropped with slow_consumer")
     steerers = MetricSpec(Gauge, "rtvideo_proxy_steerers", "Steerers (besides owners) connected now")
+    whep_viewers = MetricSpec(
+        Gauge, "rtvideo_proxy_whep_viewers", "WebRTC (WHEP) viewers with a peer connection open now, of any session"
+    )
     steer_messages = MetricSpec(
         Counter, "rtvideo_proxy_steer_messages", "Messages received from steerers (besides owners)"
     )

@@ -38,6 +38,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Gauge
+
 from rtvideo.core import fmp4, protocol
 from rtvideo.core.fmp4 import Box, ContinuationError, boxes, child
 
@@ -278,7 +280,7 @@ def _track_class() -> type:
     import av
     from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-    class _PassthroughTrack(MediaStreamTrack):  # type: ignore[misc]
+    class _PassthroughTrack(MediaStreamTrack):
         kind = "video"
 
         def __init__(self) -> None:
@@ -496,8 +498,9 @@ class WhepViewer:
 class WhepViewers:
     """This proxy's WHEP viewers by resource id (one writer: the WHEP door and the viewers' ends)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gauge: Gauge | None = None) -> None:
         self._viewers: dict[str, WhepViewer] = {}
+        self._gauge = gauge  # rtvideo_proxy_whep_viewers
         self.peak = 0
 
     def __len__(self) -> int:
@@ -506,6 +509,8 @@ class WhepViewers:
     def add(self, viewer: WhepViewer) -> None:
         self._viewers[viewer.resource_id] = viewer
         self.peak = max(self.peak, len(self._viewers))
+        if self._gauge is not None:
+            self._gauge.set(len(self._viewers))
 
     def get(self, resource_id: str) -> WhepViewer | None:
         return self._viewers.get(resource_id)
@@ -513,6 +518,8 @@ class WhepViewers:
     def forget(self, viewer: WhepViewer) -> None:
         if self._viewers.get(viewer.resource_id) is viewer:
             del self._viewers[viewer.resource_id]
+            if self._gauge is not None:
+                self._gauge.set(len(self._viewers))
 
     async def close_all(self) -> None:
         """The proxy stops: every viewer ends, and this waits until their connections are closed."""

@@ -19,6 +19,7 @@ import pytest
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.participants import whep_viewer
 from tests.support.proxy_host import run, wait_idle
+from tests.support.replica_servers import replica_servers
 from tests.support.resume_client import Leg
 from tests.support.streams import PACED_MODEL
 from tests.support.whep_client import Viewer, delete, offer, post, psnr
@@ -220,3 +221,32 @@ def test_the_deployment_token_comes_in_the_query(proxies, triton) -> None:
             await pc.close()
 
     run(body())
+
+
+def test_a_viewer_at_the_replica_that_does_not_hold_the_session_reaches_it(proxies, triton, redis_url) -> None:
+    """Two replicas sharing a real Redis: the POST at B is forwarded to A, which holds the
+    session and sends the media; the DELETE at B reaches A too (the resource id names A)."""
+    wait_idle(triton, PACED_MODEL)
+    with replica_servers(proxies, session_store=redis_url, model=PACED_MODEL) as (a, b):
+
+        async def body() -> None:
+            owner = await Leg.open(a.url)
+            start = await owner.start(PROMPT, seed=34, num_frames=9 * 120, watchable=True)
+            reading = asyncio.ensure_future(_read_on(owner))
+            viewer = await Viewer.open(_base(b), start["watch_token"])
+            await viewer.until_frames(5)
+            assert len(a.whep_viewers) == 1 and len(b.whep_viewers) == 0  # the media comes from A
+            assert (await delete(_base(b), viewer.location)).code == 200
+            assert len(a.whep_viewers) == 0
+            await viewer.until_closed()
+            pc, sdp = await offer()
+            forged = await post(_base(b), sdp.encode(), {"Authorization": "Bearer wv1.0000000000000000.AAAA", **SDP})
+            await pc.close()
+            assert forged.code == 403
+            await owner.send({"type": "session.stop"})
+            await reading
+            await viewer.close()
+
+        run(body(), timeout=240)
+        _no_viewers_left(a)
+        _no_viewers_left(b)

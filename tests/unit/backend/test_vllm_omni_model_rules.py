@@ -529,3 +529,17 @@ def test_each_models_table_is_the_rules_tables(rules: model_rules.ModelRules) ->
         assert f"Served at {rules.default_fps}" in table["fps and source"]
     else:
         assert "none published" in table["fps and source"]
+
+
+def test_the_engines_own_warm_up_is_not_a_session_of_the_real_size() -> None:
+    """Why the GPU check warms the engine with a real session first (bench_vllm_omni.py,
+    `--warmup-chunks`): vLLM-Omni warms up at load with 512x512, 2 steps and no `extra_args`
+    (Helios: stage 1, one frame), and LingBot-World skips it (`dummy_run_num_frames = 0`)."""
+    engine = wheel_source("vllm_omni/diffusion/diffusion_engine.py")
+    dummy = _method(engine, "_dummy_run")
+    assert "height=512," in dummy and "width=512," in dummy and "num_inference_steps=2," in dummy
+    assert "extra_args" not in dummy
+    io_support = wheel_source("vllm_omni/diffusion/io_support.py")
+    assert 'return int(getattr(model_cls, "dummy_run_num_frames"))' in io_support
+    assert "dummy_run_num_frames: ClassVar[int] = 0" in wheel_source(LINGBOT_PIPELINE)
+    assert "dummy_run_num_frames" not in wheel_source(HELIOS_PIPELINE)
