@@ -401,7 +401,9 @@ def main(args: argparse.Namespace) -> int:
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    # SIGINT too, explicitly: started in the background by a shell, this process inherits it ignored
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
     code = 0
     try:
         run.start()
