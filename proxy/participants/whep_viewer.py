@@ -386,22 +386,22 @@ class WhepViewer:
         self._finishing: asyncio.Task[None] | None = None
 
     async def answer(self, offer: str) -> str:
-        """Set the offer, add the one video track (H.264 only) and return the answer, with the
-        gathered host (and STUN/TURN) candidates in it: WHEP without trickle."""
+        """Set the offer and return the answer, with the gathered host (and STUN/TURN)
+        candidates in it: WHEP without trickle. The one video transceiver is made first, sending
+        the passthrough track with H.264 alone preferred: aiortc negotiates a transceiver's codecs
+        as the offer is set, so preferences set later would leave a browser's first codec (VP8)
+        in the answer."""
         from aiortc import RTCRtpSender, RTCSessionDescription
+        from aiortc.exceptions import OperationError
 
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
-        transceiver = next((t for t in self.pc.getTransceivers() if t.kind == "video"), None)
-        if transceiver is None:
-            raise OfferError(400, "the offer has no video section")
+        transceiver = self.pc.addTransceiver(self.track, direction="sendonly")
         h264 = [c for c in RTCRtpSender.getCapabilities("video").codecs if c.mimeType.lower() == "video/h264"]
         transceiver.setCodecPreferences(h264)
-        transceiver.direction = "sendonly"
-        transceiver.sender.replaceTrack(self.track)
         try:
-            await self.pc.setLocalDescription(await self.pc.createAnswer())
-        except ValueError as exc:  # no codec in common, among others
-            raise OfferError(406, f"no common H.264 format: {exc}") from exc
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+        except OperationError as exc:  # no codec in common
+            raise OfferError(406, f"no H.264 format in common (packetization-mode 1 is sent): {exc}") from exc
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
         self._watchdog = asyncio.ensure_future(self._watch(CONNECT_SECONDS))
         return str(self.pc.localDescription.sdp)
 

@@ -28,8 +28,9 @@ async def delete(base: str, location: str) -> HTTPResponse:
     return await AsyncHTTPClient().fetch(request, raise_error=False)
 
 
-async def offer(codecs: str = "video/H264") -> tuple[RTCPeerConnection, str]:
-    """A receive-only peer connection offering `codecs` (a MIME type prefix) and its offer SDP."""
+async def offer(codecs: str = "video/") -> tuple[RTCPeerConnection, str]:
+    """A receive-only peer connection offering `codecs` (a MIME type prefix; by default every
+    codec aiortc has, VP8 first, as a browser offers) and its offer SDP."""
     pc = RTCPeerConnection()
     transceiver = pc.addTransceiver("video", direction="recvonly")
     wanted = [c for c in RTCRtpReceiver.getCapabilities("video").codecs if c.mimeType.startswith(codecs)]
