@@ -206,8 +206,8 @@ class Session:
             self._release()
             self._finish(EndReason.GENERATION_FAILED, f"generation failed: {type(exc).__name__}: {exc}")
             return
-        if reason is not None:
-            self._finish(reason, self._end_message, trailer=trailer)
+        if reason is not None:  # an ending error sends no trailer pair (docs/protocol.md §3.4)
+            self._finish(reason, self._end_message, trailer=b"" if reason.error is not None else trailer)
 
     def _generate(self, started: float) -> EndReason | None:
         """Stream chunks until an end; None when another thread ended the session (`fail`)."""

@@ -111,6 +111,7 @@ def test_a_player_that_never_reports_ends_the_session_after_its_idle_timeout() -
         errors = [m for m in messages(ch) if m["type"] == "error"]
         assert [e["code"] for e in errors] == ["stall_timeout"] and "idle_timeout_s" in errors[0]["message"]
         assert len(media(ch)) == 1  # one chunk fits 0.6 s; the next waited for a report that never came
+        assert messages(ch)[-1]["chunks"] == 1  # no trailer pair after an ending error
         assert "stop_latency_s" not in messages(ch)[-1]
     finally:
         mgr.shutdown()
@@ -148,5 +149,17 @@ def test_what_0_32_refuses_is_invalid_start(fields: dict[str, Any]) -> None:
         ch = start(mgr, **fields)
         first = messages(ch)[0]
         assert first["type"] == "error" and first["code"] == "invalid_start", first
+    finally:
+        mgr.shutdown()
+
+
+def test_a_chunk_over_max_output_bytes_ends_the_session_unsent() -> None:
+    mgr = manager()
+    try:
+        ch = start(mgr, streaming_pacing={"max_output_bytes": 100})  # any encoded chunk is larger
+        wait_for(lambda: messages(ch)[-1]["type"] == "session.done", "the end")
+        errors = [m for m in messages(ch) if m["type"] == "error"]
+        assert [e["code"] for e in errors] == ["generation_failed"] and "max_output_bytes" in errors[0]["message"]
+        assert media(ch) == [] and messages(ch)[-1]["chunks"] == 0
     finally:
         mgr.shutdown()
