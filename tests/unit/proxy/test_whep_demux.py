@@ -101,3 +101,13 @@ def test_offers_without_video_or_h264_are_refused(sdp: str, status: int) -> None
 
 def test_an_offer_with_h264_passes() -> None:
     check_offer(OFFER + "a=rtpmap:96 VP8/90000\r\na=rtpmap:97 H264/90000\r\n")
+
+
+def test_ice_servers_are_stun_or_turn_urls_without_credentials() -> None:
+    from rtvideo.proxy.settings import ProxySettings
+
+    ok = ("stun:stun.example.net:3478", "turn:turn.example.net:3478?transport=tcp", "turns:t.example.net")
+    assert ProxySettings(ice_servers=ok).ice_servers == ok
+    for bad in ("http://stun.example.net", "turn:user:secret@turn.example.net", "stun:", "turn:x?transport=sctp"):
+        with pytest.raises(ValueError, match="ice_server"):
+            ProxySettings(ice_servers=(bad,))
