@@ -16,7 +16,11 @@ orchestrator's (`entrypoints/omni_base.py`, `_process_single_result`) and whose
 the growth of (denoise + decode) since the request's previous output: the time the engine
 computed for it, without the scheduler's queue wait, the prompt's encoding, or the time our
 loop or a busy host took between outputs. Without the profiler the outputs carry no such keys
-and the caller falls back to the wall-clock gap between outputs.
+and the caller falls back to the wall-clock gap between outputs; so it does where a pipeline
+does not time its denoising: LingBot-World's names its own profiler targets
+(`models/lingbot_world/pipeline.py`: `_prepare_condition_chunk`, `_streaming_decode_chunk`, ...,
+not `denoise_step`), so its outputs carry no `.diffuse` key in 0.30.0, and a decode time alone
+is not a chunk's time.
 """
 
 from __future__ import annotations
@@ -34,18 +38,19 @@ PROFILER_ARG = "enable_diffusion_pipeline_profiler"
 
 def compute_seconds(stage_durations: Any) -> float | None:
     """The request's denoise and decode seconds so far, from an output's `stage_durations`
-    (seconds per stage key); None when it has neither (the profiler off, a stand-in engine)."""
+    (seconds per stage key); None without a denoise time (the profiler off, a pipeline that does
+    not time its denoising, a stand-in engine without stage times)."""
     if not isinstance(stage_durations, Mapping):
         return None
-    total, found = 0.0, False
+    total, denoised = 0.0, False
     for key, value in stage_durations.items():
         if isinstance(key, str) and key.endswith((DENOISE_SUFFIX, DECODE_SUFFIX)):
             try:
                 total += float(value)
             except (TypeError, ValueError):
                 continue
-            found = True
-    return total if found else None
+            denoised = denoised or key.endswith(DENOISE_SUFFIX)
+    return total if denoised else None
 
 
 class ChunkTimer:

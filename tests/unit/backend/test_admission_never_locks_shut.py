@@ -153,6 +153,8 @@ def test_a_chunks_engine_time_is_the_growth_of_its_denoise_and_decode_times() ->
     assert timer.chunk_seconds(_Output({"stage_0_gen_ms": 1.0})) is None  # the profiler off
     assert timer.chunk_seconds(object()) is None
     assert compute_seconds(None) is None and compute_seconds({"x.diffuse": "?"}) is None
+    # LingBot-World's pipeline times its decode but not its denoising: no chunk time (wall clock)
+    assert compute_seconds({"P._streaming_decode_chunk": 1.0, "P.vae.decode": 0.5}) is None
 
 
 def test_the_stage_keys_are_the_wheels_own() -> None:
@@ -172,6 +174,18 @@ def test_the_stage_keys_are_the_wheels_own() -> None:
     }
     base = wheel_source("vllm_omni/entrypoints/omni_base.py")
     assert "stage_durations=stage_durations," in base and "metrics=response_metrics," in base
+    # LingBot-World names its own targets, without `denoise_step`: its figure is the wall-clock one
+    lingbot = ast.parse(wheel_source("vllm_omni/diffusion/models/lingbot_world/pipeline.py"))
+    (targets,) = [
+        kw.value
+        for node in ast.walk(lingbot)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "setup_diffusion_pipeline_profiler"
+        for kw in node.keywords
+        if kw.arg == "profiler_targets"
+    ]
+    assert isinstance(targets, ast.List)
+    named = [e.value for e in targets.elts if isinstance(e, ast.Constant)]
+    assert "_streaming_decode_chunk" in named and "denoise_step" not in named and "diffuse" not in named
 
 
 # --- one batching rule -----------------------------------------------------------------------------
