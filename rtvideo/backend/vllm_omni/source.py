@@ -296,9 +296,9 @@ class EngineSources:
         if self.host.dead is not None:
             raise EngineError(f"the engine is not healthy: {self.host.dead}")
         # the start's `extra_params.video_codec_options` apply to our encoder; the engine is not sent them
-        open_encoder = functools.partial(
-            self._encoder_factory, config.width, config.height, config.fps, options=config.encoder_options
-        )
+        # (a start without them opens the encoder as before: a factory need not take `options`)
+        options = {"options": config.encoder_options} if config.encoder_options else {}
+        open_encoder = functools.partial(self._encoder_factory, config.width, config.height, config.fps, **options)
         image_at = self.rules.first_frame_at if self.rules is not None else FirstFrameAt.PROMPT
         frames = self.engine_frames(config)
         # dropped only where the request has a frame to spare for it (at the length cap it has not:
