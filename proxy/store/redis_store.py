@@ -3,7 +3,7 @@
 Keys, under the prefix `rtvideo:` (one Redis may serve several deployments by database):
 `s:{sid}` the fields (a hash, with `epoch` and `touched`), `f:{sid}` the log (a list), `p:{sid}`
 the kept payloads (a hash, base64), `l:{sid}` the lease (`holder:epoch`, with an expiry),
-`h:{sid}` a handoff request, `k:{kind}:{hash}` a token's session, `a:{holder}` where a proxy is
+`h:{sid}` a handoff request, `d:{sid}` one its holder declined (60 s), `k:{kind}:{hash}` a token's session, `a:{holder}` where a proxy is
 reached by the other replicas (with an expiry it renews). Each write under a lease is one Lua script that checks
 the lease first, so a replica that lost it writes nothing (base.py). Every key of a session
 expires `KEEP_SECONDS` after its last write: a session nobody drives is forgotten.
@@ -18,13 +18,23 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from rtvideo.proxy.store.base import LEASE_SECONDS, Holding, Lease, Payload, StoredSession, StoreUnavailable
+from rtvideo.proxy.store.base import (
+    CALL_SECONDS,
+    LEASE_SECONDS,
+    Holding,
+    Lease,
+    Payload,
+    Renewal,
+    SessionGone,
+    StoredSession,
+    StoreUnavailable,
+)
 
 PREFIX = "rtvideo:"
 #: how long a session's keys outlive its last write (a live one writes every chunk)
 KEEP_SECONDS = 3600
-#: how long one call may take before the store is taken for unreachable
-CALL_SECONDS = 2.0
+#: log entries written by one call of a restore (a Lua call's arguments are bounded)
+RESTORE_BATCH = 500
 
 # KEYS[1] lease; ARGV[1] the lease value; then the writes. Returns 1 when written.
 _GUARD = "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end\n"
@@ -40,6 +50,17 @@ _APPEND = _GUARD + (
     "end\n"
     "redis.call('expire', KEYS[2], ARGV[2])\nreturn 1"
 )
+# a restore begins: the fields replace the record's (its epoch and last renewal kept), the log
+# and payloads go, and the record is marked `restoring` until `_RESTORED` (a takeover waits)
+_RESTORE = _GUARD + (
+    "local e = redis.call('hget', KEYS[2], 'epoch')\n"
+    "local t = redis.call('hget', KEYS[2], 'touched')\n"
+    "redis.call('del', KEYS[2], KEYS[3], KEYS[4])\n"
+    "redis.call('hset', KEYS[2], 'epoch', e or 0, 'touched', t or 0, 'restoring', '1')\n"
+    "if #ARGV > 2 then redis.call('hset', KEYS[2], unpack(ARGV, 3)) end\n"
+    "redis.call('expire', KEYS[2], ARGV[2])\nreturn 1"
+)
+_RESTORED = _GUARD + "redis.call('hdel', KEYS[2], 'restoring')\nreturn 1"
 _NOW_MS = "local t = redis.call('time')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
 _ACQUIRE = _NOW_MS + (
     "if redis.call('exists', KEYS[1]) == 1 then return 0 end\n"
@@ -53,10 +74,16 @@ _ACQUIRE = _NOW_MS + (
 # token (the holder was resumed with it meanwhile: the other resume lost the race) is dropped
 _RENEW = _NOW_MS + (
     "if redis.call('get', KEYS[1]) ~= ARGV[1] then return redis.call('exists', KEYS[3]) - 1 end\n"
+    "local asked = 1\n"
     "local h = redis.call('get', KEYS[2])\n"
-    "if h then\n  if h == ARGV[3] then return 0 end\n  redis.call('del', KEYS[2])\nend\n"
+    "if h then\n  if h == ARGV[3] then asked = 2 else redis.call('del', KEYS[2]) end\nend\n"
     "redis.call('hset', KEYS[3], 'touched', now)\n"
-    "redis.call('pexpire', KEYS[1], ARGV[2])\nreturn 1"
+    "redis.call('pexpire', KEYS[1], ARGV[2])\nreturn asked"
+)
+# KEYS: lease, handoff request, its answer; ARGV: lease, the resume hash it was asked with
+_DECLINE = _GUARD + (
+    "if redis.call('get', KEYS[2]) == ARGV[2] then\n"
+    "  redis.call('del', KEYS[2])\n  redis.call('set', KEYS[3], ARGV[2], 'EX', 60)\nend\nreturn 1"
 )
 
 # a released lease is marked on the session (a takeover tells a shutdown from a death)
@@ -89,6 +116,9 @@ class RedisStore:
                 "acquire": _ACQUIRE,
                 "renew": _RENEW,
                 "release": _RELEASE,
+                "restore": _RESTORE,
+                "decline": _DECLINE,
+                "restored": _RESTORED,
             }.items()
         }
 
@@ -112,6 +142,22 @@ class RedisStore:
         if payload is not None:
             args += [payload.index, base64.b64encode(payload.data).decode("ascii"), *payload.forget]
         return bool(await self._call("append", self._scripts["append"](keys=keys, args=args)))
+
+    async def restore(
+        self, sid: str, lease: Lease, fields: Mapping[str, str], log: Sequence[str], payloads: Mapping[int, bytes]
+    ) -> bool:
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}", PREFIX + f"f:{sid}", PREFIX + f"p:{sid}"]
+        args: list[str | int] = [lease.value, KEEP_SECONDS, *_flat(fields)]
+        if not await self._call("restore", self._scripts["restore"](keys=keys, args=args)):
+            return False
+        for at in range(0, len(log), RESTORE_BATCH):
+            if not await self.append(sid, lease, log[at : at + RESTORE_BATCH], None):
+                return False
+        for index, data in payloads.items():
+            if not await self.append(sid, lease, (), Payload(index, data)):
+                return False
+        done = self._scripts["restored"](keys=keys[:2], args=[lease.value])
+        return bool(await self._call("restore", done))
 
     async def bind_token(self, kind: str, token_hash: str, sid: str) -> None:
         await self._call("bind_token", self._redis.set(PREFIX + f"k:{kind}:{token_hash}", sid, ex=KEEP_SECONDS))
@@ -144,14 +190,14 @@ class RedisStore:
         epoch = await self._call("acquire", self._scripts["acquire"](keys=keys, args=[holder, int(ttl * 1000)]))
         return Lease(holder, int(epoch)) if epoch else None
 
-    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> bool:
+    async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> Renewal:
         keys = [PREFIX + f"l:{sid}", PREFIX + f"h:{sid}", PREFIX + f"s:{sid}"]
         renewed = await self._call(
             "renew", self._scripts["renew"](keys=keys, args=[lease.value, int(ttl * 1000), resume_hash])
         )
         if int(renewed) < 0:  # neither its lease nor its record: the store lost it (restarted empty)
-            raise StoreUnavailable(f"session store renew: session {sid} is gone from the store")
-        return bool(renewed)
+            raise SessionGone(f"session store renew: session {sid} is gone from the store")
+        return Renewal(int(renewed))
 
     async def release(self, sid: str, lease: Lease) -> None:
         keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}"]
@@ -159,6 +205,13 @@ class RedisStore:
 
     async def ask_handoff(self, sid: str, resume_hash: str) -> None:
         await self._call("ask_handoff", self._redis.set(PREFIX + f"h:{sid}", resume_hash, ex=60))
+
+    async def decline_handoff(self, sid: str, lease: Lease, resume_hash: str) -> None:
+        keys = [PREFIX + f"l:{sid}", PREFIX + f"h:{sid}", PREFIX + f"d:{sid}"]
+        await self._call("decline_handoff", self._scripts["decline"](keys=keys, args=[lease.value, resume_hash]))
+
+    async def handoff_declined(self, sid: str, resume_hash: str) -> bool:
+        return await self._call("handoff_declined", self._redis.get(PREFIX + f"d:{sid}")) == resume_hash
 
     async def drop(self, sid: str) -> None:
         keys = [PREFIX + f"{part}:{sid}" for part in ("s", "f", "p", "l", "h")]
