@@ -14,7 +14,6 @@ import asyncio
 import enum
 import logging
 import secrets
-import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,7 +132,6 @@ class RealtimeVideoHandler(WebSocketHandler):
         self.owner: Owner | None = None  # built at the upgrade
         self.client = str(self.request.remote_ip)  # the client address (a trusted proxy's report), set in prepare
         self.group = self.client  # the client every per-client bound counts it as (its network), set in prepare
-        self.opened = time.monotonic()
         self._start_timer: asyncio.TimerHandle | None = None
         self._tasks = TaskSet()  # the refusal's flush and close
         self._pong: asyncio.Event | None = None  # set by the pong of the latest `responsive` ping
@@ -183,11 +181,6 @@ class RealtimeVideoHandler(WebSocketHandler):
         """A request answered without the upgrade (403, 400, 503...) leaves the waiting share."""
         if self.get_status() != 101:
             self.context.waiting.leave(self)
-
-    @property
-    def waited(self) -> float:
-        """Seconds since the connection was opened."""
-        return time.monotonic() - self.opened
 
     def displace(self, held: float) -> None:
         """Its place in the waiting share goes to a newcomer: it held it `held` seconds, past the
