@@ -250,3 +250,39 @@ def test_a_viewer_at_the_replica_that_does_not_hold_the_session_reaches_it(proxi
         run(body(), timeout=240)
         _no_viewers_left(a)
         _no_viewers_left(b)
+
+
+def test_an_offer_never_followed_up_frees_its_place(proxies, triton) -> None:
+    """A client that posts its offer and goes (never sets the answer, never connects): the viewer
+    is ended once ICE has not connected in time, and its watcher's place is free again."""
+    wait_idle(triton, PACED_MODEL)
+    server = proxies.server(model=PACED_MODEL, max_watchers_per_session=1)
+    base = _base(server)
+
+    async def body() -> None:
+        owner = await Leg.open(server.url)
+        start = await owner.start(PROMPT, seed=35, num_frames=9 * 400, watchable=True)
+        reading = asyncio.ensure_future(_read_on(owner))
+        bearer = {"Authorization": f"Bearer {start['watch_token']}", **SDP}
+        pc, sdp = await offer()
+        gone = await post(base, sdp.encode(), bearer)
+        await pc.close()  # the answer is never taken
+        assert gone.code == 201
+        pc, sdp = await offer()
+        try:
+            assert (await post(base, sdp.encode(), bearer)).code == 503  # the place is taken meanwhile
+        finally:
+            await pc.close()
+        deadline = asyncio.get_running_loop().time() + whep_viewer.CONNECT_SECONDS + 60
+        while len(server.whep_viewers) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.2)
+        assert len(server.whep_viewers) == 0
+        viewer = await Viewer.open(base, start["watch_token"])  # the place is free again
+        await viewer.until_frames(1)
+        await owner.send({"type": "session.stop"})
+        await reading
+        await viewer.until_closed()
+        await viewer.close()
+
+    run(body(), timeout=300)
+    _no_viewers_left(server)
