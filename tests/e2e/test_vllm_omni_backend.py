@@ -444,3 +444,35 @@ def test_random_steering_through_the_proxy_and_over_grpc(omni, model, kinds, see
     finally:
         stream.close()
     assert through_proxy["chunks"] >= 2 and over_grpc["chunks"] >= 2, (through_proxy, over_grpc)
+
+
+def test_codec_options_configure_our_encoder_and_quality_reaches_the_engine(omni) -> None:
+    """A start written for vLLM-Omni's endpoint through the proxy and Triton: its
+    `video_codec_options` keyframe interval shows in the decoded stream (a keyframe every 2
+    frames, chunks of 4), `threads` is listed as ignored, neither reaches the engine's
+    `extra_args`; its `quality` reaches the engine request."""
+    import io
+
+    import av
+
+    proxies, engines = omni
+    engine = engines[MODEL]
+    codec = {"g": "2", "crf": 30, "threads": "0", "tune": "zerolatency"}
+
+    async def body() -> tuple[Transcript, dict[str, Any]]:
+        async with ws(proxies.url(model=MODEL)) as conn:
+            s = Ws(conn)
+            start = await s.start("a field", num_frames=8, quality="high", extra_params={"video_codec_options": codec})
+            return await s.finish(), start
+
+    t, start = run(body())
+    check_stream_rules(t)
+    config = start["config"]
+    assert config["ignored_fields"] == ["extra_params.video_codec_options.threads"]
+    assert "video_codec_options" not in config["sampling"]["extra_params"] and config["sampling"]["quality"] == "high"
+    with av.open(io.BytesIO(t.video), mode="r", format="mp4") as container:
+        keys = [i for i, frame in enumerate(container.decode(video=0)) if frame.key_frame]
+    assert keys == [0, 2, 4, 6]
+    generate = engine.wait_for("generate", request_id=start["request_id"])
+    assert generate["extra_args"] == PRESET  # the preset alone: the codec options stayed here
+    assert generate["quality"] == "high"

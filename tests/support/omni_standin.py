@@ -247,6 +247,7 @@ class StandInAsyncOmni:
             guidance_scale=params.guidance_scale,
             extra_args={k: v for k, v in (params.extra_args or {}).items() if k != "image"},
             lora_request=params.lora_request,
+            quality=getattr(params, "quality", None),
         )
         problem = self._pipeline_refusal(image, params)
         if problem is not None:  # the pipeline raises inside the engine: `generate()` raises it
