@@ -33,8 +33,9 @@ from typing import Any
 
 #: what one session's queue may hold by default (`vllm_omni_output_queue_bytes`): two Helios
 #: chunks at 640x384 (2 x 97 MB), so the worker always has the next chunk ready, while a session
-#: whose worker has stopped (a paused session, an encoder far behind) is ended within about three
-#: chunks of the engine's time
+#: whose worker has stopped (a paused session, an encoder far behind) is ended after its model's
+#: own number of chunks (`ModelRules.paused_chunks`): 3 of Helios' 97 MB float32 ones (~7 s), 19
+#: of LingBot-World's 14.4 MB uint8 ones (~48 s at 5 fps)
 DEFAULT_OUTPUT_QUEUE_BYTES = 256 * 2**20
 
 OUTPUT = "output"
