@@ -59,6 +59,10 @@ class ConnectionPhase(enum.Enum):
     CLOSED = enum.auto()
 
 
+def _unmeasured(call: str, seconds: float, ok: bool) -> None:
+    """What the in-process store's calls report: nothing (no store to watch)."""
+
+
 #: the phases in which a connection that does not become a session is answered (`refuse`)
 _ANSWERABLE = (ConnectionPhase.WAITING, ConnectionPhase.ATTACHING, ConnectionPhase.STARTING)
 
@@ -87,7 +91,8 @@ class ProxyContext:
         self.features = Features(self.settings, shared=self.store.shared)
         s = self.settings
         self.waiting = WaitingShare(s.awaiting_start_bound, s.awaiting_start_per_client, AWAITING_START_GRACE_SECONDS)
-        self.shares = SlotShares(self.store, self.metrics.store_call)
+        # the store's calls are measured where a store is shared (the in-process one answers at once)
+        self.shares = SlotShares(self.store, self.metrics.store_call if self.store.shared else _unmeasured)
         keep = s.resume_grace_seconds + LEASE_SECONDS  # as long as the store keeps a session's keys
         self.store_watch = StoreWatch(self.store, self.metrics.store_found, self.metrics.store_call, keep)
         # one token identity for every replica of a shared store: any of them tells its tokens
