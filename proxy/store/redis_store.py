@@ -271,15 +271,19 @@ class RedisStore:
         return int(await self._call("shares", script(keys=[PREFIX + f"c:{group}"], args=[])))
 
 
-# the share of slots per client: KEYS[1] the group's sorted set; expired entries dropped first
-_SHARE_NOW = _NOW_MS + "redis.call('zremrangebyscore', KEYS[1], '-inf', now)\n"
+# the share of slots per client: KEYS[1] the group's sorted set, scored by each entry's expiry. A
+# live entry expires after `now`; each script's first write is its ZADD, so a Redis at its
+# `maxmemory` refuses the claim before it writes anything (a write first would let the rest pass).
 # ARGV: member, limit, ttl (ms). Returns {counted, entries}
-_CLAIM_SHARE = _SHARE_NOW + (
-    "local held = redis.call('zcard', KEYS[1])\n"
-    "if not redis.call('zscore', KEYS[1], ARGV[1]) and held >= tonumber(ARGV[2]) then return {0, held} end\n"
+_CLAIM_SHARE = _NOW_MS + (
+    "local live = redis.call('zcount', KEYS[1], now + 1, '+inf')\n"
+    "local expiry = redis.call('zscore', KEYS[1], ARGV[1])\n"
+    "local mine = expiry and tonumber(expiry) > now\n"
+    "if not mine and live >= tonumber(ARGV[2]) then return {0, live} end\n"
     "redis.call('zadd', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])\n"
+    "redis.call('zremrangebyscore', KEYS[1], '-inf', now)\n"
     "redis.call('pexpire', KEYS[1], ARGV[3])\n"
-    "return {1, redis.call('zcard', KEYS[1])}"
+    "if mine then return {1, live} end\nreturn {1, live + 1}"
 )
 # KEYS: each entry's group key; ARGV: ttl (ms), then each entry's member
 _RENEW_SHARES = _NOW_MS + (
@@ -288,4 +292,4 @@ _RENEW_SHARES = _NOW_MS + (
     "  redis.call('pexpire', KEYS[i], ARGV[1])\n"
     "end\nreturn 1"
 )
-_COUNT_SHARE = _SHARE_NOW + "return redis.call('zcard', KEYS[1])"
+_COUNT_SHARE = _NOW_MS + "return redis.call('zcount', KEYS[1], now + 1, '+inf')"

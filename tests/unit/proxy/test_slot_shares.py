@@ -160,3 +160,37 @@ def test_a_paused_store_falls_back_to_the_local_count_and_an_emptied_one_is_fill
                 await store.close()
 
         asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_store_at_its_maxmemory_leaves_the_count_to_each_proxy(tmp_path: Path) -> None:
+    """Redis at its `maxmemory` (noeviction) refuses the claim's write: the start is admitted
+    by this proxy's own count, never refused for the store's sake, and counted again once the
+    store takes writes."""
+    with serve_redis(tmp_path) as server:
+
+        async def body() -> None:
+            store = open_store(server.url)
+            client = aioredis.from_url(server.url)
+            failures: list[str] = []
+            shares = SlotShares(store, lambda call, _, ok: None if ok else failures.append(call))
+            session = object()
+            try:
+                await client.config_set("maxmemory-policy", "noeviction")
+                await client.config_set("maxmemory", 1)
+                try:
+                    assert await shares.claim("203.0.113.9", "s1", 1) is None  # none here: admitted
+                    shares.count(session, "203.0.113.9", "s1")
+                    assert await shares.claim("203.0.113.9", "s2", 1) == 1  # this proxy's own count
+                    assert "claim_share" in failures
+                finally:
+                    await client.config_set("maxmemory", 0)
+                deadline = time.monotonic() + 30
+                while await store.shares("203.0.113.9") < 1:  # the next renewal counts it in the store
+                    assert time.monotonic() < deadline, "the entry was not written once the store took writes"
+                    await asyncio.sleep(0.1)
+            finally:
+                await shares.close()
+                await client.aclose()
+                await store.close()
+
+        asyncio.run(asyncio.wait_for(body(), 60))
