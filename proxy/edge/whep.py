@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -161,12 +162,18 @@ class WhepHandler(_WhepBase):
                 log.info("peer=%s whep (%s) refused: %s", self.request.remote_ip, kind, exc.message)
                 self.refuse(403, f"Unknown or ended {kind} token")
             return
-        why = session.watch_refusal() if kind == "watch" else session.steer_refusal()
-        if why is not None:
-            log.info("peer=%s whep (%s) refused: %s", self.request.remote_ip, kind, why)
-            self.refuse(503, f"No room for a viewer: {why}", "5")
+        if self._no_room(kind, session):
             return
-        await self._admit(kind, session, offer)
+        await self._admit(kind, session, offer, lambda: book.find(token))
+
+    def _no_room(self, kind: str, session: Any) -> bool:
+        """The session's (and proxy's) room for one more participant of `kind` (503; True: refused)."""
+        why = session.watch_refusal() if kind == "watch" else session.steer_refusal()
+        if why is None:
+            return False
+        log.info("peer=%s whep (%s) refused: %s", self.request.remote_ip, kind, why)
+        self.refuse(503, f"No room for a viewer: {why}", "5")
+        return True
 
     def _credential_and_offer(self) -> tuple[str | None, str | None, str | None]:
         """The viewer's token, its kind and the offer; Nones once refused (401, 415, 413, 400, 406)."""
@@ -194,9 +201,14 @@ class WhepHandler(_WhepBase):
             return None, None, None
         return token, kind, offer
 
-    async def _admit(self, kind: str, session: Any, offer: str) -> None:
+    async def _admit(self, kind: str, session: Any, offer: str, find: Callable[[], Any]) -> None:
+        """Answer the offer, then attach the viewer to `session` if it still lives (`find`: the
+        token's session now; ResumeRefused once it ended) and still has room."""
         ctx = self.context
         s = ctx.settings
+        if len(self.viewers) >= s.max_watchers + s.max_steerers:  # offers still being answered count too
+            self.refuse(503, "No room for a viewer: this server has as many WebRTC viewers as it takes", "5")
+            return
         ice = IceServers(s.ice_servers, s.ice_username, s.ice_credential)
         viewer = WhepViewer(self.viewers, kind, ice, ctx.holder)
         self.viewers.add(viewer)
@@ -211,7 +223,16 @@ class WhepHandler(_WhepBase):
             log.info("peer=%s whep offer refused by the WebRTC stack: %r", self.request.remote_ip, exc)
             self.refuse(400, f"the offer could not be taken: {exc}")
             return
-        if kind == "watch":
+        try:
+            live = find() is session
+        except ResumeRefused:
+            live = False
+        if live and self._no_room(kind, session):  # filled by others while the answer was made
+            viewer.end("no room once its answer was made")
+            return
+        if not live:
+            participant = None
+        elif kind == "watch":
             participant = session.attach_watcher(viewer.link)
         else:
             participant = session.attach_steerer(viewer.link, str(self.request.remote_ip))

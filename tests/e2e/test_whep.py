@@ -286,3 +286,36 @@ def test_an_offer_never_followed_up_frees_its_place(proxies, triton) -> None:
 
     run(body(), timeout=300)
     _no_viewers_left(server)
+
+
+def test_offers_at_once_for_one_place_admit_one(proxies, triton) -> None:
+    """Several offers at once for a session with room for one watcher: each is answered while the
+    others are (ICE gathering awaits), yet exactly one joins; the rest get 503 with Retry-After
+    and no peer connection of theirs is left."""
+    wait_idle(triton, PACED_MODEL)
+    server = proxies.server(model=PACED_MODEL, max_watchers_per_session=1)
+    base = _base(server)
+
+    async def body() -> None:
+        owner = await Leg.open(server.url)
+        start = await owner.start(PROMPT, seed=36, num_frames=9 * 400, watchable=True)
+        reading = asyncio.ensure_future(_read_on(owner))
+        bearer = {"Authorization": f"Bearer {start['watch_token']}", **SDP}
+        offers = [await offer() for _ in range(4)]
+        try:
+            answers = await asyncio.gather(*(post(base, sdp.encode(), bearer) for _, sdp in offers))
+            codes = sorted(a.code for a in answers)
+            assert codes == [201, 503, 503, 503], codes
+            assert all(a.headers.get("Retry-After") for a in answers if a.code == 503)
+            assert len(server.whep_viewers) == 1
+            joined = next(a for a in answers if a.code == 201)
+            assert (await delete(base, joined.headers["Location"])).code == 200
+            assert len(server.whep_viewers) == 0
+        finally:
+            for pc, _ in offers:
+                await pc.close()
+        await owner.send({"type": "session.stop"})
+        await reading
+
+    run(body(), timeout=240)
+    _no_viewers_left(server)
