@@ -15,6 +15,8 @@ from tornado.httputil import HTTPServerRequest
 from tornado.netutil import bind_sockets
 
 from rtvideo.core.protocol import MAX_START_BYTES
+from rtvideo.proxy.broadcasts.http import routes as broadcast_routes
+from rtvideo.proxy.broadcasts.service import Broadcasts
 from rtvideo.proxy.edge import drain as drain_http
 from rtvideo.proxy.edge.access import host_allowed, refused_without_token, token_ok
 from rtvideo.proxy.edge.connections import BoundedHTTPServer, fd_room
@@ -307,6 +309,7 @@ def make_app(
         per_recording=settings.recording_cap,
         max_count=settings.recordings_max_count,
     )
+    context.features.broadcasts = Broadcasts.create(settings)  # --broadcast-store (rtvideo.proxy.broadcasts)
     relays = Relays(settings, metrics)  # guests forwarded to the replica that holds their session
     guests: dict[str, Any] = {"context": context, "relays": relays}
     viewers = WhepViewers(metrics.whep_viewers)  # WebRTC viewers (rtvideo.proxy.edge.whep)
@@ -318,6 +321,7 @@ def make_app(
         *health_routes(context),
         (r"/v1/models", ModelsHandler, {"context": context}),
         *recording_routes(context.features.recordings, settings),
+        *broadcast_routes(context.features.broadcasts),
         (
             drain_http.PATH,
             drain_http.DrainHandler,
@@ -508,5 +512,7 @@ class ProxyServer:
         await self.context.store.close()
         if (recordings := self.context.features.recordings) is not None:
             await asyncio.to_thread(recordings.close)  # what the ended sessions left to write
+        if (broadcasts := self.context.features.broadcasts) is not None:
+            await asyncio.to_thread(broadcasts.close)  # their last playlists written
         self._server = None
         log.info("proxy on %s stopped (%d session(s) ended at the stop)", self.url, len(sessions))

@@ -236,6 +236,28 @@ class ProxySettings:
         "refused while the live ones reach it (0: no count limit)",
     )
     record_all: bool = setting(False, 'record every session (else a session asks with "record": true)')
+    broadcast_store: str | None = setting(
+        None,
+        'where HLS broadcasts are written (a session.start with "broadcast": true, docs/protocol.md '
+        '"Broadcasts"): a directory, served by the proxy too, or an fsspec URL such as s3://bucket/prefix '
+        "(needs rtvideo[recordings]) that a CDN serves; unset: broadcasts off",
+        secret=True,  # an fsspec URL may carry a key: shown only through rtvideo.redaction.redact_url
+    )
+    broadcast_base_url: str | None = setting(
+        None,
+        "the CDN's address of the broadcast store (https://cdn.example/live): broadcast_url is then "
+        "BASE/ID/index.m3u8; unset: a path on the proxy, /v1/broadcasts/ID/index.m3u8",
+    )
+    broadcast_window: int = setting(
+        30, "chunks a broadcast's playlist lists (a live window; as many more stay on the store for late readers)"
+    )
+    broadcast_max_bytes: int = setting(
+        64 * MiB, "bytes one broadcast keeps on the store (its oldest segments go first; the playlist lists half)"
+    )
+    max_broadcasts: int = setting(64, "broadcasts live on this proxy at once; a start asking for one more: server_busy")
+    broadcast_retention_seconds: float = setting(
+        600.0, "seconds an ended broadcast stays on the store before it is removed"
+    )
 
     def __post_init__(self) -> None:
         self._check_resume_settings()
@@ -298,6 +320,7 @@ class ProxySettings:
         trusted_networks(self.trusted_proxies)  # each one parses
         if self.record_all and not self.recordings:
             raise ValueError("--record-all needs --recordings (where to store them)")
+        self._check_broadcast_settings()
         if self.resolve_interval < 0 or self.drain_seconds < 0:
             raise ValueError("resolve_interval and drain_seconds must be >= 0")
         if self.move_patience_seconds < 0:
@@ -334,6 +357,17 @@ class ProxySettings:
         if self.max_sessions_per_client:
             return self.max_sessions_per_client
         return 16 if known_slots is None else max(1, known_slots // 2)
+
+    def _check_broadcast_settings(self) -> None:
+        if self.broadcast_window < 1 or self.broadcast_max_bytes < 1 or self.max_broadcasts < 0:
+            raise ValueError("broadcast_window and broadcast_max_bytes must be positive, max_broadcasts >= 0")
+        if self.broadcast_retention_seconds < 0:
+            raise ValueError("broadcast_retention_seconds must be >= 0")
+        base = self.broadcast_base_url
+        if base is not None and not re.fullmatch(r"https?://[^\s?#]+", base):
+            raise ValueError(f"--broadcast-base-url {base!r}: an http:// or https:// URL without a query")
+        if base is not None and not self.broadcast_store:
+            raise ValueError("--broadcast-base-url needs --broadcast-store (where the broadcasts are written)")
 
     @property
     def recording_cap(self) -> int:

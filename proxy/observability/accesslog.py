@@ -23,6 +23,7 @@ from typing import Any
 
 from tornado.log import access_log
 
+from rtvideo.proxy.broadcasts.http import masked
 from rtvideo.redaction import SECRET_PARAMS, redact_text, redact_uri
 
 # SECRET_PARAMS and redact_text are rtvideo.redaction's, re-exported: what this log masks
@@ -55,7 +56,7 @@ def log_request(handler: Any) -> None:
             "%d %s %s (%s) %.2fms",
             status,
             request.method,
-            redact(request.uri or ""),
+            redact(masked(request.uri or "")),  # a broadcast's id is its capability
             request.remote_ip,
             1000.0 * request.request_time(),
         )

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.proxy.broadcasts.service import Broadcasts
 from rtvideo.proxy.participants.links import Link, Owner
 from rtvideo.proxy.participants.steerers import GuestSteerer, SteerCensus
 from rtvideo.proxy.participants.tokens import TokenBook
@@ -27,7 +28,7 @@ from rtvideo.proxy.recordings.service import Recordings
 from rtvideo.proxy.settings import ProxySettings
 
 #: fields of `session.start` that the proxy takes out before forwarding (the model never sees them)
-PROXY_START_OPTIONS = ("resumable", "watchable", "steerable", "record")
+PROXY_START_OPTIONS = ("resumable", "watchable", "steerable", "record", "broadcast")
 
 
 class Resumable(Protocol):
@@ -82,6 +83,7 @@ class Features:
     steer_tokens: TokenBook[Steerable] = field(default_factory=lambda: TokenBook[Steerable]("sv1"))
     steerers: SteerCensus = field(default_factory=SteerCensus)
     recordings: Recordings | None = None  # --recordings (rtvideo.proxy.recordings); set by the application
+    broadcasts: Broadcasts | None = None  # --broadcast-store (rtvideo.proxy.broadcasts); set by the application
     #: a shared session store (--session-store redis://…): every session is resumable unless its
     #: start says `"resumable": false`, so that a deploy loses none (docs/operations.md)
     shared: bool = False

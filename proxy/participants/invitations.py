@@ -19,7 +19,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rtvideo.core import server_messages
+from rtvideo.core.chunks import MEDIA
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.proxy.broadcasts.service import NoBroadcastRoom
+from rtvideo.proxy.broadcasts.writer import BroadcastWriter
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features, Resumable, Steerable, Watchable, take_options
 from rtvideo.proxy.participants.links import Frame, Guest
@@ -32,7 +35,7 @@ from rtvideo.proxy.recordings.ids import MalformedId
 from rtvideo.proxy.recordings.recorder import SessionRecorder
 from rtvideo.proxy.recordings.service import NoRoom
 from rtvideo.proxy.session.handouts import Handouts
-from rtvideo.proxy.session.record import SavedSession, token_hash
+from rtvideo.proxy.session.record import SavedFrame, SavedSession, token_hash
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.store.base import LEASE_SECONDS
 
@@ -62,6 +65,7 @@ class Invitations:
         self._recorder: SessionRecorder | None = None
         self._recording_token: str | None = None  # the recording's capability: the owner's alone (never logged)
         self._branch: Branch | None = None  # the start's from_recording
+        self._broadcast: BroadcastWriter | None = None  # the start's "broadcast": true (rtvideo.proxy.broadcasts)
         #: tokens of a session taken over from another replica, known here by their hash alone
         self._adopted: dict[str, str] = {}
 
@@ -92,6 +96,7 @@ class Invitations:
         self._options, raw = take_options(first, raw)
         if self._features.shared:  # with a shared store a deploy must lose no session that did not opt out
             self._options.setdefault("resumable", True)
+        self._begin_broadcast(handouts)
         recordings = self._features.recordings
         asked = self._options.get("record", False)
         if recordings is None and asked:
@@ -109,6 +114,39 @@ class Invitations:
             self._recorder.received(start, None)
             handouts.record_to(self._recorder)
         return raw
+
+    def _begin_broadcast(self, handouts: Handouts) -> None:
+        """The start's `"broadcast": true`: its writer follows what the owner is handed (it
+        begins on the store with video.start). Refused before anything starts when broadcasts
+        are off (invalid_start) or this proxy holds its most (server_busy)."""
+        assert self._features is not None
+        if not self._options.get("broadcast"):
+            return
+        broadcasts = self._features.broadcasts
+        if broadcasts is None:
+            raise ProtocolError(
+                ErrorCode.INVALID_START,
+                "broadcast: broadcasts are off on this server (rtvideo serve --broadcast-store DIR|URL)",
+            )
+        try:
+            self._broadcast = broadcasts.begin()
+        except NoBroadcastRoom as exc:
+            raise ProtocolError(ErrorCode.SERVER_BUSY, str(exc)) from None
+        handouts.record_to(self._broadcast)
+
+    @property
+    def broadcast_id(self) -> str | None:
+        """The session's broadcast (the session store keeps it: a takeover goes on with it)."""
+        return None if self._broadcast is None else self._broadcast.bid
+
+    def end_broadcast(self) -> str | None:
+        """The owner's `session.broadcast` {"enabled": false}: the playlist ends (EXT-X-ENDLIST),
+        the session goes on. Returns its broadcast_url (None: the session has no broadcast)."""
+        if self._broadcast is None:
+            return None
+        if self._broadcast.end():
+            log.info("broadcast %s ended by the session's owner", self._broadcast.bid[:8])
+        return self._broadcast.url
 
     @property
     def branching(self) -> bool:
@@ -163,6 +201,8 @@ class Invitations:
         handouts.keep_start(out)
         if self._recorder is not None:  # the owner's alone, as the tokens are
             out["recording_id"] = self._recorder.rid
+        if self._broadcast is not None:  # the owner's to share: whoever has it may watch
+            out["broadcast_url"] = self._broadcast.url
         if self._resume_token is not None:
             out["resume_token"] = self._resume_token
         out.update(self._marks())
@@ -199,6 +239,37 @@ class Invitations:
                 features.steer_tokens.adopt(self._adopted.setdefault("steer", hashes["steer"]), session)
         if saved.recording_id:
             self._go_on_recording(saved, handouts)
+        if saved.broadcast_id:
+            self._go_on_broadcast(saved, handouts)
+
+    def _go_on_broadcast(self, saved: SavedSession, handouts: Handouts) -> None:
+        """The broadcast of a session taken over goes on here: same id and URL, its playlist's
+        media sequence going on, the chunks the session store kept that it lacks written first
+        (rtvideo.proxy.broadcasts.writer `resume`). With broadcasts off here it is not continued,
+        and the proxy says so; its playlist stays as it was (no ENDLIST) until it is swept."""
+        assert self._features is not None and saved.broadcast_id is not None
+        broadcasts = self._features.broadcasts
+        if broadcasts is None:
+            log.error(
+                "request_id=%s broadcast not continued: broadcasts are off on this proxy (--broadcast-store)",
+                saved.request_id,
+            )
+            return
+        config = saved.handed_start.get("config")
+        fps = config.get("fps") if isinstance(config, dict) else None
+        earlier = [
+            (e.index, int(e.message.get("num_frames") or 0), e.data)
+            for e in saved.log
+            if isinstance(e, SavedFrame) and e.index is not None and e.data and e.message.get("kind") == MEDIA
+        ]
+        try:
+            self._broadcast = broadcasts.resume(
+                saved.broadcast_id, saved.init, earlier, float(fps) if isinstance(fps, (int, float)) else None
+            )
+        except MalformedId:
+            log.error("request_id=%s: the stored broadcast id is malformed; not continued", saved.request_id)
+            return
+        handouts.record_to(self._broadcast)
 
     def _go_on_recording(self, saved: SavedSession, handouts: Handouts) -> None:
         """The recording of a session taken over goes on here under its id, following what is
@@ -329,6 +400,8 @@ class Invitations:
             self._features.steer_tokens.retire(self._steer_token, "the session has ended")
             self._features.watch_tokens.retire_hash(self._adopted.get("watch"), "the session has ended")
             self._features.steer_tokens.retire_hash(self._adopted.get("steer"), "the session has ended")
+        if handed_off and self._broadcast is not None:
+            self._broadcast.let_go()  # the next holder goes on with its playlist: no ENDLIST here
         code = 1012 if handed_off else 1000
         if self._hub is not None:
             self._hub.close(code)

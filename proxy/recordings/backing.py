@@ -80,9 +80,14 @@ def open_private(path: Path, append: bool = True) -> IO[bytes]:
 
 def write_private(path: Path, text: str) -> None:
     """`text` into `path` whole: written to a partial file (0600) first, so no reader sees half."""
+    write_private_bytes(path, text.encode("utf-8"))
+
+
+def write_private_bytes(path: Path, data: bytes) -> None:
+    """`data` into `path` whole (a partial file, 0600, renamed over it: no reader sees half)."""
     partial = path.with_suffix(".partial")
     with open_private(partial, append=False) as f:
-        f.write(text.encode("utf-8"))
+        f.write(data)
     partial.replace(path)
 
 
@@ -100,6 +105,11 @@ class Backing(Protocol):
         ...
 
     def write_text(self, rid: str, name: str, text: str) -> None: ...
+
+    def write_bytes(self, rid: str, name: str, data: bytes) -> None:
+        """`data` as the whole file `name` (made with its folder if missing): a reader sees the
+        old file or the new one, never half (a rename on a disk, one put on an object store)."""
+        ...
 
     def remove_file(self, rid: str, name: str) -> None:
         """One file of a recording gone (none: nothing to do)."""
@@ -167,6 +177,12 @@ class LocalBacking:
 
     def write_text(self, rid: str, name: str, text: str) -> None:
         write_private(self._folder(rid) / name, text)
+
+    def write_bytes(self, rid: str, name: str, data: bytes) -> None:
+        folder = self._folder(rid)
+        if not folder.is_dir():
+            private_folder(folder)
+        write_private_bytes(folder / name, data)
 
     def remove_file(self, rid: str, name: str) -> None:
         (self._folder(rid) / name).unlink(missing_ok=True)
@@ -250,6 +266,9 @@ class FsspecBacking:
 
     def write_text(self, rid: str, name: str, text: str) -> None:
         self.fs.pipe_file(self._path(rid, name), text.encode("utf-8"))
+
+    def write_bytes(self, rid: str, name: str, data: bytes) -> None:
+        self.fs.pipe_file(self._path(rid, name), data)
 
     def remove_file(self, rid: str, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -61,6 +61,7 @@ class SavedSession:
     detached_at: float | None  # unix time its owner's link dropped, if it is away
     token_hashes: dict[str, str]  # its live tokens by kind ("resume", "watch", …), hashed
     recording_id: str | None = None  # its recording (rtvideo.proxy.recordings), which goes on with it
+    broadcast_id: str | None = None  # its broadcast (rtvideo.proxy.broadcasts), which goes on with it
 
     def acked(self) -> list[str]:
         """The events whose ack the owner was handed."""
@@ -99,4 +100,5 @@ class SavedSession:
             detached_at=float(detached) if detached else None,
             token_hashes=json.loads(fields.get("tokens") or "{}"),
             recording_id=fields.get("recording_id") or None,
+            broadcast_id=fields.get("broadcast_id") or None,
         )

@@ -260,6 +260,9 @@ class ProxySession:
         self._continuity.tokens(self._invites.token_hashes(), gone=("steer",))  # never adopted again
         return revoked
 
+    def end_broadcast(self) -> str | None:
+        return self._invites.end_broadcast()
+
     def heard(self, message: Mapping[str, Any], sender: Guest | None) -> None:
         self._invites.heard(message, sender)
 
@@ -357,6 +360,7 @@ class ProxySession:
                 "handed_start": json.dumps(handed),
                 "options": json.dumps(self._invites.options),
                 "recording_id": self._invites.recording_id or "",
+                "broadcast_id": self._invites.broadcast_id or "",
             }
             self._continuity.started(fields, self._invites.token_hashes())
         return offered

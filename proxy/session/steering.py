@@ -63,6 +63,9 @@ class SteeredSession(Protocol):
     def revoke_steering(self) -> int:
         """Ends every guest's steer link; returns how many there were."""
 
+    def end_broadcast(self) -> str | None:
+        """Ends the session's broadcast (the session goes on); its URL, None when it has none."""
+
     def heard(self, message: Mapping[str, Any], sender: Guest | None) -> None:
         """Every message parsed, with its sender (None: the owner): for the recording."""
 
@@ -134,8 +137,10 @@ class Steering:
         kind = message["type"]
         if guest is not None and kind != protocol.PLAYBACK:  # a report steers nothing: not counted
             self._metrics.steer_messages.inc()
-        if guest is not None and kind in (protocol.STOP, protocol.REVOKE_STEERING):
+        if guest is not None and kind in (protocol.STOP, protocol.REVOKE_STEERING, protocol.BROADCAST):
             self._dispatch.reject(ErrorCode.INVALID_MESSAGE, f"only the session's owner may send {kind}", to=guest)
+        elif kind == protocol.BROADCAST:
+            self._broadcast(message)
         elif kind == protocol.REVOKE_STEERING:
             revoked, life = self._session.revoke_steering(), self._life
             self._dispatch.answer(lambda: server_messages.steering_revoked(life.request_id, revoked))
@@ -165,6 +170,24 @@ class Steering:
             if guest is not None:
                 guest.forwarded(tag)
                 self._dispatch.route(tag, guest)
+
+    def _broadcast(self, message: Mapping[str, Any]) -> None:
+        """The owner's `session.broadcast`: `{"enabled": false}` ends the broadcast (its playlist
+        gets EXT-X-ENDLIST), the session goes on; answered `session.broadcast_ended` (again for a
+        repeat). A broadcast is begun only by the start (`"broadcast": true`)."""
+        if message.get("enabled") is not False:
+            self._dispatch.reject(
+                ErrorCode.INVALID_MESSAGE,
+                'session.broadcast takes {"enabled": false}: a broadcast is begun only by session.start',
+            )
+            return
+        url, life = self._session.end_broadcast(), self._life
+        if url is None:
+            self._dispatch.reject(
+                ErrorCode.INVALID_MESSAGE, 'the session has no broadcast (start with "broadcast": true)'
+            )
+        else:
+            self._dispatch.answer(lambda: server_messages.broadcast_ended(life.request_id, url))
 
     def _interact(self, message: Mapping[str, Any], raw: bytes, guest: Guest | None = None) -> None:
         """Acked here when the proxy can decide it like the model (rtvideo.proxy.session.dispatch);

@@ -43,6 +43,9 @@ PING = "session.ping"
 PLAYBACK = "session.playback"  # a playhead report (docs/protocol.md §2.6); clients may ignore it
 #: the owner ends every steer link of its session (docs/protocol.md §9.3); answered by the proxy
 REVOKE_STEERING = "session.revoke_steering"
+#: the owner ends the session's HLS broadcast, `{"enabled": false}` (docs/protocol.md "Broadcasts");
+#: the proxy answers it (a proxy feature: the model refuses it as an unknown type)
+BROADCAST = "session.broadcast"
 CLIENT_TYPES = (START, INTERACTION, STOP, PING, PLAYBACK, REVOKE_STEERING)
 
 VIDEO_START = "video.start"
@@ -53,6 +56,7 @@ METRICS = "session.metrics"  # in-band timing, only to a start with "metrics": t
 DONE = "session.done"
 ERROR = "error"
 STEERING_REVOKED = "session.steering_revoked"  # the answer to REVOKE_STEERING
+BROADCAST_ENDED = "session.broadcast_ended"  # the answer to BROADCAST
 #: another participant's interaction, told to everyone else of a shared session (docs/protocol.md §9.4)
 INTERACTION_SHARED = "session.interaction.shared"
 

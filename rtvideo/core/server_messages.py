@@ -12,7 +12,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.protocol import DONE, ERROR, INTERACTION_SHARED, PONG, QUEUED, STEERING_REVOKED, VIDEO_START
+from rtvideo.core.protocol import (
+    BROADCAST_ENDED,
+    DONE,
+    ERROR,
+    INTERACTION_SHARED,
+    PONG,
+    QUEUED,
+    STEERING_REVOKED,
+    VIDEO_START,
+)
 
 
 def encode(message: Mapping[str, Any]) -> str:
@@ -39,6 +48,11 @@ def queued(request_id: str | None, event_id: str, received_at: float | None = No
 
 def pong() -> dict[str, Any]:
     return {"type": PONG}
+
+
+def broadcast_ended(request_id: str | None, url: str) -> dict[str, Any]:
+    """The answer to `session.broadcast` {"enabled": false}: the playlist has ended."""
+    return {"type": BROADCAST_ENDED, "request_id": request_id, "broadcast_url": url}
 
 
 def steering_revoked(request_id: str | None, revoked: int) -> dict[str, Any]:
