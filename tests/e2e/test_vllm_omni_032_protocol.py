@@ -20,6 +20,7 @@ bound hangs.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.support.omni_triton import MODEL as OMNI_MODEL
@@ -94,4 +95,38 @@ def test_a_032_client_works_unchanged_against_the_vllm_omni_generator(omni) -> N
     assert config["ignored_fields"] == ["streaming_pacing"]  # 0.30's engine cannot hold a request back
     assert "streaming_pacing" not in config
     assert all("pacing" not in m and "output_chunk_index" not in m for m in t.media)  # not paced
+    stopped_with_latency(t)
+
+
+def test_the_65th_waiting_interaction_is_interaction_queue_full_and_the_session_goes_on(proxies) -> None:
+    """A paced session whose player does not report holds its next boundary; a client that keeps
+    sending meanwhile gets 0.32's bound: 64 waiting events are acked, the 65th is refused by
+    name, nothing of it recorded, and the video goes on once the player reports (the 63 older
+    targets coalesce into the 64th, and a new interaction is acked again)."""
+
+    async def body() -> Transcript:
+        async with ws(proxies.url(model=PACED_MODEL)) as conn:
+            s = Ws(conn)
+            await s.start("a harbour", seed=3, streaming_pacing=dict(PACING))
+            first = await s.next_media()
+            for i in range(65):  # under the proxy's message rate (20 a second)
+                await s.interact(f"harbour {i}", f"e{i}", 0)
+                await asyncio.sleep(0.06)
+            refused = await s.until(lambda m: m["type"] == "error", 60)
+            assert refused["code"] == "interaction_queue_full" and refused["event_id"] == "e64", refused
+            fps = s.t.messages[0]["config"]["fps"]
+            await s.send({"type": "session.playback", "position_seconds": first["num_frames"] / fps})
+            started = await s.until(lambda m: m["type"] == "video.chunk_metadata" and m["started_event_ids"], 60)
+            assert started["started_event_ids"] == ["e63"]
+            assert started["coalesced_event_ids"] == [f"e{i}" for i in range(63)]
+            await s.interact("harbour again", "e64", 0)  # the refused one, sent again: now taken
+            await s.until(lambda m: m["type"] == "session.interaction.queued" and m["event_id"] == "e64", 60)
+            await s.send({"type": "session.stop"})
+            return await s.finish()
+
+    t = run(body(), 180)
+    check_stream_rules(t)
+    acked = [m["event_id"] for m in t.messages if m["type"] == "session.interaction.queued"]
+    assert acked == [f"e{i}" for i in range(64)] + ["e64"]
+    assert [m["code"] for m in t.messages if m["type"] == "error"] == ["interaction_queue_full"]
     stopped_with_latency(t)
