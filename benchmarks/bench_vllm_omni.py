@@ -321,6 +321,18 @@ class DeviceMemoryPeak:
 ENGINE_PEAK_LINE = re.compile(r"engine request (\S+): GPU memory peak (\d+) MiB")
 
 
+#: vLLM-Omni's own line (`diffusion_model_runner.py` `_sample_peak_memory_mb`, at DEBUG): the
+#: worker's torch max_memory_reserved and max_memory_allocated for the request, in GiB
+ALLOCATED_PEAK_LINE = re.compile(r"Peak GPU memory \(this request\): ([\d.]+) GB reserved, ([\d.]+) GB allocated")
+
+
+def allocated_peak_mib(log_text: str) -> int | None:
+    """The largest `torch.cuda.max_memory_allocated` the engine's worker logged (None: not logged;
+    it logs at DEBUG, which `--allocated-peak` turns on)."""
+    peaks = [float(m.group(2)) for m in ALLOCATED_PEAK_LINE.finditer(log_text)]
+    return round(max(peaks) * 1024) if peaks else None
+
+
 def engine_peak_mib(log_text: str) -> int | None:
     """The largest per-request GPU memory peak the model logged (None: the engine reported none)."""
     peaks = [int(m.group(2)) for m in ENGINE_PEAK_LINE.finditer(log_text)]
@@ -335,6 +347,7 @@ class Figures:
     first_chunk: float | None = None
     sustained_fps: float | None = None
     engine_peak_mib: int | None = None
+    allocated_peak_mib: int | None = None
     device_peak_mib: int | None = None
 
 
@@ -360,7 +373,9 @@ def summary(plan: Plan, figures: Figures, fp8: bool, real_engine: bool) -> list[
         "(reported apart, not held to the budget)",
         f"summary: {name}: sustained {figures.sustained_fps} fps after the first chunk at {plan.width}x{plan.height} "
         f"(served at {rules.default_fps}; reference {rules.reference_fps}: {rules.fps_source or 'none published'})",
-        f"summary: {name}: GPU memory peak: engine {gb(figures.engine_peak_mib)}{ratio(figures.engine_peak_mib)} "
+        f"summary: {name}: GPU memory peak: allocated {gb(figures.allocated_peak_mib)}"
+        f"{ratio(figures.allocated_peak_mib)} (torch max_memory_allocated in the engine's worker, "
+        f"its DEBUG line), engine {gb(figures.engine_peak_mib)}{ratio(figures.engine_peak_mib)} "
         f"(vLLM-Omni's peak_memory_mb: torch max_memory_reserved in its worker), device "
         f"{gb(figures.device_peak_mib)}{ratio(figures.device_peak_mib)} (nvidia-smi); rules table: "
         f"{reserved / 1e9:.1f} GB before activations ({weights / 1e9:.1f} GB weights{' in FP8' if fp8 else ''} + "
@@ -419,6 +434,12 @@ def parse_args() -> argparse.Namespace:
         "(default: on with --assert against the real engine; a stand-in on a CPU proves nothing about speed)",
     )
     parser.add_argument("--memory-tolerance-mib", type=int, default=512)
+    parser.add_argument(
+        "--allocated-peak",
+        action="store_true",
+        help="run the engine with VLLM_LOGGING_LEVEL=DEBUG so its worker logs torch.cuda.max_memory_allocated "
+        "per request, and report it (more logging: gpu_check.sh turns it on)",
+    )
     parser.add_argument(
         "--warmup-chunks",
         type=int,
@@ -488,13 +509,15 @@ def main() -> None:
             },
         )
         key = generate_key()  # keyed as `rtvideo serve` keys its own Triton
+        # the worker's max_memory_allocated is logged by vLLM-Omni itself, at DEBUG only
+        debug = {"VLLM_LOGGING_LEVEL": "DEBUG"} if args.allocated_peak else {}
         config = TritonConfig(
             repo,
             grpc_port=free_port(),
             http_port=free_port(),
             metrics_port=free_port(),
             key=key,
-            environment={} if real_engine else checkout_importable(),
+            environment={**({} if real_engine else checkout_importable()), **debug},
         )
         t_load = time.perf_counter()
         figures = Figures()
@@ -602,9 +625,11 @@ def finish(
     """Read the memory peaks and print the per-model summary."""
     figures.device_peak_mib = device_peak.peak_mib
     try:
-        figures.engine_peak_mib = engine_peak_mib(log_path.read_text(errors="replace"))
+        text = log_path.read_text(errors="replace")
     except OSError:
-        figures.engine_peak_mib = None
+        text = ""
+    figures.engine_peak_mib = engine_peak_mib(text)
+    figures.allocated_peak_mib = allocated_peak_mib(text)
     for line in summary(plan, figures, device_memory.fp8_enabled(engine_args), real_engine):
         print(line)
 

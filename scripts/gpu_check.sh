@@ -27,8 +27,10 @@
 #   first as a `rules:` line (`bench_vllm_omni.py --show-rules`). The engine is warmed with one
 #   session of the real size (WARMUP_CHUNKS chunks at the model's size and preset: the engine's own
 #   warm-up is 512x512, 2 steps, stage 1; LingBot-World has none) before the first-chunk budget is asserted; that first session is
-#   reported apart. Each part's `summary:` lines (first chunk, sustained fps, GPU memory peak of
-#   the engine and of the device, each against the rules table) are repeated under `== Result`.
+#   reported apart. Each part's `summary:` lines (first chunk, sustained fps, GPU memory peak:
+#   the engine worker's torch max_memory_allocated, logged by vLLM-Omni at DEBUG, which this turns
+#   on for the engine, its max_memory_reserved, and the device's, each against the rules table)
+#   are repeated under `== Result`.
 #   LingBot-World's deploy config is the one-H100 FP8 one on a GPU under 100 GB (nvidia-smi's
 #   memory.total), the shipped H200 one otherwise (LINGBOT_DEPLOY_CONFIG overrides).
 #
@@ -149,7 +151,7 @@ EOF
   out=$(mktemp)
   "$PY" benchmarks/bench_vllm_omni.py --model "${model:-standin}" --chunks "${CHUNKS:-5}" \
       --warmup-chunks "$WARMUP_CHUNKS" --extra-params "$extra" --engine-args "$engine_args" "${engine[@]}" \
-      --assert 2>&1 | tee "$out"
+      --allocated-peak --assert 2>&1 | tee "$out"
   local rc=${PIPESTATUS[0]}
   while IFS= read -r line; do summaries+=("$line"); done < <(grep '^summary: ' "$out")
   rm -f "$out"
