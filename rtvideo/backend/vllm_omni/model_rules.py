@@ -24,6 +24,13 @@ reads every one of them in the wheel):
   whole number of 3-frame latent blocks (so num_frames % 12 == 9), and one image in
   `multi_modal_data.image` on every request; a chunk is one block, 9 frames first (the
   opening latent decodes to one frame) and 12 after (`_chunk_media_frame_count`).
+- GPU memory (`memory`, `MemoryRule`): Helios' `post_decode` concatenates each decoded chunk onto
+  `history_video` (old and new coexist: `HISTORY_PEAK_COPIES`), so memory caps its frames;
+  LingBot-World decodes each block to uint8 on the host and attends a sink plus a sliding KV
+  window (`sink_size`, `sliding_window_num_frames` in its transformer's checkpoint contract), so
+  its memory is a fixed `session_state_bytes` and sets no frame cap. Weights come from the
+  checkpoints' parameter counts; online FP8 saves the DiT's bytes (the pipeline hands its
+  quantization config to the transformer only). `device_memory.py` checks them at load.
 - Interaction kinds: `diffusion/interaction/registry.py` (`STRUCTURED_HANDLER_REGISTRY`), which
   lists exactly the table's pipeline classes; `pipeline_interactions` hands them to the model's
   admission as data (tests/unit/backend/test_vllm_omni_refusals.py runs the wheel's coordinator).
@@ -38,7 +45,9 @@ The API, for code that needs a model's rules (the model, the stand-in engine, sc
 `size_problem(w, h)`, `fps_problem(fps)` and `start_problem(start)` give the sentence a
 refused start gets (None when allowed); `request_problem(...)` what the pipeline itself
 refuses of an engine request; `valid_frames(n)`, `request_frames(wanted, cap)` and
-`frame_cap(w, h, cap)` the frame-count rule; `chunk_frames(n)` the chunks a request yields;
+`frame_cap(w, h, cap)` the frame-count rule; `memory_peak_bytes(w, h, n)`, `reserved_bytes(...)`
+and `load_memory_problem(...)` the memory rule; `paused_chunks(bound, w, h)` how many outputs a
+session that reads nothing holds; `chunk_frames(n)` the chunks a request yields;
 `for_deployment(extra, (w, h))` the entry as a deployment's `extra_params` and default size
 make it; `describe()` what a client is told. `pipeline_interactions(model, pipeline_class)`
 gives the modalities the deployed pipeline registers.
