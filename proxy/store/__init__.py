@@ -35,11 +35,12 @@ def check_store(spec: str) -> None:
         raise ValueError(f"--session-store {redact_url(spec)}: {redact_text(str(exc))}") from None
 
 
-def open_store(spec: str) -> SessionStore:
-    """`memory` (the default) or `redis://host:port/db` (`rediss://` with TLS)."""
+def open_store(spec: str, keep_seconds: float | None = None) -> SessionStore:
+    """`memory` (the default) or `redis://host:port/db` (`rediss://` with TLS); `keep_seconds`:
+    how long a session's keys outlive its holder's last renewal (None: the store's default)."""
     check_store(spec)
     if spec == "memory":
         return MemoryStore()
-    from rtvideo.proxy.store.redis_store import RedisStore
+    from rtvideo.proxy.store.redis_store import KEEP_SECONDS, RedisStore
 
-    return RedisStore(spec)
+    return RedisStore(spec, KEEP_SECONDS if keep_seconds is None else keep_seconds)

@@ -28,7 +28,17 @@ of it: the keeper's relation to the store is a `StoreState`, moved by the keeper
   owner here is not attached and answering (`on_handoff`; one that is keeps it, and the resume is
   refused: `decline_handoff`): the session stops driving, its queued writes are finished under
   the lease, renewed meanwhile, and the lease is released at its end: handed over whole;
+- BOUNDED: what the session wrote reached `session_bytes` (--session-store-bytes: its fields,
+  each counted as last written, and its log; its payloads are bounded beside it): its keeping
+  ended for good. The write past the bound is not made, its record and token bindings are
+  dropped from the store (no replica may take over a record that stops short) and its lease let
+  go; the session goes on here, unkept (its interactions acked without the store), logged with
+  its request id and counted (`on_bounded`); no other session's keeping is touched;
 - ENDED: the session ended here or was handed off.
+
+A record that is to go (the session ended, or was bounded) but could not be dropped (the store
+was away or refused it) is handed to `drop_later` (rtvideo.proxy.store.watch.StoreWatch), which
+drops it, fenced by its lease, once the store takes writes again.
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ class StoreState(enum.Enum):
     UNHELD = "unheld"
     LOST = "lost"
     HANDING_OVER = "handing_over"
+    BOUNDED = "bounded"
     ENDED = "ended"
 
 
@@ -121,6 +132,10 @@ class StoreKeeper:
         payload_bytes: int = 8 << 20,
         call_seconds: float = CALL_SECONDS,
         margin: float | None = None,
+        *,
+        session_bytes: int | None = None,
+        on_bounded: Callable[[], None] = lambda: None,
+        drop_later: Callable[[str, Lease], None] | None = None,
     ) -> None:
         self._store = store
         self.sid = sid
@@ -146,6 +161,14 @@ class StoreKeeper:
         self._recovery = asyncio.Lock()
         self._keeps_owner: Callable[[], Awaitable[bool]] | None = None  # asked at a handoff request
         self._asking: asyncio.Future[None] | None = None  # a handoff request being answered
+        self._session_bytes = session_bytes  # the bound on its fields and log (None: none)
+        self._field_bytes: dict[str, int] = {}  # field → its size as last written
+        self._log_bytes = 0  # the log entries written
+        self._on_bounded = on_bounded  # counts it (rtvideo_proxy_store_sessions_bounded_total)
+        self._drop_later = drop_later  # a record this keeper could not drop, dropped once the store answers
+        self._letting_go: asyncio.Future[None] | None = None  # BOUNDED: its record being dropped
+        self._dropped = False  # its record was dropped (bounded): not again at its end
+        self.request_id = ""  # the session's, once its fields name it (for the logs)
 
     # --- what the session submits ------------------------------------------------------------
     def start(self, lease: Lease | None = None, stored: StoredSession | None = None) -> asyncio.Future[bool]:
@@ -164,6 +187,9 @@ class StoreKeeper:
         record.fields = {k: v for k, v in stored.fields.items() if k not in STORE_FIELDS}
         record.log = list(stored.log)
         record.payloads = dict(stored.payloads)
+        self.request_id = record.fields.get("request_id", "")
+        self._field_bytes = {name: len(name) + _size(value) for name, value in record.fields.items()}
+        self._log_bytes = sum(_size(entry) for entry in record.log)
         for index in sorted(stored.payloads):
             self._payloads.append((index, len(stored.payloads[index])))
             self._kept_bytes += len(stored.payloads[index])
@@ -176,10 +202,18 @@ class StoreKeeper:
 
     def put(self, fields: Mapping[str, str]) -> None:
         given = dict(fields)
+        self.request_id = given.get("request_id", self.request_id)
+        sizes = {name: len(name) + _size(value) for name, value in given.items()}
+        if not self._within(sum(sizes.values()) - sum(self._field_bytes.get(name, 0) for name in sizes)):
+            return
+        self._field_bytes.update(sizes)
         self._submit(lambda r: r.fields.update(given), lambda lease: self._store.put(self.sid, lease, given))
 
     def handed_out(self, text: str, index: int | None, data: bytes | None) -> None:
         """A frame the owner's socket took (its metadata text, and a chunk's payload and index)."""
+        if not self._within(_size(text) + 1):
+            return
+        self._log_bytes += _size(text) + 1
         payload = None
         if data is not None and index is not None:
             self._payloads.append((index, len(data)))
@@ -222,16 +256,54 @@ class StoreKeeper:
         if payload is not None and self.state in RECOVERABLE:  # refused at once: never behind a recovery
             done.set_result(False)
             return done
-        if payload is None:
+        if payload is None or not self._within(_size(payload) + 1):  # BOUNDED: acked without the store
             self._queue.put_nowait(_Op(_nothing, None, done))
         else:
+            self._log_bytes += _size(payload) + 1
             entry = EVENT + payload
             write: Write = lambda lease: self._store.append(self.sid, lease, [entry], None)  # noqa: E731
             self._queue.put_nowait(_Op(functools.partial(_logged, entry, None), write, done, event=True))
         return done
 
+    def _within(self, more: int) -> bool:
+        """Whether `more` bytes fit the session's bound; the first time they do not: BOUNDED."""
+        if self.state is StoreState.BOUNDED:
+            return False
+        if self._session_bytes is None or not self._tasks or self.state not in (*RECOVERABLE, StoreState.KEPT):
+            return True  # LOST, ENDED: nothing is written; HANDING_OVER: its last writes, then the other's
+        if sum(self._field_bytes.values()) + self._log_bytes + more <= self._session_bytes:
+            return True
+        self.state = StoreState.BOUNDED
+        self._record = _Record()  # nothing is restored any more: its memory goes
+        self._on_bounded()
+        log.error(
+            "session=%s request_id=%s the session store keeps at most %d bytes of a session: this one's keeping "
+            "ends (it goes on here, no longer resumable at another replica; its record is dropped)",
+            self.sid,
+            self.request_id,
+            self._session_bytes,
+        )
+        self._letting_go = asyncio.ensure_future(self._let_go())
+        return False
+
+    async def _let_go(self) -> None:
+        """BOUNDED: the lease released and the record dropped, now or once the store answers."""
+        lease = self.lease
+        dropped = lease is None or await self._call("drop", functools.partial(self._drop, lease, True)) is True
+        if not dropped and self._drop_later is not None:
+            assert lease is not None
+            self._drop_later(self.sid, lease)
+
+    async def _drop(self, lease: Lease, release: bool = False) -> bool:
+        """Its record and token bindings, unless another holder acquired it since (fenced)."""
+        if release:
+            await self._store.release(self.sid, lease)
+        await self._store.drop(self.sid, lease)
+        self._dropped = True
+        return True
+
     def _submit(self, mirror: Callable[[_Record], None], write: Write) -> None:
-        if self._tasks and self.state not in (StoreState.LOST, StoreState.ENDED):
+        if self._tasks and self.state not in (StoreState.LOST, StoreState.BOUNDED, StoreState.ENDED):
             self._queue.put_nowait(_Op(mirror, write))
 
     async def _unbound(self, kind: str, token_hash: str, _: Lease) -> bool:
@@ -267,6 +339,7 @@ class StoreKeeper:
             self.state is StoreState.KEPT
             or (self.state is StoreState.AWAY and time.monotonic() < self._safe_until)
             or (self.state in RECOVERABLE and self.lease is None)  # never held: no replica can find it
+            or (self.state is StoreState.BOUNDED and self._dropped)  # unkept, and nobody else can find it
         )
 
     # --- the writer and the renewals ---------------------------------------------------------
@@ -285,7 +358,7 @@ class StoreKeeper:
             if isinstance(item, _Recover):
                 await self._recover()
                 continue
-            ok = item.write is None
+            ok = item.write is None or self.state is StoreState.BOUNDED  # unkept for good: acked without it
             if item.write is not None and self.state in _WRITING and (held_lease := self.lease) is not None:
                 written = await self._call("write", functools.partial(item.write, held_lease))
                 ok = written is True
@@ -463,11 +536,16 @@ class StoreKeeper:
         for task in self._tasks[1:]:
             task.cancel()
         await asyncio.gather(*self._tasks[1:], return_exceptions=True)
+        if self._letting_go is not None:
+            await asyncio.gather(self._letting_go, return_exceptions=True)
         lease = self.lease
         if lease is not None and was in _WRITING:  # a lease taken by another is not released: fenced
             await self._call("release", lambda: self._store.release(self.sid, lease))
-        if lease is not None and forget and was is StoreState.KEPT:
-            await self._call("drop", lambda: self._store.drop(self.sid))
+        if lease is not None and forget and was is not StoreState.LOST and not self._dropped:
+            # nobody is to continue it: its record and token bindings go, now or once the store answers
+            dropped = was is StoreState.KEPT and await self._call("drop", functools.partial(self._drop, lease)) is True
+            if not dropped and self._drop_later is not None:
+                self._drop_later(self.sid, lease)
 
 
 def _logged(entry: str, payload: Payload | None, record: _Record) -> None:
@@ -485,3 +563,8 @@ def _token_bound(key: tuple[str, str], record: _Record) -> None:
 
 def _nothing(_: _Record) -> None:
     return None
+
+
+def _size(text: str) -> int:
+    """What a string takes in the store: its UTF-8 bytes."""
+    return len(text.encode("utf-8", "surrogatepass"))

@@ -5,18 +5,24 @@ Keys, under the prefix `rtvideo:` (one Redis may serve several deployments by da
 the kept payloads (a hash, base64), `l:{sid}` the lease (`holder:epoch`, with an expiry),
 `h:{sid}` a handoff request, `d:{sid}` one its holder declined (60 s), `k:{kind}:{hash}` a token's session, `a:{holder}` where a proxy is
 reached by the other replicas (with an expiry it renews). Each write under a lease is one Lua script that checks
-the lease first, so a replica that lost it writes nothing (base.py). Every key of a session
-expires `KEEP_SECONDS` after its last write: a session nobody drives is forgotten.
+the lease first, so a replica that lost it writes nothing (base.py). Every key of a session, its
+token bindings included, expires `keep_seconds` (the resume grace and the lease: the longest a
+session nobody drives can still be resumed) after its holder's last write or renewal: a session
+nobody drives is forgotten, whether or not its end could drop it.
+
+A server that answers but refuses writes (full at its `maxmemory`: OOM; a read-only replica)
+raises `StoreRefusing`; `ping` writes a small probe key, so it tells that state apart.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
 
 from rtvideo.proxy.store.base import (
     CALL_SECONDS,
@@ -27,12 +33,16 @@ from rtvideo.proxy.store.base import (
     Renewal,
     SessionGone,
     StoredSession,
+    StoreRefusing,
     StoreUnavailable,
 )
 
 PREFIX = "rtvideo:"
-#: how long a session's keys outlive its last write (a live one writes every chunk)
-KEEP_SECONDS = 3600
+#: how long a session's keys outlive its holder's last write or renewal, unless the proxy says
+#: (its resume grace and the lease: `--resume-grace-seconds`'s default + LEASE_SECONDS)
+KEEP_SECONDS = 30 + LEASE_SECONDS
+#: the key `ping` writes (with a short expiry) to learn whether the server takes writes
+PROBE_KEY = "probe"
 #: log entries written by one call of a restore (a Lua call's arguments are bounded)
 RESTORE_BATCH = 500
 
@@ -78,12 +88,33 @@ _RENEW = _NOW_MS + (
     "local h = redis.call('get', KEYS[2])\n"
     "if h then\n  if h == ARGV[3] then asked = 2 else redis.call('del', KEYS[2]) end\nend\n"
     "redis.call('hset', KEYS[3], 'touched', now)\n"
-    "redis.call('pexpire', KEYS[1], ARGV[2])\nreturn asked"
+    "redis.call('pexpire', KEYS[1], ARGV[2])\n"
+    # the record and its token bindings live `keep` seconds past the last renewal (ARGV[4]):
+    # a session whose chunks pause (a move, a detached owner) is not forgotten while driven
+    "for i = 3, #KEYS do redis.call('expire', KEYS[i], ARGV[4]) end\n"
+    "local tokens = redis.call('hget', KEYS[3], 'tokens')\n"
+    "if tokens then for kind, h in pairs(cjson.decode(tokens)) do\n"
+    "  redis.call('expire', ARGV[5] .. 'k:' .. kind .. ':' .. h, ARGV[4])\nend end\nreturn asked"
 )
 # KEYS: lease, handoff request, its answer; ARGV: lease, the resume hash it was asked with
 _DECLINE = _GUARD + (
     "if redis.call('get', KEYS[2]) == ARGV[2] then\n"
     "  redis.call('del', KEYS[2])\n  redis.call('set', KEYS[3], ARGV[2], 'EX', 60)\nend\nreturn 1"
+)
+# KEYS: the session's s, f, p, l, h; ARGV: the lease's epoch and value ("": unfenced), prefix.
+# Fenced: nothing is dropped once another holder acquired the session since (a later epoch)
+_DROP = (
+    "if ARGV[1] ~= '' then\n"
+    "  local e = redis.call('hget', KEYS[1], 'epoch')\n"
+    "  if e and e ~= ARGV[1] then return 0 end\n"
+    "  local l = redis.call('get', KEYS[4])\n"
+    "  if l and l ~= ARGV[2] then return 0 end\n"
+    "end\n"
+    "local tokens = redis.call('hget', KEYS[1], 'tokens')\n"
+    "if tokens then for kind, h in pairs(cjson.decode(tokens)) do\n"
+    "  local k = ARGV[3] .. 'k:' .. kind .. ':' .. h\n"
+    "  if redis.call('get', k) == ARGV[4] then redis.call('del', k) end\nend end\n"
+    "redis.call('del', unpack(KEYS))\nreturn 1"
 )
 
 # a released lease is marked on the session (a takeover tells a shutdown from a death)
@@ -103,8 +134,9 @@ class RedisStore:
     shared = True
     cluster = "shared"  # tokens of every replica look alike: the store, not the issuer, finds them
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, keep_seconds: float = KEEP_SECONDS) -> None:
         self._url = url
+        self._keep = max(1, math.ceil(keep_seconds))  # seconds a session's keys outlive its last renewal
         self._redis: Any = aioredis.from_url(
             url, decode_responses=True, socket_timeout=CALL_SECONDS, socket_connect_timeout=CALL_SECONDS
         )
@@ -116,6 +148,7 @@ class RedisStore:
                 "acquire": _ACQUIRE,
                 "renew": _RENEW,
                 "release": _RELEASE,
+                "drop": _DROP,
                 "restore": _RESTORE,
                 "decline": _DECLINE,
                 "restored": _RESTORED,
@@ -125,20 +158,23 @@ class RedisStore:
     async def _call(self, what: str, coro: Any) -> Any:
         try:
             return await coro
+        except (OutOfMemoryError, ReadOnlyError) as exc:
+            raise StoreRefusing(f"session store {what}: {exc}") from exc
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"session store {what}: {exc}") from exc
 
     async def ping(self) -> None:
         await self._call("ping", self._redis.ping())
+        await self._call("ping", self._redis.set(PREFIX + PROBE_KEY, "1", px=10_000))
 
     async def put(self, sid: str, lease: Lease, fields: Mapping[str, str]) -> bool:
         keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}"]
-        args: list[str | int] = [lease.value, KEEP_SECONDS, *_flat(fields)]
+        args: list[str | int] = [lease.value, self._keep, *_flat(fields)]
         return bool(await self._call("put", self._scripts["put"](keys=keys, args=args)))
 
     async def append(self, sid: str, lease: Lease, entries: Sequence[str], payload: Payload | None) -> bool:
         keys = [PREFIX + f"l:{sid}", PREFIX + f"f:{sid}", PREFIX + f"p:{sid}"]
-        args: list[str | int] = [lease.value, KEEP_SECONDS, len(entries), *entries]
+        args: list[str | int] = [lease.value, self._keep, len(entries), *entries]
         if payload is not None:
             args += [payload.index, base64.b64encode(payload.data).decode("ascii"), *payload.forget]
         return bool(await self._call("append", self._scripts["append"](keys=keys, args=args)))
@@ -147,7 +183,7 @@ class RedisStore:
         self, sid: str, lease: Lease, fields: Mapping[str, str], log: Sequence[str], payloads: Mapping[int, bytes]
     ) -> bool:
         keys = [PREFIX + f"l:{sid}", PREFIX + f"s:{sid}", PREFIX + f"f:{sid}", PREFIX + f"p:{sid}"]
-        args: list[str | int] = [lease.value, KEEP_SECONDS, *_flat(fields)]
+        args: list[str | int] = [lease.value, self._keep, *_flat(fields)]
         if not await self._call("restore", self._scripts["restore"](keys=keys, args=args)):
             return False
         for at in range(0, len(log), RESTORE_BATCH):
@@ -160,7 +196,7 @@ class RedisStore:
         return bool(await self._call("restore", done))
 
     async def bind_token(self, kind: str, token_hash: str, sid: str) -> None:
-        await self._call("bind_token", self._redis.set(PREFIX + f"k:{kind}:{token_hash}", sid, ex=KEEP_SECONDS))
+        await self._call("bind_token", self._redis.set(PREFIX + f"k:{kind}:{token_hash}", sid, ex=self._keep))
 
     async def unbind_token(self, kind: str, token_hash: str) -> None:
         await self._call("unbind_token", self._redis.delete(PREFIX + f"k:{kind}:{token_hash}"))
@@ -191,10 +227,9 @@ class RedisStore:
         return Lease(holder, int(epoch)) if epoch else None
 
     async def renew(self, sid: str, lease: Lease, ttl: float = LEASE_SECONDS, resume_hash: str = "") -> Renewal:
-        keys = [PREFIX + f"l:{sid}", PREFIX + f"h:{sid}", PREFIX + f"s:{sid}"]
-        renewed = await self._call(
-            "renew", self._scripts["renew"](keys=keys, args=[lease.value, int(ttl * 1000), resume_hash])
-        )
+        keys = [PREFIX + f"{part}:{sid}" for part in ("l", "h", "s", "f", "p")]
+        args: list[str | int] = [lease.value, int(ttl * 1000), resume_hash, self._keep, PREFIX]
+        renewed = await self._call("renew", self._scripts["renew"](keys=keys, args=args))
         if int(renewed) < 0:  # neither its lease nor its record: the store lost it (restarted empty)
             raise SessionGone(f"session store renew: session {sid} is gone from the store")
         return Renewal(int(renewed))
@@ -204,7 +239,7 @@ class RedisStore:
         await self._call("release", self._scripts["release"](keys=keys, args=[lease.value]))
 
     async def ask_handoff(self, sid: str, resume_hash: str) -> None:
-        await self._call("ask_handoff", self._redis.set(PREFIX + f"h:{sid}", resume_hash, ex=60))
+        await self._call("ask_handoff", self._redis.set(PREFIX + f"h:{sid}", resume_hash, ex=self._keep))
 
     async def decline_handoff(self, sid: str, lease: Lease, resume_hash: str) -> None:
         keys = [PREFIX + f"l:{sid}", PREFIX + f"h:{sid}", PREFIX + f"d:{sid}"]
@@ -213,9 +248,10 @@ class RedisStore:
     async def handoff_declined(self, sid: str, resume_hash: str) -> bool:
         return await self._call("handoff_declined", self._redis.get(PREFIX + f"d:{sid}")) == resume_hash
 
-    async def drop(self, sid: str) -> None:
+    async def drop(self, sid: str, lease: Lease | None = None) -> None:
         keys = [PREFIX + f"{part}:{sid}" for part in ("s", "f", "p", "l", "h")]
-        await self._call("drop", self._redis.delete(*keys))
+        fence = ["", ""] if lease is None else [str(lease.epoch), lease.value]
+        await self._call("drop", self._scripts["drop"](keys=keys, args=[*fence, PREFIX, sid]))
 
     async def holding(self, sid: str) -> Holding | None:
         pipe = self._redis.pipeline(transaction=True)
