@@ -64,6 +64,7 @@ class Window:
     acks: list[float] = field(default_factory=list)
     acked_at: list[float] = field(default_factory=list)  # when each ack arrived (monotonic)
     store_unavailable: int = 0
+    refusals: list[float] = field(default_factory=list)  # seconds from a send to its store_unavailable
     errors: Counter[str] = field(default_factory=Counter)
     drops: int = 0
 
@@ -186,6 +187,7 @@ class Session:
             window.acked_at.append(time.monotonic())
         elif code == STORE_UNAVAILABLE:
             window.store_unavailable += 1
+            window.refusals.append(time.monotonic() - sent)
         else:
             window.errors[code] += 1
 
@@ -232,23 +234,31 @@ async def stall(run: LocalReplicas, args: argparse.Namespace) -> int:
     print(f"\n1. a store stall: redis-server SIGSTOP for {args.stall:g} s, one session sending {args.rate:g}/s")
     print(
         f"{'window':<22} {'sent':>5} {'acked':>5} {'unavail':>7} {'other':>5} {'none':>5} "
-        f"{'ack p50':>9} {'ack p99':>9} {'ack max':>9} {'gap max':>8} {'drops':>5}"
+        f"{'ack p50':>9} {'ack p99':>9} {'ack max':>9} {'answer p99':>10} {'gap max':>8} {'drops':>5}"
     )
     for w in windows:
         top = f"{max(w.acks) * 1e3:9.1f}" if w.acks else f"{'-':>9}"
         print(
             f"{w.label:<22} {w.sent:>5} {len(w.acks):>5} {w.store_unavailable:>7} {sum(w.errors.values()):>5} "
             f"{session.unanswered(w):>5} {ms(w.acks, 0.5)} {ms(w.acks, 0.99)} {top} "
-            f"{session.longest_gap(w.began, w.ended):8.3f} {w.drops:>5}"
+            f"{ms(w.acks + w.refusals, 0.99):>10} {session.longest_gap(w.began, w.ended):8.3f} {w.drops:>5}"
         )
-    print("(ms; gap: the longest wait between two media chunks, s; unavail: store_unavailable answers)")
+    print(
+        "(ms; unavail: answered store_unavailable; answer: the send to its ack or its store_unavailable; "
+        "gap: the longest wait between two media chunks, s)"
+    )
     base, stalled = windows[0], windows[1]
     gap_ratio = session.longest_gap(stalled.began, stalled.ended) / session.longest_gap(base.began, base.ended)
     print(f"stall / baseline: longest gap {gap_ratio:.2f}", end="")
     if base.acks and stalled.acks:
-        print(f", ack p99 {percentile(stalled.acks, 0.99) / percentile(base.acks, 0.99):.2f}")
+        print(f", ack p99 {percentile(stalled.acks, 0.99) / percentile(base.acks, 0.99):.2f}", end="")
     else:
-        print(", ack p99 - (no acks in a window)")
+        print(", ack p99 - (no ack during the stall)", end="")
+    answers = stalled.acks + stalled.refusals
+    if base.acks and answers:
+        print(f", answer p99 {percentile(answers, 0.99) / percentile(base.acks, 0.99):.2f}")
+    else:
+        print()
     for w in windows:
         if w.errors:
             print(f"  {w.label}: other errors {dict(w.errors)}")
