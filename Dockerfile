@@ -2,6 +2,11 @@
 # directly (no nvidia-pytriton wheel) and runs the WebSocket proxy in front of it. Two images:
 #
 #   docker build -t rtvideo-omni .                 # default target `vllm-omni`: GPU, vLLM-Omni (Helios)
+#   docker build --build-arg VLLM_OMNI_VERSION=0.32.0rc1 \
+#     --build-arg VLLM_OMNI_LOCK=deploy/gpu/vllm-omni-0.32/requirements.lock -t rtvideo-omni:0.32rc1 .
+#                                                  # the same on vLLM-Omni 0.32.0rc1, a RELEASE CANDIDATE
+#                                                  # (its engine pauses paced sessions); 0.30.0 stays
+#                                                  # the default until 0.32.0 is released
 #   docker build --target cpu -t rtvideo .         # the built-in generator (CPU, or CUDA when visible)
 #
 #   docker run --gpus all --shm-size=1g -p 8080:8080 \
@@ -71,6 +76,10 @@ FROM ${TRITON_IMAGE} AS vllm-omni
 # Keep equal to PINNED_VLLM_OMNI in rtvideo/backend/vllm_omni/, scripts/setup.sh and
 # deploy/gpu/requirements.in.
 ARG VLLM_OMNI_VERSION=0.30.0
+# The lock the image installs: deploy/gpu/requirements.lock for 0.30.0 (the default), or the
+# 0.32.0rc1 release candidate's deploy/gpu/vllm-omni-0.32/requirements.lock (both made by
+# scripts/lock_vllm_image.sh; the grep below refuses a version the lock does not carry).
+ARG VLLM_OMNI_LOCK=deploy/gpu/requirements.lock
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_NO_CACHE_DIR=1 \
@@ -82,6 +91,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /opt/rtvideo
 COPY --from=source /src ./
 COPY deploy/gpu/requirements.lock deploy/gpu/lingbot_world_stepwise.yaml deploy/gpu/lingbot_world_h100_fp8.yaml ./deploy/gpu/
+COPY deploy/gpu/vllm-omni-0.32/requirements.lock ./deploy/gpu/vllm-omni-0.32/
 COPY scripts/check_vllm_image.py ./scripts/
 # The GPU check (docs/vllm-omni.md): `bash scripts/gpu_check.sh` inside the image fails unless
 # the engine path works and runs in real time (the model's first-chunk budget and fps).
@@ -104,11 +114,11 @@ COPY benchmarks ./benchmarks/
 # DL3013: "." is this checkout; everything else is pinned with hashes by the lock.
 # hadolint ignore=DL3013
 RUN python3 -m pip list --format=freeze > /opt/rtvideo/image-packages.txt \
-    && grep -q "^vllm-omni==${VLLM_OMNI_VERSION} " deploy/gpu/requirements.lock \
+    && grep -q "^vllm-omni==${VLLM_OMNI_VERSION} " "${VLLM_OMNI_LOCK}" \
     && python3 -m pip install --no-cache-dir --no-deps --ignore-installed --require-hashes \
-      -r deploy/gpu/requirements.lock \
+      -r "${VLLM_OMNI_LOCK}" \
     && python3 -m pip install --no-cache-dir --no-deps . \
-    && python3 scripts/check_vllm_image.py deploy/gpu/requirements.lock \
+    && python3 scripts/check_vllm_image.py "${VLLM_OMNI_LOCK}" \
     && python3 -m rtvideo.backend.loading.derive /opt/rtvideo/models generator=vllm_omni \
       width=640 height=384 fps=16 frames_per_chunk=33 max_sessions=1 \
       vllm_omni_model=BestWishYsh/Helios-Distilled \

@@ -9,6 +9,10 @@
 #   bash scripts/test_real_engine.sh --keep DIR --only prompt_updates  # keep models and logs; one check
 #   bash scripts/test_real_engine.sh --if-possible   # as scripts/test.sh runs it: a machine without
 #                                                    # CPython 3.12 or the disk says "not run" and passes
+#   bash scripts/test_real_engine.sh --lock 0.32     # the same on vLLM-Omni 0.32.0rc1 (release
+#                                                    # candidate): deploy/gpu/vllm-omni-0.32's lock in
+#                                                    # .venv-real-engine-032; on demand only, never by
+#                                                    # scripts/test.sh (CI builds the 0.30 one alone)
 #
 # scripts/test.sh (so .ci/run) builds the environment with `--if-possible --install-only` before
 # pytest (so that pytest's tests/unit/backend/test_vllm_omni_real_engine_cpu.py finds it and
@@ -32,8 +36,8 @@
 # The models are tiny random ones written at each run (diffusers' and vLLM-Omni's own classes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ENV_DIR=${RTVIDEO_REAL_ENGINE_ENV:-.venv-real-engine}
 LOCK=deploy/gpu/requirements.lock
+DEFAULT_ENV_DIR=.venv-real-engine
 # in place of the lock's numpy 2.3.5 and scipy 1.18.1 (which needs numpy 2): see below
 OVERRIDES="numpy==1.26.4 scipy==1.16.3"
 PYTRITON=nvidia-pytriton==0.7.0
@@ -46,11 +50,18 @@ while [ $# -gt 0 ]; do  # leading flags of this script, in any order
   case $1 in
     --install-only) install_only=1; shift ;;
     --if-possible) if_possible=1; shift ;;
+    --lock)  # another image's lock: its own environment beside the default one
+      case ${2:-} in
+        0.30) shift 2 ;;
+        0.32) LOCK=deploy/gpu/vllm-omni-0.32/requirements.lock; DEFAULT_ENV_DIR=.venv-real-engine-032; shift 2 ;;
+        *) echo "test_real_engine: --lock takes 0.30 or 0.32" >&2; exit 2 ;;
+      esac ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) break ;;  # the rest goes to the driver (--keep DIR, --only CHECK)
   esac
 done
 
+ENV_DIR=${RTVIDEO_REAL_ENGINE_ENV:-$DEFAULT_ENV_DIR}
 say() { echo "test_real_engine: $*" >&2; }
 
 # What this machine lacks for the run: with --if-possible (scripts/test.sh) a clear "not run"

@@ -206,7 +206,8 @@ def test_dockerfile_targets_and_the_pinned_vllm_omni() -> None:
     gpu = stages[1]
     assert f"ARG VLLM_OMNI_VERSION={PINNED_VLLM_OMNI}" in gpu and "generator=vllm_omni" in gpu
     # Everything but rtvideo from the hash-checked lock (tests/deploy/test_vllm_lock.py checks it).
-    assert "-r deploy/gpu/requirements.lock" in gpu and "--no-deps ." in gpu
+    assert "ARG VLLM_OMNI_LOCK=deploy/gpu/requirements.lock" in gpu and "-r \"${VLLM_OMNI_LOCK}\"" in gpu
+    assert "--no-deps ." in gpu
     # One base for both images, a Triton without the shared-memory CVEs (CVE-2025-23319/23320/23334): 25.07 on.
     tags = re.findall(r"^ARG \w*TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-", text, re.M)
     assert len(tags) == 1 and all((int(y), int(m)) >= (25, 7) for y, m in tags), tags
