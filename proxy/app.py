@@ -333,7 +333,7 @@ def make_app(
             },
         ),
         (
-            r"/(|rtvideo\.js|recordings\.html|favicon\.ico)",
+            r"/(|rtvideo\.js|rtvideo\.css|recordings\.html|favicon\.ico)",
             tornado.web.StaticFileHandler,
             {"path": str(STATIC_DIR), "default_filename": "index.html"},
         ),

@@ -13,7 +13,9 @@
 // Events (client.on(type, fn) calls fn with the detail; they are also DOM CustomEvents):
 //   open, close {code, reason, clean}, message (every JSON message), video.start, chunk {meta, data},
 //   queued {eventId, ackMs, attempts}, interaction (an event's record changed), shared (another participant's
-//   update, its new record), error, pong, done; MsePlayer: ended, error, shown, jump {from, to}.
+//   update, its new record), error, pong, done, reconnecting {attempt, of, rejoin}, rejoined (a watch or steer
+//   link opened again: its video.start), rejoin_failed, skipped {from, to} (transport indexes a rejoined link
+//   never received); MsePlayer: ended, error, shown, jump {from, to}; WhepViewer: playing, lost {why}.
 //
 // Integers beyond 2^53 (a seed: 0 – 2^63−1) are parsed as BigInt, exactly (parseJson), and a
 // BigInt field is sent as a JSON integer (stringifyJson): a seed shown is the seed in use.
@@ -461,6 +463,7 @@ export class RealtimeVideoClient extends Emitter {
     this.reconnecting = false;
     this.resumes = 0;
     this.rejoins = 0; // watch or steer links opened again after a drop
+    this.skipped = []; // [{from, to}]: transport indexes never received (a rejoin goes on from the live edge)
     this._rejoinStart = false; // the next video.start is a rejoined link's
     this._lastError = false;
     this._closing = false;
@@ -493,6 +496,10 @@ export class RealtimeVideoClient extends Emitter {
       return first;
     }
     if (index <= this.lastIndex) return false;
+    if (this.lastIndex >= 0 && index > this.lastIndex + 1) { // a rejoin lands at the live edge: what it missed is said
+      this.skipped.push({ from: this.lastIndex + 1, to: index - 1 });
+      this.emit("skipped", { from: this.lastIndex + 1, to: index - 1 });
+    }
     this.lastIndex = index;
     this._hadPayload = true;
     return true;
@@ -882,5 +889,116 @@ export class MsePlayer extends Emitter {
       try { this.mediaSource.endOfStream(); } catch (e) { /* already ended */ }
     }
     this.emit("ended", { bufferedEnd: this.bufferedEnd, error: this.error || (this.video.error ? this.video.error.code : null) });
+  }
+}
+
+
+/**
+ * The picture of a session over WebRTC (WHEP, RFC 9725; docs/protocol.md §9.5) in a <video>:
+ * one receive-only H.264 track, passed through by the proxy without encoding again. Only the
+ * picture: metadata, acks and the timeline stay on the WebSocket (a RealtimeVideoClient), so a
+ * page that shows this keeps its client and an MsePlayer for everything else (and to fall back to).
+ *
+ *   const viewer = new WhepViewer(video, WhepViewer.urlFor(location, token), watchOrSteerToken);
+ *   await viewer.open();           // rejects (its .status) when the proxy refuses the offer
+ *   viewer.on("playing", () => …); // the first frame is on screen
+ *   viewer.on("lost", ({ why }) => …);
+ *   viewer.close();                // DELETE of the resource: the viewer leaves
+ */
+export class WhepViewer extends Emitter {
+  /** http(s)://<page's host and folder>/v1/realtime/video/whep, with ?token= when given. */
+  static urlFor(location, token = null) {
+    const base = String(location.href).replace(/[?#].*$/, "").replace(/[^/]*$/, "");
+    const url = new URL("v1/realtime/video/whep", base);
+    if (token) url.searchParams.set("token", token);
+    return url.href;
+  }
+
+  /** Whether this browser has WebRTC at all. */
+  static get supported() {
+    return typeof globalThis.RTCPeerConnection === "function";
+  }
+
+  /**
+   * @param {HTMLVideoElement} video  where the track plays
+   * @param {string} endpoint  the WHEP URL (urlFor)
+   * @param {string} bearer  a watch token (wv1.…) or a steer token (sv1.…)
+   * @param {object} options  gatherMs (ICE gathering is awaited this long at most, default 5000)
+   */
+  constructor(video, endpoint, bearer, { gatherMs = 5000 } = {}) {
+    super();
+    this.video = video;
+    this.endpoint = endpoint;
+    this._bearer = bearer; // never logged: it is the viewer's capability
+    this.gatherMs = gatherMs;
+    this.pc = null;
+    this.resource = null;
+    this.playing = false;
+    this.closed = false;
+  }
+
+  /** Offers, waits for the answer and applies it; resolves once the proxy answered 201. */
+  async open() {
+    const pc = new RTCPeerConnection();
+    this.pc = pc;
+    pc.addTransceiver("video", { direction: "recvonly" });
+    pc.ontrack = e => { this.video.srcObject = new MediaStream([e.track]); this.video.play().catch(() => {}); };
+    pc.onconnectionstatechange = () => {
+      if (["failed", "closed"].includes(pc.connectionState) && !this.closed) this._lost(`connection ${pc.connectionState}`);
+    };
+    await pc.setLocalDescription(await pc.createOffer());
+    await new Promise(done => { // no trickle (the proxy answers PATCH 405): the offer holds every candidate
+      if (pc.iceGatheringState === "complete") { done(); return; }
+      const timer = setTimeout(done, this.gatherMs);
+      pc.addEventListener("icegatheringstatechange", () => {
+        if (pc.iceGatheringState === "complete") { clearTimeout(timer); done(); }
+      });
+    });
+    if (this.closed) throw new Error("closed");
+    const response = await fetch(this.endpoint, { method: "POST", body: pc.localDescription.sdp,
+      headers: { "Content-Type": "application/sdp", Authorization: `Bearer ${this._bearer}` } });
+    const body = await response.text();
+    if (response.status !== 201) {
+      this.close();
+      throw Object.assign(new Error(`WHEP ${response.status}: ${body.trim().slice(0, 200)}`), { status: response.status });
+    }
+    const location = response.headers.get("Location");
+    if (location) { // the deployment's ?token= goes with the DELETE too (--token)
+      const resource = new URL(location, this.endpoint);
+      for (const [key, value] of new URL(this.endpoint).searchParams) if (!resource.searchParams.has(key)) resource.searchParams.set(key, value);
+      this.resource = resource.href;
+    }
+    if (this.closed) { this._delete(); throw new Error("closed"); }
+    await pc.setRemoteDescription({ type: "answer", sdp: body });
+    this._watchFrames();
+    return this;
+  }
+
+  /** "playing" once the first frame is presented (requestVideoFrameCallback where there is one). */
+  _watchFrames() {
+    const video = this.video;
+    const first = () => { if (!this.playing && !this.closed) { this.playing = true; this.emit("playing", {}); } };
+    if (typeof video.requestVideoFrameCallback === "function") video.requestVideoFrameCallback(first);
+    else video.addEventListener("timeupdate", () => { if (video.currentTime > 0) first(); });
+  }
+
+  _lost(why) {
+    this.emit("lost", { why });
+    this.close();
+  }
+
+  _delete() {
+    if (!this.resource) return;
+    const resource = this.resource;
+    this.resource = null;
+    fetch(resource, { method: "DELETE", keepalive: true }).catch(() => {}); // the proxy ends it with the session anyway
+  }
+
+  /** Ends the viewer: the peer connection closes and its resource is deleted. */
+  close() {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.pc) this.pc.close();
+    this._delete();
   }
 }
