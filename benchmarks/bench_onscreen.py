@@ -2,7 +2,7 @@
 the fixed-lead pacing and with pacing to the players' `session.playback` reports, side by side
 in the same run. Prints figures; asserts nothing.
 
-    .venv/bin/python benchmarks/bench_onscreen.py [--counts 1,8,16] [--seconds 20]
+    .venv/bin/python benchmarks/bench_onscreen.py [--counts 1,8,16] [--seconds 20] [--configs playhead]
 
 One tritonserver (the built-in generator, 256×256, 9 frames a chunk at 16 fps) and one
 `rtvideo serve --triton-url` proxy; headless Chromium opens the proxy's page and plays N
@@ -28,14 +28,30 @@ player's lead (buffered end − currentTime) every 100 ms. The two configuration
 
 Each count runs both in the same browser against the same server, alternating `--rounds`
 times (each round `--seconds / --rounds` of updates), so a drift in the machine's load hits
-both alike; their figures are pooled per configuration.
+both alike; their figures are pooled per configuration (`--configs` picks some).
+
+**MSE and WebRTC on the same sessions** (unless `--no-webrtc`): each session starts
+`"watchable": true` and is watched twice in the same page, by its owner's MSE player above and by
+a WHEP viewer (docs/protocol.md §9.5: Chromium's own RTCPeerConnection, a client of a few lines,
+not rtvideo.js) holding the session's watch token. The same updates are timed on both: over
+WebRTC, on screen is send → the presentation (`requestVideoFrameCallback`'s expected display
+time) of the frame whose RTP timestamp is the first of the update's chunk. A WHEP viewer joins at
+a chunk's IDR on an RTP clock with a random origin: its first frame is taken to be that of the
+last chunk that reached the page before it was shown (`webrtc_shown`), which holds while the
+WebRTC view trails the chunks' arrival by less than a chunk; the figure "chunk arrival → its
+first WebRTC frame" is printed to show it does. Each row pair prints MSE p50 and p99 over
+WebRTC's (the ratio). The pacing is the owner's (an MSE player's reports, or the fixed lead): the
+WebRTC view is a watcher and reports nothing (a session watched only over WebRTC would pace to the
+fixed lead, the `fixed` rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
+import math
 import shutil
 import subprocess
 import tempfile
@@ -58,6 +74,32 @@ PAGE_RUN = r"""
   document.body.innerHTML = "";
   document.body.style.cssText = "margin:0;background:#000;display:flex;flex-wrap:wrap;gap:2px";
   const sleep = ms => new Promise(r => setTimeout(r, ms));
+  // a WHEP client of a few lines (as docs/protocol.md §9.5 shows, not the page's own player):
+  // each presented frame is kept as [its expected display time, its RTP timestamp]
+  const whep = async (token, rtc) => {
+    const video = document.createElement("video");
+    video.muted = true; video.playsInline = true; video.autoplay = true;
+    video.style.cssText = "width:150px;height:150px;outline:2px solid #06c";
+    document.body.appendChild(video);
+    const pc = new RTCPeerConnection();
+    pc.addTransceiver("video", { direction: "recvonly" });
+    pc.ontrack = e => { video.srcObject = new MediaStream([e.track]); video.play().catch(() => {}); };
+    const onFrame = (now, m) => {
+      if (pc.connectionState === "closed") return;
+      if (typeof m.rtpTimestamp === "number") rtc.frames.push([m.expectedDisplayTime, m.rtpTimestamp]);
+      video.requestVideoFrameCallback(onFrame);
+    };
+    video.requestVideoFrameCallback(onFrame);
+    await pc.setLocalDescription(await pc.createOffer());
+    await new Promise(ok => { if (pc.iceGatheringState === "complete") ok();
+      else pc.onicegatheringstatechange = () => pc.iceGatheringState === "complete" && ok(); });
+    const r = await fetch(cfg.base + "v1/realtime/video/whep", { method: "POST", body: pc.localDescription.sdp,
+      headers: { "Content-Type": "application/sdp", Authorization: "Bearer " + token } });
+    const body = await r.text();
+    if (r.status !== 201) { pc.close(); throw new Error(`WHEP ${r.status}: ${body.slice(0, 200)}`); }
+    await pc.setRemoteDescription({ type: "answer", sdp: body });
+    return pc;
+  };
   const one = async (index) => {
     await sleep(index * 60); // connect one after another, as independent viewers would
     const video = document.createElement("video");
@@ -75,9 +117,12 @@ PAGE_RUN = r"""
       out.stallAt.push([(performance.now() - firstChunk) / 1e3, player.lead]);
     });
     const arrived = new Map();
+    // the WebRTC view (cfg.webrtc): every chunk's arrival here and every frame that view presents
+    const rtc = { chunks: [], frames: [], fps: null, error: null };
     client.on("chunk", ({ meta }) => {
       if (!meta || meta.kind !== "media") return;
       if (firstChunk === null) firstChunk = performance.now();
+      if (cfg.webrtc) rtc.chunks.push([performance.now(), meta.num_frames, meta.started_event_ids || []]);
       if (typeof meta.playback_lead_seconds === "number") out.serverLeads.push(meta.playback_lead_seconds);
       for (const id of meta.started_event_ids || []) {
         const r = client.interactions.get(id);
@@ -87,7 +132,13 @@ PAGE_RUN = r"""
     client.on("error", m => out.errors.push(m.code));
     const done = new Promise(r => client.on("done", r));
     await client.connect();
-    client.start(`on-screen benchmark session ${index}`, { width: 256, height: 256, seed: index + 1 });
+    client.start(`on-screen benchmark session ${index}`, { width: 256, height: 256, seed: index + 1, watchable: cfg.webrtc || null });
+    let pc = null;
+    if (cfg.webrtc) { // a second view of the same session: a WHEP viewer (docs/protocol.md §9.5) with its watch token
+      while (!client.watchToken && !out.errors.length) await sleep(10);
+      out.webrtc = rtc;
+      try { pc = await whep(client.watchToken, rtc); } catch (e) { rtc.error = String(e); }
+    }
     while (firstChunk === null) await sleep(20);
     const sampler = setInterval(() => { if (playing && !stopping) out.leads.push(player.lead); }, 100);
     const end = performance.now() + cfg.seconds * 1000;
@@ -101,11 +152,13 @@ PAGE_RUN = r"""
     }
     await sleep(1500); // the last update reaches the screen
     stopping = true;
+    rtc.fps = client.config && client.config.fps;
+    if (pc) pc.close();
     clearInterval(sampler);
     client.stop();
     await Promise.race([done, sleep(15000)]);
     for (const r of client.interactions.values()) {
-      out.updates.push({ ack: r.ackMs, arrived: arrived.get(r.eventId) ?? null, shown: r.shownMs ?? null, end: r.end });
+      out.updates.push({ id: r.eventId, sent: r.sentAt, ack: r.ackMs, arrived: arrived.get(r.eventId) ?? null, shown: r.shownMs ?? null, end: r.end });
     }
     client.close();
     return out;
@@ -194,10 +247,83 @@ class Chromium:
         self._profile.cleanup()
 
 
-def run(browser: Chromium, sessions: int, report_ms: int, seconds: float, gap: float) -> list[dict[str, Any]]:
-    cfg = {"base": browser.url, "sessions": sessions, "reportMs": report_ms, "seconds": seconds, "gap": gap}
+def run(
+    browser: Chromium, sessions: int, report_ms: int, seconds: float, gap: float, webrtc: bool = False
+) -> list[dict[str, Any]]:
+    cfg = {
+        "base": browser.url,
+        "sessions": sessions,
+        "reportMs": report_ms,
+        "seconds": seconds,
+        "gap": gap,
+        "webrtc": webrtc,
+    }
     text = browser.evaluate(f"({PAGE_RUN})({json.dumps(cfg)})", timeout=seconds + 120)
     return json.loads(text)
+
+
+RTP_CLOCK = 90_000
+
+
+def webrtc_shown(
+    view: dict[str, Any], sent: dict[str, float], tolerance_ms: float = 50.0
+) -> tuple[dict[str, float], list[float]]:
+    """Send → on screen over WebRTC for the updates of one session (milliseconds, by event id),
+    and each chunk's arrival at the page → its first frame on the WebRTC view (milliseconds).
+
+    `view`: `chunks` [[arrival ms, num_frames, started_event_ids], …] in order (the owner's
+    WebSocket, same page clock), `frames` [[expected display ms, RTP timestamp], …] as presented,
+    `fps`. A WHEP viewer joins at a chunk's first frame (an IDR, docs/protocol.md §9.5), on an RTP
+    clock with a random origin, so the chunk it joined at is inferred: the last chunk that reached
+    the page before the first frame was presented (+ `tolerance_ms`). That holds while the view's
+    delay is under one chunk (0.56 s here), which the printed arrival → frame figures show. A
+    chunk whose frames were all skipped by the view gives its updates no figure."""
+    frames, chunks, fps = view.get("frames") or [], view.get("chunks") or [], view.get("fps")
+    if not frames or not chunks or not fps:
+        return {}, []
+    first_shown, first_rtp = frames[0]
+    offsets = [((rtp - first_rtp) % 2**32) / RTP_CLOCK for _, rtp in frames]  # media seconds since the join
+    join = max((j for j, (at, _, _) in enumerate(chunks) if at <= first_shown + tolerance_ms), default=0)
+    shown: dict[str, float] = {}
+    lags: list[float] = []
+    start = 0.0  # media seconds of chunk j after the joined chunk's start
+    half = 0.5 / fps
+    for at, num_frames, started in chunks[join:]:
+        k = bisect.bisect_left(offsets, start - half)
+        if k < len(offsets) and offsets[k] < start + num_frames / fps - half:
+            lags.append(frames[k][0] - at)
+            for event_id in started:
+                if event_id in sent:
+                    shown[event_id] = frames[k][0] - sent[event_id]
+        start += num_frames / fps
+    return shown, lags
+
+
+def summarize_webrtc(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The WebRTC views' figures over the same updates (seconds), beside `summarize`'s MSE ones."""
+    shown: list[float] = []
+    lags: list[float] = []
+    errors: list[str] = []
+    updates = 0
+    for r in results:
+        view = r.get("webrtc")
+        if view is None:
+            continue
+        if view.get("error"):
+            errors.append(view["error"])
+        updates += len(r["updates"])
+        by_id, chunk_lags = webrtc_shown(view, {u["id"]: u["sent"] for u in r["updates"] if u.get("sent") is not None})
+        shown += [v / 1e3 for v in by_id.values()]
+        lags += [v / 1e3 for v in chunk_lags]
+    return {
+        "updates": updates,
+        "shown": len(shown),
+        "p50": percentile(shown, 0.5),
+        "p99": percentile(shown, 0.99),
+        "arrival_to_frame_p50": percentile(lags, 0.5),
+        "arrival_to_frame_p99": percentile(lags, 0.99),
+        "errors": sorted(set(errors)),
+    }
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -279,7 +405,7 @@ def stage_line(count: int, name: str, summary: dict[str, Any]) -> str:
     )
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="1,8,16", help="session counts, comma-separated")
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds of updates per run")
@@ -287,33 +413,65 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=2, help="alternate the configurations this many times per count (load drifts)"
     )
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help=f"pacing configurations, comma-separated, of {', '.join(CONFIGS)}"
+    )
+    parser.add_argument(
+        "--no-webrtc", dest="webrtc", action="store_false", help="MSE views only (no WHEP view of each session)"
+    )
     parser.add_argument("--json", action="store_true", help="also print every summary as one JSON line")
-    args = parser.parse_args()
-    counts = [int(c) for c in args.counts.split(",")]
+    args = parser.parse_args(argv)
+    args.counts = [int(c) for c in args.counts.split(",")]
+    args.configs = [c for c in args.configs.split(",") if c]
+    if not args.counts or min(args.counts) < 1:
+        parser.error("--counts: positive session counts")
+    if not args.configs or any(c not in CONFIGS for c in args.configs):
+        parser.error(f"--configs: some of {', '.join(CONFIGS)}")
+    if args.rounds < 1 or args.seconds <= 0 or args.gap <= 0:
+        parser.error("--rounds, --seconds and --gap must be positive")
+    return args
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, nan where either is missing or b is 0."""
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
+
+
+def main() -> None:
+    args = parse_args()
+    counts, configs = args.counts, {name: CONFIGS[name] for name in args.configs}
     params = {"max_sessions": str(max(16, max(counts)))}
     with bench_triton({MODEL: params}) as server, ProxyProcess(server.grpc_url, MODEL) as proxy:
         page = proxy.url.replace("ws://", "http://").split("/v1/")[0] + "/"
         print(f"tritonserver ready in {server.startup_seconds:.1f} s; 256x256, 9 frames a chunk at 16 fps")
+        if args.webrtc:
+            print(
+                "each session is watched twice in the same page: its owner's MSE player (rtvideo.js) and a "
+                "WHEP viewer (Chromium's WebRTC) with its watch token; the same updates timed on both"
+            )
         browser = Chromium(page)
         try:
-            run(browser, 1, CONFIGS["playhead"], 3.0, 1.0)  # warm-up: codecs, render workers
+            run(browser, 1, CONFIGS["playhead"], 3.0, 1.0, args.webrtc)  # warm-up: codecs, render workers
             header = (
-                f"{'sessions':>8} {'pacing':>9} {'updates':>8} {'p50 s':>7} {'p99 s':>7} {'arrive p50':>10} "
-                f"{'buffer p50':>10} {'stalls':>6} {'lead p10/p50/p90 s':>20} {'server lead':>11}"
+                f"{'sessions':>8} {'pacing':>9} {'view':>6} {'updates':>8} {'p50 s':>7} {'p99 s':>7} "
+                f"{'arrive p50':>10} {'buffer p50':>10} {'stalls':>6} {'lead p10/p50/p90 s':>20} {'server lead':>11}"
             )
             print(header)
             rows: list[dict[str, Any]] = []
             stages: list[str] = []
+            ratios: list[str] = []
             for count in counts:
                 pair: dict[str, Any] = {}
-                measured: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
-                counters: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {n: [] for n in CONFIGS}
+                measured: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+                counters: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {n: [] for n in configs}
                 for _ in range(args.rounds):  # alternating, so both see the machine's load alike
-                    for name, report_ms in CONFIGS.items():
+                    for name, report_ms in configs.items():
                         before = model_counters(server.metrics_url)
-                        measured[name] += run(browser, count, report_ms, args.seconds / args.rounds, args.gap)
+                        measured[name] += run(
+                            browser, count, report_ms, args.seconds / args.rounds, args.gap, args.webrtc
+                        )
                         counters[name].append((before, model_counters(server.metrics_url)))
-                for name in CONFIGS:
+                for name in configs:
                     summary = summarize(measured[name])
                     summary["model"] = per_chunk_rounds(counters[name])
                     pair[name] = summary
@@ -321,9 +479,9 @@ def main() -> None:
                     lead = "/".join(f"{v:.2f}" for v in summary["lead"])
                     server_lead = "-" if summary["server_lead_p50"] is None else f"{summary['server_lead_p50']:.2f}"
                     print(
-                        f"{count:>8} {name:>9} {summary['shown']:>4}/{summary['updates']:<3} {summary['p50']:7.3f} "
-                        f"{summary['p99']:7.3f} {summary['arrived_p50']:10.3f} {summary['buffer_p50']:10.3f} "
-                        f"{summary['stalls']:>6} {lead:>20} {server_lead:>11}"
+                        f"{count:>8} {name:>9} {'mse':>6} {summary['shown']:>4}/{summary['updates']:<3} "
+                        f"{summary['p50']:7.3f} {summary['p99']:7.3f} {summary['arrived_p50']:10.3f} "
+                        f"{summary['buffer_p50']:10.3f} {summary['stalls']:>6} {lead:>20} {server_lead:>11}"
                         + (f"  errors: {summary['errors']}" if summary["errors"] else ""),
                         flush=True,
                     )
@@ -334,15 +492,34 @@ def main() -> None:
                         with_data = sum(1 for _, lead in summary["stall_at"] if lead >= 0.1)
                         where = " ".join(f"{at:.1f}s/{lead:.2f}" for at, lead in summary["stall_at"][:12])
                         print(
-                            f"{'':>18} stalls in the first 3 s: {early}; with >= 0.1 s buffered: {with_data}; "
+                            f"{'':>25} stalls in the first 3 s: {early}; with >= 0.1 s buffered: {with_data}; "
                             f"at (s after first chunk / lead): {where}"
                         )
-                ratio = pair["fixed"]["p50"] / pair["playhead"]["p50"] if pair["playhead"]["p50"] else float("nan")
-                print(f"{count:>8} {'ratio':>9} fixed p50 / playhead p50 = {ratio:.2f}x", flush=True)
+                    if args.webrtc:
+                        rtc = summarize_webrtc(measured[name])
+                        summary["webrtc"] = rtc
+                        print(
+                            f"{count:>8} {name:>9} {'webrtc':>6} {rtc['shown']:>4}/{rtc['updates']:<3} "
+                            f"{rtc['p50']:7.3f} {rtc['p99']:7.3f}  chunk arrival → its first WebRTC frame "
+                            f"p50 {rtc['arrival_to_frame_p50']:.3f} p99 {rtc['arrival_to_frame_p99']:.3f}"
+                            + (f"  errors: {rtc['errors']}" if rtc["errors"] else ""),
+                            flush=True,
+                        )
+                        ratios.append(
+                            f"{count:>8} {name:>9} MSE / WebRTC: p50 {ratio(summary['p50'], rtc['p50']):.2f}x "
+                            f"p99 {ratio(summary['p99'], rtc['p99']):.2f}x"
+                        )
+                        print(ratios[-1], flush=True)
+                if "fixed" in pair and "playhead" in pair:
+                    r = ratio(pair["fixed"]["p50"], pair["playhead"]["p50"])
+                    print(f"{count:>8} {'ratio':>9} fixed p50 / playhead p50 = {r:.2f}x", flush=True)
                 rows.append({"sessions": count, **pair})
-            print(f"frame clock: {sorted({c for r in rows for n in CONFIGS for c in r[n]['clock']})}")
+            print(f"frame clock: {sorted({c for r in rows for n in configs for c in r[n]['clock']})}")
             print("where the time goes (p50 of each update, seconds):")
             print("\n".join(stages))
+            if ratios:
+                print("prompt update → picture, MSE over WebRTC, same sessions and updates:")
+                print("\n".join(ratios))
             if args.json:
                 print(json.dumps(rows))
         finally:
