@@ -64,7 +64,12 @@ async def take_over(
         sid = await calls.run("find", store.find("resume", hashed))
         if sid is None:
             raise ResumeRefused("unknown token")
-        lease, reason, before = await _lease(calls, sid, holder, hashed)
+        last = request.last_transport_chunk_index
+
+        def servable(found: StoredSession) -> None:  # before the lease is taken: a refusal bumps no epoch
+            _check(found, found, hashed, last, grace)
+
+        lease, reason, before = await _lease(calls, sid, holder, hashed, servable)
         try:
             stored = await calls.run("load", store.load(sid))
         except BaseException:
@@ -109,7 +114,9 @@ class _Calls:
         return result
 
 
-async def _lease(calls: _Calls, sid: str, holder: str, hashed: str) -> tuple[Lease, str, StoredSession]:
+async def _lease(
+    calls: _Calls, sid: str, holder: str, hashed: str, servable: Callable[[StoredSession], None]
+) -> tuple[Lease, str, StoredSession]:
     """The session's lease, why it was to be had, and the session as it was before: `free` (its
     holder released it: a shutdown), `expired` (its holder stopped renewing: it died), `handoff`
     (a live holder let go when asked)."""
@@ -117,6 +124,13 @@ async def _lease(calls: _Calls, sid: str, holder: str, hashed: str) -> tuple[Lea
     found = await calls.run("load", store.load(sid))
     if found is None:
         raise ResumeRefused("the session has ended")
+    if found.holder is None:
+        # Nobody holds it, so its lease is taken at once: a resume the record cannot serve (a used
+        # token, an index it never kept: a holder cut off from the store handed out more than it
+        # holds) is refused first, since taking the lease bumps the epoch, and that holder, back,
+        # would take it for another replica having driven the session, and let it go. (A live
+        # holder finishes its writes before it lets go: the record is checked after.)
+        servable(found)
     silent = found.holder is None or found.age > _SILENT_SECONDS
     why = "free" if found.fields.get("released") else "expired"
     lease = await calls.run("acquire", store.acquire(sid, holder))

@@ -345,3 +345,53 @@ def test_a_resume_at_another_replica_while_the_owner_answers_is_refused(
     assert refused["type"] == "error" and refused["code"] == "invalid_resume", refused
     assert "attached to another connection" in refused["message"], refused
     assert pairs == list(range(len(pairs)))
+
+
+def test_a_resume_at_the_other_front_after_a_long_stall_goes_on_once(
+    proxies: ProxyHost, triton: Any, store: Store, replicas: list[ProxyServer]
+) -> None:
+    """The owner's link drops while the store is paused past the lease, after its front handed
+    out chunks the store never got; once the store is back the owner resumes at the other front
+    (refused while the record there is behind, as a client retries), which takes the session over
+    whole once its holder wrote it back; the same token at the first front is refused then, and
+    one sequence streams (issue 46: both fronts streamed it)."""
+    wait_idle(triton, PACED_MODEL)
+    a, b = replicas
+    pid = store.pid()
+
+    async def body() -> tuple[dict[str, Any], dict[str, Any], list[int]]:
+        first = await Leg.open(a.url)
+        start = await first.start(PROMPT, num_frames=FRAMES, seed=24, **SIZE)
+        await first.media(2)
+        assert (await answer(first, "before", "a storm"))["type"] == QUEUED
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await media_for(first, 1.0)  # handed out while the store could not take them
+            first.drop()
+            await asyncio.sleep(FAULT_SECONDS)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + BACK_SECONDS
+        while True:
+            second, resumed = await Leg.resumed(b.url, start["resume_token"], first.last_index)
+            if resumed["type"] == "video.start":
+                break
+            assert resumed.get("code") == "invalid_resume", resumed
+            assert time.monotonic() < deadline, resumed
+            await second.conn.close()
+            await asyncio.sleep(0.3)
+        await second.media(2)
+        conflict = await answer(second, "before", "another payload")
+        again = await Leg.open(a.url)
+        refused = await again.resume(start["resume_token"], first.last_index)
+        await again.conn.close()
+        await one_driver(proxies, [a, b])
+        await asyncio.to_thread(wait_for_metric, triton, "rtvideo_active_sessions", PACED_MODEL, 1, 30)
+        await second.send({"type": "session.stop"})
+        await second.until("session.done", timeout=60)
+        return conflict, refused, [m["transport_chunk_index"] for m, _ in media_pairs([first, second])]
+
+    conflict, refused, pairs = run(body(), timeout=300)
+    assert conflict["code"] == "event_id_conflict", conflict
+    assert refused["type"] == "error" and refused["code"] == "invalid_resume", refused
+    assert pairs == list(range(len(pairs)))  # no chunk missing, none twice

@@ -11,13 +11,18 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from rtvideo.core.resume import ResumeRequest
+from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.takeover import take_over
+from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.store.base import EVENT, FRAME, StoreRefusing
 from rtvideo.proxy.store.keeper import StoreKeeper, StoreState
 from rtvideo.proxy.store.memory import MemoryStore
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import begin, reply
 from tests.unit.proxy.test_moves import CONFIG, interaction
-from tests.unit.proxy.test_takeover_restore import replica, settle
+from tests.unit.proxy.test_takeover_restore import SID as HELD
+from tests.unit.proxy.test_takeover_restore import held_session, replica, settle
 
 T = TypeVar("T")
 SID = "s-faults"
@@ -267,3 +272,27 @@ def test_a_handoff_asked_is_declined_while_the_owner_answers_and_else_handed_ove
     declined, kept_state, handing, log, taken = run(body)
     assert declined and kept_state is StoreState.KEPT and handing and taken
     assert log == [FRAME + '{"chunk": 1}']
+
+
+def test_a_resume_the_record_cannot_serve_takes_no_lease_from_nobody() -> None:
+    """A holder cut off from the store handed out chunks the store never got, and its lease
+    lapsed: a resume elsewhere naming such a chunk is refused before the lease is taken, so the
+    epoch is not bumped and the holder, back, still writes the session back (not a lost lease)."""
+
+    async def body() -> tuple[str, int, int]:
+        store = MemoryStore()
+        _, conn, _ = await held_session(store)
+        token = conn.texts()[0]["resume_token"]
+        epoch = store._sessions[HELD].epoch  # the in-process store's own record
+        store._sessions[HELD].expires = 0.0  # its lease lapsed (its holder cut off)
+        request = ResumeRequest(token, 7)  # the client read chunks 2..7, which the store never got
+        try:
+            await take_over(store, request, lambda _: None, lambda _: None, "b", 30.0, ProxyMetrics())  # type: ignore[arg-type, return-value]
+        except ResumeRefused as exc:
+            refused = exc.message
+        else:
+            refused = ""
+        return refused, epoch, store._sessions[HELD].epoch
+
+    refused, before, after = run(body)
+    assert "never sent" in refused and after == before
