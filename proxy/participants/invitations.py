@@ -376,7 +376,10 @@ class Invitations:
         tokens = self._features.resume_tokens
         tokens.retire(used, "this token was used already: each resume hands out a new one")
         self._resume_token = tokens.issue(session)
-        return {"resume_token": self._resume_token, **self._marks()}
+        marks = {"resume_token": self._resume_token, **self._marks()}
+        if self._broadcast is not None:  # the owner's again, as at the start
+            marks["broadcast_url"] = self._broadcast.url
+        return marks
 
     def uncount(self) -> None:
         """No longer detached: out of the gauge."""

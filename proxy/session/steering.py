@@ -175,11 +175,10 @@ class Steering:
         """The owner's `session.broadcast`: `{"enabled": false}` ends the broadcast (its playlist
         gets EXT-X-ENDLIST), the session goes on; answered `session.broadcast_ended` (again for a
         repeat). A broadcast is begun only by the start (`"broadcast": true`)."""
-        if message.get("enabled") is not False:
-            self._dispatch.reject(
-                ErrorCode.INVALID_MESSAGE,
-                'session.broadcast takes {"enabled": false}: a broadcast is begun only by session.start',
-            )
+        try:
+            protocol.validate_broadcast(message)
+        except ProtocolError as exc:
+            self._dispatch.reject(exc.code, exc.message)
             return
         url, life = self._session.end_broadcast(), self._life
         if url is None:

@@ -46,7 +46,7 @@ REVOKE_STEERING = "session.revoke_steering"
 #: the owner ends the session's HLS broadcast, `{"enabled": false}` (docs/protocol.md "Broadcasts");
 #: the proxy answers it (a proxy feature: the model refuses it as an unknown type)
 BROADCAST = "session.broadcast"
-CLIENT_TYPES = (START, INTERACTION, STOP, PING, PLAYBACK, REVOKE_STEERING)
+CLIENT_TYPES = (START, INTERACTION, STOP, PING, PLAYBACK, REVOKE_STEERING, BROADCAST)
 
 VIDEO_START = "video.start"
 QUEUED = "session.interaction.queued"
@@ -70,6 +70,12 @@ class StopRequest:
 class RevokeSteering:
     """The owner ends every steer link (docs/protocol.md §9.3). The proxy answers it; over
     Triton a session has no steerers, and the model answers that none were revoked."""
+
+
+@dataclass(frozen=True)
+class EndBroadcast:
+    """The owner ends the session's HLS broadcast (`{"enabled": false}`, docs/protocol.md
+    "Broadcasts"). The proxy answers it; over Triton a session has no broadcast (invalid_message)."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,7 @@ class PlaybackReport:
     buffered_seconds: float | None = None
 
 
-SessionMessage = InteractionRequest | StopRequest | PingRequest | PlaybackReport | RevokeSteering
+SessionMessage = InteractionRequest | StopRequest | PingRequest | PlaybackReport | RevokeSteering | EndBroadcast
 
 
 # --- decoding ----------------------------------------------------------------------------
@@ -233,7 +239,19 @@ def parse_message(raw: bytes | str) -> SessionMessage:
         return validate_playback(obj)
     if kind == REVOKE_STEERING:
         return RevokeSteering()
+    if kind == BROADCAST:
+        return validate_broadcast(obj)
     return validate_interaction(obj)
+
+
+def validate_broadcast(obj: Mapping[str, Any]) -> EndBroadcast:
+    """`session.broadcast`: only `{"enabled": false}` (a broadcast is begun by session.start alone)."""
+    if obj.get("enabled") is not False:
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE,
+            'session.broadcast takes {"enabled": false}: a broadcast is begun only by session.start',
+        )
+    return EndBroadcast()
 
 
 def validate_playback(obj: Mapping[str, Any]) -> PlaybackReport:

@@ -24,7 +24,7 @@ from rtvideo.backend.runtime.watchdog import watch
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.interaction.types import InteractionRequest
-from rtvideo.core.protocol import PingRequest, PlaybackReport, RevokeSteering, StopRequest
+from rtvideo.core.protocol import EndBroadcast, PingRequest, PlaybackReport, RevokeSteering, StopRequest
 from rtvideo.core.session_config import ModelCapabilities
 from rtvideo.triton.access import SESSION_SECRET_PARAMETER, short_hash
 
@@ -224,6 +224,9 @@ class SessionManager:
             channel.send(None, final=True)
         elif isinstance(message, RevokeSteering):  # steer links are the proxy's: over Triton there are none
             channel.send(server_messages.steering_revoked(session.request_id, 0), final=True)
+        elif isinstance(message, EndBroadcast):  # broadcasts are the proxy's: over Triton there are none
+            refused = ProtocolError(ErrorCode.INVALID_MESSAGE, "the session has no broadcast (the proxy's feature)")
+            channel.send(server_messages.error_from(refused, session.request_id), final=True)
         if end:
             session.request_stop()
 

@@ -220,6 +220,7 @@ def test_schemas_cover_the_protocol() -> None:
         protocol.CHUNK_METADATA,
         protocol.PONG,
         protocol.STEERING_REVOKED,
+        protocol.BROADCAST_ENDED,  # the proxy's answer to session.broadcast
         protocol.INTERACTION_SHARED,
         protocol.METRICS,
         protocol.DONE,
