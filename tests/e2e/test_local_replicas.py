@@ -50,8 +50,9 @@ class Recipe:
         needed("redis-server")
         needed("haproxy")
         self.directory = directory
+        self.run = directory / "run"
         self.out = directory / "replicas.out"
-        argv = [str(RTVIDEO), "replicas", "--port", "0", "--dir", str(directory / "run"), "--max-sessions", "4"]
+        argv = [str(RTVIDEO), "replicas", "--port", "0", "--dir", str(self.run), "--max-sessions", "4"]
         argv += ["--", "--max-sessions-per-client", "4"]
         with self.out.open("wb") as out:  # behind the launcher: it dies with the test, even on kill -9
             self.proc = subprocess.Popen(
@@ -61,6 +62,13 @@ class Recipe:
 
     def text(self) -> str:
         return self.out.read_text(errors="replace")
+
+    def logs(self, chars: int = 6000) -> str:
+        """Its output and the tail of each proxy's log: what a failure needs to be read."""
+        tails = [
+            f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}" for p in sorted(self.run.glob("proxy-*.log"))
+        ]
+        return "\n".join([self.text(), *tails])
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
         deadline = time.monotonic() + timeout
@@ -166,7 +174,7 @@ def test_a_session_through_haproxy_lives_through_a_sigterm_of_its_proxy(recipe: 
             async def until_media(count: int) -> None:
                 deadline = time.monotonic() + 120
                 while media_count() < count:
-                    assert time.monotonic() < deadline and not reader.done(), (client.failure, recipe.text())
+                    assert time.monotonic() < deadline and not reader.done(), (client.failure, recipe.logs())
                     await asyncio.sleep(0.05)
 
             await until_media(3)
@@ -188,7 +196,7 @@ def test_a_session_through_haproxy_lives_through_a_sigterm_of_its_proxy(recipe: 
         return client, got, start, holding[0], pid
 
     client, got, start, stopped, old_pid = run(body(), timeout=420)
-    assert client.failure is None and client.errors.empty(), (client.failure, recipe.text())
+    assert client.failure is None and client.errors.empty(), (client.failure, recipe.logs())
     assert client.done is not None and client.done["request_id"] == start["request_id"]
     assert {c.metadata["request_id"] for c in got} == {start["request_id"]}
     indices = [c.metadata["transport_chunk_index"] for c in got]
