@@ -87,7 +87,8 @@ def parse_playlist(text: str) -> tuple[int, list[tuple[int, float]], bool]:
     """An HLS media playlist: its media sequence, its segments as (sequence, seconds) in order, and
     whether it has ended (EXT-X-ENDLIST). Segment N's file is `N.m4s` (proxy/broadcasts/playlist.py),
     but the sequence is counted from EXT-X-MEDIA-SEQUENCE as RFC 8216 says, not read from names."""
-    sequence, segments, ended, duration = 0, [], False, None
+    sequence, ended, duration = 0, False, None
+    segments: list[tuple[int, float]] = []
     for line in (line.strip() for line in text.splitlines()):
         if line.startswith("#EXT-X-MEDIA-SEQUENCE:"):
             sequence = int(line.split(":", 1)[1])

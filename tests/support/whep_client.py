@@ -33,7 +33,9 @@ async def offer(codecs: str = "video/") -> tuple[RTCPeerConnection, str]:
     codec aiortc has, VP8 first, as a browser offers) and its offer SDP."""
     pc = RTCPeerConnection()
     transceiver = pc.addTransceiver("video", direction="recvonly")
-    wanted = [c for c in RTCRtpReceiver.getCapabilities("video").codecs if c.mimeType.startswith(codecs)]
+    capabilities = RTCRtpReceiver.getCapabilities("video")
+    assert capabilities is not None  # None only for a kind aiortc does not know
+    wanted = [c for c in capabilities.codecs if c.mimeType.startswith(codecs)]
     transceiver.setCodecPreferences(wanted)
     await pc.setLocalDescription(await pc.createOffer())
     return pc, pc.localDescription.sdp
