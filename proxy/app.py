@@ -309,7 +309,7 @@ def make_app(
         per_recording=settings.recording_cap,
         max_count=settings.recordings_max_count,
     )
-    context.features.broadcasts = Broadcasts.create(settings)  # --broadcast-store (rtvideo.proxy.broadcasts)
+    context.features.broadcasts = Broadcasts.create(settings, metrics)  # --broadcast-store (rtvideo.proxy.broadcasts)
     relays = Relays(settings, metrics)  # guests forwarded to the replica that holds their session
     guests: dict[str, Any] = {"context": context, "relays": relays}
     viewers = WhepViewers(metrics.whep_viewers)  # WebRTC viewers (rtvideo.proxy.edge.whep)

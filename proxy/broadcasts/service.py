@@ -28,6 +28,7 @@ from typing import IO
 
 from rtvideo.proxy.broadcasts import playlist
 from rtvideo.proxy.broadcasts.writer import BroadcastWriter, Limits
+from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.backing import Backing, LocalBacking, backing_for
 from rtvideo.proxy.settings import ProxySettings
@@ -55,12 +56,14 @@ class Broadcasts:
         base_url: str | None = None,
         max_live: int = 64,
         retention: float = 600.0,
+        metrics: ProxyMetrics | None = None,
     ) -> None:
         self.backing = backing
         self._limits = limits
         self._base_url = base_url.rstrip("/") if base_url else None
         self._max_live = max_live
         self.retention = retention
+        self._metrics = metrics
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="broadcasts")
         self._live: dict[str, BroadcastWriter] = {}  # the loop's; the sweep reads `_live_ids`
         self._lock = threading.Lock()
@@ -70,7 +73,7 @@ class Broadcasts:
         self._sweeper.start()
 
     @classmethod
-    def create(cls, settings: ProxySettings) -> Broadcasts | None:
+    def create(cls, settings: ProxySettings, metrics: ProxyMetrics | None = None) -> Broadcasts | None:
         if not settings.broadcast_store:
             return None
         return cls(
@@ -79,6 +82,7 @@ class Broadcasts:
             base_url=settings.broadcast_base_url,
             max_live=settings.max_broadcasts,
             retention=settings.broadcast_retention_seconds,
+            metrics=metrics,
         )
 
     @property
@@ -115,7 +119,9 @@ class Broadcasts:
             )
 
     def _writer_for(self, bid: str) -> BroadcastWriter:
-        writer = BroadcastWriter(bid, self.url(bid), self.backing, self._limits, self._writer, self._over)
+        writer = BroadcastWriter(
+            bid, self.url(bid), self.backing, self._limits, self._writer, self._over, self._metrics
+        )
         self._live[bid] = writer
         self._publish_live()
         return writer
@@ -128,6 +134,8 @@ class Broadcasts:
     def _publish_live(self) -> None:
         with self._lock:
             self._live_ids = frozenset(self._live)
+        if self._metrics is not None:
+            self._metrics.broadcasts_live.set(len(self._live))
 
     @property
     def live(self) -> int:

@@ -36,6 +36,7 @@ from rtvideo.core import protocol
 from rtvideo.core.chunks import MEDIA
 from rtvideo.proxy.broadcasts import playlist
 from rtvideo.proxy.broadcasts.playlist import Segment
+from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.participants.replay import init_segment, strip_init
 from rtvideo.proxy.recordings.backing import Backing
@@ -86,6 +87,7 @@ class BroadcastWriter:
         limits: Limits,
         writer: Executor,
         on_over: Callable[[BroadcastWriter], None],
+        metrics: ProxyMetrics | None = None,
     ) -> None:
         self.bid = bid
         self.url = url  # broadcast_url (a capability: never logged)
@@ -93,6 +95,7 @@ class BroadcastWriter:
         self._limits = limits
         self._writer = writer
         self._on_over = on_over
+        self._metrics = metrics  # counters: safe from the writer thread
         self.state = BroadcastState.LIVE
         self._fps = DEFAULT_FPS
         self._has_init = False
@@ -162,6 +165,16 @@ class BroadcastWriter:
         self._on_over(self)
         return True
 
+    def written(self) -> Future[None]:
+        """Done once everything queued so far is written (or failed to be)."""
+        while self._pending and self._pending[0].done():
+            self._pending.popleft()
+        if self._pending:
+            return self._pending[-1]
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
     def let_go(self) -> None:
         """The session goes on at another replica: what is queued is written, no ENDLIST."""
         if self.state is BroadcastState.LIVE:
@@ -174,6 +187,7 @@ class BroadcastWriter:
         if len(self._pending) >= MAX_PENDING_SEGMENTS:
             log.error("broadcast: the store is stuck (%d writes queued); the broadcast ends", len(self._pending))
             self.state = BroadcastState.FAILED
+            self._failed()
             self._on_over(self)
             return
         self._pending.append(self._writer.submit(self._guarded, job, *args))
@@ -186,6 +200,11 @@ class BroadcastWriter:
         except Exception:  # a full disk, an unreachable bucket: the broadcast stops, the session goes on
             log.exception("broadcast: a write failed; the broadcast stops here")
             self._broken = True
+            self._failed()
+
+    def _failed(self) -> None:
+        if self._metrics is not None:
+            self._metrics.broadcast_failures.inc()
 
     # --- on the writer thread -------------------------------------------------------------------
     def _put(self, name: str, data: bytes) -> None:
@@ -228,6 +247,8 @@ class BroadcastWriter:
     def _segment(self, body: bytes, duration: float, index: int) -> None:
         sequence = self._listed[-1].sequence + 1 if self._listed else self._next_unlisted()
         self._put(playlist.segment_name(sequence), body)
+        if self._metrics is not None:
+            self._metrics.broadcast_segments.inc()
         self._listed.append(Segment(sequence, duration, len(body)))
         self.last_index = max(self.last_index, index)
         self._indices[sequence] = index

@@ -115,6 +115,16 @@ class ProxyMetrics:
         "rtvideo_proxy_sessions_detached",
         "Sessions whose connection dropped, held for a resume (their generator paused)",
     )
+    # --- HLS broadcasts (docs/protocol.md §9.6) ----------------------------------------------
+    broadcasts_live = MetricSpec(Gauge, "rtvideo_proxy_broadcasts_live", "HLS broadcasts being written by this proxy")
+    broadcast_segments = MetricSpec(
+        Counter, "rtvideo_proxy_broadcast_segments", "Segments written to the broadcast store (one per chunk)"
+    )
+    broadcast_failures = MetricSpec(
+        Counter,
+        "rtvideo_proxy_broadcast_failures",
+        "Broadcasts stopped by a failed write or a stuck store (their sessions went on)",
+    )
     resumes = MetricSpec(
         Counter, "rtvideo_proxy_resumes", "session.resume answers, by outcome (resumed, refused)", ("outcome",)
     )

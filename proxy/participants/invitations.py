@@ -139,14 +139,19 @@ class Invitations:
         """The session's broadcast (the session store keeps it: a takeover goes on with it)."""
         return None if self._broadcast is None else self._broadcast.bid
 
-    def end_broadcast(self) -> str | None:
+    def end_broadcast(self) -> asyncio.Future[str] | None:
         """The owner's `session.broadcast` {"enabled": false}: the playlist ends (EXT-X-ENDLIST),
-        the session goes on. Returns its broadcast_url (None: the session has no broadcast)."""
+        the session goes on. Returns its broadcast_url once the ended playlist is written (None:
+        the session has no broadcast)."""
         if self._broadcast is None:
             return None
         if self._broadcast.end():
-            log.info("broadcast %s ended by the session's owner", self._broadcast.bid[:8])
-        return self._broadcast.url
+            log.info("broadcast %s… ended by the session's owner", self._broadcast.bid[:8])
+        url = self._broadcast.url
+        ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        written = asyncio.wrap_future(self._broadcast.written())
+        written.add_done_callback(lambda _: ended.done() or ended.set_result(url))
+        return ended
 
     @property
     def branching(self) -> bool:

@@ -260,7 +260,7 @@ class ProxySession:
         self._continuity.tokens(self._invites.token_hashes(), gone=("steer",))  # never adopted again
         return revoked
 
-    def end_broadcast(self) -> str | None:
+    def end_broadcast(self) -> asyncio.Future[str] | None:
         return self._invites.end_broadcast()
 
     def heard(self, message: Mapping[str, Any], sender: Guest | None) -> None:

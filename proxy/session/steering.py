@@ -63,8 +63,9 @@ class SteeredSession(Protocol):
     def revoke_steering(self) -> int:
         """Ends every guest's steer link; returns how many there were."""
 
-    def end_broadcast(self) -> str | None:
-        """Ends the session's broadcast (the session goes on); its URL, None when it has none."""
+    def end_broadcast(self) -> asyncio.Future[str] | None:
+        """Ends the session's broadcast (the session goes on); its URL once the ended playlist is
+        written, None when it has none."""
 
     def heard(self, message: Mapping[str, Any], sender: Guest | None) -> None:
         """Every message parsed, with its sender (None: the owner): for the recording."""
@@ -180,13 +181,19 @@ class Steering:
         except ProtocolError as exc:
             self._dispatch.reject(exc.code, exc.message)
             return
-        url, life = self._session.end_broadcast(), self._life
-        if url is None:
+        ended, life = self._session.end_broadcast(), self._life
+        if ended is None:
             self._dispatch.reject(
                 ErrorCode.INVALID_MESSAGE, 'the session has no broadcast (start with "broadcast": true)'
             )
-        else:
-            self._dispatch.answer(lambda: server_messages.broadcast_ended(life.request_id, url))
+            return
+
+        def answer(done: asyncio.Future[str]) -> None:  # once the ended playlist is on the store
+            if life.attached and not done.cancelled():
+                url = done.result()
+                self._dispatch.answer(lambda: server_messages.broadcast_ended(life.request_id, url))
+
+        ended.add_done_callback(answer)
 
     def _interact(self, message: Mapping[str, Any], raw: bytes, guest: Guest | None = None) -> None:
         """Acked here when the proxy can decide it like the model (rtvideo.proxy.session.dispatch);
