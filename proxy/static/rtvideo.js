@@ -994,11 +994,12 @@ export class WhepViewer extends Emitter {
     fetch(resource, { method: "DELETE", keepalive: true }).catch(() => {}); // the proxy ends it with the session anyway
   }
 
-  /** Ends the viewer: the peer connection closes and its resource is deleted. */
-  close() {
+  /** Ends the viewer: the peer connection closes and its resource is deleted (`deleteResource`
+   * false: the session ended, and the proxy ends its viewers itself). */
+  close(deleteResource = true) {
     if (this.closed) return;
     this.closed = true;
     if (this.pc) this.pc.close();
-    this._delete();
+    if (deleteResource) this._delete();
   }
 }

@@ -96,6 +96,9 @@ def test_owner_watcher_and_steerer_pages_play_and_tell_one_story(demo_proxy, tri
         for page in (steerer, watcher):
             page.wait("document.getElementById('now-playing').textContent.includes('a deep blue ocean')", timeout=15)
             assert "from the owner" in page.eval(TEXT % "now-playing")
+        # A watcher sends no updates: its ack meter says whose acks it sees none of, not "no updates yet".
+        hint = watcher.eval(TEXT % "m-ack-hint")
+        assert hint == "2 updates by others; acks go to their sender", hint
         time.sleep(1.5)  # the transition shows
         shot(owner, tmp_path, "participants-owner-1280.png")
         shot(watcher, tmp_path, "participants-watcher-1280.png")
