@@ -206,3 +206,51 @@ def test_urls_settings_and_the_masked_id() -> None:
     with pytest.raises(ValueError, match="broadcast-base-url"):
         ProxySettings(broadcast_store="/tmp/x", broadcast_base_url="javascript:alert(1)")
     assert Broadcasts.create(ProxySettings()) is None
+
+
+class FullDisk:
+    """A backing whose every write fails (a full disk, an unreachable bucket)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def write_bytes(self, bid: str, name: str, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_failing_store_stops_the_broadcast_never_the_caller(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from rtvideo.proxy.observability.metrics import ProxyMetrics, value
+
+    metrics = ProxyMetrics(CollectorRegistry())
+    b = Broadcasts(FullDisk(backing_for(str(tmp_path / "bc"))), Limits(window=3, max_bytes=1 << 20), metrics=metrics)
+    try:
+        writer = play(b, 5)  # every write fails on the writer thread; handed_out never raises
+        writer.end()
+        flush(b)
+        assert value(metrics.broadcast_failures) == 1  # once: later writes are skipped
+        assert value(metrics.broadcast_segments) == 0 and value(metrics.broadcasts_live) == 0
+    finally:
+        b.close()
+
+
+def test_a_stuck_store_ends_the_broadcast_with_bounded_queue(tmp_path: Path) -> None:
+    import threading
+
+    gate = threading.Event()
+
+    class Stuck(FullDisk):
+        def write_bytes(self, bid: str, name: str, data: bytes) -> None:
+            gate.wait(30)
+
+    b = Broadcasts(Stuck(backing_for(str(tmp_path / "bc"))), Limits(window=3, max_bytes=1 << 20))
+    try:
+        writer = play(b, 200)  # the writer thread is stuck on the first write
+        assert writer.state is BroadcastState.FAILED and b.live == 0
+    finally:
+        gate.set()
+        b.close()
