@@ -239,7 +239,7 @@ class ProxySettings:
     broadcast_store: str | None = setting(
         None,
         'where HLS broadcasts are written (a session.start with "broadcast": true, docs/protocol.md '
-        '"Broadcasts"): a directory, served by the proxy too, or an fsspec URL such as s3://bucket/prefix '
+        "§9.6): a directory, served by the proxy too, or an fsspec URL such as s3://bucket/prefix "
         "(needs rtvideo[recordings]) that a CDN serves; unset: broadcasts off",
         secret=True,  # an fsspec URL may carry a key: shown only through rtvideo.redaction.redact_url
     )

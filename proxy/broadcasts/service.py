@@ -180,6 +180,10 @@ class Broadcasts:
             except Exception:  # an unreachable store: tried again at the next sweep
                 log.exception("broadcasts: the sweep failed")
 
+    def flush(self, timeout: float = 30.0) -> None:
+        """Blocks until every write queued so far is done (blocking: off the event loop)."""
+        self._writer.submit(lambda: None).result(timeout)  # one writer thread: it runs after them
+
     def close(self) -> None:
         """What is queued is written; the sweep stops (blocking: called off the event loop)."""
         self._stop.set()

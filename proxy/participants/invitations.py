@@ -146,7 +146,7 @@ class Invitations:
         if self._broadcast is None:
             return None
         if self._broadcast.end():
-            log.info("broadcast %s… ended by the session's owner", self._broadcast.bid[:8])
+            log.info("broadcast ended by the session's owner (the session goes on)")
         url = self._broadcast.url
         ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         written = asyncio.wrap_future(self._broadcast.written())

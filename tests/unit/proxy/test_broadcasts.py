@@ -53,7 +53,7 @@ def play(b: Broadcasts, chunks: int, start_index: int = 0) -> Any:
 
 
 def flush(b: Broadcasts) -> None:
-    b._writer.submit(lambda: None).result(10)  # the writer thread's queue, in order
+    b.flush(10)
 
 
 def test_the_playlist_is_cmaf_hls_and_reads_back() -> None:
@@ -104,7 +104,7 @@ def test_a_window_slides_and_old_segments_leave_the_store() -> None:
 
 def names(b: Broadcasts, bid: str) -> list[str]:
     backing: Any = b.backing
-    return [str(p).rsplit("/", 1)[-1] for p in backing.fs.ls(backing._path(bid), detail=False)]
+    return [str(p).rsplit("/", 1)[-1] for p in backing.fs.ls(f"{backing.prefix.rstrip('/')}/{bid}", detail=False)]
 
 
 def test_the_bytes_bound_shortens_the_window() -> None:
