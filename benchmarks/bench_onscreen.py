@@ -322,6 +322,8 @@ def summarize_webrtc(results: list[dict[str, Any]]) -> dict[str, Any]:
         "p99": percentile(shown, 0.99),
         "arrival_to_frame_p50": percentile(lags, 0.5),
         "arrival_to_frame_p99": percentile(lags, 0.99),
+        # a frame shown well before its chunk reached the page: the join chunk was taken one too late
+        "early": sum(1 for lag in lags if lag < -0.05),
         "errors": sorted(set(errors)),
     }
 
@@ -502,6 +504,7 @@ def main() -> None:
                             f"{count:>8} {name:>9} {'webrtc':>6} {rtc['shown']:>4}/{rtc['updates']:<3} "
                             f"{rtc['p50']:7.3f} {rtc['p99']:7.3f}  chunk arrival → its first WebRTC frame "
                             f"p50 {rtc['arrival_to_frame_p50']:.3f} p99 {rtc['arrival_to_frame_p99']:.3f}"
+                            + (f", {rtc['early']} before it (a join misread)" if rtc["early"] else "")
                             + (f"  errors: {rtc['errors']}" if rtc["errors"] else ""),
                             flush=True,
                         )

@@ -78,3 +78,12 @@ def test_no_frames_no_figures(bench: ModuleType) -> None:
     summary = bench.summarize_webrtc([{"updates": [{"id": "a", "sent": 0}], "webrtc": {"error": "WHEP 503: full"}}])
     assert summary["shown"] == 0 and summary["updates"] == 1 and summary["errors"] == ["WHEP 503: full"]
     assert math.isnan(summary["p50"])
+
+
+def test_frames_shown_before_their_chunk_came_are_counted_as_a_misread_join(bench: ModuleType) -> None:
+    # chunks 0 and 1 arrive 10 ms apart (a burst), the view's first frame (chunk 0's) is shown
+    # after both: the join is read as chunk 1, and chunk 2's frames land before chunk 2 came
+    chunks = [[1000.0, 9, []], [1010.0, 9, []], [2000.0, 9, ["u"]], [2562.5, 9, []]]
+    view = {"chunks": chunks, "frames": frames(7, 1040.0, 3), "fps": FPS}
+    summary = bench.summarize_webrtc([{"updates": [{"id": "u", "sent": 1500.0}], "webrtc": view}])
+    assert summary["early"] >= 1
