@@ -150,7 +150,12 @@ class Invitations:
         url = self._broadcast.url
         ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         written = asyncio.wrap_future(self._broadcast.written())
-        written.add_done_callback(lambda _: ended.done() or ended.set_result(url))
+
+        def settle(_: object) -> None:
+            if not ended.done():
+                ended.set_result(url)
+
+        written.add_done_callback(settle)
         return ended
 
     @property
