@@ -234,10 +234,10 @@ class BroadcastWriter:
                 elif line.endswith(".m4s") and index is not None:
                     self._indices[int(line.removesuffix(".m4s"))] = index
                     self.last_index = max(self.last_index, index)
-        self._renew(True)
         if listing is not None and listing.ended:
-            self._broken = True  # its owner ended it before the takeover: it stays ended
+            self._broken = True  # its owner ended it before the takeover: it stays ended (its marker too)
             return
+        self._renew(True)
         if init is not None and self._backing.open(self.bid, playlist.INIT) is None:
             self._put(playlist.INIT, init)
         for index, frames, data in earlier:

@@ -158,6 +158,7 @@ def test_an_ended_broadcast_stays_ended_after_a_takeover() -> None:
         again = b.resume(writer.bid, INIT, [(2, 8, body(2))], 16.0)
         again.handed_out(chunk(3, body(3)))
         flush(b)
+        assert json.loads(b.backing.read_text(writer.bid, playlist.MARKER) or "{}")["ended_at"]  # still swept as ended
         assert [
             s.sequence for s in playlist.parse(b.backing.read_text(writer.bid, playlist.PLAYLIST) or "").segments
         ] == [0, 1]
