@@ -37,7 +37,7 @@ WIDTHS = (800, 1024, 1280)
 #: JavaScript: the transport label's text
 TRANSPORT = "document.getElementById('transport').textContent"
 #: generous: only bounds a hang (WebRTC's first frame on 2 loaded cores)
-WEBRTC_SECONDS = 60.0
+WEBRTC_SECONDS = 120.0
 
 
 def no_sideways_scroll(page: Page, folder: Path, state: str) -> None:

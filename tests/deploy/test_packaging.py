@@ -59,7 +59,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_wheel_carries_the_browser_demo_and_its_module(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"rtvideo/proxy/static/index.html", "rtvideo/proxy/static/rtvideo.js"} <= names
+    assert {
+        "rtvideo/proxy/static/index.html",
+        "rtvideo/proxy/static/rtvideo.js",
+        "rtvideo/proxy/static/rtvideo.css",  # the styles index.html and recordings.html share
+        "rtvideo/proxy/static/recordings.html",
+    } <= names
 
 
 @pytest.mark.slow  # a fresh virtual environment and a pip install
@@ -206,7 +211,7 @@ def test_dockerfile_targets_and_the_pinned_vllm_omni() -> None:
     gpu = stages[1]
     assert f"ARG VLLM_OMNI_VERSION={PINNED_VLLM_OMNI}" in gpu and "generator=vllm_omni" in gpu
     # Everything but rtvideo from the hash-checked lock (tests/deploy/test_vllm_lock.py checks it).
-    assert "ARG VLLM_OMNI_LOCK=deploy/gpu/requirements.lock" in gpu and "-r \"${VLLM_OMNI_LOCK}\"" in gpu
+    assert "ARG VLLM_OMNI_LOCK=deploy/gpu/requirements.lock" in gpu and '-r "${VLLM_OMNI_LOCK}"' in gpu
     assert "--no-deps ." in gpu
     # One base for both images, a Triton without the shared-memory CVEs (CVE-2025-23319/23320/23334): 25.07 on.
     tags = re.findall(r"^ARG \w*TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-", text, re.M)
