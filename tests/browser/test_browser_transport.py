@@ -1,8 +1,9 @@
 """The demo page's transport and layout as a person sees them (issue 49, item 3), in a real
 headless Chromium against the real proxy:
 
-- the owner's page plays over WebRTC (WHEP) and says so ("WebRTC" beside the video), its
-  picture lit and its time advancing; it offers a WHEP URL and the bearer token players take;
+- the owner's page and a steer view play over WebRTC (WHEP) and say so ("WebRTC" beside the
+  video), the picture lit and its time advancing; the owner's offers a WHEP URL and the bearer
+  token players take;
 - a watch view with `?transport=mse` falls back to MSE and says "MSE", and plays;
 - nothing scrolls sideways at 800, 1024 and 1280 px in any state (live, revoked, reconnecting,
   ended): `document.documentElement.scrollWidth <= clientWidth`, nothing past the right edge;
@@ -25,7 +26,7 @@ import pytest
 
 from tests.browser.cdp import Page, browser
 from tests.browser.test_browser_participants import TEXT, plays, shot
-from tests.support.proxy_host import wait_idle
+from tests.support.proxy_host import ProxyHost, wait_idle
 from tests.support.resume_client import Leg
 from tests.support.streams import PACED_MODEL
 from tests.support.tcp_relay import TcpRelay
@@ -89,8 +90,11 @@ def test_owner_plays_over_webrtc_a_forced_watcher_over_mse_and_nothing_scrolls_s
         steerer.wait(
             "window.rtvideoDemo && window.rtvideoDemo.session && window.rtvideoDemo.session.summary.chunks >= 1"
         )
+        steerer.wait(f"{TRANSPORT} === 'WebRTC'", timeout=WEBRTC_SECONDS)  # its own steer token's viewer
+        plays(steerer, "the steerer over WebRTC")
         owner.eval("document.getElementById('revoke-steer').click()")
         steerer.wait("document.getElementById('status').textContent === 'revoked'", timeout=30)
+        assert steerer.eval(TRANSPORT) == "MSE"  # revoked: its viewer ended too; what it received stays
         no_sideways_scroll(steerer, tmp_path, "steerer-revoked")
 
         owner.eval("document.getElementById('stop').click()")
@@ -175,3 +179,30 @@ def test_the_watch_badge_goes_back_to_watching_and_missed_chunks_are_said(
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         owner_thread.join(10)
+
+
+def test_the_owner_copies_a_broadcast_url_that_serves_the_playlist(triton: Any, tmp_path: Path) -> None:
+    wait_idle(triton, PACED_MODEL)
+    host = ProxyHost(triton.grpc_url)
+    try:
+        server = host.server(model=PACED_MODEL, broadcast_store=str(tmp_path / "broadcasts"))
+        base = f"http://127.0.0.1:{server.port}/"
+        query = urlencode({"prompt": "a deep blue ocean", "seed": 2, "autostart": 1, "broadcast": 1, "stop_after": 12})
+        with browser() as chromium:
+            owner = chromium.open(base + "?" + query)
+            owner.wait(
+                "window.rtvideoDemo && window.rtvideoDemo.session && window.rtvideoDemo.session.summary.chunks >= 3"
+            )
+            assert owner.eval("document.getElementById('broadcast-row').hidden") is False
+            url = owner.eval("document.getElementById('broadcast-url').value")
+            assert url.startswith(base) and url.endswith("/index.m3u8"), url
+            playlist = owner.eval(f"fetch({json.dumps(url)}).then((r) => r.text())")  # the URL a player is given
+            assert playlist.startswith("#EXTM3U") and "#EXT-X-MAP" in playlist, playlist
+            shot(owner, tmp_path, "transport-owner-broadcast-1280.png")
+            owner.wait("document.title === 'rtvideo demo: done'", timeout=60)
+            # ended: the playlist stays to share (whole, with its end); the watch token's rows are gone
+            assert owner.eval("document.getElementById('players-card').hidden") is False
+            assert owner.eval("document.getElementById('broadcast-url').value") == url
+            assert owner.eval("document.getElementById('whep-rows').hidden") is True
+    finally:
+        host.close()
