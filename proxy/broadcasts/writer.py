@@ -16,6 +16,8 @@ alone; the state (`BroadcastState`) is the loop's alone.
 - `end()` (the owner's `session.broadcast` {"enabled": false}, or the session's end) writes the
   playlist once more with `EXT-X-ENDLIST`; `let_go()` (the session goes on at another replica)
   stops without it, and the next holder goes on (`resume`).
+- A chunk is written once, by its transport index: one that a takeover finds both in the
+  session store's log and handed out again is not written twice.
 - A write that fails, or a queue longer than `MAX_PENDING_SEGMENTS` (a stuck store), ends the
   broadcast here (logged); the session goes on.
 """
@@ -100,6 +102,7 @@ class BroadcastWriter:
         self._fps = DEFAULT_FPS
         self._has_init = False
         self._begun = False  # its video.start was handed out (or it went on from another replica)
+        self._earlier: list[tuple[int, int, bytes]] = []  # a takeover's chunks not yet written (`resume`)
         self._pending: deque[Future[None]] = deque()
         # the writer thread's alone:
         self._listed: list[Segment] = []
@@ -121,11 +124,21 @@ class BroadcastWriter:
     def resume(self, init: bytes | None, earlier: Iterable[tuple[int, int, bytes]], fps: float | None) -> None:
         """A broadcast another replica began: go on from its playlist as the store has it, with
         the chunks after what it lists (`earlier`: (transport index, frames, payload) the
-        session store kept)."""
+        session store kept). Those are written before the first chunk handed out here, and
+        only those before it: a chunk the move makes again is handed out here, and that copy
+        is the one the owner sees (`_catch_up`)."""
         if fps:
             self._fps = fps
         self._has_init = self._begun = True
-        self._submit(self._go_on, init, list(earlier))
+        self._earlier = sorted(earlier)
+        self._submit(self._go_on, init)
+
+    def _catch_up(self, before: int | None) -> None:
+        """The session store's chunks of a takeover, those before the index `before` (None: all)."""
+        earlier, self._earlier = self._earlier, []
+        for index, frames, data in earlier:
+            if before is None or index < before:
+                self._submit(self._segment, strip_init(data), frames / self._fps, index)
 
     def handed_out(self, frame: Frame) -> None:
         if self.state is not BroadcastState.LIVE:
@@ -142,6 +155,8 @@ class BroadcastWriter:
         elif kind == protocol.CHUNK_METADATA and message.get("kind") == MEDIA and frame.data and self._begun:
             index = message.get("transport_chunk_index")
             frames = message.get("num_frames")
+            if self._earlier:
+                self._catch_up(index if isinstance(index, int) else None)
             self._chunk(frame.data, frames if isinstance(frames, int) else 0, index if isinstance(index, int) else -1)
 
     def _chunk(self, data: bytes, frames: int, index: int) -> None:
@@ -161,6 +176,7 @@ class BroadcastWriter:
             return False
         self.state = BroadcastState.ENDED
         if self._begun:
+            self._catch_up(None)
             self._submit(self._close)
         self._on_over(self)
         return True
@@ -178,6 +194,7 @@ class BroadcastWriter:
     def let_go(self) -> None:
         """The session goes on at another replica: what is queued is written, no ENDLIST."""
         if self.state is BroadcastState.LIVE:
+            self._catch_up(None)  # the next holder finds them written
             self.state = BroadcastState.LET_GO
             self._on_over(self)
 
@@ -216,7 +233,7 @@ class BroadcastWriter:
             self._renewed = now
             self._put(playlist.MARKER, marker(self.bid, self._started_at, ended_at))
 
-    def _go_on(self, init: bytes | None, earlier: list[tuple[int, int, bytes]]) -> None:
+    def _go_on(self, init: bytes | None) -> None:
         text = self._backing.read_text(self.bid, playlist.PLAYLIST)
         listing = None
         if text is not None:
@@ -240,11 +257,10 @@ class BroadcastWriter:
         self._renew(True)
         if init is not None and self._backing.open(self.bid, playlist.INIT) is None:
             self._put(playlist.INIT, init)
-        for index, frames, data in earlier:
-            if index > self.last_index:
-                self._segment(strip_init(data), frames / self._fps, index)
 
     def _segment(self, body: bytes, duration: float, index: int) -> None:
+        if 0 <= index <= self.last_index:
+            return  # written already: a takeover's chunk both in the session store and handed out again
         sequence = self._listed[-1].sequence + 1 if self._listed else self._next_unlisted()
         self._put(playlist.segment_name(sequence), body)
         if self._metrics is not None:

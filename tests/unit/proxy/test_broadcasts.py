@@ -136,6 +136,7 @@ def test_a_takeover_goes_on_with_the_sequence_and_writes_what_it_lacks() -> None
         earlier = [(3, 8, body(3)), (4, 8, body(4)), (5, 8, body(5))]  # the session store's last chunks
         again = second.resume(writer.bid, INIT, earlier, 16.0)
         assert again.url == writer.url
+        again.handed_out(chunk(5, body(5)))  # handed out again after the takeover: not written twice
         again.handed_out(chunk(6, body(6)))
         again.end()
         flush(second)
