@@ -67,6 +67,18 @@ def test_owner_plays_over_webrtc_a_forced_watcher_over_mse_and_nothing_scrolls_s
         assert owner.eval("document.getElementById('video').srcObject !== null")  # the shown <video> is WebRTC's
         plays(owner, "the owner over WebRTC")
         assert len(demo_proxy.whep_viewers) == 1
+        # The timeline still follows an update to the screen (the WebSocket's metadata, the MSE clock).
+        owner.eval(
+            "document.getElementById('update').value = 'a snowy forest at night';"
+            "document.getElementById('send-update').click()"
+        )
+        row = owner.wait(
+            "(() => { const li = document.querySelector('#timeline li[data-event-id]');"
+            " return li && li.innerText.includes('on screen in') && li.innerText; })()",
+            timeout=60,
+        )
+        assert "a snowy forest at night" in row and "queued in" in row, row
+        assert owner.eval(TRANSPORT) == "WebRTC"
         # A player's WHEP URL and the bearer token it takes (the session's watch token).
         whep_url = owner.eval("document.getElementById('whep-url').value")
         bearer = owner.eval("document.getElementById('whep-token').value")
