@@ -154,9 +154,10 @@ export class RealtimeVideoClient extends Emitter {
    * @param {string} url  the WebSocket URL (see urlFor)
    * @param {object} options  token (added as ?token=), retryMs (resend an unacked update after this
    *   long, default 1000), maxAttempts (sends per update before giving up, default 5),
+   *   storeRetryMs (how long an update refused store_unavailable is sent again, default 10000),
    *   rejoinSeconds (how long a dropped watch or steer link is opened again, default 10)
    */
-  constructor(url, { token = null, retryMs = 1000, maxAttempts = 5, resumeAttempts = 5, resumeBackoffMs = 250, rejoinSeconds = 10 } = {}) {
+  constructor(url, { token = null, retryMs = 1000, maxAttempts = 5, storeRetryMs = 10000, resumeAttempts = 5, resumeBackoffMs = 250, rejoinSeconds = 10 } = {}) {
     super();
     this._initResume(resumeAttempts, resumeBackoffMs);
     this.rejoinSeconds = rejoinSeconds;
@@ -165,6 +166,7 @@ export class RealtimeVideoClient extends Emitter {
     this.url = target.href;
     this.retryMs = retryMs;
     this.maxAttempts = maxAttempts;
+    this.storeRetryMs = storeRetryMs;
     this.ws = null;
     this.requestId = null;
     this.config = null;
@@ -207,7 +209,10 @@ export class RealtimeVideoClient extends Emitter {
    * A prompt update. Resolves with {eventId, ackMs, attempts} on its session.interaction.queued;
    * rejects with an Error (its .code, .eventId) when an error names it or no ack came after
    * maxAttempts sends. The same payload is resent with the same event_id every retryMs until then
-   * (the server answers a retry with the same ack and never applies it twice).
+   * (the server answers a retry with the same ack and never applies it twice). One refused
+   * store_unavailable (replicas whose shared session store stalls: it was not applied) goes on being
+   * resent every retryMs, past maxAttempts, for up to storeRetryMs from the first refusal; then it
+   * rejects with that error.
    */
   interact(prompt, { eventId = null, transitionChunks = null, event = null, interpolation = null } = {}) {
     const id = eventId || newEventId();
@@ -243,7 +248,8 @@ export class RealtimeVideoClient extends Emitter {
       const pending = this._pending.get(id);
       if (!pending) return;
       if (this.reconnecting) { pending.timer = setTimeout(attempt, this.retryMs); return; } // sent once resumed
-      if (record.attempts >= this.maxAttempts || !this.isOpen) {
+      const storeRetrying = record.storeRefusedAt != null && performance.now() - record.storeRefusedAt <= this.storeRetryMs;
+      if ((record.attempts >= this.maxAttempts && !storeRetrying) || !this.isOpen) {
         const error = Object.assign(new Error(this.isOpen ? `no ack for ${id} after ${record.attempts} sends` : "the connection is closed"), { code: "no_ack", eventId: id });
         this._fail(id, error);
         return;
@@ -393,6 +399,10 @@ export class RealtimeVideoClient extends Emitter {
         const error = Object.assign(new Error(m.message || m.code), { code: m.code, eventId: m.event_id });
         if (record && m.code === "event_id_conflict" && record.state !== "sent") {
           this._reject(m.event_id, error); // a reuse of the id with another payload: the original goes on
+        } else if (record && m.code === "store_unavailable" && this._pending.has(m.event_id)) {
+          // never applied: its retry timer sends it again with the same id, within storeRetryMs
+          record.storeRefusedAt ??= performance.now();
+          if (performance.now() - record.storeRefusedAt > this.storeRetryMs) this._fail(m.event_id, error);
         } else if (record) {
           this._fail(m.event_id, error);
         }
