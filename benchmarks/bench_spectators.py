@@ -347,6 +347,10 @@ class Crowd:
             await s.settle()
         return [(s.media, s.received) for s, _ in self.members]
 
+    def failed(self) -> list[str]:
+        """Why spectators ended on their own (a refusal, a closed connection), one line each."""
+        return [repr(t.exception()) for _, t in self.members if t.done() and not t.cancelled() and t.exception()]
+
     async def close(self) -> None:
         for _, task in self.members:
             task.cancel()
@@ -388,7 +392,11 @@ def factory(transport: str, owner: Owner, ws_url: str) -> Callable[[], Spectator
 
 @contextlib.contextmanager
 def proxy(grpc_url: str, store: str, most: int) -> Iterator[ProxyProcess]:
-    flags = ("--broadcast-store", store, "--max-watchers-per-session", str(most), "--max-watchers", str(most))
+    # every spectator comes from 127.0.0.1: the per-address bound would be the limit found
+    flags = (
+        *("--broadcast-store", store, "--max-watchers-per-session", str(most), "--max-watchers", str(most)),
+        *("--max-open-connections-per-client", str(2 * most + 16)),
+    )
     with ProxyProcess(grpc_url, MODEL, flags=flags) as p:
         yield p
 
@@ -461,7 +469,8 @@ async def bench(args: argparse.Namespace, ws_url: str, pid: int) -> dict[str, An
                         ramp.append((count, slowest))
                         print(
                             f"{transport:>9} {count:>4}: slowest {slowest:.2f} x owner, owner {m['owner_rate']:.2f}x "
-                            f"real time, proxy CPU {cpu:.2f} s/s, RSS {mib(m['after'].rss)} MiB",
+                            f"real time, proxy CPU {cpu:.2f} s/s, RSS {mib(m['after'].rss)} MiB"
+                            + (f"; {len(failed)} ended: {failed[:2]}" if (failed := crowd.failed()) else ""),
                             flush=True,
                         )
                         if slowest < args.realtime:
