@@ -28,6 +28,11 @@ from rtvideo.core.errors import SESSION_ENDING_CODES, ErrorCode
 
 _ENDING = {code.value for code in SESSION_ENDING_CODES}
 _INTERACTION_REJECTED = {ErrorCode.INVALID_INTERACTION.value, ErrorCode.EVENT_ID_CONFLICT.value}
+#: an interaction refused `store_unavailable` (a shared session store could not keep it now;
+#: never applied) is sent again with the same event id, waiting this long first, then twice as
+#: long each time up to `STORE_BACKOFF_MAX`, for at most the client's `store_retry_seconds`
+STORE_BACKOFF_SECONDS = 0.2
+STORE_BACKOFF_MAX = 2.0
 
 
 #: the leading bytes of the image formats an `image_reference` may hold, and their media types
@@ -121,6 +126,9 @@ class _AckWait:
 
     future: asyncio.Future[dict[str, Any]]
     waiters: int = 0
+    #: resolved by a `store_unavailable` naming the event: every waiter sends it again (a new
+    #: one is made for each round of sends)
+    refused: asyncio.Future[None] | None = None
 
 
 class RealtimeVideoClient:
@@ -137,10 +145,14 @@ class RealtimeVideoClient:
         report_playback: float | None = None,
         resume_attempts: int = 5,
         resume_backoff: float = 0.25,
+        store_retry_seconds: float = 10.0,
     ) -> None:
         """`report_playback`: send a `session.playback` report this often (seconds) from the
         media time a player started on the first chunk would show (`VirtualPlayhead`), so the
-        server paces the stream to it; None (the default): no reports, the fixed lead."""
+        server paces the stream to it; None (the default): no reports, the fixed lead.
+        `store_retry_seconds`: how long `interact` keeps sending an interaction again that the
+        session store could not keep (`store_unavailable`) before it raises that error."""
+        self._store_retry_seconds = store_retry_seconds
         self.url = url
         self.playhead = VirtualPlayhead()
         self._report_every = report_playback
@@ -208,7 +220,12 @@ class RealtimeVideoClient:
         attempts: int = 3,
     ) -> dict[str, Any]:
         """Send a prompt update and return its `session.interaction.queued`. Without an ack in
-        `timeout`, the same event id and payload are sent again (a retry is never applied twice).
+        `timeout`, the same event id and payload are sent again (a retry is never applied twice),
+        `attempts` times in all (then asyncio.TimeoutError). One refused `store_unavailable`
+        (replicas whose shared store stalls: it was not applied) is sent again with the same event
+        id after 0.2 s, 0.4 s, … (at most 2 s apart) for up to `store_retry_seconds` (10 s by
+        default) from the first refusal; then RealtimeVideoError `store_unavailable` is raised
+        (the interaction was never applied; it may be sent again later with the same event id).
         `camera` (with or without a prompt): `event.multi_modal_data.camera`, e.g. `camera_payload()`.
         `prompts` (in place of `prompt`) and `interpolation`: see `blend`."""
         event: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
@@ -228,16 +245,33 @@ class RealtimeVideoClient:
         if wait is None or wait.future.done():  # concurrent calls for one id share a pending future
             wait = self._acks[eid] = _AckWait(asyncio.get_running_loop().create_future())
         wait.waiters += 1
-        sent = 0
+        loop = asyncio.get_running_loop()
+        sent, backoff, refused_until = 0, STORE_BACKOFF_SECONDS, None
         try:
             while True:
+                if wait.refused is None or wait.refused.done():
+                    wait.refused = loop.create_future()
+                refused = wait.refused
                 await self._send({"type": protocol.INTERACTION, "interaction": interaction})
-                sent += 1
-                try:
-                    return await asyncio.wait_for(asyncio.shield(wait.future), timeout)
-                except asyncio.TimeoutError:
+                await asyncio.wait((wait.future, refused), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if wait.future.done():
+                    return wait.future.result()
+                if not refused.done():  # no answer in `timeout`
+                    sent += 1
                     if sent >= attempts:
-                        raise
+                        raise asyncio.TimeoutError(f"no ack for {eid} after {sent} sends")
+                    continue
+                if refused_until is None:  # the retries are bounded from the first refusal
+                    refused_until = loop.time() + self._store_retry_seconds
+                if loop.time() + backoff > refused_until:
+                    raise RealtimeVideoError(
+                        ErrorCode.STORE_UNAVAILABLE.value,
+                        f"the session store did not keep the interaction in {self._store_retry_seconds:g} s of "
+                        "retries; it was not applied (send it again later with the same event_id)",
+                        eid,
+                    )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, STORE_BACKOFF_MAX)
         finally:
             wait.waiters -= 1
             if not wait.waiters and self._acks.get(eid) is wait:
@@ -414,6 +448,9 @@ class RealtimeVideoClient:
             elif waiting is not None and error.code in _INTERACTION_REJECTED:
                 if not waiting.future.done():
                     waiting.future.set_exception(error)
+            elif waiting is not None and error.code == ErrorCode.STORE_UNAVAILABLE.value:
+                if waiting.refused is not None and not waiting.refused.done():
+                    waiting.refused.set_result(None)  # `interact` sends it again (never applied)
             else:
                 self._on_error(error)
 

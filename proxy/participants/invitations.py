@@ -86,6 +86,12 @@ class Invitations:
         """Whether a dropped owner detaches (its resume token is live and the grace is not 0)."""
         return self._resume_token is not None and self._features is not None and self._features.resume_grace > 0
 
+    @property
+    def asks_resume(self) -> bool:
+        """Whether the start asked to be resumable (known from the start on, before its token
+        exists): only such a session promises that a takeover knows its acked interactions."""
+        return bool(self._options.get("resumable")) and self._features is not None and self._features.resume_grace > 0
+
     def take_options(self, first: dict[str, Any], raw: bytes, handouts: Handouts) -> bytes:
         """The start without the proxy's own options (the model never sees them); a recording
         begins here when one is wanted (so a start the model refuses is recorded too)."""

@@ -66,6 +66,9 @@ class Continuity:
         self._init: bytes | None = None  # the init segment, once put
         self.handed_off = False  # left in the store for another replica: its record is kept
         self._bound: dict[str, str] = {}  # kind → the token hash last bound
+        #: whether its acked interactions must be in the store first (`opened`): only a session
+        #: that can be resumed promises a takeover that knows them
+        self._durable = True
 
     @property
     def shared(self) -> bool:
@@ -86,8 +89,12 @@ class Continuity:
         """Set when another replica holds the session now (None without a shared store)."""
         return None if self._keeper is None else self._keeper.lost
 
-    def opened(self, start: bytes) -> None:
-        """The session's start goes to the model: its lease is claimed, the start kept."""
+    def opened(self, start: bytes, *, durable: bool = True) -> None:
+        """The session's start goes to the model: its lease is claimed, the start kept.
+        `durable` False (its start says `"resumable": false`): it is continued nowhere else, so
+        its interactions are acked without the store (`event`); the store still keeps its token
+        bindings, for its guests at other replicas."""
+        self._durable = durable
         if self._keeper is not None:
             self._keeper.start()
             self._keeper.put({"start": start.decode("utf-8", "surrogatepass")})
@@ -125,8 +132,11 @@ class Continuity:
         """An admitted interaction, its canonical frame (None: a retry, stored already, or an
         interaction the model answers): it is forwarded and acked once the returned awaitable says
         True (write before ack; the writes, so the forwards and acks, keep their order); False: the
-        store cannot take it now (refused with store_unavailable). None: no shared store."""
-        if self._keeper is None:
+        store cannot take it now (refused with store_unavailable). None: acked at once, without
+        the store: there is no shared store, or the session is not resumable (no takeover ever
+        reads its interactions, so none waits for, or is refused by, the store: docs/decisions.md
+        "The session store under faults"). This is the one place that decides it."""
+        if self._keeper is None or not self._durable:
             return None
         return self._keeper.event(None if raw is None else raw.decode("utf-8", "surrogatepass"))
 

@@ -280,7 +280,7 @@ class ProxySession:
                     hub.share(frame, sender)
 
     def _open(self, start: bytes) -> None:
-        self._continuity.opened(start)
+        self._continuity.opened(start, durable=self._invites.asks_resume)
         self.tasks.spawn(self._watch_lease())
         with self._trace.begin():  # the stream (and its pump's later ones) carries the traceparent
             stream = self._bridge.open_stream()

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import redis
 
+from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.store.base import LEASE_SECONDS
 from tests.support.http_calls import metric_values
@@ -395,3 +396,125 @@ def test_a_resume_at_the_other_front_after_a_long_stall_goes_on_once(
     assert conflict["code"] == "event_id_conflict", conflict
     assert refused["type"] == "error" and refused["code"] == "invalid_resume", refused
     assert pairs == list(range(len(pairs)))  # no chunk missing, none twice
+
+
+def test_a_session_that_is_not_resumable_is_acked_while_the_store_is_paused(
+    proxies: ProxyHost, triton: Any, store: Store
+) -> None:
+    """A start with `"resumable": false` promises no continuation: its interactions are acked
+    without the store (docs/decisions.md "The session store under faults"), while a resumable
+    session beside it at the same replica is refused `store_unavailable` until the store is
+    back. Its token bindings are still kept while the store is there (its guests at the other
+    replica find it by them)."""
+    wait_idle(triton, PACED_MODEL)
+    pid = store.pid()
+
+    def bindings() -> list[bytes]:
+        return list(store.client().scan_iter("rtvideo:k:*"))
+
+    async def body() -> None:
+        plain = await Leg.open(a.url)
+        started = await plain.start(PROMPT, num_frames=FRAMES, seed=5, resumable=False, watchable=True, **SIZE)
+        assert started["type"] == "video.start" and not started.get("resume_token"), started
+        await plain.media(1)
+        deadline = time.monotonic() + BACK_SECONDS
+        while not await asyncio.to_thread(bindings):  # its watch token's binding, written after the start
+            assert time.monotonic() < deadline, "a session that is not resumable has no token binding"
+            await asyncio.sleep(0.1)
+        durable = await Leg.open(a.url)
+        resumable = await durable.start(PROMPT, num_frames=FRAMES, seed=6, **SIZE)
+        assert resumable["type"] == "video.start" and resumable["resume_token"], resumable
+        await durable.media(1)
+        assert (await answer(durable, "before", "a storm"))["type"] == QUEUED
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for n in range(3):  # acked at once, however long the store is away
+                got = await answer(plain, f"plain-{n}", "rain")
+                assert got["type"] == QUEUED, got
+            refused = await answer(durable, "durable", "rain")
+            assert refused["type"] == "error" and refused["code"] == REFUSED, refused
+            await media_for(plain, 1.0)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert (await acked_once_back(durable, "durable", "rain"))["type"] == QUEUED
+        assert (await answer(plain, "plain-after", "fog"))["type"] == QUEUED
+        for leg in (plain, durable):
+            await leg.send({"type": "session.stop"})
+            await leg.until("session.done", timeout=60)
+
+    # one client address, two sessions side by side
+    settings = {"model": PACED_MODEL, "session_store": store.url, "max_sessions_per_client": 2}
+    with replica_servers(proxies, count=1, **settings) as (a,):
+        run(body(), timeout=300)
+
+
+async def _client_session(url: str, seed: int) -> RealtimeVideoClient:
+    client = RealtimeVideoClient(url)
+    await client.__aenter__()
+    start = await client.start(PROMPT, num_frames=FRAMES, seed=seed, **SIZE)
+    assert start["resume_token"], start
+    async for _ in client.chunks():  # one chunk: the session streams
+        break
+    return client
+
+
+async def _stop(client: RealtimeVideoClient) -> None:
+    await client.stop()
+    async for _ in client.chunks():
+        pass
+    await client.__aexit__(None, None, None)
+
+
+def test_the_client_sends_again_until_the_paused_store_is_back(
+    proxies: ProxyHost, triton: Any, store: Store, replicas: list[ProxyServer]
+) -> None:
+    """rtvideo.client's `interact` sends an interaction refused `store_unavailable` again with
+    the same event id: the store paused, then continued within the client's retry window (10 s),
+    the call returns the ack (the proxy refused it at least once meanwhile)."""
+    wait_idle(triton, PACED_MODEL)
+    a = replicas[0]
+    pid = store.pid()
+
+    async def body() -> None:
+        client = await _client_session(a.url, 31)
+        refused_before = metric_values(a.port).get("rtvideo_proxy_store_refusals_total", 0.0)
+        os.kill(pid, signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        back = loop.call_later(3.0, os.kill, pid, signal.SIGCONT)
+        try:
+            ack = await asyncio.wait_for(client.interact("rain", event_id="while-paused"), BACK_SECONDS)
+        finally:
+            back.cancel()
+            os.kill(pid, signal.SIGCONT)
+        assert ack["type"] == QUEUED and ack["event_id"] == "while-paused", ack
+        assert metric_values(a.port).get("rtvideo_proxy_store_refusals_total", 0.0) > refused_before
+        assert client.errors.empty(), client.errors  # the refusals were the call's to retry
+        await _stop(client)
+
+    run(body(), timeout=300)
+
+
+def test_the_client_gives_up_with_a_clear_error_when_the_store_stays_away(
+    proxies: ProxyHost, triton: Any, store: Store, replicas: list[ProxyServer]
+) -> None:
+    """A store that does not come back within the retry window: `interact` raises
+    `store_unavailable` (the interaction was never applied), and the session goes on."""
+    wait_idle(triton, PACED_MODEL)
+    a = replicas[0]
+    pid = store.pid()
+
+    async def body() -> None:
+        client = await _client_session(a.url, 32)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(RealtimeVideoError) as refused:
+                await asyncio.wait_for(client.interact("rain", event_id="never-kept"), BACK_SECONDS)
+            assert refused.value.code == REFUSED and refused.value.event_id == "never-kept"
+            assert "10 s" in refused.value.message, refused.value.message
+            async for _ in client.chunks():  # the video goes on
+                break
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await _stop(client)
+
+    run(body(), timeout=300)
