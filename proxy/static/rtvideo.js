@@ -15,7 +15,7 @@
 //   queued {eventId, ackMs, attempts}, interaction (an event's record changed), shared (another participant's
 //   update, its new record), error, pong, done, reconnecting {attempt, of, rejoin}, rejoined (a watch or steer
 //   link opened again: its video.start), rejoin_failed, skipped {from, to} (transport indexes a rejoined link
-//   never received); MsePlayer: ended, error, shown, jump {from, to}; WhepViewer: playing, lost {why}.
+//   never received), broadcast_ended; MsePlayer: ended, error, shown, jump {from, to}; WhepViewer: playing, lost {why}.
 //
 // Integers beyond 2^53 (a seed: 0 – 2^63−1) are parsed as BigInt, exactly (parseJson), and a
 // BigInt field is sent as a JSON integer (stringifyJson): a seed shown is the seed in use.
@@ -303,6 +303,12 @@ export class RealtimeVideoClient extends Emitter {
     this._send({ type: "session.ping" });
   }
 
+  /** The owner ends the session's HLS broadcast, the session going on (docs/protocol.md
+   * "Broadcasts"); answered by "broadcast_ended". */
+  endBroadcast() {
+    this._send({ type: "session.broadcast", enabled: false });
+  }
+
   /** The owner ends every steer link and retires the steer token for good (docs/protocol.md §9.3);
    * answered by "steering_revoked" {revoked}. */
   revokeSteering() {
@@ -420,6 +426,9 @@ export class RealtimeVideoClient extends Emitter {
         break;
       case "session.interaction.shared": // another participant's update, acked to it (docs/protocol.md §9.4)
         this._shared(m);
+        break;
+      case "session.broadcast_ended": // the answer to endBroadcast(), or the proxy's own end of it
+        this.emit("broadcast_ended", m);
         break;
       case "session.steering_revoked": // the answer to revokeSteering()
         this.steerToken = null;

@@ -199,7 +199,7 @@ def test_the_owner_copies_a_broadcast_url_that_serves_the_playlist(triton: Any, 
     try:
         server = host.server(model=PACED_MODEL, broadcast_store=str(tmp_path / "broadcasts"))
         base = f"http://127.0.0.1:{server.port}/"
-        query = urlencode({"prompt": "a deep blue ocean", "seed": 2, "autostart": 1, "broadcast": 1, "stop_after": 12})
+        query = urlencode({"prompt": "a deep blue ocean", "seed": 2, "autostart": 1, "broadcast": 1, "stop_after": 400})
         with browser() as chromium:
             owner = chromium.open(base + "?" + query)
             owner.wait(
@@ -211,8 +211,15 @@ def test_the_owner_copies_a_broadcast_url_that_serves_the_playlist(triton: Any, 
             playlist = owner.eval(f"fetch({json.dumps(url)}).then((r) => r.text())")  # the URL a player is given
             assert playlist.startswith("#EXTM3U") and "#EXT-X-MAP" in playlist, playlist
             shot(owner, tmp_path, "transport-owner-broadcast-1280.png")
+            # The owner ends the broadcast, not the session: the playlist ends, the session plays on.
+            owner.eval("document.getElementById('end-broadcast').click()")
+            owner.wait("document.getElementById('broadcast-state').textContent.startsWith('ended')", timeout=30)
+            ended = owner.eval(f"fetch({json.dumps(url)}).then((r) => r.text())")
+            assert "#EXT-X-ENDLIST" in ended, ended
+            assert owner.eval(TEXT % "status") == "streaming"
+            owner.eval("document.getElementById('stop').click()")
             owner.wait("document.title === 'rtvideo demo: done'", timeout=60)
-            # ended: the playlist stays to share (whole, with its end); the watch token's rows are gone
+            # ended: the playlist stays to share (with its end); the watch token's rows are gone
             assert owner.eval("document.getElementById('players-card').hidden") is False
             assert owner.eval("document.getElementById('broadcast-url').value") == url
             assert owner.eval("document.getElementById('whep-rows').hidden") is True
