@@ -237,18 +237,21 @@ def test_every_image_that_runs_the_proxy_carries_the_session_stores_client() -> 
     for name, stage in serving.items():
         stage = stage.replace("\\\n", " ")  # one line per RUN
         with_extras = re.search(r"pip install [^\n]*\"\.\[([\w,-]+)\]\"", stage)
-        lock = re.search(r"--no-deps [^\n]*-r (\S+\.lock)", stage)
+        lock = re.search(r"--no-deps [^\n]*-r \"?(\$\{\w+\}|\S+\.lock)\"?", stage)
         assert bool(with_extras) != bool(lock), f"{name}: rtvideo goes in either with its extras or beside a lock"
         if with_extras:
             assert "redis" in with_extras.group(1).split(","), f"{name} installs .[{with_extras.group(1)}]"
             continue
         assert lock and re.search(r"pip install [^\n]*--no-deps \.(\s|$)", stage), name
-        pins = {
-            canonicalize_name(m.group(1)): m.group(2)
-            for m in re.finditer(
-                r"^([A-Za-z0-9][\w.-]*)(?:\[[^\]]*\])?==(\S+)", (ROOT / lock.group(1)).read_text(), re.M
-            )
-        }
-        for requirement in client:
-            pinned = pins.get(canonicalize_name(requirement.name))
-            assert pinned is not None and requirement.specifier.contains(pinned), (name, requirement, pinned)
+        locks = [lock.group(1)]
+        if locks[0].startswith("${"):  # a build argument: its default, and every lock the stage copies
+            (default,) = re.findall(rf"^ARG {locks[0][2:-1]}=(\S+)$", stage, re.M)
+            locks = sorted({default, *re.findall(r"^COPY (?:\S+ )*?(deploy/gpu/\S*requirements\.lock) ", stage, re.M)})
+        for path in locks:
+            pins = {
+                canonicalize_name(m.group(1)): m.group(2)
+                for m in re.finditer(r"^([A-Za-z0-9][\w.-]*)(?:\[[^\]]*\])?==(\S+)", (ROOT / path).read_text(), re.M)
+            }
+            for requirement in client:
+                pinned = pins.get(canonicalize_name(requirement.name))
+                assert pinned is not None and requirement.specifier.contains(pinned), (name, path, requirement, pinned)

@@ -65,22 +65,33 @@ FPC = 33  # Helios' chunk
 # --- the checks: each returns what it saw in a few words, or raises ------------------------------
 
 
+#: processes our own code starts below the stub (rtvideo's watchdog, multiprocessing's tracker)
+_NOT_THE_ENGINE = ("rtvideo.process.watchdog", "multiprocessing.resource_tracker")
+#: the inline diffusion worker's line once its device is set up (both releases log it)
+_WORKER_UP = "diffusion_worker Worker 0: Initialized device"
+
+
 def check_engine_in_stub(served: Served) -> str:
-    """The engine runs in Triton's Python-backend stub, on this env's Python: vLLM-Omni 0.30 runs
-    its diffusion worker inline (`inline_stage_diffusion_client`), so the stub process itself
-    takes the worker's title; any process the engine spawns descends from the stub."""
+    """The engine runs in Triton's Python-backend stub, on this env's Python: vLLM-Omni runs its
+    diffusion worker inline (0.30: `inline_stage_diffusion_client`, which titles the stub process
+    `vLLM-Omni::DiffusionWorker`; 0.32: the UniProc executor, which leaves the host process's
+    title alone, `set_proc_title=False`). Either way the worker came up, and no process below the
+    stub is an engine process of its own; any process the engine spawns descends from the stub."""
     tree = descendants(served.proc.pid)
     stubs = [p for p in tree if Path(exe(p)).name == "triton_python_backend_stub"]
     assert len(stubs) == 1, f"want one stub below serve: {[(p, exe(p), cmdline(p)[:60]) for p in tree]}"
     (stub,) = stubs
     title = cmdline(stub)
     below = sorted(descendants(stub))
-    workers = [title] + [cmdline(p) for p in below]
-    assert any("DiffusionWorker" in w for w in workers), f"no diffusion worker in or below the stub: {workers}"
-    python = os.path.realpath(sys.executable)
-    spawned = [p for p in below if os.path.realpath(exe(p)) == python]
     log = tail(served.triton_log, 10**7)
     assert "engine" in log and "ready" in log, "the Triton log has no 'engine ... ready' line"
+    titled = "DiffusionWorker" in title
+    if not titled:  # 0.32: the worker inline without a title; nothing else may be running it
+        others = [cmdline(p) for p in below if not any(n in cmdline(p) for n in _NOT_THE_ENGINE)]
+        assert _WORKER_UP in log, f"no diffusion worker came up (no {_WORKER_UP!r} in the Triton log)"
+        assert not others, f"processes below the stub besides ours (an engine process?): {others}"
+    python = os.path.realpath(sys.executable)
+    spawned = [p for p in below if os.path.realpath(exe(p)) == python]
     return (
         f"stub pid {stub} ({exe(stub)}) titled {title!r}; below it {len(below)} processes, "
         f"{len(spawned)} on {python}: {[cmdline(p)[:60] for p in below]}"
