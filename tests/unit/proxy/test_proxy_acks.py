@@ -344,11 +344,14 @@ def test_interactions_racing_the_end_through_triton_each_get_one_end(proxies) ->
                     await asyncio.sleep(0.001)
             t = await reader
         check_stream_rules(t)
-        # The proxy's bound on requests in flight to Triton is not what this test checks: a loaded
-        # machine answers slower and reaches it. A refused interaction is answered `rate_limited`
-        # and never acked, so it is in neither list below; any other error is a failure.
+        # The proxy's bound on requests in flight to Triton and the model's 64 waiting events are
+        # not what this test checks: a flood reaches them, a loaded machine sooner. A refused
+        # interaction is answered `rate_limited` or `interaction_queue_full` and never acked, so
+        # it is in neither list below; any other error is a failure.
         errors = t.of_type("error")
-        assert all(m["code"] == "rate_limited" and "in flight" in m["message"] for m in errors), errors
+        bounded = [m for m in errors if m["code"] == "rate_limited" and "in flight" in m["message"]]
+        queue_full = [m for m in errors if m["code"] == "interaction_queue_full"]
+        assert len(bounded) + len(queue_full) == len(errors), errors
         acked = [m["event_id"] for m in t.of_type("session.interaction.queued")]
         ends = event_ends(t)
         assert sorted(ends) == sorted(acked), "each acked event reaches exactly one end"
