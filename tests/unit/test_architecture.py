@@ -53,6 +53,10 @@ def test_every_package_folder_is_installed() -> None:
     listed = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {name for name, path in modules().items() if path.name == "__init__.py"}
     assert sorted(folders - listed) == []
+    # a folder of modules without an __init__.py is a namespace package setuptools leaves out
+    for source in ROOTS:
+        for folder in {p.parent for p in (REPO_ROOT / source).rglob("*.py") if "__pycache__" not in p.parts}:
+            assert (folder / "__init__.py").exists(), f"{folder.relative_to(REPO_ROOT)} has no __init__.py"
 
 
 def test_no_import_circle() -> None:
