@@ -161,9 +161,10 @@ def test_a_killed_session_store_raises_its_alert_and_sessions_go_on(proxies, tri
     """A proxy keeping its sessions in a real Redis (`--session-store`), one session streaming.
     The Redis is killed (kill -9): the session's next store call fails, and the store alert's
     expression over two scrapes of the proxy's /metrics returns that proxy. The session goes on:
-    an update sent after the kill is acked (its write gives up, it does not hold the ack) and a
-    chunk starts it, and media keep coming; a new session starts and streams, without the store.
-    Before the kill the expression returns nothing."""
+    an update sent after the kill is refused `store_unavailable` (never acked before a takeover
+    could read it: docs/decisions.md "The session store under faults") and media keep coming; a
+    new session that is not resumable starts and streams without the store, its update acked
+    and started by a chunk. Before the kill the expression returns nothing."""
     expression = rules()["RtvideoSessionStoreUnreachable"]["expr"]
     wait_idle(triton, PACED_MODEL)
     with serve_redis(tmp_path) as redis:
@@ -194,15 +195,18 @@ def test_a_killed_session_store_raises_its_alert_and_sessions_go_on(proxies, tri
                 redis.proc.wait()
                 after = await errors_counted(time.monotonic() + 60)
                 await s.interact("the harbour in fog", "e1", transition_chunks=0)
-                await s.until(lambda m: m["type"] == "session.interaction.queued" and m["event_id"] == "e1", 60)
-                await s.until(lambda m: "e1" in m.get("started_event_ids", []), 60)  # applied
+                refused = await s.until(lambda m: m.get("event_id") == "e1", 60)
+                assert refused["type"] == "error" and refused["code"] == "store_unavailable", refused
                 await s.next_media()
                 await s.send({"type": "session.stop"})
                 await s.until("session.done", 60)
             async with ws(server.url, **NO_KEEPALIVE) as conn:
                 s = Ws(conn)
-                await s.start("a new session, no store", seed=7)
+                await s.start("a new session, no store", seed=7, resumable=False)
                 await s.next_media()
+                await s.interact("the harbour in fog", "e2", transition_chunks=0)
+                await s.until(lambda m: m["type"] == "session.interaction.queued" and m["event_id"] == "e2", 60)
+                await s.until(lambda m: "e2" in m.get("started_event_ids", []), 60)  # applied
                 await s.send({"type": "session.stop"})
                 await s.until("session.done", 60)
             return before, after, quiet
