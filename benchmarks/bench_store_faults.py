@@ -17,8 +17,11 @@ reported loudly (exit status 1).
    minutes; every minute, the store's bytes (Redis `MEMORY USAGE` of every `rtvideo:` key; this
    session is the only one then) and the interactions acked and refused. After its stop, what is
    left of it in the store.
+3. **One recordings eviction** at 10 and at 10,000 recordings (bench_recordings.py's
+   `eviction_costs`, `--evictions` of each, no Triton), so the issue's figures come from one run.
 
     .venv/bin/python benchmarks/bench_store_faults.py [--minutes 10] [--stall 8] [--rate 4] [--logs DIR]
+        [--evictions 50]
 """
 
 from __future__ import annotations
@@ -350,6 +353,13 @@ async def scenario(run: LocalReplicas, args: argparse.Namespace) -> int:
     return code
 
 
+def evictions(count: int) -> None:
+    """Part 3 (module docstring): the recordings store's eviction, beside the store's figures."""
+    from bench_recordings import eviction_costs
+
+    eviction_costs((10, 10_000), count)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of padded interactions (default 10)")
@@ -360,6 +370,7 @@ def main() -> None:
         "--rate-share", type=float, default=0.95, help="the padded rate as a share of the rate limit (default 0.95)"
     )
     parser.add_argument("--logs", type=Path, help="keep the recipe's logs in this directory")
+    parser.add_argument("--evictions", type=int, default=50, help="recordings evictions timed at 10 and 10,000")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         logs = args.logs or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-store-faults-")))
@@ -368,6 +379,8 @@ def main() -> None:
         )
         print(f"rtvideo replicas: two proxies sharing redis-server behind HAProxy at {run.url}")
         code = asyncio.run(scenario(run, args))
+    if args.evictions > 0:
+        evictions(args.evictions)
     sys.exit(code)
 
 
