@@ -123,7 +123,7 @@ def build_manager(
         )
     manager = SessionManager(
         sources=sources,
-        capabilities=settings.capabilities(model_name),
+        capabilities=settings.capabilities(model_name, engine_paces=host is not None and host.paces),
         limits=Limits(
             pacing_lead_chunks=settings.pacing_lead_chunks,
             playback_pacing=settings.playback_pacing,

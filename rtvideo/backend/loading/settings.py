@@ -308,7 +308,9 @@ class BackendSettings:
                 f"batcher's max_candidate_sequences ({candidates}) in config.pbtxt"
             )
 
-    def capabilities(self, model_name: str) -> ModelCapabilities:
+    def capabilities(self, model_name: str, engine_paces: bool = False) -> ModelCapabilities:
+        """`engine_paces`: the loaded vLLM-Omni engine pauses paced requests itself
+        (`EngineHost.paces`, detected at load), so `streaming_pacing` is honoured, not ignored."""
         entry = catalog.GENERATORS[self.generator]
         engine = self.generator == "vllm_omni"
         rules = self.model_rules()
@@ -326,8 +328,8 @@ class BackendSettings:
             start_fields=entry.start_fields,
             codec_options=engine,  # a start's video_codec_options configure our encoder (core/codec_options.py)
             # a source that paces (the built-in generator, when the deployment paces) takes the
-            # session's lead from streaming_buffer_seconds; an engine cannot be held back
-            paces=not engine and self.pacing_lead_chunks is not None,
+            # session's lead from streaming_buffer_seconds; an engine paces only by itself (0.32)
+            paces=engine_paces if engine else self.pacing_lead_chunks is not None,
             sampling_defaults=self.sampling_preset() if engine else None,
             max_num_frames=self.vllm_omni_max_request_frames if engine else None,
             model_rules=rules.describe() if rules is not None else None,

@@ -20,7 +20,7 @@ from rtvideo.backend.runtime.endings import EndReason
 from rtvideo.backend.runtime.pause import PauseGate
 from rtvideo.backend.runtime.playback_clock import PlaybackClock, PlayerWait
 from rtvideo.backend.runtime.ports import Channel, Metrics
-from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, SourceChunk
+from rtvideo.backend.runtime.sources import ChunkSource, FailedEvent, PlayerIdle, PlayerReports, SourceChunk
 from rtvideo.backend.runtime.tracing import chunk_sent
 from rtvideo.core import server_messages
 from rtvideo.core.chunks import chunk_timing, media_metadata, trailer_metadata
@@ -201,6 +201,11 @@ class Session:
         try:
             reason = self._generate(time.monotonic())
             trailer = self._close_source()
+        except PlayerIdle as exc:  # the engine's own idle end of a paced session
+            log.warning("request_id=%s %s", self.request_id, exc)
+            self._release()
+            self._finish(EndReason.STALL_TIMEOUT, str(exc))
+            return
         except Exception as exc:
             log.exception("request_id=%s generation failed", self.request_id)
             self._release()
@@ -294,6 +299,8 @@ class Session:
         error); None when this session does not pace to reports."""
         now = time.monotonic() if received is None else received
         clamp = self._clock.report(report.position_seconds, now, self.stats.frames_sent / self.config.fps)
+        if self.config.streaming_pacing is not None and isinstance(self._source, PlayerReports):
+            self._source.playback(report.position_seconds)  # the engine paces: it clamps the report itself
         if clamp is not None and clamp is not ReportClamp.NONE:
             log.debug("request_id=%s playback report clamped: %s", self.request_id, clamp.value)
         return clamp
@@ -309,6 +316,8 @@ class Session:
         if pacing is not None:  # a paced session (vLLM-Omni 0.32's streaming_pacing)
             meta[OUTPUT_CHUNK_INDEX] = plan.generation_chunk_index
             meta[PACING] = pacing
+        elif chunk.stream:  # an engine that paces itself: its own figures
+            meta.update(chunk.stream)
         if self.config.metrics:  # asked for in-band timing (docs/protocol.md §6, `timing`)
             meta["timing"] = chunk_timing(media.frames, self.config.fps, media.generate_seconds, media.encode_seconds)
         with self._stream_lock:

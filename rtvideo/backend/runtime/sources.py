@@ -22,9 +22,9 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -57,6 +57,22 @@ class SourceChunk:
 
     plan: ChunkPlan
     media: RenderedChunk
+    #: chunk metadata the generator gives as is: an engine that paces itself, its
+    #: `output_chunk_index` and `pacing` (vLLM-Omni 0.32's `output_formatter.py`)
+    stream: Mapping[str, Any] | None = None
+
+
+class PlayerIdle(RuntimeError):
+    """The generator ended a paced session whose player made no progress for its
+    `streaming_pacing.idle_timeout_s` (0.32's "Streaming idle timeout"): `stall_timeout`."""
+
+
+@runtime_checkable
+class PlayerReports(Protocol):
+    """A source whose generator paces itself to the player (vLLM-Omni 0.32's engine): the
+    session forwards each `session.playback` position to it. Called on the request path."""
+
+    def playback(self, position_seconds: float) -> None: ...
 
 
 @dataclass(frozen=True)

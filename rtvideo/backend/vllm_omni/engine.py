@@ -47,6 +47,7 @@ from rtvideo.backend.vllm_omni.engine_timing import ChunkTimer
 from rtvideo.backend.vllm_omni.model_rules import STEP_MODE_DEFAULT_STEPS, FirstFrameAt
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue, output_bytes, output_frames
 from rtvideo.core.session_config import SessionConfig
+from rtvideo.core.streaming_pacing import StreamingPacing
 from rtvideo.process import interpreter
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,8 @@ class EngineRequest:
     sink: OutputQueue
     #: where the model's pipeline reads a start's `image_reference`
     image_at: FirstFrameAt = FirstFrameAt.PROMPT
+    #: the start's `streaming_pacing` for an engine that pauses paced requests (`EngineHost.paces`)
+    pacing: StreamingPacing | None = None
 
 
 class _Request:
@@ -196,6 +199,17 @@ class _Request:
     def finish(self) -> None:
         self.over = True
         self.ready.set()
+
+
+def engine_paces(engine: Any, max_num_seqs: int) -> bool:
+    """Whether the engine pauses a paced request itself (vLLM-Omni 0.32): read from its public API,
+    not its version: `update_streaming_playback` and a diffusion params field
+    `streaming_buffer_seconds`. 0.32 refuses a paced request unless `max_num_seqs == 1`
+    (`diffusion_engine.py`, `add_request`), so a deployment running more at once does not pace."""
+    if max_num_seqs != 1 or not callable(getattr(engine, "update_streaming_playback", None)):
+        return False
+    defaults = [p for p in engine.default_sampling_params_list if hasattr(p, "num_frames")]
+    return bool(defaults) and hasattr(defaults[0], "streaming_buffer_seconds")
 
 
 #: (frames, seconds, width, height, requests running at once, where the seconds came from): one
@@ -241,6 +255,8 @@ class EngineHost:
         #: the engine's effective `max_num_seqs` and where it was read (`engine_limits`), once started
         self.max_num_seqs = 0
         self.max_num_seqs_from = ""
+        #: whether the engine pauses paced requests itself (`engine_paces`), once started
+        self.paces = False
         #: told each chunk's generation time after a request's first (set by the composition root)
         self.observe_rate: RateObserver | None = None
         self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), name="vllm-omni-loop", daemon=True)
@@ -258,6 +274,7 @@ class EngineHost:
         try:
             self._engine = self._factory(model=self._model, **self._engine_args)
             self.max_num_seqs, self.max_num_seqs_from = engine_max_num_seqs(self._diffusion_config(), self._engine_args)
+            self.paces = engine_paces(self._engine, self.max_num_seqs)
         except BaseException as exc:  # noqa: BLE001 - reported to the constructor
             self._startup_error = exc
             self._ready.set()
@@ -303,6 +320,10 @@ class EngineHost:
         config, sink, request_id = wanted.config, wanted.sink, wanted.request_id
         try:
             params = self._sampling_params(config, wanted.num_frames, wanted.preset)
+            if wanted.pacing is not None:  # the engine pauses the request itself (0.32's `inputs/data.py`)
+                params.streaming_buffer_seconds = wanted.pacing.max_lead_seconds
+                params.streaming_max_output_bytes = wanted.pacing.max_output_bytes
+                params.streaming_idle_timeout_s = wanted.pacing.idle_timeout_s
             if config.reference_image is not None and wanted.image_at is FirstFrameAt.EXTRA_ARGS:
                 params.extra_args = {**params.extra_args, "image": extra_args_image(config.reference_image)}
             ask_for_start_notice(params)
@@ -455,6 +476,21 @@ class EngineHost:
         """Forward one interaction, after those forwarded before it, as soon as the engine can
         take it; the future fails when the engine refuses it or the request ends first."""
         return self._submit(self._interact(request_id, interaction))
+
+    def playback(self, request_id: str, position_seconds: float) -> None:
+        """Forward a player's position to a paced request (the engine clamps it); does not wait.
+        A report the engine refuses (the request over) changes nothing: it is logged only."""
+
+        async def forward() -> None:
+            if request_id not in self._requests:
+                return
+            try:
+                await self._engine.update_streaming_playback(request_id, position_seconds)
+            except Exception as exc:  # noqa: BLE001 - a report is never an error (0.32's clamp)
+                log.debug("request_id=%s playback report not taken: %s", request_id, exc)
+
+        with contextlib.suppress(EngineError, RuntimeError):
+            self._submit(forward())
 
     def end_request(self, request_id: str) -> None:
         """Abort the request unless it has finished (does not wait)."""

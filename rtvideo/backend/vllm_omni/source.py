@@ -20,7 +20,7 @@ from typing import Any
 
 from rtvideo.backend.loading.catalog import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
-from rtvideo.backend.runtime.sources import FailedEvent, Interaction, LazyEncoder, SourceChunk
+from rtvideo.backend.runtime.sources import FailedEvent, Interaction, LazyEncoder, PlayerIdle, SourceChunk
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost, EngineRequest
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
@@ -29,15 +29,21 @@ from rtvideo.core.camera import CameraMode, chunk_lists, merge_ids
 from rtvideo.core.interaction.types import PROMPT
 from rtvideo.core.session_config import SessionConfig
 from rtvideo.core.stream_translation import ACTIVE, COMPLETED, STARTED, EngineStreamTranslator
+from rtvideo.core.streaming_pacing import OUTPUT_CHUNK_INDEX, PACING
 from rtvideo.core.transitions import ChunkPlan
 
 log = logging.getLogger(__name__)
+
+#: how vLLM-Omni 0.32 words the end of a paced request whose player made no progress
+#: (`diffusion_engine.py`): our `stall_timeout`
+ENGINE_IDLE_ERROR = "Streaming idle timeout"
 
 
 class EngineChunkSource:
     """A session's chunks from the engine: its outputs, with its stream metadata translated."""
 
-    #: waiting before `next_chunk` does not slow the engine down, so the session does not pace
+    #: waiting before `next_chunk` does not slow the engine down, so the session does not pace;
+    #: an engine that paces itself (0.32) is told the player's position instead (`playback`)
     pacing = False
 
     def __init__(
@@ -79,7 +85,18 @@ class EngineChunkSource:
         self._first_index = rebuild.generation_chunk_index if rebuild is not None else 0
         self._cut_open = tuple(e.event_id for e in rebuild.named if e.open) if rebuild is not None else ()
         prompt = {"prompt": config.prompt}
-        host.start_request(EngineRequest(request_id, prompt, config, num_frames, preset, self._queue, image_at))
+        # set only where the engine paces (the model's capabilities say so: `EngineHost.paces`)
+        self._paced = config.streaming_pacing is not None
+        host.start_request(
+            EngineRequest(
+                request_id, prompt, config, num_frames, preset, self._queue, image_at, config.streaming_pacing
+            )
+        )
+
+    def playback(self, position_seconds: float) -> None:
+        """A paced session's player position, for the engine that paces it (`PlayerReports`)."""
+        if self._paced:
+            self._host.playback(self._request_id, position_seconds)
 
     def admit_event(self, interaction: Interaction) -> None:
         """An event the model did not refuse (what the pipeline does not register never gets here:
@@ -148,6 +165,8 @@ class EngineChunkSource:
             with self._lock:
                 pending = list(self._unstarted)
             about = f" (with event(s) {', '.join(map(repr, pending))} not yet started)" if pending else ""
+            if ENGINE_IDLE_ERROR in str(value):
+                raise PlayerIdle(f"the engine ended the paced request: {value}") from value
             raise EngineError(f"the engine failed{about}: {type(value).__name__}: {value}") from value
         if kind == "end":
             raise EngineError("the engine ended the stream before the session's last frame")
@@ -161,6 +180,8 @@ class EngineChunkSource:
     def _chunk(self, output: Any, at: float) -> SourceChunk:
         error = getattr(output, "error", None)
         if error:
+            if ENGINE_IDLE_ERROR in str(error):
+                raise PlayerIdle(f"the engine ended the paced request: {error}")
             raise EngineError(f"the engine reported: {error}")
         frames = rgb_frames(output_video(output))
         if self._drop_first:
@@ -170,8 +191,9 @@ class EngineChunkSource:
                 f"the engine produced {frames.shape[2]}x{frames.shape[1]} frames, "
                 f"the session is {self._config.width}x{self._config.height}"
             )
+        stream = stream_metadata(output)
         with self._lock:
-            plan = self._closing_cut(self._plan(stream_metadata(output)))
+            plan = self._closing_cut(self._plan(stream))
             for event_id in (*plan.started, *plan.superseded):
                 if event_id in self._unstarted:
                     self._unstarted.remove(event_id)
@@ -182,7 +204,9 @@ class EngineChunkSource:
         peak = getattr(output, "peak_memory_mb", None)
         if isinstance(peak, (int, float)) and not isinstance(peak, bool):
             self._peak_memory_mb = max(self._peak_memory_mb, float(peak))
-        return SourceChunk(plan, self._encoder.encode(frames, seconds))
+        # a paced request's figures, as the engine gives them (0.32's endpoint passes them through)
+        paced = {key: stream[key] for key in (OUTPUT_CHUNK_INDEX, PACING) if stream and key in stream}
+        return SourceChunk(plan, self._encoder.encode(frames, seconds), paced or None)
 
     def _plan(self, stream: Mapping[str, Any] | None) -> ChunkPlan:
         """The translator's plan for the prompt events, with the pass-through events' lists as the

@@ -20,7 +20,7 @@ import pytest
 
 import rtvideo.backend.vllm_omni as adapter
 from tests.support.omni_standin import StandInAsyncOmni, StandInSamplingParams
-from tests.support.vllm_omni_wheel import wheel_source
+from tests.support.vllm_omni_wheel import rc_wheel_path, wheel_source
 
 ADAPTER_FILES = sorted(Path(adapter.__file__).parent.glob("*.py"))
 
@@ -28,6 +28,11 @@ ADAPTER_FILES = sorted(Path(adapter.__file__).parent.glob("*.py"))
 def adapter_text() -> str:
     return "\n".join(path.read_text() for path in ADAPTER_FILES)
 
+
+#: what the adapter uses only on an engine that pauses paced requests (`engine.engine_paces`
+#: detects it by these): vLLM-Omni 0.32's, checked against the 0.32.0rc1 wheel, absent from 0.30's
+RC_ONLY_CALLS = {"update_streaming_playback"}
+RC_ONLY_FIELDS = {"streaming_buffer_seconds", "streaming_max_output_bytes", "streaming_idle_timeout_s"}
 
 CLASSES = {  # AsyncOmni's hierarchy inside the wheel: class -> its file
     "AsyncOmni": "vllm_omni/entrypoints/async_omni.py",
@@ -53,8 +58,8 @@ class ClassInfo:
     attributes: set[str] = field(default_factory=set)  # self.X = ... anywhere, class-level annotations
 
 
-def parse_class(name: str) -> ClassInfo:
-    tree = ast.parse(wheel_source(CLASSES[name]))
+def parse_class(name: str, wheel: Path | None = None) -> ClassInfo:
+    tree = ast.parse(wheel_source(CLASSES[name], wheel))
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
     info = ClassInfo(bases=[b.id for b in node.bases if isinstance(b, ast.Name)])
     for item in node.body:
@@ -84,16 +89,25 @@ def parse_class(name: str) -> ClassInfo:
     return info
 
 
-@pytest.fixture(scope="module")
-def real() -> list[ClassInfo]:
+def class_chain(wheel: Path | None = None) -> list[ClassInfo]:
     """AsyncOmni, then its bases, in method-resolution order (single inheritance inside the wheel)."""
     chain, name = [], "AsyncOmni"
     while name in CLASSES:
-        info = parse_class(name)
+        info = parse_class(name, wheel)
         chain.append(info)
         name = next((b for b in info.bases if b in CLASSES), "")
     assert [c for c in CLASSES] == ["AsyncOmni", "AsyncOmniBase", "OmniBase"] and len(chain) == 3
     return chain
+
+
+@pytest.fixture(scope="module")
+def real() -> list[ClassInfo]:
+    return class_chain()
+
+
+@pytest.fixture(scope="module")
+def real_rc() -> list[ClassInfo]:
+    return class_chain(rc_wheel_path())
 
 
 def lookup(chain: list[ClassInfo], name: str) -> Method | None:
@@ -138,11 +152,14 @@ def adapter_uses() -> tuple[list[tuple[str, int, set[str], bool, int]], set[str]
     return calls, reads, params_fields
 
 
-def test_the_adapter_calls_only_what_asyncomni_has(real: list[ClassInfo]) -> None:
+def test_the_adapter_calls_only_what_asyncomni_has(real: list[ClassInfo], real_rc: list[ClassInfo]) -> None:
     calls, reads, _ = adapter_uses()
     assert {name for name, *_ in calls} >= {"generate", "submit_interaction_async", "abort", "check_health", "shutdown"}
+    assert {name for name, *_ in calls} >= RC_ONLY_CALLS
+    for name in RC_ONLY_CALLS:  # so the adapter detects them rather than calling them on 0.30
+        assert lookup(real, name) is None, f"{name}() is in 0.30 too: RC_ONLY_CALLS is out of date"
     for name, n_positional, keywords, awaited, line in calls:
-        method = lookup(real, name)
+        method = lookup(real_rc if name in RC_ONLY_CALLS else real, name)
         assert method is not None, f"line {line}: AsyncOmni has no method {name}()"
         unknown = keywords - method.keywords
         assert not unknown or method.var_keyword, f"line {line}: {name}() has no keyword(s) {sorted(unknown)}"
@@ -170,8 +187,14 @@ def test_sampling_params_fields_exist() -> None:
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "OmniDiffusionSamplingParams")
     fields = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     _, _, params_fields = adapter_uses()
+    assert params_fields >= RC_ONLY_FIELDS and not RC_ONLY_FIELDS & fields
+    params_fields -= RC_ONLY_FIELDS
     assert params_fields and params_fields <= fields, params_fields - fields
     assert params_fields <= set(StandInSamplingParams.__dataclass_fields__)
+    rc_tree = ast.parse(wheel_source("vllm_omni/inputs/data.py", rc_wheel_path()))
+    rc_node = next(n for n in rc_tree.body if isinstance(n, ast.ClassDef) and n.name == "OmniDiffusionSamplingParams")
+    rc_fields = {n.target.id for n in rc_node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert rc_fields >= RC_ONLY_FIELDS
 
 
 def test_interaction_payload_matches_omni_interaction_prompt() -> None:
@@ -185,6 +208,8 @@ def test_interaction_payload_matches_omni_interaction_prompt() -> None:
 def test_the_stand_in_offers_the_same_calls() -> None:
     calls, reads, _ = adapter_uses()
     for name, n_positional, keywords, _, _line in calls:
+        if name in RC_ONLY_CALLS:  # 0.30's shape; the 0.32 one: test_vllm_omni_engine_pacing.py
+            continue
         member = getattr(StandInAsyncOmni, name, None)
         assert callable(member), f"the stand-in lacks {name}()"
         signature = inspect.signature(member)
