@@ -88,7 +88,12 @@ class Outbox:
     never wait behind a backlog of chunks.
     """
 
-    def __init__(self, sink: Sink, limit: int, metrics: ProxyMetrics, on_taken: Callable[[Frame], Frame]) -> None:
+    def __init__(
+        self, sink: Sink, limit: int, metrics: ProxyMetrics, on_taken: Callable[[Frame], Frame | None]
+    ) -> None:
+        """`on_taken` sees each frame as the socket takes it and returns what is written; None:
+        nothing is (the frame counts as taken: the client has it already, as after a takeover
+        whose store lagged the chunks in flight, rtvideo.proxy.session.session `take_over`)."""
         self._sink = sink
         self._limit = limit
         self._metrics = metrics
@@ -137,7 +142,10 @@ class Outbox:
         behind a write that never completes, and the close would go out without them."""
         if self._closed:
             return
-        frame = self._on_taken(frame)
+        taken = self._on_taken(frame)
+        if taken is None:
+            return
+        frame = taken
         try:
             writes = [self._sink.write_message(frame.text)]
             if frame.data is not None:
@@ -174,7 +182,11 @@ class Outbox:
                     await self._wake.wait()
                     continue
                 queued = (self._urgent or self._queue).popleft()
-                frame = self._on_taken(queued)
+                taken = self._on_taken(queued)
+                if taken is None:  # taken, not written: the client has it already
+                    self._pending -= queued.size
+                    continue
+                frame = taken
                 # Both writes are issued before any await: nothing can come between them.
                 writes = [self._sink.write_message(frame.text)]
                 if frame.data is not None:
@@ -293,7 +305,7 @@ class Owner:
         self._conn = conn
         self._peer = peer
         self._limit = settings.outbound_buffer_bytes
-        self._hand_out: Callable[[Frame], Frame] = _as_is
+        self._hand_out: Callable[[Frame], Frame | None] = _as_is
         self._outlet: Outbox | Parked = Outbox(conn, self._limit, metrics, self._taken)
         self._bucket = TokenBucket(settings.max_messages_per_second, settings.message_burst, time.monotonic())
         self.gone = False  # the link dropped: frames are parked, nothing reports a close any more
@@ -310,12 +322,12 @@ class Owner:
     def guest(self) -> Guest | None:
         return None  # the owner's answers go through the session's ordering, to its seat
 
-    def bind(self, hand_out: Callable[[Frame], Frame]) -> None:
+    def bind(self, hand_out: Callable[[Frame], Frame | None]) -> None:
         """`hand_out` sees every frame as the socket takes it and returns what is written (the
         session it now owns: its ledger completes a session.done there)."""
         self._hand_out = hand_out
 
-    def _taken(self, frame: Frame) -> Frame:
+    def _taken(self, frame: Frame) -> Frame | None:
         return self._hand_out(frame)
 
     def within_rate(self, now: float) -> bool:
@@ -369,7 +381,7 @@ log = logging.getLogger(__name__)
 class OwnerSeat:
     """The participant that owns one session now, and the writing of messages to it."""
 
-    def __init__(self, owner: Owner, metrics: ProxyMetrics, hand_out: Callable[[Frame], Frame]) -> None:
+    def __init__(self, owner: Owner, metrics: ProxyMetrics, hand_out: Callable[[Frame], Frame | None]) -> None:
         self._owner = owner
         self._metrics = metrics
         self._hand_out = hand_out  # sees every frame a holder's socket takes; returns what is written

@@ -37,6 +37,15 @@ T = TypeVar("T")
 
 #: a resume refused because the session's owner is attached and answering (as on one proxy)
 ATTACHED = "the session is attached to another connection (one controller at a time)"
+#: how far a resume's index may be ahead of the last pair the store kept. A chunk goes to the
+#: client before its write to the store (no chunk waits for the store), so a holder that dies
+#: leaves the client up to the pairs in flight ahead of its record: those are made again from
+#: the store's position (the events in them are all kept: an ack follows its write) and not sent
+#: again (ProxySession.take_over). The keeper writes in order, one call at a time, taking a few
+#: milliseconds while the store answers: at most the pair being written and one behind it are in
+#: flight. A client further ahead was handed what the store never got while it was away; the
+#: holder may still be writing it back, so the session is never taken half: refused.
+UNKEPT_TAIL_CHUNKS = 2
 #: how long a resume waits for a live holder to let go (or its lease to run out)
 TAKEOVER_WAIT_SECONDS = LEASE_SECONDS + 2.0
 #: how often the lease is asked for meanwhile
@@ -171,8 +180,8 @@ def _check(stored: StoredSession | None, before: StoredSession, hashed: str, las
         if isinstance(entry, SavedFrame) and entry.index is not None:
             newest = entry.index
             oldest = entry.index if entry.data is None else oldest
-    if last > newest:
-        raise ResumeRefused(f"last_transport_chunk_index {last} was never sent (the last payload sent is {newest})")
+    if last > newest + UNKEPT_TAIL_CHUNKS:
+        raise ResumeRefused(f"last_transport_chunk_index {last} was never sent (the last payload kept is {newest})")
     if last < oldest:
         raise ResumeRefused(
             f"last_transport_chunk_index {last} is older than what is kept; the oldest resumable index is {oldest}",

@@ -105,6 +105,9 @@ class ProxySession:
         self._on_closed = on_closed
         #: its writes to a shared session store (rtvideo.proxy.session.continuity): none with one proxy alone
         self._continuity = Continuity(keeper, self._keeps_owner)
+        #: after a takeover whose store lagged the chunks in flight: the owner already has the
+        #: pairs through this transport index; those made again are not written to it (`take_over`)
+        self._owner_has_through: int | None = None
         self._life = Lifecycle()
         self.tasks = TaskSet()
         self.ledger = Ledger()  # what the owner was handed; holds the session's EventBook
@@ -303,7 +306,16 @@ class ProxySession:
         self._invites.replayable(*restore_log(saved, self.ledger, self._mover, self._acks), self._handouts)
         self._dispatch.taken_over(saved.acked())
         self._continuity.adopted(saved)
-        self._attachments.reseat(self._seat.owner, last, token)
+        kept = -1 if self.ledger.last_transport is None else self.ledger.last_transport
+        if last > kept:  # the client has chunks its proxy sent before their write (takeover.py `_check`)
+            self._owner_has_through = last
+            log.info(
+                "request_id=%s the client has chunks %d..%d that the store did not keep yet: made again, not sent",
+                saved.request_id,
+                kept + 1,
+                last,
+            )
+        self._attachments.reseat(self._seat.owner, min(last, kept), token)
         self._life.open_sequence()
         self._continuity.tokens(self._invites.token_hashes())
         self.tasks.spawn(self._watch_lease())
@@ -383,8 +395,9 @@ class ProxySession:
         self.ledger.book.observe(message)
         self._invites.told(message, guest)
 
-    def _taken(self, frame: Frame) -> Frame:
-        """A frame handed to the owner's socket; returns what is written (a done with the book's lists)."""
+    def _taken(self, frame: Frame) -> Frame | None:
+        """A frame handed to the owner's socket; returns what is written (a done with the book's
+        lists; None: nothing, a chunk made again after a takeover that the client has already)."""
         if frame.replay:
             return frame  # sent again after a resume: the ledger and the timing saw it the first time
         frame = self.ledger.taken(frame)
@@ -395,6 +408,9 @@ class ProxySession:
         self._dispatch.handed_out(frame.message)
         self._handouts.handed_out(frame)
         self._continuity.taken(frame)
+        index = frame.message.get("transport_chunk_index") if frame.data is not None else None
+        if isinstance(index, int) and self._owner_has_through is not None and index <= self._owner_has_through:
+            return None  # seen by every part of the session as handed out; the client has its copy
         return frame
 
     # --- ending (rtvideo.proxy.session.ending) -------------------------------------------------------

@@ -149,3 +149,86 @@ def test_an_adopted_token_opens_its_session_and_retires_by_its_hash() -> None:
         book.find(token)
     except ResumeRefused as exc:
         assert exc.message == "the session has ended" and not exc.unknown
+
+
+class LaggingStore(MemoryStore):
+    """A store whose writes of a pair never complete once `lag` is set: the holder hands a chunk
+    to its client, then dies before the chunk's write lands."""
+
+    lag = False
+
+    async def append(self, sid: str, lease: Any, entries: Any, payload: Any) -> bool:
+        if self.lag and payload is not None:
+            await asyncio.Event().wait()
+        return await super().append(sid, lease, entries, payload)
+
+
+def test_a_resume_ahead_of_the_store_by_the_chunks_in_flight_goes_on_without_a_repeat() -> None:
+    """The holder sent chunk 2 and died before its write: the client resumes from 2, one ahead of
+    the store. The replica taking over accepts it, makes chunk 2 again from the store's position
+    (takeover.py UNKEPT_TAIL_CHUNKS) and does not send it: the client's next pair is 3."""
+
+    async def body() -> tuple[list[int], list[int], dict[str, Any], list[str]]:
+        store = LaggingStore()
+        a, conn_a, _ = await held_session(store)
+        token = conn_a.texts()[0]["resume_token"]
+        store.lag = True
+        encoder = FragmentedMp4Encoder(64, 48, 16)
+        for k in range(3):
+            chunk = encoder.encode_chunk(frames(k))
+        a.on_reply(media("r", 2, 2, chunk))
+        await settle()
+        sent_by_a = [t["transport_chunk_index"] for t in conn_a.texts() if t.get("kind") == "media"]
+        assert sent_by_a == [0, 1, 2]  # the client has chunk 2; the store does not
+        stored = await store.load(SID)
+        assert stored is not None
+        log = SavedSession.read(stored).log
+        assert [e.index for e in log if isinstance(e, SavedFrame) and e.index is not None] == [0, 1]
+        await store.release(SID, _held(store))  # a is gone
+        store.lag = False
+        from rtvideo.proxy.participants.takeover import _check
+
+        saved = _check(stored, stored, token_hash(token), 2, 30.0)  # ahead by the unkept tail: taken
+        b, conn_b, bridge_b, keeper = replica(store, "b")
+        lease = await store.acquire(SID, "b")
+        assert lease is not None
+        keeper.start(lease)
+        b.take_over(saved, 2, token)
+        await settle()
+        new = bridge_b.streams[0]
+        moved = json.loads(new.sent[0][0])
+        fresh = FragmentedMp4Encoder(64, 48, 16)
+        new._replies.put_nowait(reply(START_TAG, {"type": "video.start", "request_id": "r2", "config": CONFIG}))
+        new._replies.put_nowait(media("r2", 0, 2, fresh.encode_chunk(frames(2))))  # chunk 2 made again
+        new._replies.put_nowait(media("r2", 1, 3, fresh.encode_chunk(frames(3))))
+        for _ in range(5):
+            await settle()
+        to_b = [t["transport_chunk_index"] for t in conn_b.texts() if t.get("kind") == "media"]
+        kept = await store.load(SID)
+        assert kept is not None
+        in_store = [e.index for e in SavedSession.read(kept).log if isinstance(e, SavedFrame) and e.index is not None]
+        return to_b, in_store, moved, [t["type"] for t in conn_b.texts()]
+
+    to_b, in_store, moved, kinds = run(body())
+    assert moved["rebuild"]["generation_chunk_index"] == 2  # made again from the store's position
+    assert to_b == [3], to_b  # chunk 2 not sent again: no index twice, none missing
+    assert in_store == [0, 1, 2, 3]  # the store has the chunk made again
+    assert "error" not in kinds, kinds
+
+
+def test_a_resume_further_ahead_than_the_chunks_in_flight_is_refused() -> None:
+    async def body() -> str:
+        store = MemoryStore()
+        _, conn_a, _ = await held_session(store)
+        token = conn_a.texts()[0]["resume_token"]
+        stored = await store.load(SID)
+        assert stored is not None
+        from rtvideo.proxy.participants.takeover import UNKEPT_TAIL_CHUNKS, _check
+
+        try:
+            _check(stored, stored, token_hash(token), 1 + UNKEPT_TAIL_CHUNKS + 1, 30.0)
+        except ResumeRefused as exc:
+            return exc.message
+        return ""
+
+    assert "was never sent (the last payload kept is 1)" in run(body())
