@@ -21,6 +21,7 @@ the way the stub starts it, through our adapter, model and proxy; not its kernel
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ import pytest  # tests/support's clients fail with pytest.fail.Exception (a Base
 from tests.real_engine import lingbot
 from tests.real_engine.served import (
     CHUNK_TIMEOUT,
+    FPS,
     Deployment,
     Served,
     cmdline,
@@ -254,15 +256,28 @@ def check_stop(served: Served) -> str:
     return f"stopped after {len(t.media)} of {chunks} chunks in {time.monotonic() - t0:.1f} s; next first chunk {first:.1f} s"
 
 
+def engine_paces() -> bool:
+    """Whether this env's engine pauses paced requests itself (vLLM-Omni 0.32's; the adapter
+    detects it by its API at load: `rtvideo.backend.vllm_omni.engine.engine_paces`)."""
+    release = importlib.metadata.version("vllm-omni")
+    return tuple(int(part) for part in release.split(".")[:2]) >= (0, 32)
+
+
+#: one Helios chunk at the deployment's fps, in ms: 0.32 fails a paced request whose lead cannot
+#: hold the next whole chunk ("streaming_buffer_seconds must fit a complete media chunk")
+CHUNK_MS = FPC / FPS * 1000
+
+
 def check_032_client(served: Served) -> str:
     """A client written for vLLM-Omni 0.32 (streaming_pacing, session.playback after each chunk,
-    a stop) works unchanged on the real 0.30 engine: the pacing ask is listed as ignored (0.30
-    cannot hold a request back), reports are never answered, the stop reports its latency."""
+    a stop) works unchanged on the real engine: on 0.30 the pacing ask is listed as ignored (0.30
+    cannot hold a request back); on 0.32 the engine paces it and its chunks carry `pacing`.
+    Reports are never answered, the stop reports its latency."""
 
     async def body() -> Transcript:
         async with ws(served.url) as conn:
             s = Ws(conn)
-            pacing = {"enabled": True, "mode": "client_playhead", "max_lead_ms": 1000}
+            pacing = {"enabled": True, "mode": "client_playhead", "max_lead_ms": round(2.5 * CHUNK_MS)}
             start = await s.start("a road", num_frames=4 * FPC, seed=2, streaming_pacing=pacing)
             played = 0.0
             for _ in range(2):
@@ -274,11 +289,65 @@ def check_032_client(served: Served) -> str:
     t = run(body())
     check_stream_rules(t)
     config, done = t.messages[0]["config"], t.messages[-1]
-    assert config["ignored_fields"] == ["streaming_pacing"], config["ignored_fields"]
     assert not [m for m in t.messages if m["type"] == "error"], t.messages
-    assert all("pacing" not in m for m in t.media)
     assert done["stopped"] is True and done["stop_latency_s"] >= 0, done
-    return f"streaming_pacing ignored; {len(t.media)} chunks; stop_latency_s {done['stop_latency_s']:.2f}"
+    if engine_paces():
+        assert config["ignored_fields"] == [], config["ignored_fields"]
+        assert all("pacing" in m and "output_chunk_index" in m for m in t.media), t.media
+        how = "streaming_pacing honoured by the engine"
+    else:
+        assert config["ignored_fields"] == ["streaming_pacing"], config["ignored_fields"]
+        assert all("pacing" not in m for m in t.media)
+        how = "streaming_pacing ignored"
+    return f"{how}; {len(t.media)} chunks; stop_latency_s {done['stop_latency_s']:.2f}"
+
+
+def check_paced_032(served: Served) -> str:
+    """vLLM-Omni 0.32's engine pauses a paced request (0.30's cannot: not run there). A player that
+    reports each chunk as played gets every chunk, each with the engine's `output_chunk_index`
+    (0, 1, 2) and `pacing`; a player that never reports gets one chunk (the lead holds no second),
+    then the engine's idle end, `stall_timeout`."""
+    if not engine_paces():
+        return "not run: this engine (vLLM-Omni < 0.32) has no pacing"
+    chunks = 3
+
+    async def played_along() -> Transcript:
+        async with ws(served.url) as conn:
+            s = Ws(conn)
+            pacing = {"max_lead_ms": round(1.5 * CHUNK_MS), "idle_timeout_s": 120}
+            await s.start("a road", num_frames=chunks * FPC, seed=2, streaming_pacing=pacing)
+            played = 0.0
+            for _ in range(chunks):
+                played += (await media(s))["num_frames"] / FPS
+                await s.send({"type": "session.playback", "position_seconds": played})
+            return await finish(s)
+
+    async def never_played() -> Transcript:
+        async with ws(served.url) as conn:
+            s = Ws(conn)
+            pacing = {"max_lead_ms": round(1.5 * CHUNK_MS), "idle_timeout_s": 3}
+            await s.start("a road", num_frames=6 * FPC, seed=3, streaming_pacing=pacing)
+            return await finish(s)
+
+    t = run(played_along())
+    check_stream_rules(t)
+    assert t.messages[0]["config"]["ignored_fields"] == [], t.messages[0]["config"]
+    assert not [m for m in t.messages if m["type"] == "error"], t.messages
+    assert [m["output_chunk_index"] for m in t.media] == list(range(chunks)), t.media
+    for m in t.media:
+        assert set(m["pacing"]) == {"lead_seconds", "wait_seconds", "retained_bytes"}, m
+        assert m["pacing"]["retained_bytes"] > 0 and m["pacing"]["lead_seconds"] <= 1.5 * CHUNK_MS / 1000 + 1e-6, m
+    waited = sum(m["pacing"]["wait_seconds"] for m in t.media)
+    idle = run(never_played())
+    check_stream_rules(idle)
+    errors = [m for m in idle.messages if m["type"] == "error"]
+    assert [e["code"] for e in errors] == ["stall_timeout"], idle.messages
+    assert "Streaming idle timeout" in errors[0]["message"], errors
+    assert len(idle.media) == 1, [m.get("output_chunk_index") for m in idle.media]
+    return (
+        f"{chunks} chunks paced (output_chunk_index 0..{chunks - 1}, waited {waited:.2f} s in all); "
+        f"an unplayed session paused after {len(idle.media)} chunk, then stall_timeout"
+    )
 
 
 def check_dropped_client(served: Served) -> str:
@@ -315,6 +384,7 @@ CHECKS: list[tuple[str, Callable[[Served], str]]] = [
     ("refused_interactions", check_refused_interactions),
     ("stop", check_stop),
     ("client_032", check_032_client),
+    ("paced_032", check_paced_032),
     ("dropped_client", check_dropped_client),
 ]
 
