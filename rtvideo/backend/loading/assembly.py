@@ -84,11 +84,12 @@ def build_manager(
             output_queue_bytes=settings.vllm_omni_output_queue_bytes,
         )
         log.info(
-            "generator=vllm_omni engine=%s model=%s max_sessions=%d (%s) settings=%s",
+            "generator=vllm_omni engine=%s model=%s max_sessions=%d (%s) engine_paces=%s settings=%s",
             settings.vllm_omni_engine,
             settings.vllm_omni_model,
             rule.sessions,
             rule.reason,
+            host.paces,
             settings,
         )
     else:

@@ -10,6 +10,8 @@ wheel's code."""
 from __future__ import annotations
 
 import ast
+import json
+import queue
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,20 +21,24 @@ import numpy as np
 import pytest
 
 from rtvideo.backend.loading.settings import BackendSettings
-from rtvideo.backend.runtime.sources import PlayerIdle, PlayerReports, SourceChunk
+from rtvideo.backend.runtime.manager import SessionManager
+from rtvideo.backend.runtime.session import Limits
+from rtvideo.backend.runtime.sources import PlayerIdle, PlayerReports, RenderedChunk, SourceChunk
 from rtvideo.backend.vllm_omni.engine import EngineHost, engine_paces
 from rtvideo.backend.vllm_omni.source import ENGINE_IDLE_ERROR, EngineChunkSource
 from rtvideo.core.streaming_pacing import StreamingPacing
+from rtvideo.core.transitions import ChunkPlan
 from tests.support.omni_standin import StandInAsyncOmni, StandInOutput, StandInSamplingParams
+from tests.support.recorder import Recorder
+from tests.support.runtime_standins import SECRET
 from tests.support.session_configs import session_config
 from tests.support.vllm_omni_wheel import rc_wheel_path, wheel_source
-
-#: 0.32's `OmniDiffusionSamplingParams` streaming fields (`inputs/data.py`), with its defaults
-PACING_FIELDS = {"streaming_buffer_seconds": None, "streaming_max_output_bytes": 64 * 1024 * 1024}
 
 
 @dataclass
 class Params032(StandInSamplingParams):
+    """With 0.32's `OmniDiffusionSamplingParams` streaming fields and defaults (`inputs/data.py`)."""
+
     streaming_buffer_seconds: float | None = None
     streaming_max_output_bytes: int = 64 * 1024 * 1024
     streaming_idle_timeout_s: float = 30.0
@@ -207,3 +213,102 @@ def test_the_stand_ins_pacing_shape_is_the_032_wheels() -> None:
     assert f'state.error = "{ENGINE_IDLE_ERROR}: no playback or output consumption progress"' in engine
     # generate() gives the output credit back itself when its consumer asks for the next output
     assert "release_streaming_output" in wheel_source("vllm_omni/entrypoints/async_omni.py", wheel)
+
+
+# --- the session with a source that paces itself (what EngineChunkSource is on 0.32) ------------
+class SelfPacedSource:
+    """Gives what the test puts in `items`: a chunk, or an exception to raise."""
+
+    pacing = False
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[Any] = queue.Queue()
+        self.positions: list[float] = []
+
+    def admit_event(self, interaction: Any) -> None:
+        pass
+
+    def playback(self, position_seconds: float) -> None:
+        self.positions.append(position_seconds)
+
+    def next_chunk(self, max_frames: int) -> Any:
+        item = self.items.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def interrupt(self) -> None:
+        self.items.put(None)
+
+    def close(self) -> bytes:
+        return b""
+
+
+class _Sources:
+    def __init__(self) -> None:
+        self.source = SelfPacedSource()
+
+    def open(self, config: Any, request_id: str) -> SelfPacedSource:
+        return self.source
+
+    def close(self) -> None:
+        pass
+
+
+def _session(engine_pacing: bool) -> tuple[SessionManager, SelfPacedSource, Recorder]:
+    sources = _Sources()
+    settings = BackendSettings(generator="vllm_omni", width=128, height=128, frames_per_chunk=8, max_sessions=1)
+    mgr = SessionManager(
+        sources=sources,
+        capabilities=settings.capabilities("realtime_video", engine_paces=engine_pacing),
+        limits=Limits(pacing_lead_chunks=None, max_session_seconds=60.0, stall_timeout_seconds=60.0),
+        max_sessions=1,
+        watchdog_interval=0.05,
+    )
+    ch = Recorder()
+    start = {"type": "session.start", "prompt": "p", "streaming_pacing": {"max_lead_ms": 2000}}
+    mgr.on_request(1, json.dumps(start).encode(), start=True, end=False, channel=ch, secret=SECRET)
+    return mgr, sources.source, ch
+
+
+def _paced_chunk(index: int) -> SourceChunk:
+    figures = {"lead_seconds": 1.0, "wait_seconds": 0.25, "retained_bytes": 4096}
+    return SourceChunk(
+        ChunkPlan(index, {}), RenderedChunk(b"media", 8, 0.0, 0.0), {"output_chunk_index": index, "pacing": figures}
+    )
+
+
+def _playback(mgr: SessionManager, position: float) -> None:
+    report = json.dumps({"type": "session.playback", "position_seconds": position}).encode()
+    mgr.on_request(1, report, start=False, end=False, channel=Recorder(), secret=SECRET)
+
+
+def test_the_session_forwards_playback_and_sends_the_engines_figures_then_its_idle_end_is_a_stall() -> None:
+    mgr, source, ch = _session(engine_pacing=True)
+    (start,) = [m for m, _, _ in ch.sent if m and m["type"] == "video.start"]
+    assert start["config"]["ignored_fields"] == [] and start["config"]["streaming_pacing"]["max_lead_ms"] == 2000
+    source.items.put(_paced_chunk(0))
+    deadline = time.monotonic() + 30
+    while not [m for m, _, _ in ch.sent if m and m.get("kind") == "media"]:
+        assert time.monotonic() < deadline, "no chunk sent"
+        time.sleep(0.01)
+    _playback(mgr, 0.5)
+    assert source.positions == [0.5]  # on the request path, before the report is answered
+    source.items.put(PlayerIdle("the engine ended the paced request: Streaming idle timeout"))
+    assert ch.finished.wait(30)
+    (media,) = [m for m, _, _ in ch.sent if m and m.get("kind") == "media"]
+    assert media["output_chunk_index"] == 0
+    assert media["pacing"] == {"lead_seconds": 1.0, "wait_seconds": 0.25, "retained_bytes": 4096}
+    (error,) = [m for m, _, _ in ch.sent if m and m["type"] == "error"]
+    assert error["code"] == "stall_timeout" and "Streaming idle timeout" in error["message"]
+
+
+def test_on_an_engine_without_pacing_nothing_is_forwarded_and_the_field_is_ignored() -> None:
+    mgr, source, ch = _session(engine_pacing=False)
+    (start,) = [m for m, _, _ in ch.sent if m and m["type"] == "video.start"]
+    assert start["config"]["ignored_fields"] == ["streaming_pacing"]
+    _playback(mgr, 0.5)
+    assert source.positions == []
+    mgr.on_request(1, b'{"type": "session.stop"}', start=False, end=True, channel=Recorder(), secret=SECRET)
+    source.items.put(None)
+    assert ch.finished.wait(30)
