@@ -38,7 +38,7 @@ from rtvideo.proxy.edge.relay import RELAYED_HEADER, Where, locate
 from rtvideo.proxy.edge.socket import ProxyContext
 from rtvideo.proxy.participants import whep_viewer
 from rtvideo.proxy.participants.tokens import ResumeRefused
-from rtvideo.proxy.participants.whep_viewer import IceServers, OfferError, WhepViewer, WhepViewers
+from rtvideo.proxy.participants.whep_viewer import IceServers, OfferError, ViewerEnded, WhepViewer, WhepViewers
 from rtvideo.proxy.store.base import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -216,10 +216,16 @@ class WhepHandler(_WhepBase):
             answer = await viewer.answer(offer)
         except OfferError as exc:
             viewer.end("its offer was refused")
+            await viewer.closed()  # its peer connection is gone before the refusal is
             self.refuse(exc.status, str(exc))
+            return
+        except ViewerEnded as exc:  # the proxy stopped while the answer was made
+            log.info("peer=%s whep (%s) refused: %s", self.request.remote_ip, kind, exc)
+            self.refuse(503, MOVING_REASON, "1")
             return
         except (ValueError, KeyError, IndexError, AssertionError) as exc:  # aiortc's refusal of what it cannot parse
             viewer.end("its offer could not be set")
+            await viewer.closed()
             log.info("peer=%s whep offer refused by the WebRTC stack: %r", self.request.remote_ip, exc)
             self.refuse(400, f"the offer could not be taken: {exc}")
             return
@@ -227,8 +233,12 @@ class WhepHandler(_WhepBase):
             live = find() is session
         except ResumeRefused:
             live = False
-        if live and self._no_room(kind, session):  # filled by others while the answer was made
+        why = (session.watch_refusal() if kind == "watch" else session.steer_refusal()) if live else None
+        if why is not None:  # filled by others while the answer was made
             viewer.end("no room once its answer was made")
+            await viewer.closed()  # its peer connection is gone before the refusal is
+            log.info("peer=%s whep (%s) refused: %s", self.request.remote_ip, kind, why)
+            self.refuse(503, f"No room for a viewer: {why}", "5")
             return
         if not live:
             participant = None
@@ -238,6 +248,7 @@ class WhepHandler(_WhepBase):
             participant = session.attach_steerer(viewer.link, str(self.request.remote_ip))
         if participant is None:  # the session ended (or filled up) while the answer was made
             viewer.end("the session ended before it joined")
+            await viewer.closed()
             self.refuse(404, "the session has ended")
             return
         viewer.joined(participant.leave)

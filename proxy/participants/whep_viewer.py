@@ -355,6 +355,39 @@ class _ViewerLink:
         self._viewer.finish(f"the session closed its participants ({code})")
 
 
+class ViewerEnded(RuntimeError):
+    """The viewer ended while its answer was being made (the proxy stopped meanwhile)."""
+
+
+def _connect_tasks(pc: Any) -> list[asyncio.Task[Any]]:
+    """The pending tasks running `pc`'s ICE/DTLS connect (`RTCPeerConnection.__connect`).
+    aiortc (1.x) starts one with a bare `ensure_future` at each `setRemoteDescription` and
+    `setLocalDescription`, keeps no handle and does not cancel it at `close()`: a connect still
+    waiting on ICE checks then outlives the closed connection, and is "destroyed but pending"
+    when the loop stops. Found by its coroutine's bound `self` (coroutine introspection, the
+    one handle Python gives on a task nobody kept)."""
+    found = []
+    for task in asyncio.all_tasks():
+        coro = task.get_coro()
+        frame = getattr(coro, "cr_frame", None)
+        if (
+            frame is not None
+            and getattr(coro, "__qualname__", "").startswith("RTCPeerConnection.")
+            and frame.f_locals.get("self") is pc
+        ):
+            found.append(task)
+    return found
+
+
+async def _reap_connect_tasks(pc: Any) -> None:
+    """After `pc.close()`: cancel its connect tasks and wait for them (nothing they do on a closed
+    connection matters), so that none is left pending on the loop."""
+    tasks = [task for task in _connect_tasks(pc) if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class WhepViewer:
     """One WHEP resource: a peer connection that receives nothing and sends the session's video."""
 
@@ -391,6 +424,16 @@ class WhepViewer:
         the passthrough track with H.264 alone preferred: aiortc negotiates a transceiver's codecs
         as the offer is set, so preferences set later would leave a browser's first codec (VP8)
         in the answer."""
+        from aiortc.exceptions import InvalidStateError
+
+        try:
+            return await self._answer(offer)
+        except InvalidStateError as exc:  # closed under it: `end` came while the answer was made
+            if self.phase is ViewerPhase.ENDED:
+                raise ViewerEnded(self.ended_because) from exc
+            raise
+
+    async def _answer(self, offer: str) -> str:
         from aiortc import RTCRtpSender, RTCSessionDescription
         from aiortc.exceptions import OperationError
 
@@ -402,6 +445,9 @@ class WhepViewer:
         except OperationError as exc:  # no codec in common
             raise OfferError(406, f"no H.264 format in common (packetization-mode 1 is sent): {exc}") from exc
         await self.pc.setLocalDescription(await self.pc.createAnswer())
+        if self.phase is ViewerPhase.ENDED:  # ended (the proxy stopped) while the answer was made
+            await _reap_connect_tasks(self.pc)  # the one setLocalDescription just started
+            raise ViewerEnded(self.ended_because)
         self._watchdog = asyncio.ensure_future(self._watch(CONNECT_SECONDS))
         return str(self.pc.localDescription.sdp)
 
@@ -483,6 +529,7 @@ class WhepViewer:
     async def _close(self) -> None:
         try:
             await self.pc.close()
+            await _reap_connect_tasks(self.pc)
         finally:
             self.track.stop()
             self._viewers.forget(self)

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import io
-import time
 import urllib.parse
+from typing import Any
 
 import av
 import numpy as np
 import pytest
+from aiortc import RTCSessionDescription
 
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.participants import whep_viewer
-from tests.support.proxy_host import run, wait_idle
+from rtvideo.proxy.settings import ProxySettings
+from rtvideo.triton.access import key_from_env
+from tests.support.leaks import assert_nothing_left, pending_webrtc_tasks, udp_sockets
+from tests.support.proxy_host import ProxyHost, run, wait_idle
 from tests.support.replica_servers import replica_servers
 from tests.support.resume_client import Leg
 from tests.support.streams import PACED_MODEL
@@ -37,12 +41,16 @@ def _yuv_frames(video: bytes) -> list[np.ndarray]:
         return [frame.to_ndarray(format="yuv420p") for frame in container.decode(video=0)]
 
 
-def _no_viewers_left(server: ProxyServer, timeout: float = 30.0) -> None:
-    """Every viewer's peer connection is closed and forgotten (nothing leaks)."""
-    deadline = time.monotonic() + timeout
-    while len(server.whep_viewers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(server.whep_viewers) == 0
+@pytest.fixture(autouse=True)
+def udp_before() -> int:
+    """This process's UDP sockets before the test (the proxies' ICE sockets are counted after)."""
+    return udp_sockets()
+
+
+def _no_viewers_left(proxies: ProxyHost, udp_before: int | None, *servers: ProxyServer) -> None:
+    """Every viewer's peer connection is closed and forgotten, and nothing of it is left: no
+    aiortc/aioice task pending on the proxies' loop, the viewer gauge at 0, no UDP socket more."""
+    assert_nothing_left(proxies, list(servers), udp_before)
 
 
 async def _read_on(leg: Leg) -> None:
@@ -50,7 +58,7 @@ async def _read_on(leg: Leg) -> None:
         pass
 
 
-def test_a_whep_viewer_decodes_the_websockets_frames_and_ends_with_the_session(proxies, triton) -> None:
+def test_a_whep_viewer_decodes_the_websockets_frames_and_ends_with_the_session(proxies, triton, udp_before) -> None:
     wait_idle(triton, PACED_MODEL)
     server = proxies.server(model=PACED_MODEL)
 
@@ -75,10 +83,10 @@ def test_a_whep_viewer_decodes_the_websockets_frames_and_ends_with_the_session(p
         await viewer.close()
 
     run(body(), timeout=240)
-    _no_viewers_left(server)
+    _no_viewers_left(proxies, udp_before, server)
 
 
-def test_delete_ends_the_viewer_and_the_session_goes_on(proxies, triton) -> None:
+def test_delete_ends_the_viewer_and_the_session_goes_on(proxies, triton, udp_before) -> None:
     wait_idle(triton, PACED_MODEL)
     server = proxies.server(model=PACED_MODEL)
 
@@ -100,10 +108,10 @@ def test_delete_ends_the_viewer_and_the_session_goes_on(proxies, triton) -> None
         await viewer.close()
 
     run(body(), timeout=240)
-    _no_viewers_left(server)
+    _no_viewers_left(proxies, udp_before, server)
 
 
-def test_refusals(proxies, triton) -> None:
+def test_refusals(proxies, triton, udp_before) -> None:
     wait_idle(triton, PACED_MODEL)
     server = proxies.server(model=PACED_MODEL, max_watchers_per_session=1)
     base = _base(server)
@@ -154,10 +162,10 @@ def test_refusals(proxies, triton) -> None:
             await vp8.close()
 
     run(body(), timeout=240)
-    _no_viewers_left(server)
+    _no_viewers_left(proxies, udp_before, server)
 
 
-def test_cors_preflight_and_a_foreign_origin(proxies, triton) -> None:
+def test_cors_preflight_and_a_foreign_origin(proxies, triton, udp_before) -> None:
     server = proxies.server(allowed_origins=("https://player.example",))
     base = _base(server)
 
@@ -192,6 +200,7 @@ def test_cors_preflight_and_a_foreign_origin(proxies, triton) -> None:
             await pc.close()
 
     run(body())
+    _no_viewers_left(proxies, udp_before, server)
 
 
 def test_without_aiortc_the_door_answers_501(proxies, triton, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,7 +214,7 @@ def test_without_aiortc_the_door_answers_501(proxies, triton, monkeypatch: pytes
     run(body())
 
 
-def test_the_deployment_token_comes_in_the_query(proxies, triton) -> None:
+def test_the_deployment_token_comes_in_the_query(proxies, triton, udp_before) -> None:
     server = proxies.server(token="deployment-secret")
     base = _base(server)
 
@@ -221,9 +230,12 @@ def test_the_deployment_token_comes_in_the_query(proxies, triton) -> None:
             await pc.close()
 
     run(body())
+    _no_viewers_left(proxies, udp_before, server)
 
 
-def test_a_viewer_at_the_replica_that_does_not_hold_the_session_reaches_it(proxies, triton, redis_url) -> None:
+def test_a_viewer_at_the_replica_that_does_not_hold_the_session_reaches_it(
+    proxies, triton, redis_url, udp_before
+) -> None:
     """Two replicas sharing a real Redis: the POST at B is forwarded to A, which holds the
     session and sends the media; the DELETE at B reaches A too (the resource id names A)."""
     wait_idle(triton, PACED_MODEL)
@@ -248,11 +260,10 @@ def test_a_viewer_at_the_replica_that_does_not_hold_the_session_reaches_it(proxi
             await viewer.close()
 
         run(body(), timeout=240)
-        _no_viewers_left(a)
-        _no_viewers_left(b)
+        _no_viewers_left(proxies, udp_before, a, b)
 
 
-def test_an_offer_never_followed_up_frees_its_place(proxies, triton) -> None:
+def test_an_offer_never_followed_up_frees_its_place(proxies, triton, udp_before) -> None:
     """A client that posts its offer and goes (never sets the answer, never connects): the viewer
     is ended once ICE has not connected in time, and its watcher's place is free again."""
     wait_idle(triton, PACED_MODEL)
@@ -285,10 +296,10 @@ def test_an_offer_never_followed_up_frees_its_place(proxies, triton) -> None:
         await viewer.close()
 
     run(body(), timeout=300)
-    _no_viewers_left(server)
+    _no_viewers_left(proxies, udp_before, server)
 
 
-def test_offers_at_once_for_one_place_admit_one(proxies, triton) -> None:
+def test_offers_at_once_for_one_place_admit_one(proxies, triton, udp_before) -> None:
     """Several offers at once for a session with room for one watcher: each is answered while the
     others are (ICE gathering awaits), yet exactly one joins; the rest get 503 with Retry-After
     and no peer connection of theirs is left."""
@@ -318,4 +329,115 @@ def test_offers_at_once_for_one_place_admit_one(proxies, triton) -> None:
         await reading
 
     run(body(), timeout=240)
-    _no_viewers_left(server)
+    _no_viewers_left(proxies, udp_before, server)
+
+
+# --- peer connections that end before their ICE connects: nothing left on the proxy's loop ------
+
+
+async def _answered(base: str, token: str, do_ice: bool) -> tuple[Any, str]:
+    """A client that POSTs an offer and, when `do_ice`, takes the answer (its ICE checks start
+    against the proxy's candidates) and no more; its peer connection and the resource's location."""
+    pc, sdp = await offer()
+    answer = await post(base, sdp.encode(), {"Authorization": f"Bearer {token}", **SDP})
+    assert answer.code == 201, answer.body
+    if do_ice:
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.body.decode(), type="answer"))
+    return pc, answer.headers["Location"]
+
+
+@pytest.mark.parametrize("do_ice", [True, False], ids=["ice-under-way", "never-ice"])
+def test_a_delete_right_after_the_answer_leaves_nothing(proxies, triton, udp_before, do_ice: bool) -> None:
+    """The viewer is DELETEd before its ICE connects (checks under way, or never begun by the
+    client): once the DELETE is answered, its peer connection's connect task is gone too."""
+    wait_idle(triton, PACED_MODEL)
+    server = proxies.server(model=PACED_MODEL)
+    base = _base(server)
+
+    async def body() -> None:
+        owner = await Leg.open(server.url)
+        start = await owner.start(PROMPT, seed=37, num_frames=9 * 120, watchable=True)
+        reading = asyncio.ensure_future(_read_on(owner))
+        pc, location = await _answered(base, start["watch_token"], do_ice)
+        try:
+            assert (await delete(base, location)).code == 200
+            _no_viewers_left(proxies, None, server)  # the tasks at once (the client still holds its sockets)
+        finally:
+            await pc.close()
+        await owner.send({"type": "session.stop"})
+        await reading
+
+    run(body(), timeout=240)
+    _no_viewers_left(proxies, udp_before, server)
+
+
+@pytest.mark.parametrize("do_ice", [True, False], ids=["ice-under-way", "never-ice"])
+def test_a_session_ending_right_after_the_answer_leaves_nothing(proxies, triton, udp_before, do_ice: bool) -> None:
+    """The session ends while its viewer's ICE has not connected: the viewer ends with it, and
+    its peer connection leaves no task and no socket behind."""
+    wait_idle(triton, PACED_MODEL)
+    server = proxies.server(model=PACED_MODEL)
+    base = _base(server)
+
+    async def body() -> None:
+        owner = await Leg.open(server.url)
+        start = await owner.start(PROMPT, seed=38, num_frames=9 * 120, watchable=True)
+        reading = asyncio.ensure_future(_read_on(owner))
+        pc, _ = await _answered(base, start["watch_token"], do_ice)
+        try:
+            await owner.send({"type": "session.stop"})
+            await reading
+            _no_viewers_left(proxies, None, server)
+        finally:
+            await pc.close()
+
+    run(body(), timeout=240)
+    _no_viewers_left(proxies, udp_before, server)
+
+
+def test_the_proxys_stop_with_viewers_in_every_state_leaves_nothing(proxies, triton, udp_before) -> None:
+    """A proxy of its own stops while it has a viewer playing, one whose ICE is under way, one
+    whose client never did ICE and an offer being answered: when `stop` returns, no WebRTC task
+    is pending on its loop (none to be "destroyed but pending" when a loop closes), no viewer is
+    left, and once the clients are closed no UDP socket either."""
+    wait_idle(triton, PACED_MODEL)
+    settings = ProxySettings(port=0, triton_url=proxies.triton_url, model=PACED_MODEL, triton_key=key_from_env())
+
+    async def start() -> ProxyServer:
+        server = ProxyServer(settings)
+        await server.start()
+        return server
+
+    server = proxies.call(start())
+    base = _base(server)
+
+    async def stop() -> tuple[int, list[str]]:
+        await server.stop()
+        return len(server.whep_viewers), await pending_webrtc_tasks()
+
+    async def body() -> None:
+        owner = await Leg.open(server.url)
+        start = await owner.start(PROMPT, seed=39, num_frames=9 * 400, watchable=True)
+        reading = asyncio.ensure_future(_read_on(owner))
+        token = start["watch_token"]
+        playing = await Viewer.open(base, token)
+        pcs = []
+        try:
+            await playing.until_frames(2)
+            for do_ice in (True, False):
+                pcs.append((await _answered(base, token, do_ice))[0])
+            pc, sdp = await offer()
+            pcs.append(pc)
+            answering = asyncio.ensure_future(post(base, sdp.encode(), {"Authorization": f"Bearer {token}", **SDP}))
+            await asyncio.sleep(0)  # the request is on its way (or answered): either way, then the stop
+            viewers, tasks = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(stop(), proxies.loop))
+            assert viewers == 0
+            assert tasks == [], f"WebRTC tasks left pending on the stopped proxy's loop: {tasks}"
+            await asyncio.gather(answering, reading, return_exceptions=True)
+        finally:
+            await playing.close()
+            for pc in pcs:
+                await pc.close()
+
+    run(body(), timeout=300)
+    _no_viewers_left(proxies, udp_before)  # the stopped proxy answers no /metrics: tasks and sockets
