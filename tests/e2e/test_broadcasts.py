@@ -116,6 +116,11 @@ def test_a_spectator_reads_the_broadcast_live_and_after_the_end(proxies, triton,
     status, segment, headers = fetch(playlist_url.replace("index.m3u8", "0.m4s"))
     assert status == 200 and headers["Cache-Control"] == "public, max-age=31536000, immutable"
     assert segment == (store / bid / "0.m4s").read_bytes()
+    # files counted: the ended broadcast's folder, and in it its playlist, init segment, marker
+    # and one segment per chunk (the window holds them all), nothing else (no temporary file)
+    assert [p.name for p in store.iterdir()] == [bid]
+    segments = {f"{index}.m4s" for index in range(len(media))}
+    assert {p.name for p in (store / bid).iterdir()} == {"index.m3u8", "init.mp4", "broadcast.json", *segments}
     for wrong in ("0" * 32 + "/index.m3u8", bid + "/broadcast.json", bid + "/..%2Fx", bid.upper() + "/index.m3u8"):
         assert fetch(f"{base}/v1/broadcasts/{wrong}")[0] == 404, wrong
 
