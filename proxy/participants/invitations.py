@@ -410,15 +410,24 @@ class Invitations:
 
     def close(self, handed_off: bool = False) -> None:
         """The session is over here: its tokens stop working, its watchers go (with 1012 when it
-        was `handed_off` to another replica, where they rejoin), its gauges drop."""
+        was `handed_off` to another replica, where they rejoin), its gauges drop. The guests'
+        tokens of a session `handed_off` are let go, not ended: the guests closed here rejoin at
+        once, maybe here, while this replica may still hold the lease (its writes are finished
+        and the lease released after the owner's link closed): told "moving" then, not ended."""
         self._cancel_grace()
         self.uncount()
-        if self._features is not None:
-            self._features.resume_tokens.retire(self._resume_token, "the session has ended")
-            self._features.watch_tokens.retire(self._watch_token, "the session has ended")
-            self._features.steer_tokens.retire(self._steer_token, "the session has ended")
-            self._features.watch_tokens.retire_hash(self._adopted.get("watch"), "the session has ended")
-            self._features.steer_tokens.retire_hash(self._adopted.get("steer"), "the session has ended")
+        if (features := self._features) is not None:
+            features.resume_tokens.retire(self._resume_token, "the session has ended")
+            for book, token, kind in (
+                (features.watch_tokens, self._watch_token, "watch"),
+                (features.steer_tokens, self._steer_token, "steer"),
+            ):
+                if handed_off:  # not ended: a guest back here is told where it went (503 until released)
+                    book.let_go(token)
+                    book.let_go_hash(self._adopted.get(kind))
+                else:
+                    book.retire(token, "the session has ended")
+                    book.retire_hash(self._adopted.get(kind), "the session has ended")
         if handed_off and self._broadcast is not None:
             self._broadcast.let_go()  # the next holder goes on with its playlist: no ENDLIST here
         code = 1012 if handed_off else 1000

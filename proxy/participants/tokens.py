@@ -70,6 +70,25 @@ class TokenBook(Generic[T]):
         if token_hash is not None:
             self._retire(bytes.fromhex(token_hash), why)
 
+    def let_go(self, token: str | None) -> None:
+        """The session `token` opens was handed to another replica: the token no longer opens
+        anything here, and it is not ended either. A later use here is refused as an unknown
+        token (`ResumeRefused.unknown`), so that, with a shared store, the store says where the
+        session is: moving (retry) while this replica still releases its lease, then elsewhere.
+        Retired instead ("the session has ended"), a guest that comes back here before the lease
+        is released would be refused for good (403) while its session goes on elsewhere."""
+        if token is not None:
+            self._let_go(_digest(token))
+
+    def let_go_hash(self, token_hash: str | None) -> None:
+        """`let_go` for a token known by its hash alone (one `adopt`ed)."""
+        if token_hash is not None:
+            self._let_go(bytes.fromhex(token_hash))
+
+    def _let_go(self, digest: bytes) -> None:
+        self._live.pop(digest, None)
+        self._ended.pop(digest, None)
+
     def _retire(self, digest: bytes, why: str) -> None:
         self._live.pop(digest, None)
         self._ended.setdefault(digest, why)  # the first end is the one a later use is told

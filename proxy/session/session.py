@@ -474,6 +474,9 @@ class ProxySession:
             await self._ending.closed_within(timeout)
             return
         self._dispatch.stop()
+        # handed off before the owner's link is closed: its close may end the session here at
+        # once (on_disconnect), which must keep the record and send the guests on (1012)
+        self._continuity.keep_record()
         self._seat.owner.close(1012, "the server restarts; resume")
         await self._continuity.hand_off()
         await self.upstream.end()
