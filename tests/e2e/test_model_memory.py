@@ -11,6 +11,9 @@ from rtvideo.core.fields import MAX_PROMPT_CHARS
 from tests.support.processes import stub_pid
 from tests.support.streams import PACED_MODEL, wait_for_metric
 
+#: interactions sent between two chunk boundaries: under the 64 that may wait at once
+WAVE = 50
+
 
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -24,7 +27,9 @@ def test_3000_large_prompt_interactions_grow_the_stub_by_less_than_20_mb(triton)
     pid = stub_pid(triton, PACED_MODEL)
     count, filler = 3000, "x" * (MAX_PROMPT_CHARS - 40)
 
-    def burst(s: TritonStreamSession, first: int, n: int) -> None:
+    def wave(s: TritonStreamSession, first: int, n: int) -> None:
+        """`n` interactions acked, then the chunk where the last one starts (the others coalesce
+        there): no more than one wave waits at once (the model refuses a 65th waiting event)."""
         tags = {s.interact(f"{i} {filler}", event_id=f"e{i}") for i in range(first, first + n)}
         deadline = time.monotonic() + 120
         while tags:
@@ -32,6 +37,15 @@ def test_3000_large_prompt_interactions_grow_the_stub_by_less_than_20_mb(triton)
             if reply.tag in tags:
                 assert reply.message is not None and reply.message["type"] == "session.interaction.queued", reply
                 tags.discard(reply.tag)
+        last = f"e{first + n - 1}"  # the wave's last target starts; the others coalesce before it
+        while True:
+            reply = s.next(max(0.01, deadline - time.monotonic()))
+            if reply.message is not None and last in reply.message.get("started_event_ids", ()):
+                return
+
+    def burst(s: TritonStreamSession, first: int, n: int) -> None:
+        for start in range(first, first + n, WAVE):
+            wave(s, start, min(WAVE, first + n - start))
 
     with TritonStreamSession(triton.grpc_url, model=PACED_MODEL) as s:
         s.start("a harbour")
