@@ -42,8 +42,10 @@ def _yuv_frames(video: bytes) -> list[np.ndarray]:
 
 
 @pytest.fixture(autouse=True)
-def udp_before() -> int:
-    """This process's UDP sockets before the test (the proxies' ICE sockets are counted after)."""
+def udp_before(proxies: ProxyHost) -> int:
+    """This process's UDP sockets before the test (the proxies' ICE sockets are counted after),
+    once the earlier tests' sessions have closed (each counts against the one client's share)."""
+    proxies.wait_sessions_closed()
     return udp_sockets()
 
 

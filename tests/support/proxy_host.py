@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -50,6 +51,17 @@ class ProxyHost:
 
     def url(self, **overrides: Any) -> str:
         return self.server(**overrides).url
+
+    def wait_sessions_closed(self, timeout: float = 60.0) -> None:
+        """Until no proxy here holds a session: an earlier test's session closes a moment after
+        its `session.done` went out, and counts against the client's share of slots till then."""
+
+        async def held() -> int:
+            return sum(len(server.context.sessions) for server in self._servers.values())
+
+        deadline = time.monotonic() + timeout
+        while self.call(held()) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def close(self) -> None:
         for server in self._servers.values():  # a session still ending may take SHUTDOWN_SECONDS and more
