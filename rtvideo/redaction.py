@@ -15,12 +15,14 @@ import re
 from urllib.parse import unquote_plus
 
 __all__ = [
+    "CAPABILITY_PATHS",
     "GENERIC_SECRET_PARAMS",
     "MASK",
     "NEVER_IN_QUERY",
     "QUERY_CREDENTIALS",
     "SECRET_PARAMS",
     "is_secret_param",
+    "redact_path",
     "redact_text",
     "redact_uri",
     "redact_url",
@@ -118,3 +120,17 @@ def redact_text(text: str) -> str:
     text = _QUERY_SECRET.sub(rf"\g<1>{MASK}", text)
     text = _USERINFO.sub(lambda m: f"{m[1]}{_masked_userinfo(m[2])}@", text)
     return _BEARER.sub(rf"\g<1>{MASK}", text)
+
+
+#: path prefixes whose next segment is itself a capability (a broadcast's unguessable id,
+#: rtvideo.proxy.broadcasts): masked wherever a request's path is shown
+CAPABILITY_PATHS = ("/v1/broadcasts",)
+
+
+def redact_path(uri: str) -> str:
+    """`uri` with the capability segment after a `CAPABILITY_PATHS` prefix masked."""
+    for prefix in CAPABILITY_PATHS:
+        if uri.startswith(prefix + "/"):
+            _, slash, tail = uri[len(prefix) + 1 :].partition("/")
+            return f"{prefix}/{MASK}{slash}{tail}"
+    return uri

@@ -6,7 +6,7 @@ or a CDN pulling from the proxy could not send one. Anything but a well-formed i
 served names is 404, as an unknown id is. Cache headers for a CDN in front (docs/operations.md):
 the playlist changes with every chunk (`no-cache`: revalidated each time), a segment and the init
 segment never change under their name (`immutable`). Files are read off the event loop. The id
-never reaches the access log (rtvideo.proxy.observability.accesslog masks it).
+never reaches the access log (rtvideo.redaction.redact_path masks it there).
 """
 
 from __future__ import annotations
@@ -61,12 +61,3 @@ def routes(broadcasts: Broadcasts | None) -> list[tuple[str, type, dict[str, Any
     if broadcasts is None or broadcasts.folder is None:
         return []
     return [(rf"{PREFIX}/([^/]+)/([^/]+)", BroadcastFileHandler, {"broadcasts": broadcasts})]
-
-
-def masked(path: str) -> str:
-    """`path` with a broadcast's id masked (the access log's: the id is a capability)."""
-    if path.startswith(PREFIX + "/"):
-        rest = path[len(PREFIX) + 1 :]
-        _, slash, tail = rest.partition("/")
-        return f"{PREFIX}/***{slash}{tail}"
-    return path

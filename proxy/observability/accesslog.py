@@ -23,8 +23,7 @@ from typing import Any
 
 from tornado.log import access_log
 
-from rtvideo.proxy.broadcasts.http import masked
-from rtvideo.redaction import SECRET_PARAMS, redact_text, redact_uri
+from rtvideo.redaction import SECRET_PARAMS, redact_path, redact_text, redact_uri
 
 # SECRET_PARAMS and redact_text are rtvideo.redaction's, re-exported: what this log masks
 __all__ = ["SECRET_PARAMS", "SecretFilter", "install_filter", "log_request", "redact", "redact_text"]
@@ -56,7 +55,7 @@ def log_request(handler: Any) -> None:
             "%d %s %s (%s) %.2fms",
             status,
             request.method,
-            redact(masked(request.uri or "")),  # a broadcast's id is its capability
+            redact(redact_path(request.uri or "")),  # a broadcast's id is its capability
             request.remote_ip,
             1000.0 * request.request_time(),
         )

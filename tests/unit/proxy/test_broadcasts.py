@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from rtvideo.proxy.broadcasts import playlist
-from rtvideo.proxy.broadcasts.http import masked
 from rtvideo.proxy.broadcasts.playlist import Segment
-from rtvideo.proxy.broadcasts.service import Broadcasts, NoBroadcastRoom
+from rtvideo.proxy.broadcasts.service import PREFIX, Broadcasts, NoBroadcastRoom
 from rtvideo.proxy.broadcasts.writer import BroadcastState, Limits
 from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.backing import backing_for
 from rtvideo.proxy.settings import ProxySettings
+from rtvideo.redaction import CAPABILITY_PATHS, redact_path
 
 START = {"type": "video.start", "request_id": "video_stream-1", "config": {"fps": 16}}
 
@@ -202,7 +202,8 @@ def test_urls_settings_and_the_masked_id() -> None:
         assert b.url("a" * 32) == f"https://cdn.example/live/{'a' * 32}/index.m3u8" and b.folder is None
     finally:
         b.close()
-    assert masked(f"/v1/broadcasts/{'a' * 32}/index.m3u8") == "/v1/broadcasts/***/index.m3u8"
+    assert redact_path(f"/v1/broadcasts/{'a' * 32}/index.m3u8") == "/v1/broadcasts/***/index.m3u8"
+    assert PREFIX in CAPABILITY_PATHS  # the access log masks the id in every broadcast path
     with pytest.raises(ValueError, match="broadcast-store"):
         ProxySettings(broadcast_base_url="https://cdn.example/live")
     with pytest.raises(ValueError, match="broadcast-base-url"):
