@@ -1,26 +1,29 @@
-"""The proxy application and a server object that starts and stops it cleanly."""
+"""The composition root: the proxy's parts built from its settings (`make_app`), its routes wired
+(their handlers live in `edge/`: the WebSocket doors, `/healthz` `/readyz` `/livez`
+(`edge/health.py`), `/metrics` (`edge/metrics_http.py`), `/v1/models` (`edge/models_http.py`),
+the operator's and recordings' routes), and a server object that starts and stops it cleanly."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import tornado.web
-from tornado.httputil import HTTPServerRequest
 from tornado.netutil import bind_sockets
 
 from rtvideo.core.protocol import MAX_START_BYTES
 from rtvideo.proxy.broadcasts.http import routes as broadcast_routes
 from rtvideo.proxy.broadcasts.service import Broadcasts
 from rtvideo.proxy.edge import drain as drain_http
-from rtvideo.proxy.edge.access import host_allowed, refused_without_token, token_ok
 from rtvideo.proxy.edge.connections import BoundedHTTPServer, fd_room
 from rtvideo.proxy.edge.guest_doors import STEER_PATH, WATCH_PATH, SteerHandler, WatchHandler
+from rtvideo.proxy.edge.health import HealthHandler, LiveHandler, ReadyHandler
+from rtvideo.proxy.edge.host_check import ProxyApplication
+from rtvideo.proxy.edge.metrics_http import MetricsHandler
+from rtvideo.proxy.edge.models_http import ModelsHandler
 from rtvideo.proxy.edge.recordings_http import routes as recording_routes
 from rtvideo.proxy.edge.relay import Advertisement, Relays
 from rtvideo.proxy.edge.socket import ProxyContext, RealtimeVideoHandler
@@ -31,7 +34,6 @@ from rtvideo.proxy.participants.whep_viewer import WhepViewers
 from rtvideo.proxy.placement.addresses import is_trusted, trusted_networks
 from rtvideo.proxy.placement.endpoint import Resolver
 from rtvideo.proxy.placement.pool import EndpointPool
-from rtvideo.proxy.placement.supervisor import BackendState
 from rtvideo.proxy.recordings.service import Recordings
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
@@ -49,216 +51,6 @@ SHUTDOWN_SECONDS = 15.0
 #: request bodies: no endpoint takes one, and Tornado reads a body whole before any handler (its
 #: default allows 100 MB a request, held in memory, token or not); beyond: 400 and closed, unread
 MAX_REQUEST_BODY_BYTES = 64 * 1024
-
-
-class _JsonHandler(tornado.web.RequestHandler):
-    def initialize(self, context: ProxyContext) -> None:
-        self.context = context
-
-    def reply(self, ok: bool, body: dict) -> None:
-        self.set_status(200 if ok else 503)
-        self.set_header("Content-Type", "application/json")
-        self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(body))
-
-
-class HealthHandler(_JsonHandler):
-    """200 when some Triton endpoint and its model say they are ready and the model answers the
-    health probe there, or is busy (every sequence slot held, its heartbeat moving), and no
-    session's start or stream has failed there since its last answered probe; 503 otherwise.
-    With the token (when one is set), the JSON lists every endpoint and its state; without it,
-    only the status: no Triton address, no gRPC error reaches a stranger."""
-
-    async def get(self) -> None:
-        ctx = self.context
-        triton = await ctx.pool.readiness()
-        # A busy model (every sequence slot held, its heartbeat moving) is full, not unhealthy.
-        ready = triton["server_ready"] and triton["model_ready"] and ctx.pool.alive
-        if not token_ok(self.request, ctx.settings.token):
-            self.reply(ready, {"status": "ok" if ready else "unavailable"})
-            return
-        self.reply(
-            ready,
-            {
-                "status": "ok" if ready else "unavailable",
-                "proxy": "ok",
-                "ready": ready,
-                "draining": ctx.draining,
-                "model": ctx.settings.model,
-                "served_model_names": await served_model_names(ctx) if triton["model_ready"] else [],
-                "triton": triton,
-                "sessions": len(ctx.sessions),
-                "session_store": await ctx.store_watch.look(),
-                **ctx.pool.status(),
-            },
-        )
-
-
-async def served_models(context: ProxyContext) -> dict[str, dict[str, Any]]:
-    """The model names a start may ask for (`--served-model-name`, else the Triton model's name
-    and its generator's model ids), each with what `/v1/models` says of it: the interactions it
-    takes (`interactions`, as `video.start` `config.interactions`) and the deployed model's own
-    rules as `config.model_rules` states them (`model_rules`, when it has any), read from the model configs of the
-    Triton endpoints as the model reads them (`BackendSettings`); and, from every endpoint that
-    serves the name, what its model measured of itself (`endpoint_capacity`):
-    `realtime_capacity_fps` is their sum (None while none has a figure), `endpoints` each one's.
-    In order, each once. Empty when no endpoint's config could be read."""
-    from rtvideo.backend.loading.settings import BackendSettings  # torch-free, like the proxy
-
-    model = context.settings.model
-
-    async def read(endpoint: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
-        try:
-            response = await endpoint.bridge.client.get_model_config(
-                model, headers=endpoint.bridge.headers, client_timeout=context.settings.probe_timeout
-            )
-            params = {key: value.string_value for key, value in response.config.parameters.items()}
-            settings = BackendSettings.from_parameters(params)
-            rules = settings.model_rules()
-            card = {"interactions": settings.interactions().describe()}
-            if rules is not None:
-                card["model_rules"] = rules.describe()
-            return settings.served_names(model), card
-        except Exception as exc:  # noqa: BLE001 - that endpoint is down or its config unusable: the others say
-            log.info("triton endpoint %s: served model names not read (%s)", endpoint.address, exc)
-            return (), {}
-
-    # every endpoint not known to be down, at once (a hung one holds the answer up by one timeout at most)
-    up = [
-        e
-        for e in context.pool.endpoints.values()
-        if e.supervisor.state not in (BackendState.DOWN, BackendState.RESTARTING)
-    ]
-    models: dict[str, dict[str, Any]] = {}
-    for endpoint, (served, card) in zip(up, await asyncio.gather(*(read(e) for e in up)), strict=True):
-        measured = endpoint_capacity(endpoint)
-        for name in served:
-            entry = models.setdefault(name, {**card, "realtime_capacity_fps": None, "endpoints": []})
-            entry["endpoints"].append(measured)
-            if measured["realtime_capacity_fps"] is not None:
-                entry["realtime_capacity_fps"] = (entry["realtime_capacity_fps"] or 0) + measured[
-                    "realtime_capacity_fps"
-                ]
-    return models
-
-
-def endpoint_capacity(endpoint: Any) -> dict[str, Any]:
-    """What the model at `endpoint` said of itself in its last answered health probe (its pong's
-    `model`, docs/protocol.md §8): frames per second it delivers in real time at its default size
-    (measured by the model: `realtime_capacity_fps`, None until it has a figure), how much of it
-    its live sessions take, and its session limit and why (`max_sessions_reason`)."""
-    status = endpoint.bridge.model_status or {}
-    return {
-        "endpoint": endpoint.address,
-        "realtime_capacity_fps": status.get("realtime_capacity_fps"),
-        "realtime_capacity_from": status.get("realtime_capacity_from"),
-        "realtime_load_fps": status.get("realtime_load_fps"),
-        "max_sessions": status.get("max_sessions"),
-        "max_sessions_reason": status.get("max_sessions_reason"),
-        "sessions": status.get("sessions"),
-    }
-
-
-async def served_model_names(context: ProxyContext) -> list[str]:
-    """`served_models`' names, in order."""
-    return list(await served_models(context))
-
-
-#: `created` of every model in `GET /v1/models`: when this proxy process started (vLLM's is the request's time)
-STARTED_AT = int(time.time())
-
-
-class ModelsHandler(_JsonHandler):
-    """`GET /v1/models` in the OpenAI list format (as vLLM's server answers it): the served model
-    names, the first the one `video.start` reports, each with `interactions` (the kinds, event
-    fields and interpolations it takes), `model_rules` (sizes, fps, interaction kinds, whether
-    a first frame is required) when the model has rules of its own, and `realtime_capacity_fps`
-    with `endpoints` (`served_models`). Behind the token when one is set; 503 when
-    no Triton endpoint's model config could be read."""
-
-    async def get(self) -> None:
-        ctx = self.context
-        if refused_without_token(self, ctx.settings.token):
-            return
-        models = await served_models(ctx)
-        root = next(iter(models), None)
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": STARTED_AT,
-                "owned_by": "rtvideo",
-                "root": root,
-                "parent": None,
-                **card,
-            }
-            for name, card in models.items()
-        ]
-        self.reply(bool(models), {"object": "list", "data": data})
-
-
-class ReadyHandler(_JsonHandler):
-    """200 when a new session can be taken: not draining, an endpoint answers the probe and has a
-    free session slot (`EndpointPool.has_free_slot`), and the proxy has room for a connection."""
-
-    def get(self) -> None:
-        ctx = self.context
-        room = ctx.connections() < ctx.settings.max_connections  # as the upgrade counts them
-        slot = ctx.pool.has_free_slot
-        ready = ctx.pool.ready and slot and room and not ctx.draining
-        self.reply(
-            ready,
-            {
-                "ready": ready,
-                "backend": ctx.pool.state.value,
-                "room": room,
-                "free_slot": slot,
-                "draining": ctx.draining,
-                # the last look (rtvideo.proxy.store.watch): refusing_writes, unreachable or shared;
-                # new sessions are served either way, continued elsewhere only when shared
-                "session_store": ctx.store_watch.state,
-            },
-        )
-
-
-class LiveHandler(_JsonHandler):
-    """200 while the proxy process serves (whatever the backend's state)."""
-
-    def get(self) -> None:
-        self.reply(True, {"proxy": "ok"})
-
-
-class MetricsHandler(tornado.web.RequestHandler):
-    """Prometheus text (OpenMetrics when the `Accept` header asks for it); behind the token when one is set."""
-
-    def initialize(self, context: ProxyContext) -> None:
-        self.context = context
-
-    def get(self) -> None:
-        if refused_without_token(self, self.context.settings.token):
-            return
-        body, content_type = self.context.metrics.exposition(self.request.headers.get("Accept"))
-        self.set_header("Content-Type", content_type)
-        self.finish(body)
-
-
-class HostRefusedHandler(tornado.web.RequestHandler):
-    """The answer to a request whose `Host` this server does not serve (DNS rebinding)."""
-
-    def prepare(self) -> None:
-        self.set_status(403, "Host not allowed")
-        self.finish("Host not allowed\n")
-
-
-class ProxyApplication(tornado.web.Application):
-    """Checks the `Host` of every request (page, WebSocket, health, metrics) in one place."""
-
-    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Any:
-        settings: ProxySettings = self.settings["context"].settings
-        if not host_allowed(request.host, settings.host, settings.allowed_hosts):
-            log.info("peer=%s Host %r refused", request.remote_ip, request.host)
-            return self.get_handler_delegate(request, HostRefusedHandler)
-        return super().find_handler(request, **kwargs)
 
 
 def health_routes(context: ProxyContext) -> list[tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]]:
