@@ -1,7 +1,7 @@
 """One session's broadcast: what its owner is handed, written as an HLS playlist and its segments
 (docs/protocol.md "Broadcasts").
 
-The writer is a `RecordingSink` (rtvideo.proxy.session.handouts): it sees every frame handed to
+The writer is a `RecordingSink` (rtvideo.proxy.participants.handouts): it sees every frame handed to
 the owner, in order, on the event loop, and only queues work there. Every write runs on the
 broadcasts' one writer thread (`Broadcasts`), in the order queued, so the playlist is always
 written after the segment it names. The window (`_listed`, `_unlisted`) is the writer thread's
@@ -36,11 +36,11 @@ from typing import Any
 
 from rtvideo.core import protocol
 from rtvideo.core.chunks import MEDIA
+from rtvideo.core.fmp4 import init_segment, strip_init
 from rtvideo.proxy.broadcasts import playlist
 from rtvideo.proxy.broadcasts.playlist import Segment
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.links import Frame
-from rtvideo.proxy.participants.replay import init_segment, strip_init
 from rtvideo.proxy.recordings.backing import Backing
 
 log = logging.getLogger(__name__)

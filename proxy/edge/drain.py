@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import tornado.web
 
 from rtvideo.proxy.edge.access import is_operator, refused_unsafe_request
-from rtvideo.proxy.placement.mover import MoveReason
+from rtvideo.proxy.session.mover import MoveReason
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from tornado.websocket import WebSocketHandler
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.edge.access import origin_allowed, query_value, refused_without_token
 from rtvideo.proxy.edge.relay import (
     RELAYED_HEADER,
@@ -39,10 +40,10 @@ from rtvideo.proxy.edge.relay import (
     locate,
 )
 from rtvideo.proxy.edge.socket import ProxyContext
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.participants.features import Steerable, Watchable
-from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.participants.steerers import GuestSteerer
-from rtvideo.proxy.participants.tokens import ResumeRefused, TokenBook
+from rtvideo.proxy.participants.tokens import TokenBook
 from rtvideo.proxy.participants.watchers import Watcher
 from rtvideo.proxy.store.base import StoreUnavailable
 

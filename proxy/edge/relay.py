@@ -36,9 +36,9 @@ from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, w
 
 from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode
+from rtvideo.proxy.continuity.record import token_hash
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.links import Link
-from rtvideo.proxy.session.record import token_hash
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.store.base import LEASE_SECONDS, SessionStore, StoreUnavailable
 

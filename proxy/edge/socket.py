@@ -23,22 +23,22 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketP
 
 from rtvideo.core import resume, server_messages, start_request
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.resume import ResumeRefused
+from rtvideo.proxy.continuity.takeover import take_over
 from rtvideo.proxy.edge.access import client_of, origin_allowed, refused_without_token
 from rtvideo.proxy.edge.slot_shares import SlotShares
 from rtvideo.proxy.edge.waiting import WaitingShare
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
-from rtvideo.proxy.participants.resume import attach, drop_silent_owner
-from rtvideo.proxy.participants.takeover import take_over
-from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.placement.pool import EndpointPool
 from rtvideo.proxy.placement.supervisor import BackendState
 from rtvideo.proxy.session.ending import refuse_connection
+from rtvideo.proxy.session.resume import attach, drop_silent_owner
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.session.steering import raw_bytes
-from rtvideo.proxy.settings import AWAITING_PLACE_SECONDS, AWAITING_START_GRACE_SECONDS, ProxySettings
-from rtvideo.proxy.store.base import LEASE_SECONDS, SessionStore
+from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.store.base import SessionStore
 from rtvideo.proxy.store.keeper import StoreKeeper
 from rtvideo.proxy.store.memory import MemoryStore
 from rtvideo.proxy.store.watch import StoreWatch
@@ -90,10 +90,10 @@ class ProxyContext:
     def __post_init__(self) -> None:
         self.features = Features(self.settings, shared=self.store.shared)
         s = self.settings
-        self.waiting = WaitingShare(s.awaiting_start_bound, s.awaiting_start_per_client, AWAITING_START_GRACE_SECONDS)
+        self.waiting = WaitingShare(s.awaiting_start_bound, s.awaiting_start_per_client, s.awaiting_start_grace_seconds)
         # the store's calls are measured where a store is shared (the in-process one answers at once)
         self.shares = SlotShares(self.store, self.metrics.store_call if self.store.shared else _unmeasured)
-        keep = s.resume_grace_seconds + LEASE_SECONDS  # as long as the store keeps a session's keys
+        keep = s.store_keep_seconds  # as long as the store keeps a session's keys
         self.store_watch = StoreWatch(self.store, self.metrics.store_found, self.metrics.store_call, keep)
         # one token identity for every replica of a shared store: any of them tells its tokens
         # from forged ones, and finds a session held elsewhere by the token's hash
@@ -108,6 +108,7 @@ class ProxyContext:
             sid,
             self.holder,
             self.metrics.store_call,
+            lease_seconds=self.settings.lease_seconds,
             payload_bytes=self.settings.replay_buffer_bytes,
             session_bytes=self.settings.session_store_bytes,
             on_bounded=self.metrics.store_session_bounded,
@@ -167,9 +168,9 @@ class RealtimeVideoHandler(WebSocketHandler):
     async def _wait_for_place(self) -> None:
         """The waiting share (rtvideo.proxy.edge.waiting) has no place for this client now: the
         upgrade is held until one of its own starts (or waited past the grace), then goes on;
-        503 `awaiting_start` when none frees within AWAITING_PLACE_SECONDS."""
+        503 `awaiting_start` when none frees within its `awaiting_place_seconds`."""
         ctx = self.context
-        if not await ctx.waiting.enter(self, AWAITING_PLACE_SECONDS):
+        if not await ctx.waiting.enter(self, ctx.settings.awaiting_place_seconds):
             if self.phase is not ConnectionPhase.WAITING:  # its client closed the connection meanwhile
                 raise Finish()  # no upgrade on it (Tornado would go on to `get`)
             ctx.metrics.rejected.labels("awaiting_start").inc()
@@ -321,7 +322,7 @@ class RealtimeVideoHandler(WebSocketHandler):
             self.session.on_disconnect(dropped=True)  # closed while it was taken over: detached again
 
     async def _take_over(self, message: str | bytes) -> ProxySession:
-        """A resume of a session this replica does not hold (rtvideo.proxy.participants.takeover)."""
+        """A resume of a session this replica does not hold (rtvideo.proxy.continuity.takeover)."""
         ctx, owner = self.context, self.owner
         assert owner is not None
         try:

@@ -32,12 +32,12 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.web import RequestHandler
 
+from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.edge.access import bearer, origin_allowed, token_ok
 from rtvideo.proxy.edge.guest_doors import MOVING_REASON
 from rtvideo.proxy.edge.relay import RELAYED_HEADER, Where, locate
 from rtvideo.proxy.edge.socket import ProxyContext
 from rtvideo.proxy.participants import whep_viewer
-from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.participants.whep_viewer import IceServers, OfferError, ViewerEnded, WhepViewer, WhepViewers
 from rtvideo.proxy.store.base import StoreUnavailable
 

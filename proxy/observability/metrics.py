@@ -337,7 +337,7 @@ class ProxyMetrics:
         ("endpoint",),
     )
 
-    # --- live sessions moved between Tritons (rtvideo.proxy.placement.mover) -----------------
+    # --- live sessions moved between Tritons (rtvideo.proxy.session.mover) -----------------
     sessions_moved = MetricSpec(
         Counter,
         "rtvideo_proxy_sessions_moved",

@@ -6,7 +6,7 @@ attach as the new owner) and `"watchable": true` (a watch token: read-only watch
 attach) and `"steerable": true` (a steer token: guest steerers may attach). The proxy takes
 these options out before forwarding the start (`take_options`); the model never sees them.
 A token names a session through the Protocol of what may be done with it (`Resumable`,
-`Watchable`, `Steerable`), so that the doors (rtvideo.proxy.participants.resume,
+`Watchable`, `Steerable`), so that the doors (rtvideo.proxy.session.resume,
 rtvideo.proxy.edge.guest_doors, rtvideo.proxy.edge.guest_doors) depend on these seams, not on the
 session's class.
 """

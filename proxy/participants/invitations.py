@@ -21,21 +21,22 @@ from typing import Any, Protocol
 from rtvideo.core import server_messages
 from rtvideo.core.chunks import MEDIA
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.broadcasts.service import NoBroadcastRoom
 from rtvideo.proxy.broadcasts.writer import BroadcastWriter
+from rtvideo.proxy.continuity.record import SavedFrame, SavedSession, token_hash
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features, Resumable, Steerable, Watchable, take_options
-from rtvideo.proxy.participants.links import Frame, Guest
+from rtvideo.proxy.participants.handouts import Handouts
+from rtvideo.proxy.participants.links import Guest
 from rtvideo.proxy.participants.replay import ReplayBuffer, ReplayGap
 from rtvideo.proxy.participants.steerers import SteerHub
-from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.participants.watchers import WatchHub
 from rtvideo.proxy.recordings.branch import Branch, branch_start, take_branch
 from rtvideo.proxy.recordings.ids import MalformedId
 from rtvideo.proxy.recordings.recorder import SessionRecorder
 from rtvideo.proxy.recordings.service import NoRoom
-from rtvideo.proxy.session.handouts import Handouts
-from rtvideo.proxy.session.record import SavedFrame, SavedSession, token_hash
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.store.base import LEASE_SECONDS
 
@@ -230,7 +231,7 @@ class Invitations:
         return dict(self._options)
 
     def restore(self, session: Joinable, handouts: Handouts, saved: SavedSession, resumed: str) -> None:
-        """A session taken over from another replica (rtvideo.proxy.participants.takeover), as
+        """A session taken over from another replica (rtvideo.proxy.continuity.takeover), as
         stored (`saved`): what its start asked for, set up as `offer` did there; `resumed`, the
         resume token its owner came back with; its watch and steer tokens open it here by their
         hashes; its recording goes on (`_go_on_recording`). Its replay buffer is filled next
@@ -337,7 +338,7 @@ class Invitations:
         return marks
 
     def token_hashes(self) -> dict[str, str]:
-        """The live tokens of the session, hashed, by kind (rtvideo.proxy.session.record)."""
+        """The live tokens of the session, hashed, by kind (rtvideo.proxy.continuity.record)."""
         live = {"resume": self._resume_token, **{k.removesuffix("_token"): v for k, v in self._marks().items()}}
         return {**self._adopted, **{kind: token_hash(token) for kind, token in live.items() if token is not None}}
 

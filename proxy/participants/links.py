@@ -14,197 +14,21 @@ bucket, its peer address.
   pongs, errors about its own messages) go to it alone (`Guest`); the owner's go through the
   session's ordering to the owner's seat.
 
-## The owner's seat (OwnerSeat)
-
-The owner's seat of a session: which `Owner` participant holds it, how it changes hands,
-and what is written to it.
-
-The seat outlives its holders. When the holder's link drops, the seat keeps it, parked:
-frames wait for the next holder (rtvideo.proxy.participants.Parked). A resume seats a new
-owner (`hand_over`): it is given the session's video.start again, the init pair, what the
-old link may have lost (from the replay buffer) and what was parked, in that order, before
-anything live. Every frame a holder's socket takes passes the session's hand-out hook.
-
-## The outbox (Outbox, Frame)
-
-One writer per connection: frames leave in order, a metadata text frame and its binary
-frame back to back, and the bytes waiting for a slow reader are bounded.
-
-Invariant: `on_taken` sees every frame the moment it is handed to the socket, in order, and
-nothing else is written; what it returns is what is written (the session completes a
-`session.done` there, rtvideo.proxy.session.ledger).
+The owner's seat (rtvideo.proxy.participants.seat) and the outbox in front of each socket
+(rtvideo.proxy.participants.outbox) are their own modules.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from tornado.iostream import StreamClosedError
-from tornado.websocket import WebSocketClosedError
-
-from rtvideo.core import protocol, server_messages
+from rtvideo.proxy.frames import Frame, Sink
+from rtvideo.proxy.limits import TokenBucket
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
-from rtvideo.proxy.session.limits import TokenBucket
+from rtvideo.proxy.participants.outbox import Outbox
 from rtvideo.proxy.settings import ProxySettings
-
-
-class Sink(Protocol):
-    """What Tornado's `WebSocketHandler` offers for writing."""
-
-    def write_message(self, message: str | bytes, binary: bool = False) -> Awaitable[None]: ...
-
-
-@dataclass(frozen=True)
-class Frame:
-    """A text frame (`message` is its parsed form), or a metadata text frame with the binary
-    payload that follows it."""
-
-    text: str
-    message: Mapping[str, Any] = field(compare=False)
-    data: bytes | None = None
-    size: int = field(init=False)  # bytes on the wire (payloads), for the buffer bound and metrics
-    #: a frame sent again on a resumed connection (or a watcher's own): the session's ledger and
-    #: timing saw it the first time (or never concern it), so `on_taken` passes it through
-    replay: bool = field(default=False, compare=False)
-
-    def __post_init__(self) -> None:
-        size = len(self.text.encode("utf-8")) + (len(self.data) if self.data is not None else 0)
-        object.__setattr__(self, "size", size)
-
-
-class Outbox:
-    """Queues + writer coroutine; awaits Tornado's write futures, so the socket sets the pace.
-
-    `limit` bounds the bytes queued or being written: `put` refuses a frame that would
-    exceed it (the caller ends the session with `slow_consumer`). Urgent frames (acks,
-    pongs: small answers a client waits for) are written before queued video, so they
-    never wait behind a backlog of chunks.
-    """
-
-    def __init__(
-        self, sink: Sink, limit: int, metrics: ProxyMetrics, on_taken: Callable[[Frame], Frame | None]
-    ) -> None:
-        """`on_taken` sees each frame as the socket takes it and returns what is written; None:
-        nothing is (the frame counts as taken: the client has it already, as after a takeover
-        whose store lagged the chunks in flight, rtvideo.proxy.session.session `take_over`)."""
-        self._sink = sink
-        self._limit = limit
-        self._metrics = metrics
-        self._on_taken = on_taken
-        self._queue: deque[Frame] = deque()
-        self._urgent: deque[Frame] = deque()
-        self._pending = 0  # bytes queued or in the write in progress
-        self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._closed = False
-        self._task = asyncio.ensure_future(self._run())
-
-    def put(self, frame: Frame, *, urgent: bool = False, force: bool = False) -> bool:
-        """Queue a frame; False (nothing queued) when the reader is too far behind,
-        unless `force` (the few closing messages of a session)."""
-        if self._closed:
-            return True  # the connection is gone: nothing to bound any more
-        if not force and self._pending and self._pending + frame.size > self._limit:
-            return False
-        (self._urgent if urgent else self._queue).append(frame)
-        self._pending += frame.size
-        self._idle.clear()
-        self._wake.set()
-        return True
-
-    def discard(self) -> None:
-        """Drop what is still queued (not the pair being written)."""
-        for queue in (self._urgent, self._queue):
-            self._pending -= sum(f.size for f in queue)
-            queue.clear()
-
-    def take_unsent(self) -> list[Frame]:
-        """Remove and return what is queued and not handed to the socket yet, in the order it
-        would have been written (urgent first): a detached session keeps it for its next
-        connection (rtvideo.proxy.participants.resume)."""
-        frames = [*self._urgent, *self._queue]
-        self.discard()
-        return frames
-
-    def write_now(self, frame: Frame) -> None:
-        """Hand `frame` to the socket at once, behind what was handed already; call `discard` first,
-        so that nothing queued is overtaken. For a session's last messages to a client that does
-        not read: Tornado buffers them behind the write in progress, so a client that reads again
-        before the close times out still finds them, in order. Queued instead, they would wait
-        behind a write that never completes, and the close would go out without them."""
-        if self._closed:
-            return
-        taken = self._on_taken(frame)
-        if taken is None:
-            return
-        frame = taken
-        try:
-            writes = [self._sink.write_message(frame.text)]
-            if frame.data is not None:
-                writes.append(self._sink.write_message(frame.data, binary=True))
-        except (WebSocketClosedError, StreamClosedError):
-            return
-        for write in writes:  # awaited by no one: a connection closed meanwhile is no error
-            asyncio.ensure_future(write).add_done_callback(_consume)
-        self._metrics.sent(frame.size, frame.data is not None)
-
-    async def flush(self, timeout: float) -> bool:
-        """Wait until everything queued was written; False on timeout or a closed connection."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return not self._closed
-
-    def close(self) -> None:
-        """Stop writing (the connection is gone)."""
-        self._closed = True
-        self._urgent.clear()
-        self._queue.clear()
-        self._pending = 0
-        self._idle.set()
-        self._task.cancel()
-
-    async def _run(self) -> None:
-        try:
-            while True:
-                if not (self._urgent or self._queue):
-                    self._idle.set()
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                queued = (self._urgent or self._queue).popleft()
-                taken = self._on_taken(queued)
-                if taken is None:  # taken, not written: the client has it already
-                    self._pending -= queued.size
-                    continue
-                frame = taken
-                # Both writes are issued before any await: nothing can come between them.
-                writes = [self._sink.write_message(frame.text)]
-                if frame.data is not None:
-                    writes.append(self._sink.write_message(frame.data, binary=True))
-                for write in writes:
-                    await write
-                self._pending -= queued.size
-                self._metrics.sent(frame.size, frame.data is not None)
-        except (WebSocketClosedError, StreamClosedError):
-            log.debug("connection closed while writing")
-        finally:
-            self._closed = True
-            self._idle.set()
-
-
-def _consume(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 class Link(Sink, Protocol):
@@ -339,7 +163,7 @@ class Owner:
 
     # --- the outbox ---------------------------------------------------------------------------
     def put(self, frame: Frame, *, urgent: bool = False, force: bool = False) -> bool:
-        """Queue a frame; False when the reader is too far behind (rtvideo.proxy.participants.links)."""
+        """Queue a frame; False when the reader is too far behind (rtvideo.proxy.participants.outbox)."""
         return self._outlet.put(frame, urgent=urgent, force=force)
 
     def write_now(self, frame: Frame) -> None:
@@ -373,88 +197,3 @@ class Owner:
 
     def abandon(self) -> None:
         self._conn.abandon()
-
-
-log = logging.getLogger(__name__)
-
-
-class OwnerSeat:
-    """The participant that owns one session now, and the writing of messages to it."""
-
-    def __init__(self, owner: Owner, metrics: ProxyMetrics, hand_out: Callable[[Frame], Frame | None]) -> None:
-        self._owner = owner
-        self._metrics = metrics
-        self._hand_out = hand_out  # sees every frame a holder's socket takes; returns what is written
-        owner.bind(hand_out)
-
-    @property
-    def owner(self) -> Owner:
-        return self._owner
-
-    @property
-    def gone(self) -> bool:
-        """The holder's link dropped: nothing will report its close."""
-        return self._owner.gone
-
-    def emit(
-        self,
-        message: Mapping[str, Any],
-        *,
-        text: str | None = None,
-        data: bytes | None = None,
-        urgent: bool = False,
-        force: bool = False,
-        now: bool = False,
-    ) -> bool:
-        """Queue one message (a pair with `data`) for the holder; False when it reads too slowly.
-        `now`: handed to the socket at once (the last messages to a reader that does not read)."""
-        if message.get("type") == protocol.ERROR:
-            self._metrics.errors.labels(str(message.get("code"))).inc()
-        frame = Frame(text if text is not None else server_messages.encode(message), message, data)
-        if now:
-            self._owner.write_now(frame)
-            return True
-        return self._owner.put(frame, urgent=urgent, force=force)
-
-    def park(self) -> None:
-        """The holder's link dropped: what it had not taken, and whatever comes, waits."""
-        self._owner.park()
-
-    def hand_over(self, owner: Owner, start: dict[str, Any], init: Frame | None, replayed: list[Frame]) -> int:
-        """`owner` takes the seat: `start`, the init pair, `replayed` (sent again: the ledger saw
-        them the first time), then what was parked. Returns how many frames were parked."""
-        parked = self._owner.take_unsent()
-        owner.inherit_rate(self._owner)
-        owner.bind(self._hand_out)
-        self._owner = owner
-        owner.put(Frame(server_messages.encode(start), start, replay=True), force=True)
-        if init is not None:
-            owner.put(init, force=True)
-        for frame in replayed:
-            owner.put(Frame(frame.text, frame.message, frame.data, replay=True), force=True)
-        for frame in parked:
-            owner.put(frame, force=True)
-        return len(parked)
-
-    async def drop_if_silent(self, timeout: float, life: SessionPhase) -> None:
-        """A holder whose connection does not answer a ping within `timeout` is taken for dropped:
-        its TCP connection is closed, and this waits (briefly) until the close has reached the
-        session (no longer attached)."""
-        owner = self._owner
-        if await owner.responsive(timeout) or owner is not self._owner or life.phase is Phase.DETACHED:
-            return
-        log.info(
-            "request_id=%s peer=%s connection silent for %.1f s: taken for dropped",
-            life.request_id,
-            owner.peer,
-            timeout,
-        )
-        owner.abandon()
-        for _ in range(100):  # the close reaches the session's on_disconnect through the IOLoop
-            if not life.attached:
-                return
-            await asyncio.sleep(0.01)
-
-    async def close_after_flush(self, flush_seconds: float, code: int = 1000) -> None:
-        await self._owner.flush(flush_seconds)
-        self._owner.close(code)

@@ -17,12 +17,11 @@ Pure (no I/O): the session feeds it and reads it.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from dataclasses import dataclass, field
 
 from rtvideo.core import protocol
-from rtvideo.proxy.participants.links import Frame
+from rtvideo.proxy.frames import Frame
 
 #: messages not replayed: `video.start` is sent afresh; a pong answers a ping of the old
 #: connection; `session.done` ends the session, so nothing could resume after it
@@ -113,26 +112,3 @@ def _pair_index(frame: Frame) -> int | None:
 
 def _ends_unit(frame: Frame) -> bool:
     return _pair_index(frame) is not None
-
-
-#: top-level boxes of an fMP4 initialisation segment
-_INIT_BOXES = (b"ftyp", b"moov")
-
-
-def init_segment(payload: bytes) -> bytes | None:
-    """The initialisation segment (`ftyp` + `moov`) at the head of a stream's first media
-    payload; None when the payload does not start with one."""
-    position, end = 0, len(payload)
-    while position + 8 <= end:
-        size, kind = struct.unpack_from(">I4s", payload, position)
-        if kind not in _INIT_BOXES or size < 8 or position + size > end:
-            break
-        position += size
-    return payload[:position] if position else None
-
-
-def strip_init(payload: bytes) -> bytes:
-    """A payload without a leading initialisation segment (a replayed first payload after an
-    init pair: a decoder that reads one continuous file wants one `moov`)."""
-    init = init_segment(payload)
-    return payload[len(init) :] if init else payload

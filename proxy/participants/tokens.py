@@ -1,5 +1,5 @@
 """The tokens that let a participant attach to a live session: a resume token (a new owner,
-rtvideo.proxy.participants.resume) and a watch token (a watcher, rtvideo.proxy.participants.watchers).
+rtvideo.proxy.session.resume) and a watch token (a watcher, rtvideo.proxy.participants.watchers).
 
 Tokens: 256 random bits from `secrets`, prefixed with this proxy's instance id (random per
 process, so a token of another replica, or of this proxy before a restart, is told apart
@@ -17,24 +17,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from rtvideo.core.resume import ResumeRefused
+
 #: random bytes in a token (256 bits)
 TOKEN_BYTES = 32
 #: how many used, expired or ended tokens are remembered, to say why one is refused
 REMEMBERED_TOKENS = 4096
 
 T = TypeVar("T")
-
-
-class ResumeRefused(Exception):
-    """Why a token, or the attach it asks for, is refused (`invalid_resume` for a resume);
-    `oldest`: the smallest `last_transport_chunk_index` the session can resume from, when
-    that is the reason."""
-
-    def __init__(self, message: str, oldest: int | None = None, *, unknown: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.oldest = oldest
-        self.unknown = unknown  # a well-formed token of this instance that this replica never saw
 
 
 def _digest(token: str) -> bytes:
@@ -56,7 +46,7 @@ class TokenBook(Generic[T]):
         return token
 
     def adopt(self, token_hash: str, session: T) -> None:
-        """A token another replica issued (known here by its hash, rtvideo.proxy.session.record)
+        """A token another replica issued (known here by its hash, rtvideo.proxy.continuity.record)
         opens `session` now: this replica took the session over (shared instance only)."""
         self._live[bytes.fromhex(token_hash)] = session
 

@@ -229,7 +229,7 @@ class EndpointPool:
 
     def down(self, endpoint: Endpoint, reason: str) -> None:
         """The endpoint's model stopped answering: its sessions move to another endpoint, or end
-        (backend_unavailable) when they cannot (rtvideo.proxy.placement.mover); one not placed yet moves on."""
+        (backend_unavailable) when they cannot (rtvideo.proxy.session.mover); one not placed yet moves on."""
         if endpoint.streams:
             log.warning(
                 "triton endpoint %s down: %d session(s) there move or end", endpoint.address, len(endpoint.streams)

@@ -44,13 +44,13 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from rtvideo.proxy.continuity.record import SavedEvent, SavedFrame
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings import reopen
 from rtvideo.proxy.recordings.backing import EVENTS, VIDEO, open_private
 from rtvideo.proxy.recordings.lines import encode, loggable
 from rtvideo.proxy.recordings.store import TOKEN_DIGEST, Charge, RecordingStore
-from rtvideo.proxy.session.record import SavedEvent, SavedFrame
 
 log = logging.getLogger(__name__)
 

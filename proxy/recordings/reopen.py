@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from rtvideo.core import protocol
+from rtvideo.proxy.continuity.record import SavedEvent, SavedFrame
 from rtvideo.proxy.recordings.backing import EVENTS, VIDEO
 from rtvideo.proxy.recordings.lines import encode, loggable
 from rtvideo.proxy.recordings.store import TOKEN_DIGEST, RecordingStore
-from rtvideo.proxy.session.record import SavedEvent, SavedFrame
 
 #: owner lines the store keeps no frame of (its video.start is a field; a pong, nothing; the end)
 NOT_IN_STORE = frozenset({protocol.VIDEO_START, protocol.PONG, protocol.DONE})

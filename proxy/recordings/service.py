@@ -24,12 +24,12 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+from rtvideo.proxy.continuity.record import SavedEvent, SavedFrame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.backing import backing_for
 from rtvideo.proxy.recordings.recorder import SessionRecorder, Takeover
 from rtvideo.proxy.recordings.store import LEFTOVER_QUIET_SECONDS, Limits, RecordingStore, token_digest
-from rtvideo.proxy.session.record import SavedEvent, SavedFrame
 
 log = logging.getLogger(__name__)
 

@@ -11,66 +11,28 @@ so a chunk naming its event still waits for its ack, but are written to the gues
 proxy's own answers carry their recipient, the model's are routed by request tag, an
 `interaction_failed` on the start stream by the event id it names (its first sender's).
 
-## The order (OutboundOrder)
-
-Triton may interleave the responses of different requests on one gRPC stream, so the proxy
-keeps two rules: nothing precedes `video.start` (an answer to a later request that overtook it
-waits behind it); no message names an event before its ack (a start-stream message naming an
-event whose ack has not been written waits, in order, until the ack passes: it is on its way,
-the event was admitted; still, each waits at most `ack_wait` seconds from its own arrival).
-Answers may overtake queued video (they are small and a client waits for them), but only once
-`video.start` was handed to the socket: until then the writer could put them ahead of it.
-
-Pure (no I/O, no asyncio, time passed in) so that it can be tested alone; the session
-writes what each call returns and arms one timer for `deadline`.
-
-## The proxy's own acks (ProxyAcks)
-
-The proxy's own `session.interaction.queued` (docs/protocol.md §3.1, §4).
-
-The proxy acks a valid interaction at once, as the model would, forwards it, and drops the
-model's identical ack: the ack does not wait for the two extra hops through Triton. A retry of
-an event acked here (`Ack.new` false) is acked again and not forwarded: the model would apply
-nothing, and after a move the new model may never have heard of it. The
-decision is the model's rule on the model's inputs: validation is the one core parser
-(`rtvideo.core.interaction.parse.parse_interaction`) and admission is the session's `EventBook.admit` (the
-idempotency rule and the event bound), fed the same interactions in the same order (a retry
-changes neither book). What the proxy cannot decide alone (an invalid interaction, a conflict,
-the session's event limit, an id the book knows only from an ack it observed) is forwarded
-unacked and answered by the model.
-
-An interaction acked here that the model refuses (it raced the session's end) needs no
-repair: it is an acked event that no chunk started, so every `session.done` the client gets
-lists it as unapplied (rtvideo.proxy.session.ledger). `answered` tells the session which of the
-model's answers to drop, and which were such refusals (counted).
-
-Pure (no I/O): the session feeds it and acts on what it returns.
+The ordering's rules are rtvideo.proxy.session.ordering's; which interactions the proxy acks
+itself, rtvideo.proxy.session.acks'.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
-import json
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from rtvideo.core import protocol, server_messages
-from rtvideo.core.chunks import mentioned_event_ids
-from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.event_book import EventBook, UnknownPayload
-from rtvideo.core.interaction.parse import parse_interaction
-from rtvideo.core.rebuild import interaction_message
+from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming
-from rtvideo.proxy.participants.links import Guest, OwnerSeat
-from rtvideo.proxy.session.lifecycle import SessionPhase
-from rtvideo.proxy.session.limits import RecentIds
+from rtvideo.proxy.participants.links import Guest
+from rtvideo.proxy.participants.seat import OwnerSeat
+from rtvideo.proxy.phase import SessionPhase
+from rtvideo.proxy.session.acks import Answer, ProxyAcks
+from rtvideo.proxy.session.ordering import OutboundOrder, Send
 from rtvideo.triton.wire import START_TAG, Reply
 
 log = logging.getLogger(__name__)
@@ -299,205 +261,3 @@ class Dispatch:
                 self._order.ack_wait,
             )
         self._deliver(released)
-
-
-T = TypeVar("T")
-
-
-def named_event_ids(message: Mapping[str, Any]) -> set[str]:
-    """Event ids a start-stream message refers to (each was acked on another stream)."""
-    kind = message.get("type")
-    if kind == protocol.CHUNK_METADATA:
-        return mentioned_event_ids(dict(message))
-    if kind == protocol.ERROR and message.get("event_id"):
-        return {message["event_id"]}  # interaction_failed: decided after the ack
-    if kind == protocol.DONE:
-        return set(message.get("unapplied_event_ids") or ()) | set(message.get("unfinished_event_ids") or ())
-    return set()
-
-
-@dataclass(frozen=True)
-class Send(Generic[T]):
-    """One item to write now; `urgent`: it may overtake queued video."""
-
-    item: T
-    urgent: bool = False
-
-
-@dataclass(frozen=True)
-class _Held(Generic[T]):
-    """A start-stream message waiting for acks (or for the one ahead of it)."""
-
-    item: T
-    names: frozenset[str]
-    arrived: float
-    opens: bool  # it is video.start
-
-
-@dataclass(frozen=True)
-class _Early(Generic[T]):
-    """An answer that came before video.start."""
-
-    item: T
-    size: int
-    ack: str | None
-
-
-@dataclass
-class OutboundOrder(Generic[T]):
-    """One session's ordering state: feed it every message, write what it returns, in order."""
-
-    #: the longest a start-stream message waits for the acks it names, from its own arrival
-    ack_wait: float
-    #: bytes of answers waiting for video.start (the session bounds them like its outbound buffer)
-    early_bytes: int = field(default=0, init=False)
-    _started: bool = field(default=False, init=False)  # video.start was returned
-    _start_taken: bool = field(default=False, init=False)  # ... and handed to the socket
-    _early: list[_Early[T]] = field(default_factory=list, init=False)
-    _acked: RecentIds = field(default_factory=RecentIds, init=False)  # bounded: see RecentIds
-    _held: deque[_Held[T]] = field(default_factory=deque, init=False)  # in arrival order
-    _overdue: int = field(default=0, init=False)  # held messages at the front that go regardless of acks
-
-    @property
-    def acked(self) -> RecentIds:
-        """The events whose ack was handed out (the most recent, bounded)."""
-        return self._acked
-
-    def stream(self, item: T, message: Mapping[str, Any], now: float) -> list[Send[T]]:
-        """A message on the start request's stream (video.start, chunks, session.done, ...)."""
-        names = frozenset(named_event_ids(message))
-        self._held.append(_Held(item, names, now, opens=message.get("type") == protocol.VIDEO_START))
-        return self._flow()
-
-    def answer(self, item: T, size: int, ack: str | None = None) -> list[Send[T]]:
-        """The answer to one later request; `ack`: the event id it acknowledges (`queued`)."""
-        if not self._started:
-            self._early.append(_Early(item, size, ack))
-            self.early_bytes += size
-            return []
-        return self._answered(item, ack)
-
-    def handed_out(self, message: Mapping[str, Any]) -> None:
-        """The writer handed this message to the socket."""
-        if message.get("type") == protocol.VIDEO_START:
-            self._start_taken = True
-
-    def taken_over(self, acked: Iterable[str]) -> None:
-        """A session taken over from another replica: its video.start and the acks of `acked`
-        were handed out there (the new stream's own video.start never reaches the client)."""
-        self._started = self._start_taken = True
-        for event_id in acked:
-            self._acked.add(event_id)
-
-    @property
-    def deadline(self) -> float | None:
-        """When the oldest held message stops waiting for its acks (None: nothing held)."""
-        return min(h.arrived for h in self._held) + self.ack_wait if self._held else None
-
-    def expire(self, now: float) -> list[Send[T]]:
-        """Held messages whose wait is over go now, with everything ahead of them (order is
-        kept) and whatever behind them was waiting only for them."""
-        due = [i for i, held in enumerate(self._held) if held.arrived + self.ack_wait <= now]
-        if not due:
-            return []
-        self._overdue = due[-1] + 1
-        return self._flow()
-
-    def _flow(self) -> list[Send[T]]:
-        """The held messages that may go now, from the front, in order."""
-        sends: list[Send[T]] = []
-        while self._held and (self._overdue or self._acked.issuperset(self._held[0].names)):
-            self._overdue = max(0, self._overdue - 1)
-            held = self._held.popleft()
-            sends.append(Send(held.item))
-            if held.opens and not self._started:
-                sends += self._start()
-        return sends
-
-    def _start(self) -> list[Send[T]]:
-        """video.start goes: the answers that waited for it follow, in arrival order."""
-        self._started = True
-        early, self._early, self.early_bytes = self._early, [], 0
-        sends: list[Send[T]] = []
-        for answer in early:
-            sends += self._answered(answer.item, answer.ack)
-        return sends
-
-    def _answered(self, item: T, ack: str | None) -> list[Send[T]]:
-        sends = [Send(item, urgent=self._start_taken)]
-        if ack is not None:
-            self._acked.add(ack)
-            sends += self._flow()
-        return sends
-
-
-@dataclass(frozen=True)
-class Ack:
-    """An interaction the proxy acks now."""
-
-    event_id: str
-    raw: bytes  # what goes to the model and the store: the canonical frame (`interaction_message`), its id filled in
-    new: bool  # False: a retry (acked again, applied once)
-
-
-class Answer(enum.Enum):
-    """What the model's answer to a forwarded request means here."""
-
-    NOT_ACKED_HERE = enum.auto()  # the model answers it: forward the answer to the client
-    ADMITTED = enum.auto()  # the model's ack, the same as the proxy's: drop it
-    REFUSED = enum.auto()  # acked here, refused there (the session had ended): drop it; done lists it
-
-
-@dataclass
-class ProxyAcks:
-    """One session's acks: decided on its `EventBook`, matched to the model's answers."""
-
-    book: EventBook = field(default_factory=EventBook)
-    _due: dict[str, str] = field(default_factory=dict)  # request tag → event id acked here, model's answer due
-
-    def decide(self, message: Mapping[str, Any], raw: bytes) -> Ack | None:
-        """The ack for a `session.interaction`, admitted to the book; None when the model must answer it."""
-        try:
-            request = parse_interaction(message)
-        except ProtocolError:
-            return None  # invalid: answered by the model, admitted by neither
-        filled = request.with_event_id()  # the model must use the id the client is told
-        assert filled.event_id is not None
-        # What the model gets, the store keeps and a move resends: the parsed request, never the
-        # client's frame (a field the parser ignores is not carried, stored or kept in memory)
-        canonical = interaction_message(filled)
-        if len(canonical) > protocol.MAX_MESSAGE_BYTES:
-            return None  # the id would take it over the model's size limit: the model names it
-        try:
-            new = self.book.admit(filled.event_id, filled.fingerprint)
-        except (ProtocolError, UnknownPayload):
-            return None  # a conflict, the session's limit, or a payload unknown here: the model answers
-        return Ack(filled.event_id, canonical, new)
-
-    def unkept(self, ack: Ack) -> None:
-        """A new event the store could not keep: refused, never forwarded; as if never admitted."""
-        self.book.retract(ack.event_id)
-
-    def restored(self, raw: bytes) -> None:
-        """An interaction another proxy admitted (and stored before its ack left) is admitted
-        here too, so a retry of it is acked again and not applied twice (a takeover)."""
-        try:
-            request = parse_interaction(json.loads(raw))
-        except (ValueError, ProtocolError):
-            return
-        if request.event_id is not None:
-            with contextlib.suppress(ProtocolError, UnknownPayload):
-                self.book.admit(request.event_id, request.fingerprint)
-
-    def forwarded(self, tag: str, ack: Ack) -> None:
-        """The acked interaction went to the model as request `tag`."""
-        self._due[tag] = ack.event_id
-
-    def answered(self, tag: str, message: Mapping[str, Any]) -> Answer:
-        """The model's one answer to request `tag`."""
-        event_id = self._due.pop(tag, None)
-        if event_id is None:
-            return Answer.NOT_ACKED_HERE
-        if message.get("type") == protocol.QUEUED and message.get("event_id") == event_id:
-            return Answer.ADMITTED
-        return Answer.REFUSED

@@ -16,10 +16,12 @@ from typing import Any, Protocol
 
 from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.links import Frame, Owner, OwnerSeat
+from rtvideo.proxy.participants.links import Owner
+from rtvideo.proxy.participants.seat import OwnerSeat
+from rtvideo.proxy.phase import SessionPhase
 from rtvideo.proxy.session.ledger import Ledger
-from rtvideo.proxy.session.lifecycle import SessionPhase
 from rtvideo.proxy.tasks import TaskSet, cancel_and_wait
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 `session.done` it gets (docs/protocol.md §3.3).
 
 The session's `EventBook` (rtvideo.core.event_book) is the one record of its events: the
-proxy admits its own acks there (rtvideo.proxy.session.dispatch), and the ledger feeds it every frame
+proxy admits its own acks there (rtvideo.proxy.session.acks), and the ledger feeds it every frame
 at the moment the socket takes it. A `session.done`, the model's or one the proxy writes
 itself (slow consumer, backend failure, shutdown), gets its lists from the book at that
 same moment, so they account for exactly the frames before it: every event whose ack the
@@ -16,7 +16,7 @@ from typing import Any
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.event_book import EventBook
-from rtvideo.proxy.participants.links import Frame
+from rtvideo.proxy.frames import Frame
 
 
 @dataclass

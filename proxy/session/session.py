@@ -6,11 +6,12 @@ dropped connection or a move to another Triton, each part in its own module:
 
 - its `Lifecycle` (rtvideo.proxy.session.lifecycle): the `Phase`, and the model's request_id;
 - its `Upstream` (rtvideo.proxy.session.upstream): the Triton stream and what is in flight on it;
-  a move to another Triton (`move`, rtvideo.proxy.placement.mover) takes the stream over, nothing else;
+  a move to another Triton (`move`, rtvideo.proxy.session.mover) takes the stream over, nothing else;
 - its event book, kept by its `Ledger` (rtvideo.proxy.session.ledger) and decided on by its
-  `ProxyAcks`: every `session.done` a client gets has that book's lists;
-- its `Dispatch` (rtvideo.proxy.session.dispatch): the order in which replies reach the owner;
-- its `Handouts` (rtvideo.proxy.session.handouts): what the owner was handed, followed by the replay
+  `ProxyAcks` (rtvideo.proxy.session.acks): every `session.done` a client gets has that book's lists;
+- its `Dispatch` (rtvideo.proxy.session.dispatch): replies written to the owner, in the order
+  rtvideo.proxy.session.ordering keeps;
+- its `Handouts` (rtvideo.proxy.participants.handouts): what the owner was handed, followed by the replay
   buffer, the watchers and any recording sink (`record_to`);
 - its `Invitations` (rtvideo.proxy.participants.invitations): the resume and watch tokens, the grace.
 - its `Ending` (rtvideo.proxy.session.ending): the ends the proxy reports itself, and the close.
@@ -22,7 +23,7 @@ handed every reply, read-only watchers (rtvideo.proxy.participants.watchers), an
 owner (`attach_owner`), a watch a watcher (`attach_watcher`), a steer link a steerer.
 
 A session is made by a connection's `session.start` (rtvideo.proxy.edge.socket), or by a resume
-of a session another replica held (rtvideo.proxy.participants.takeover).
+of a session another replica held (rtvideo.proxy.continuity.takeover).
 Its phase and request id are written here alone (`Lifecycle`); its parts read them and tell
 it what happened by their return values or the `SteeredSession` and `InbandSource` seams.
 
@@ -45,27 +46,32 @@ from typing import Any
 
 from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.core.resume import ResumeRefused
+from rtvideo.proxy.continuity.record import SavedSession
+from rtvideo.proxy.continuity.writer import Continuity
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.inband import InbandMetrics
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming, StreamTiming
 from rtvideo.proxy.observability.tracing import session_trace
-from rtvideo.proxy.participants.attachments import RESUME_PROBE_SECONDS, Attachments
 from rtvideo.proxy.participants.features import Features
+from rtvideo.proxy.participants.handouts import Handouts, RecordingSink
 from rtvideo.proxy.participants.invitations import Invitations
-from rtvideo.proxy.participants.links import Frame, Guest, Link, Owner, OwnerSeat, Steerer
+from rtvideo.proxy.participants.links import Guest, Link, Owner, Steerer
+from rtvideo.proxy.participants.seat import OwnerSeat
 from rtvideo.proxy.participants.steerers import GuestSteerer
-from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.participants.watchers import Watcher
+from rtvideo.proxy.phase import LIVE, Phase
 from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS
-from rtvideo.proxy.placement.mover import Mover, MoveReason
 from rtvideo.proxy.placement.streams import StreamSource
-from rtvideo.proxy.session.continuity import Continuity, restore_log
-from rtvideo.proxy.session.dispatch import Dispatch, ProxyAcks
+from rtvideo.proxy.session.acks import ProxyAcks
+from rtvideo.proxy.session.attachments import RESUME_PROBE_SECONDS, Attachments
+from rtvideo.proxy.session.dispatch import Dispatch
 from rtvideo.proxy.session.ending import Ending
-from rtvideo.proxy.session.handouts import Handouts, RecordingSink
 from rtvideo.proxy.session.ledger import Ledger
-from rtvideo.proxy.session.lifecycle import LIVE, Lifecycle, Phase
-from rtvideo.proxy.session.record import SavedSession
+from rtvideo.proxy.session.lifecycle import Lifecycle
+from rtvideo.proxy.session.mover import Mover, MoveReason
+from rtvideo.proxy.session.restore import restore_log
 from rtvideo.proxy.session.steering import Steering
 from rtvideo.proxy.session.upstream import Upstream, UpstreamTimes
 from rtvideo.proxy.settings import ProxySettings
@@ -103,7 +109,7 @@ class ProxySession:
         self._settings = settings
         self.metrics = metrics
         self._on_closed = on_closed
-        #: its writes to a shared session store (rtvideo.proxy.session.continuity): none with one proxy alone
+        #: its writes to a shared session store (rtvideo.proxy.continuity.writer): none with one proxy alone
         self._continuity = Continuity(keeper, self._keeps_owner)
         #: after a takeover whose store lagged the chunks in flight: the owner already has the
         #: pairs through this transport index; those made again are not written to it (`take_over`)
@@ -126,7 +132,7 @@ class ProxySession:
             self._life, ACK_WAIT_SECONDS, bound, self._seat, self._acks, metrics, self._playhead, self
         )
         times = UpstreamTimes(KEEPALIVE_SECONDS, PING_FORWARD_SECONDS, END_GRACE_SECONDS)
-        # rtvideo.proxy.placement.mover: its log keeps the admitted events, within the session's bound
+        # rtvideo.proxy.session.mover: its log keeps the admitted events, within the session's bound
         self._mover = Mover(
             bridge, settings.move_patience_seconds, metrics, self._acks.book, settings.session_store_bytes
         )
@@ -294,7 +300,7 @@ class ProxySession:
             self.upstream.open(stream)
 
     def take_over(self, saved: SavedSession, last: int, token: str) -> None:
-        """This new session is `saved`, which another proxy held (rtvideo.proxy.participants.takeover):
+        """This new session is `saved`, which another proxy held (rtvideo.proxy.continuity.takeover):
         its parts rebuilt from what the store kept, in order; its owner (the constructor's, back
         with `token` from the pair `last`) is given what a resume gives; its stream goes on at the
         next chunk (a move). ResumeRefused (nothing started) when the chunks after `last` are gone."""
@@ -324,7 +330,7 @@ class ProxySession:
             self._fail(ErrorCode.BACKEND_UNAVAILABLE, "the session could not be continued here; start a new one")
 
     def move(self, reason: MoveReason) -> bool:
-        """Go on on another Triton (rtvideo.proxy.placement.mover); its participants, event book and
+        """Go on on another Triton (rtvideo.proxy.session.mover); its participants, event book and
         replay buffer stay. False when it cannot: it is not live, or its state cannot be rebuilt."""
         return self._mover.move(reason, self._life, self.upstream, self.ledger.book)
 
@@ -495,7 +501,7 @@ class ProxySession:
         self._fail(ErrorCode.SERVER_SHUTDOWN, "the server is shutting down; reconnect to go on", close_code=1001)
         await self._ending.closed_within(timeout)
 
-    # --- attaching participants (rtvideo.proxy.participants.attachments) ------------------------------------
+    # --- attaching participants (rtvideo.proxy.session.attachments) ------------------------------------
     async def drop_if_silent(self, timeout: float) -> None:
         await self._attachments.drop_if_silent(timeout)
 

@@ -3,7 +3,7 @@
 
 The proxy checks only what it must answer itself (size, JSON, type, binary frames) and
 forwards every other message verbatim; the model validates the rest. A valid interaction it
-acks at once, as the model would (rtvideo.proxy.session.dispatch). It bounds what one participant can
+acks at once, as the model would (rtvideo.proxy.session.acks). It bounds what one participant can
 make it and Triton hold: its own token bucket for the message rate (`Steerer.within_rate`),
 and the session's bound on requests in flight. `session.ping` is answered here (at most one
 a second goes on, rtvideo.proxy.session.upstream).
@@ -31,14 +31,15 @@ from typing import Any, Protocol
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.proxy.limits import event_id_in, over_rate_stop, refused_event_id
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming
 from rtvideo.proxy.observability.tracing import NO_TRACE, SessionTrace
 from rtvideo.proxy.participants.links import Guest, Steerer
 from rtvideo.proxy.participants.steerers import in_flight_share
-from rtvideo.proxy.session.dispatch import Ack, Dispatch, ProxyAcks
-from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
-from rtvideo.proxy.session.limits import event_id_in, over_rate_stop, refused_event_id
+from rtvideo.proxy.phase import Phase, SessionPhase
+from rtvideo.proxy.session.acks import Ack, ProxyAcks
+from rtvideo.proxy.session.dispatch import Dispatch
 from rtvideo.proxy.session.upstream import Upstream
 from rtvideo.proxy.settings import ProxySettings
 
@@ -196,7 +197,7 @@ class Steering:
         ended.add_done_callback(answer)
 
     def _interact(self, message: Mapping[str, Any], raw: bytes, guest: Guest | None = None) -> None:
-        """Acked here when the proxy can decide it like the model (rtvideo.proxy.session.dispatch);
+        """Acked here when the proxy can decide it like the model (rtvideo.proxy.session.acks);
         forwarded in order, but for a retry of an event acked here: the model has its first copy
         (or, after a move, knows it as named or got it again), and would apply nothing, so a
         superseded or failed event retried after a move is never applied by the new model.

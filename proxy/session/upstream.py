@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rtvideo.core import protocol, server_messages
+from rtvideo.proxy.phase import Phase, SessionPhase
 from rtvideo.proxy.placement.bridge import KEEPALIVE, PING, STOP, BackendUnavailable
 from rtvideo.proxy.placement.streams import SessionStream
-from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.tasks import TaskSet
 from rtvideo.triton.access import short_hash

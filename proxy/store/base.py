@@ -1,7 +1,7 @@
 """The session store's interface, and what it holds of one session.
 
 A session is kept as parts written as they happen, so a replica that takes the session over
-rebuilds it from them (rtvideo.proxy.session.record):
+rebuilds it from them (rtvideo.proxy.continuity.record):
 
 - its fields (`put`): the start as sent to the model (its seed pinned by the `video.start`
   kept beside it), the `video.start` as handed out without tokens, the options its start

@@ -11,6 +11,8 @@ fragment numbers from 1, its decode times from 0, its byte offsets from its own 
 dropped (it must equal the first), each `mfhd` sequence number and `tfdt` decode time moved on
 past the old stream's, and the trailer replaced by an `mfra` of every fragment of both.
 `FragmentCursor` is what it continues from: fed every payload the client is sent.
+`init_segment` and `strip_init` find and drop the init segment at the head of a first payload
+(the init pair a resume is given, a broadcast's first segment).
 
 Pure: bytes in, bytes out; every failure is a `ContinuationError`.
 """
@@ -194,3 +196,26 @@ class Continuation:
         rewritten = self._cursor.index.to_mfra()
         self._cursor.other(rewritten)
         return rewritten
+
+
+#: top-level boxes of an fMP4 initialisation segment
+_INIT_BOXES = (b"ftyp", b"moov")
+
+
+def init_segment(payload: bytes) -> bytes | None:
+    """The initialisation segment (`ftyp` + `moov`) at the head of a stream's first media
+    payload; None when the payload does not start with one."""
+    position, end = 0, len(payload)
+    while position + 8 <= end:
+        size, kind = struct.unpack_from(">I4s", payload, position)
+        if kind not in _INIT_BOXES or size < 8 or position + size > end:
+            break
+        position += size
+    return payload[:position] if position else None
+
+
+def strip_init(payload: bytes) -> bytes:
+    """A payload without a leading initialisation segment (a replayed first payload after an
+    init pair: a decoder that reads one continuous file wants one `moov`)."""
+    init = init_segment(payload)
+    return payload[len(init) :] if init else payload

@@ -1,7 +1,9 @@
 """`session.resume`: the proxy's first message that takes over a detached session (docs/protocol.md §9).
 
 Apart from the client messages Triton sees (`rtvideo.core.protocol`) because only the proxy
-reads it, before any session exists.
+reads it, before any session exists. `ResumeRefused` is why a resume (or any attach by a
+token) is refused: the proxy answers it with `invalid_resume`, here or at the replica that
+takes the session over.
 """
 
 from __future__ import annotations
@@ -59,3 +61,15 @@ def parse_resume(raw: bytes | str) -> ResumeRequest:
         )
     last = as_int(obj.get("last_transport_chunk_index"), "last_transport_chunk_index", -1, MAX_NUM_FRAMES, bad)
     return ResumeRequest(token, last)
+
+
+class ResumeRefused(Exception):
+    """Why a token, or the attach it asks for, is refused (`invalid_resume` for a resume);
+    `oldest`: the smallest `last_transport_chunk_index` the session can resume from, when
+    that is the reason."""
+
+    def __init__(self, message: str, oldest: int | None = None, *, unknown: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.oldest = oldest
+        self.unknown = unknown  # a well-formed token of this instance that this replica never saw

@@ -22,7 +22,7 @@ from websockets.exceptions import InvalidStatus
 from rtvideo.client.steer import SteerClient
 from rtvideo.client.watch import GuestLink, WatchClient, watch_url
 from rtvideo.proxy.app import ProxyServer
-from rtvideo.proxy.session.record import token_hash
+from rtvideo.proxy.continuity.record import token_hash
 from rtvideo.proxy.store import open_store
 from rtvideo.triton.server import free_port
 from tests.support.proxy_host import ProxyHost, run, wait_idle

@@ -22,8 +22,9 @@ from rtvideo.client.session import RealtimeVideoClient, RealtimeVideoError
 from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.edge.access import origin_allowed
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics, by_label
-from rtvideo.proxy.participants.links import Frame, Owner
+from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.placement import bridge as bridge_module
 from rtvideo.proxy.placement.bridge import TritonBridge
 from rtvideo.proxy.session import session as proxy_session

@@ -22,12 +22,12 @@ from websockets.exceptions import ConnectionClosed
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.event_book import MAX_EVENTS_PER_SESSION
 from rtvideo.proxy.edge.access import host_allowed, origin_allowed
+from rtvideo.proxy.frames import Frame
+from rtvideo.proxy.limits import RecentIds, TokenBucket
 from rtvideo.proxy.observability.metrics import by_label
-from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.session import session as proxy_session
-from rtvideo.proxy.session.dispatch import OutboundOrder
 from rtvideo.proxy.session.ledger import Ledger
-from rtvideo.proxy.session.limits import RecentIds, TokenBucket
+from rtvideo.proxy.session.ordering import OutboundOrder
 from tests.support.fake_bridge import VIDEO_START, FakeConnection, begin, kinds
 from tests.support.fake_bridge import chunk as unit_chunk
 from tests.support.fake_bridge import ended as unit_ended

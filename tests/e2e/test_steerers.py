@@ -11,7 +11,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rtvideo.proxy.session.dispatch import named_event_ids
+from rtvideo.proxy.session.ordering import named_event_ids
 from tests.support.proxy_host import run, wait_idle
 from tests.support.resume_client import NO_KEEPALIVE, Leg
 from tests.support.streams import (

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from rtvideo.proxy.participants.replay import init_segment, strip_init
+from rtvideo.core.fmp4 import init_segment, strip_init
 
 NO_KEEPALIVE: dict[str, Any] = {"ping_interval": None}
 T = TypeVar("T")

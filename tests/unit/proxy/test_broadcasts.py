@@ -15,7 +15,7 @@ from rtvideo.proxy.broadcasts import playlist
 from rtvideo.proxy.broadcasts.playlist import Segment
 from rtvideo.proxy.broadcasts.service import PREFIX, Broadcasts, NoBroadcastRoom
 from rtvideo.proxy.broadcasts.writer import BroadcastState, Limits
-from rtvideo.proxy.participants.links import Frame
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.backing import backing_for
 from rtvideo.proxy.settings import ProxySettings

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 
+from rtvideo.proxy.continuity.record import token_hash
 from rtvideo.proxy.edge.relay import Where, hop_url, locate
-from rtvideo.proxy.session.record import token_hash
 from rtvideo.proxy.store.base import LEASE_SECONDS, SessionStore
 from tests.support.stores import with_store
 

@@ -13,11 +13,11 @@ import json
 
 import pytest
 
+from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.edge.relay import Where, locate
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
-from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.store.keeper import StoreKeeper

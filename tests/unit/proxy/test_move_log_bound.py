@@ -15,7 +15,7 @@ from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode
 from rtvideo.core.event_book import EventBook
 from rtvideo.proxy.placement.move_log import MoveLog, Unmovable
-from rtvideo.proxy.session.dispatch import ProxyAcks
+from rtvideo.proxy.session.acks import ProxyAcks
 
 START = {"type": "session.start", "prompt": "a harbour", "width": 64, "height": 48}
 CONFIG = {"seed": 7, "fps": 16, "width": 64, "height": 48, "frames_per_chunk": 9}

@@ -1,4 +1,4 @@
-"""A session moving to another Triton, driven by hand (rtvideo.proxy.placement.mover): what the new model is
+"""A session moving to another Triton, driven by hand (rtvideo.proxy.session.mover): what the new model is
 sent, how its stream is spliced onto the old one, and what happens when it refuses."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 
 from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.proxy.placement.bridge import BackendUnavailable
-from rtvideo.proxy.placement.mover import MoveReason
 from rtvideo.proxy.placement.placed_stream import PlacedStream
+from rtvideo.proxy.session.mover import MoveReason
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import FakeConnection, begin, ended, reply, run, session
 

@@ -1,4 +1,4 @@
-"""The proxy's own acks (rtvideo.proxy.session.dispatch): the same decisions as the model, in lockstep with
+"""The proxy's own acks (rtvideo.proxy.session.acks): the same decisions as the model, in lockstep with
 it, taken on the session's one EventBook, and every acked event with exactly one end when an
 interaction races the session's end."""
 
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
 from rtvideo.core import protocol, server_messages
-from rtvideo.proxy.participants.links import Frame
-from rtvideo.proxy.session.dispatch import Answer, ProxyAcks
+from rtvideo.proxy.frames import Frame
+from rtvideo.proxy.session.acks import Answer, ProxyAcks
 from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import START, VIDEO_START, begin, ended, reply, settle

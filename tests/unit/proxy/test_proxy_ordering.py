@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rtvideo.proxy.session.dispatch import OutboundOrder, Send
+from rtvideo.proxy.session.ordering import OutboundOrder, Send
 
 VIDEO_START = {"type": "video.start", "request_id": "r"}
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rtvideo.core import fields, protocol
-from rtvideo.proxy.session.limits import STOP_PEEK_BYTES, event_id_in, over_rate_stop, refused_event_id
+from rtvideo.proxy.limits import STOP_PEEK_BYTES, event_id_in, over_rate_stop, refused_event_id
 from tests.support.fake_bridge import VIDEO_START, begin, ended, run, session
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings import ids, recorder
 from rtvideo.proxy.recordings.backing import BLOCK_BYTES, LocalBacking, backing_for
 from rtvideo.proxy.recordings.recorder import RecordingState, SessionRecorder

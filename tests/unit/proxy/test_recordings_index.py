@@ -20,8 +20,8 @@ import tornado.httpserver
 import tornado.web
 
 from rtvideo.proxy.edge.recordings_http import routes
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.backing import BLOCK_BYTES, EVENTS, MANIFEST, VIDEO, LocalBacking, backing_for
 from rtvideo.proxy.recordings.recorder import RecordingState, SessionRecorder

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from rtvideo.proxy.continuity.record import SavedEvent, SavedFrame
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.links import Frame
 from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.backing import LIVE, MANIFEST, backing_for
 from rtvideo.proxy.recordings.recorder import RecordingState, SessionRecorder, Takeover
 from rtvideo.proxy.recordings.store import LEFTOVER_QUIET_SECONDS, TOKEN_DIGEST, Limits, RecordingStore, token_digest
-from rtvideo.proxy.session.record import SavedEvent, SavedFrame
 
 DIGEST = token_digest("rk1.the-recording")
 START = {"type": "video.start", "request_id": "video_stream-9", "config": {"model": "m", "seed": 3, "fps": 16}}

@@ -10,11 +10,13 @@ import pytest
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import init_metadata
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.resume import ResumeRequest, is_resume, parse_resume
+from rtvideo.core.fmp4 import init_segment, strip_init
+from rtvideo.core.resume import ResumeRefused, ResumeRequest, is_resume, parse_resume
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.participants.features import take_options
-from rtvideo.proxy.participants.links import Frame, Parked
-from rtvideo.proxy.participants.replay import ReplayBuffer, ReplayGap, init_segment, strip_init
-from rtvideo.proxy.participants.tokens import ResumeRefused, TokenBook
+from rtvideo.proxy.participants.links import Parked
+from rtvideo.proxy.participants.replay import ReplayBuffer, ReplayGap
+from rtvideo.proxy.participants.tokens import TokenBook
 from rtvideo.proxy.session.upstream import PAUSE, UNPAUSE
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
-from rtvideo.proxy.participants.links import Frame, Owner
+from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG

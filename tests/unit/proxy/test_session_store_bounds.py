@@ -19,9 +19,9 @@ import redis.asyncio as aioredis
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode
-from rtvideo.proxy.participants.links import Frame
-from rtvideo.proxy.session.continuity import Continuity
-from rtvideo.proxy.session.dispatch import ProxyAcks
+from rtvideo.proxy.continuity.writer import Continuity
+from rtvideo.proxy.frames import Frame
+from rtvideo.proxy.session.acks import ProxyAcks
 from rtvideo.proxy.store.base import SessionStore
 from rtvideo.proxy.store.keeper import StoreKeeper, StoreState
 from rtvideo.proxy.store.redis_store import PREFIX, RedisStore

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.participants.steerers import REVOKED_CLOSE_CODE, GuestSteerer
-from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG

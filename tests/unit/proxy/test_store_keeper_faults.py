@@ -11,10 +11,9 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from rtvideo.core.resume import ResumeRequest
+from rtvideo.core.resume import ResumeRefused, ResumeRequest
+from rtvideo.proxy.continuity.takeover import take_over
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.takeover import take_over
-from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.store.base import EVENT, FRAME, StoreRefusing
 from rtvideo.proxy.store.keeper import StoreKeeper, StoreState
 from rtvideo.proxy.store.memory import MemoryStore

@@ -1,5 +1,5 @@
-"""A session taken over from the store, driven by hand (rtvideo.proxy.session.continuity,
-rtvideo.proxy.participants.takeover): what one proxy writes as the session happens is what
+"""A session taken over from the store, driven by hand (rtvideo.proxy.continuity.writer,
+rtvideo.proxy.continuity.takeover): what one proxy writes as the session happens is what
 another rebuilds it from: the same event book, the start that goes on at the next chunk with
 its seed and started events, what the client missed given again, acked events sent again."""
 
@@ -11,11 +11,12 @@ from typing import Any
 
 from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.core.fmp4 import FragmentCursor, split_init
+from rtvideo.core.resume import ResumeRefused
+from rtvideo.proxy.continuity.record import SavedFrame, SavedSession, token_hash
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
-from rtvideo.proxy.participants.tokens import ResumeRefused, TokenBook
-from rtvideo.proxy.session.record import SavedFrame, SavedSession, token_hash
+from rtvideo.proxy.participants.tokens import TokenBook
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.store.keeper import StoreKeeper
@@ -109,7 +110,7 @@ def test_a_resume_older_than_what_the_store_keeps_is_refused_and_changes_nothing
         token = conn_a.texts()[0]["resume_token"]
         stored = await store.load(SID)
         assert stored is not None and sorted(stored.payloads) == [1]
-        from rtvideo.proxy.participants.takeover import _check  # the refusal before anything is built
+        from rtvideo.proxy.continuity.takeover import _check  # the refusal before anything is built
 
         try:
             _check(stored, stored, token_hash(token), -1, 30.0)
@@ -186,7 +187,7 @@ def test_a_resume_ahead_of_the_store_by_the_chunks_in_flight_goes_on_without_a_r
         assert [e.index for e in log if isinstance(e, SavedFrame) and e.index is not None] == [0, 1]
         await store.release(SID, _held(store))  # a is gone
         store.lag = False
-        from rtvideo.proxy.participants.takeover import _check
+        from rtvideo.proxy.continuity.takeover import _check
 
         saved = _check(stored, stored, token_hash(token), 2, 30.0)  # ahead by the unkept tail: taken
         b, conn_b, bridge_b, keeper = replica(store, "b")
@@ -223,7 +224,7 @@ def test_a_resume_further_ahead_than_the_chunks_in_flight_is_refused() -> None:
         token = conn_a.texts()[0]["resume_token"]
         stored = await store.load(SID)
         assert stored is not None
-        from rtvideo.proxy.participants.takeover import UNKEPT_TAIL_CHUNKS, _check
+        from rtvideo.proxy.continuity.takeover import UNKEPT_TAIL_CHUNKS, _check
 
         try:
             _check(stored, stored, token_hash(token), 1 + UNKEPT_TAIL_CHUNKS + 1, 30.0)

@@ -6,7 +6,7 @@ holder released it (a shutdown) or its lease ran out (the holder went), else the
 is asked to let go (it sees that at its next renewal, within a third of the lease) and the
 lease is taken as soon as it is free, within `TAKEOVER_WAIT_SECONDS`; a holder whose owner is
 attached and answers a ping declines, and the resume is refused as one proxy refuses it. Then the session is read
-back (rtvideo.proxy.session.record) and rebuilt here: its owner is given what a resume gives,
+back (rtvideo.proxy.continuity.record) and rebuilt here: its owner is given what a resume gives,
 and its stream goes on on a Triton with room at the next chunk (a move). Two replicas never
 both drive it: the lease has one holder, and every write names it.
 
@@ -22,18 +22,31 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from rtvideo.core.resume import ResumeRequest
+from rtvideo.core.resume import ResumeRefused, ResumeRequest
+from rtvideo.proxy.continuity.record import SavedFrame, SavedSession, token_hash
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.tokens import ResumeRefused
-from rtvideo.proxy.session.record import SavedFrame, SavedSession, token_hash
-from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, SessionStore, StoredSession, StoreUnavailable
 from rtvideo.proxy.store.keeper import StoreKeeper
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class Takeable(Protocol):
+    """What a takeover needs of the session it opens (rtvideo.proxy.session.session `ProxySession`)."""
+
+    def take_over(self, saved: SavedSession, last: int, token: str) -> None:
+        """Become `saved`, its owner back with `token` from the pair `last`; ResumeRefused if not."""
+        ...
+
+    def untaken(self) -> None:
+        """The takeover could not be completed: closed here, the record kept."""
+        ...
+
+
+S = TypeVar("S", bound=Takeable)
 
 #: a resume refused because the session's owner is attached and answering (as on one proxy)
 ATTACHED = "the session is attached to another connection (one controller at a time)"
@@ -58,12 +71,12 @@ _SILENT_SECONDS = LEASE_SECONDS * 2 / 3
 async def take_over(
     store: SessionStore,
     request: ResumeRequest,
-    open_session: Callable[[StoreKeeper], ProxySession],
+    open_session: Callable[[StoreKeeper], S],
     new_keeper: Callable[[str], StoreKeeper],
     holder: str,
     grace: float,
     metrics: ProxyMetrics,
-) -> ProxySession:
+) -> S:
     """The session `request` resumes, taken over from the store and attached to the owner
     `open_session` is made with; ResumeRefused when it cannot be (nothing is held then)."""
     began = time.monotonic()

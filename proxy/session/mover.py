@@ -32,12 +32,12 @@ from rtvideo.core.errors import ProtocolError
 from rtvideo.core.event_book import EventBook
 from rtvideo.core.fmp4 import Continuation, ContinuationError, FragmentCursor, split_init
 from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.phase import Phase, SessionPhase
 from rtvideo.proxy.placement.bridge import BackendUnavailable
 from rtvideo.proxy.placement.first_frame import NoFrame, image_url, last_frame
 from rtvideo.proxy.placement.move_log import MoveLog, Unmovable
 from rtvideo.proxy.placement.splice import Coordinates, Splice, SpliceState
 from rtvideo.proxy.placement.streams import StreamSource
-from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
 from rtvideo.proxy.session.upstream import Upstream
 from rtvideo.triton.wire import Reply
 

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from rtvideo.core import server_messages
 from rtvideo.core.chunks import init_metadata
-from rtvideo.proxy.participants.links import Frame
-from rtvideo.proxy.participants.replay import init_segment
+from rtvideo.core.fmp4 import init_segment
+from rtvideo.proxy.frames import Frame
 
 #: sees every frame handed to the owner, in order, as the socket takes it
 FrameTap = Callable[[Frame], None]

@@ -1,7 +1,7 @@
 """What another process needs to continue one session, as the session store keeps it: its
 `SavedSession`.
 
-The session writes its parts as they happen (rtvideo.proxy.session.continuity); a replica that
+The session writes its parts as they happen (rtvideo.proxy.continuity.writer); a replica that
 takes it over (docs/operations.md "When a proxy dies") reads them back as one typed record:
 the start as sent to the model, the `video.start` as handed out (its seed), the options its
 start asked for, the stream's init segment, the hashes of its tokens (never the tokens), and
@@ -48,7 +48,7 @@ class SavedFrame:
 @dataclass(frozen=True)
 class SavedSession:
     """A session as the store keeps it, read back by the replica that takes it over
-    (rtvideo.proxy.store.takeover): its start, what its owner was handed, in order."""
+    (rtvideo.proxy.continuity.takeover): its start, what its owner was handed, in order."""
 
     sid: str
     request_id: str

@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from rtvideo.core.resume import ResumeRefused
+from rtvideo.proxy.participants.handouts import Handouts
 from rtvideo.proxy.participants.invitations import Invitations, Joinable
-from rtvideo.proxy.participants.links import Link, Owner, OwnerSeat
+from rtvideo.proxy.participants.links import Link, Owner
+from rtvideo.proxy.participants.seat import OwnerSeat
 from rtvideo.proxy.participants.steerers import GuestSteerer
-from rtvideo.proxy.participants.tokens import ResumeRefused
 from rtvideo.proxy.participants.watchers import Watcher
-from rtvideo.proxy.session.handouts import Handouts
-from rtvideo.proxy.session.lifecycle import Phase, SessionPhase
+from rtvideo.proxy.phase import Phase, SessionPhase
 from rtvideo.proxy.session.upstream import Upstream
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,5 @@
 """One session's life beyond this proxy (docs/operations.md "When a proxy dies"): what it writes
-to a shared session store as it happens, and how a session taken over is read back into its
-parts.
+to a shared session store as it happens (the write side of a takeover).
 
 `Continuity` is the session's side of its `StoreKeeper` (rtvideo.proxy.store.keeper): the start
 as sent, the fields once `video.start` is out, the tokens' hashes, each interaction before its
@@ -15,10 +14,8 @@ the ledger read them), and no other error: an answer about one refused message (
 a conflict, an invalid one) changes nothing a takeover rebuilds, and a flood of them would fill
 the store. The keeper bounds what is left per session (`--session-store-bytes`).
 
-`restore_log` feeds a saved session's log (rtvideo.proxy.session.record) into the parts of the
-session that takes it over, in the order it happened: the move log and the event book see every
-interaction and every frame, the ledger the position; the frames after the last pair whose
-payload the store no longer keeps are returned, for the replay buffer.
+The session reads a taken-over session back into its parts with
+rtvideo.proxy.session.restore; the format both sides share is rtvideo.proxy.continuity.record.
 """
 
 from __future__ import annotations
@@ -31,12 +28,9 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ErrorCode
-from rtvideo.proxy.participants.links import Frame
-from rtvideo.proxy.participants.replay import init_segment
-from rtvideo.proxy.placement.mover import Mover
-from rtvideo.proxy.session.dispatch import ProxyAcks
-from rtvideo.proxy.session.ledger import Ledger
-from rtvideo.proxy.session.record import SavedFrame, SavedSession
+from rtvideo.core.fmp4 import init_segment
+from rtvideo.proxy.continuity.record import SavedSession
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.store.keeper import StoreKeeper
 
 #: frames the store does not log: kept as a field, an answer to one link, the end
@@ -44,7 +38,8 @@ _NOT_LOGGED = frozenset({protocol.VIDEO_START, protocol.PONG, protocol.DONE})
 
 
 def _read_by_takeover(message: Mapping[str, object]) -> bool:
-    """Whether a frame the owner took is one `restore_log` needs (module docstring)."""
+    """Whether a frame the owner took is one a takeover reads (module docstring;
+    rtvideo.proxy.session.restore `restore_log`)."""
     kind = message.get("type")
     if kind in _NOT_LOGGED:
         return False
@@ -164,28 +159,3 @@ class Continuity:
         """The session is over here: its record goes, unless it was handed off."""
         if self._keeper is not None:
             await self._keeper.end(forget=not self.handed_off)
-
-
-def restore_log(saved: SavedSession, ledger: Ledger, mover: Mover, acks: ProxyAcks) -> tuple[int, list[Frame]]:
-    """`saved`'s log into the parts of the session taking it over (module docstring). Returns the
-    transport index of the last pair whose payload is not kept (-1: none), and the frames after
-    it (what a resume can be given again)."""
-    mover.opened(saved.start)
-    mover.restored_init(saved.init)
-    mover.restored(saved.handed_start, None)  # the config and its seed
-    ledger.taken(Frame(json.dumps(saved.handed_start), saved.handed_start))
-    cut, recent = -1, list[Frame]()
-    for entry in saved.log:
-        if not isinstance(entry, SavedFrame):
-            acks.restored(entry.raw)  # admitted first: the move log keeps what the book admitted
-            mover.forwarded(entry.raw)
-            continue
-        mover.restored(entry.message, entry.data)
-        if entry.index is not None and entry.data is None:
-            cut, recent = entry.index, []
-            ledger.taken(Frame(entry.text, entry.message, b""))
-            continue
-        frame = Frame(entry.text, entry.message, entry.data)
-        ledger.taken(frame)
-        recent.append(frame)
-    return cut, recent

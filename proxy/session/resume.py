@@ -19,10 +19,10 @@ import logging
 
 from rtvideo.core import resume
 from rtvideo.core.errors import ProtocolError
-from rtvideo.proxy.participants.attachments import RESUME_PROBE_SECONDS
+from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
-from rtvideo.proxy.participants.tokens import ResumeRefused
+from rtvideo.proxy.session.attachments import RESUME_PROBE_SECONDS
 from rtvideo.proxy.session.session import ProxySession
 
 log = logging.getLogger(__name__)
