@@ -16,6 +16,7 @@ from rtvideo.proxy.placement.addresses import (
     trusted_networks,
 )
 from rtvideo.proxy.store import check_store
+from rtvideo.proxy.store.base import LEASE_SECONDS
 from rtvideo.settings_text import setting
 
 MiB = 1024 * 1024
@@ -27,6 +28,9 @@ AWAITING_START_GRACE_SECONDS = 2.0
 #: a place of that client's to free: a burst of clients that each start at once gets in as the
 #: earlier ones start, and an idle waiter of the same client gives its place after the grace
 AWAITING_PLACE_SECONDS = 2 * AWAITING_START_GRACE_SECONDS
+#: a takeover waits this much past the lease for the old holder's lease to lapse (its last renewal
+#: may be late by a loaded machine's pause), so that a dead holder's session is taken in one try
+TAKEOVER_MARGIN_SECONDS = 2.0
 #: connections to the health listener idle this long are closed (a probe sends one request)
 HEALTH_IDLE_SECONDS = 5.0
 #: the longest --resume-grace-seconds: below the model's MAX_PAUSE_SECONDS, so a detached session's
@@ -166,6 +170,35 @@ class ProxySettings:
         30.0,
         "a resumable session whose connection drops stays detached (its generator paused) this many "
         f"seconds for a session.resume (0: resume off; at most {MAX_RESUME_GRACE_SECONDS:g})",
+    )
+    # How long the proxy waits on others (a lease, a peer's answer, a waiting client's start). No
+    # operator needs to change these (no flag); the tests shorten them where the figure is not
+    # what a test checks, and keep the defaults where it is.
+    lease_seconds: float = setting(
+        LEASE_SECONDS,
+        "with a shared --session-store, how long a replica's lease on a session lasts unless renewed "
+        "(it is renewed every third of it, and a store call waits at most half of it): short enough that "
+        "a client's own resume retries (about 8 s) reach a replica that can take a dead holder's session "
+        "over, which it waits for at most `takeover_wait_seconds`",
+        cli=False,
+    )
+    resume_probe_seconds: float = setting(
+        2.0,
+        "a resume of a session whose owner still seems attached pings that owner's connection (here or "
+        "at the replica holding it): no pong within this long and it is taken for dropped",
+        cli=False,
+    )
+    awaiting_start_grace_seconds: float = setting(
+        AWAITING_START_GRACE_SECONDS,
+        "a connection waiting this long for its session.start may lose its place to a new upgrade when "
+        "the waiting share is full (a client sends its start right after the upgrade)",
+        cli=False,
+    )
+    awaiting_place_seconds: float = setting(
+        AWAITING_PLACE_SECONDS,
+        "an upgrade over its client's part of the waiting share is held this long for a place of that "
+        "client's to free, then refused (503 awaiting_start)",
+        cli=False,
     )
     replay_buffer_bytes: int = setting(
         8 * MiB, "per resumable session, bytes of sent frames kept for a resume (the oldest go first)"
@@ -341,6 +374,10 @@ class ProxySettings:
                 )
 
     def _check_resume_settings(self) -> None:
+        if min(self.lease_seconds, self.resume_probe_seconds) <= 0:
+            raise ValueError("lease_seconds and resume_probe_seconds must be positive")
+        if min(self.awaiting_start_grace_seconds, self.awaiting_place_seconds) < 0:
+            raise ValueError("awaiting_start_grace_seconds and awaiting_place_seconds must be >= 0")
         if not 0 <= self.resume_grace_seconds <= MAX_RESUME_GRACE_SECONDS:
             raise ValueError(f"resume_grace_seconds must be between 0 and {MAX_RESUME_GRACE_SECONDS:g}")
         if min(self.replay_buffer_bytes, self.watcher_buffer_bytes, self.session_store_bytes) < 1:
@@ -368,6 +405,18 @@ class ProxySettings:
             raise ValueError(f"--broadcast-base-url {base!r}: an http:// or https:// URL without a query")
         if base is not None and not self.broadcast_store:
             raise ValueError("--broadcast-base-url needs --broadcast-store (where the broadcasts are written)")
+
+    @property
+    def takeover_wait_seconds(self) -> float:
+        """How long a resume at a replica that does not hold its session waits for the holder's
+        lease: a lease and a margin, so that a dead holder's lease surely lapsed by then."""
+        return self.lease_seconds + TAKEOVER_MARGIN_SECONDS
+
+    @property
+    def store_keep_seconds(self) -> float:
+        """How long a shared store keeps a session's keys without a renewal: its resume grace, and
+        the lease that may still have been running when its holder went."""
+        return self.resume_grace_seconds + self.lease_seconds
 
     @property
     def recording_cap(self) -> int:

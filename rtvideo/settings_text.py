@@ -26,10 +26,12 @@ OFF_WORDS = frozenset({"off", "none", "unpaced"})
 ENV_PREFIX = "RTVIDEO_"
 
 
-def setting(default: Any, help: str, *, flag: str | None = None, secret: bool = False) -> Any:
+def setting(default: Any, help: str, *, flag: str | None = None, secret: bool = False, cli: bool = True) -> Any:
     """A dataclass field with its documentation; `flag` overrides the derived `--flag-name`; a
-    `secret` one is left out of the dataclass's repr and of the flag's shown default."""
-    metadata = {"help": help, "flag": flag, "secret": secret}
+    `secret` one is left out of the dataclass's repr and of the flag's shown default; one with
+    `cli=False` has no flag (nor `RTVIDEO_<NAME>`): a figure no operator needs to change, set by
+    the code that builds the settings (the tests shorten waits with it)."""
+    metadata = {"help": help, "flag": flag, "secret": secret, "cli": cli}
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata, repr=not secret)
     return dataclasses.field(default=default, metadata=metadata, repr=not secret)
@@ -119,7 +121,7 @@ def add_flags(
     `text_only`: values stay text (validated as `cls` would parse them) and default to None,
     for settings passed on as text (the model's `parameters`)."""
     for f in dataclasses.fields(cls):
-        if f.name in skip or "help" not in f.metadata:
+        if f.name in skip or "help" not in f.metadata or not f.metadata.get("cli", True):
             continue
         convert = parser_for(_types(cls)[f.name])
         repeatable = typing.get_origin(_types(cls)[f.name]) is tuple  # each use adds to the list
