@@ -38,7 +38,6 @@ from rtvideo.proxy.recordings.service import Recordings
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import HEALTH_IDLE_SECONDS, ProxySettings
 from rtvideo.proxy.store import open_store
-from rtvideo.proxy.store.base import LEASE_SECONDS
 from rtvideo.redaction import redact_url
 
 log = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ def make_app(
         metrics_port=settings.triton_metrics_port,
     )
     # a session's keys live as long as it can still be resumed: the grace, and the lease
-    store = open_store(settings.session_store, keep_seconds=settings.resume_grace_seconds + LEASE_SECONDS)
+    store = open_store(settings.session_store, keep_seconds=settings.store_keep_seconds)
     context = ProxyContext(settings=settings, metrics=metrics, pool=pool, store=store)
     context.features.recordings = Recordings.create(
         settings.recordings,
@@ -248,7 +247,9 @@ class ProxyServer:
         ctx = self.context
         if ctx.store.shared and wildcard and not self.settings.advertise_url:
             log.warning("advertised to other replicas as %s, which only this machine reaches: set --advertise-url", url)
-        self._advertisement = Advertisement(ctx.store, ctx.holder, url.rstrip("/"), ctx.metrics.store_call)
+        self._advertisement = Advertisement(
+            ctx.store, ctx.holder, url.rstrip("/"), ctx.metrics.store_call, ctx.settings.lease_seconds
+        )
         self._advertisement.start()
 
     async def drain(self, seconds: float | None = None, cut: asyncio.Event | None = None) -> int:

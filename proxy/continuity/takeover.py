@@ -4,7 +4,7 @@ proxy dies"): with a shared session store, any replica serves any session.
 The token is found in the store by its hash; the session's lease is taken: at once when its
 holder released it (a shutdown) or its lease ran out (the holder went), else the live holder
 is asked to let go (it sees that at its next renewal, within a third of the lease) and the
-lease is taken as soon as it is free, within `TAKEOVER_WAIT_SECONDS`; a holder whose owner is
+lease is taken as soon as it is free, within `ProxySettings.takeover_wait_seconds`; a holder whose owner is
 attached and answers a ping declines, and the resume is refused as one proxy refuses it. Then the session is read
 back (rtvideo.proxy.continuity.record) and rebuilt here: its owner is given what a resume gives,
 and its stream goes on on a Triton with room at the next chunk (a move). Two replicas never
@@ -27,7 +27,8 @@ from typing import Protocol, TypeVar
 from rtvideo.core.resume import ResumeRefused, ResumeRequest
 from rtvideo.proxy.continuity.record import SavedFrame, SavedSession, token_hash
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.store.base import LEASE_SECONDS, Lease, SessionStore, StoredSession, StoreUnavailable
+from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.store.base import Lease, SessionStore, StoredSession, StoreUnavailable
 from rtvideo.proxy.store.keeper import StoreKeeper
 
 log = logging.getLogger(__name__)
@@ -59,13 +60,12 @@ ATTACHED = "the session is attached to another connection (one controller at a t
 #: flight. A client further ahead was handed what the store never got while it was away; the
 #: holder may still be writing it back, so the session is never taken half: refused.
 UNKEPT_TAIL_CHUNKS = 2
-#: how long a resume waits for a live holder to let go (or its lease to run out)
-TAKEOVER_WAIT_SECONDS = LEASE_SECONDS + 2.0
-#: how often the lease is asked for meanwhile
+#: how often the lease is asked for while a resume waits for a live holder to let go (or its
+#: lease to run out: `ProxySettings.takeover_wait_seconds`)
 _POLL_SECONDS = 0.1
-#: a holder whose last renewal is older than this missed one (it renews every third of a lease):
-#: presumed gone, its lease waited out (`expired`) rather than handed off
-_SILENT_SECONDS = LEASE_SECONDS * 2 / 3
+#: a holder whose last renewal is older than this part of a lease missed one (it renews every
+#: third of a lease): presumed gone, its lease waited out (`expired`) rather than handed off
+_SILENT_LEASES = 2 / 3
 
 
 async def take_over(
@@ -74,11 +74,12 @@ async def take_over(
     open_session: Callable[[StoreKeeper], S],
     new_keeper: Callable[[str], StoreKeeper],
     holder: str,
-    grace: float,
+    settings: ProxySettings,
     metrics: ProxyMetrics,
 ) -> S:
     """The session `request` resumes, taken over from the store and attached to the owner
-    `open_session` is made with; ResumeRefused when it cannot be (nothing is held then)."""
+    `open_session` is made with; ResumeRefused when it cannot be (nothing is held then).
+    `settings`: its lease and how long a resume waits for it (`takeover_wait_seconds`)."""
     began = time.monotonic()
     hashed = token_hash(request.resume_token)
     calls = _Calls(store, metrics)
@@ -89,9 +90,9 @@ async def take_over(
         last = request.last_transport_chunk_index
 
         def servable(found: StoredSession) -> None:  # before the lease is taken: a refusal bumps no epoch
-            _check(found, found, hashed, last, grace)
+            _check(found, found, hashed, last, settings)
 
-        lease, reason, before = await _lease(calls, sid, holder, hashed, servable)
+        lease, reason, before = await _lease(calls, sid, holder, hashed, servable, settings)
         try:
             stored = await calls.run("load", store.load(sid))
         except BaseException:
@@ -103,7 +104,7 @@ async def take_over(
     keeper = new_keeper(sid)
     keeper.start(lease, stored)
     try:
-        saved = _check(stored, before, hashed, request.last_transport_chunk_index, grace)
+        saved = _check(stored, before, hashed, request.last_transport_chunk_index, settings)
         session = open_session(keeper)
     except BaseException:
         await keeper.end(forget=False)
@@ -137,7 +138,12 @@ class _Calls:
 
 
 async def _lease(
-    calls: _Calls, sid: str, holder: str, hashed: str, servable: Callable[[StoredSession], None]
+    calls: _Calls,
+    sid: str,
+    holder: str,
+    hashed: str,
+    servable: Callable[[StoredSession], None],
+    settings: ProxySettings,
 ) -> tuple[Lease, str, StoredSession]:
     """The session's lease, why it was to be had, and the session as it was before: `free` (its
     holder released it: a shutdown), `expired` (its holder stopped renewing: it died), `handoff`
@@ -153,18 +159,19 @@ async def _lease(
         # would take it for another replica having driven the session, and let it go. (A live
         # holder finishes its writes before it lets go: the record is checked after.)
         servable(found)
-    silent = found.holder is None or found.age > _SILENT_SECONDS
+    ttl = settings.lease_seconds
+    silent = found.holder is None or found.age > ttl * _SILENT_LEASES
     why = "free" if found.fields.get("released") else "expired"
-    lease = await calls.run("acquire", store.acquire(sid, holder))
+    lease = await calls.run("acquire", store.acquire(sid, holder, ttl))
     if lease is not None:
         return lease, why if found.holder is None else "expired", found
     if json.loads(found.fields.get("tokens") or "{}").get("resume") != hashed:
         raise ResumeRefused("this token was used already: each resume hands out a new one")
     await calls.run("ask_handoff", store.ask_handoff(sid, hashed))  # a holder resumed with it keeps the session
-    deadline = time.monotonic() + TAKEOVER_WAIT_SECONDS
+    deadline = time.monotonic() + settings.takeover_wait_seconds
     while time.monotonic() < deadline:
         await asyncio.sleep(_POLL_SECONDS)
-        lease = await calls.run("acquire", store.acquire(sid, holder))
+        lease = await calls.run("acquire", store.acquire(sid, holder, ttl))
         if lease is not None:
             return lease, "expired" if silent else "handoff", found
         if await calls.run("handoff_declined", store.handoff_declined(sid, hashed)):
@@ -172,7 +179,9 @@ async def _lease(
     raise ResumeRefused("the session is held by another proxy that did not let go; try again")
 
 
-def _check(stored: StoredSession | None, before: StoredSession, hashed: str, last: int, grace: float) -> SavedSession:
+def _check(
+    stored: StoredSession | None, before: StoredSession, hashed: str, last: int, settings: ProxySettings
+) -> SavedSession:
     """The session as stored, if this resume may continue it; ResumeRefused saying why not.
     `before`: as it was before this replica took its lease (how long its holder was silent)."""
     if stored is None:
@@ -186,7 +195,8 @@ def _check(stored: StoredSession | None, before: StoredSession, hashed: str, las
     if saved.token_hashes.get("resume") != hashed:
         raise ResumeRefused("this token was used already: each resume hands out a new one")
     away = time.time() - saved.detached_at if saved.detached_at is not None else saved.age
-    if away > grace + LEASE_SECONDS:
+    grace = settings.resume_grace_seconds
+    if away > grace + settings.lease_seconds:
         raise ResumeRefused(f"expired: the session was not resumed within {grace:g} s")
     newest = oldest = -1  # the last pair handed out; the last whose payload is not kept
     for entry in saved.log:

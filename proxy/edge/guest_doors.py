@@ -118,7 +118,8 @@ class _GuestDoor(WebSocketHandler, Generic[S]):
         if not ctx.store.shared or token.split(".")[:2] != [book.prefix, book.instance]:
             return False  # not a token of this deployment: refused as on one proxy
         try:
-            found = await locate(ctx.store, self.kind, token, ctx.holder, ctx.settings.resume_grace_seconds)
+            s = ctx.settings
+            found = await locate(ctx.store, self.kind, token, ctx.holder, s.resume_grace_seconds, s.lease_seconds)
         except StoreUnavailable as exc:
             log.error("a %s link could not be looked up in the session store: %s", self.kind, exc)
             self._refuse(503, "the session store is unreachable; retry", "1")

@@ -72,15 +72,18 @@ class Whereabouts:
     url: str | None = None  # the holder's advertised address (ELSEWHERE)
 
 
-async def locate(store: SessionStore, kind: str, token: str, here: str, grace: float) -> Whereabouts:
+async def locate(
+    store: SessionStore, kind: str, token: str, here: str, grace: float, lease: float = LEASE_SECONDS
+) -> Whereabouts:
     """Where the session the `kind` token opens is (`here`: this replica's holder id; `grace`:
-    how long a session without a holder waits for its owner's resume). StoreUnavailable passes."""
+    how long a session without a holder waits for its owner's resume, once the `lease` its
+    holder had ran out). StoreUnavailable passes."""
     sid = await store.find(kind, token_hash(token))
     holding = None if sid is None else await store.holding(sid)
     if holding is None:
         return Whereabouts(Where.NOWHERE)
     if holding.holder is None:  # handed off, or its holder's lease ran out: its owner resumes it
-        return Whereabouts(Where.MOVING if holding.age <= grace + LEASE_SECONDS else Where.NOWHERE)
+        return Whereabouts(Where.MOVING if holding.age <= grace + lease else Where.NOWHERE)
     if holding.holder == here:
         return Whereabouts(Where.HERE)
     url = await store.address(holding.holder)
@@ -90,9 +93,17 @@ async def locate(store: SessionStore, kind: str, token: str, here: str, grace: f
 class Advertisement:
     """This proxy's address in a shared store, under its holder id, while it runs."""
 
-    def __init__(self, store: SessionStore, holder: str, url: str, observe: Callable[[str, float, bool], None]) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        holder: str,
+        url: str,
+        observe: Callable[[str, float, bool], None],
+        lease: float = LEASE_SECONDS,
+    ) -> None:
         self._store, self._holder, self.url = store, holder, url
         self._observe = observe  # (call, seconds, ok): as the store's other calls are counted
+        self._lease = lease  # the address lasts a lease unless renewed (every third of it), as a session's
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -111,11 +122,11 @@ class Advertisement:
     async def _renew(self) -> None:
         failing = False
         while True:
-            ok = await self._call(LEASE_SECONDS)
+            ok = await self._call(self._lease)
             if not ok and not failing:
                 log.error("the session store did not take this proxy's address: guests are not forwarded here")
             failing = not ok
-            await asyncio.sleep(LEASE_SECONDS / 3)
+            await asyncio.sleep(self._lease / 3)
 
     async def _call(self, ttl: float) -> bool:
         began = asyncio.get_running_loop().time()

@@ -336,8 +336,7 @@ class RealtimeVideoHandler(WebSocketHandler):
             ctx.shares.count(session, self.group, keeper.sid)  # the entry its first holder made, renewed here
             return session
 
-        grace = ctx.features.resume_grace
-        return await take_over(ctx.store, request, open_session, ctx.keeper, ctx.holder, grace, ctx.metrics)
+        return await take_over(ctx.store, request, open_session, ctx.keeper, ctx.holder, ctx.settings, ctx.metrics)
 
     async def shutdown(self) -> None:
         """Server shutdown while waiting for the first message: `server_shutdown`, the empty

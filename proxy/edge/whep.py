@@ -265,7 +265,8 @@ class WhepHandler(_WhepBase):
         if not ctx.store.shared or token.split(".")[:2] != [book.prefix, book.instance]:
             return False
         try:
-            found = await locate(ctx.store, kind, token, ctx.holder, ctx.settings.resume_grace_seconds)
+            s = ctx.settings
+            found = await locate(ctx.store, kind, token, ctx.holder, s.resume_grace_seconds, s.lease_seconds)
         except StoreUnavailable as exc:
             log.error("a whep offer could not be looked up in the session store: %s", exc)
             self.refuse(503, "the session store is unreachable; retry", "1")

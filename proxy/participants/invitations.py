@@ -38,7 +38,6 @@ from rtvideo.proxy.recordings.ids import MalformedId
 from rtvideo.proxy.recordings.recorder import SessionRecorder
 from rtvideo.proxy.recordings.service import NoRoom
 from rtvideo.proxy.settings import ProxySettings
-from rtvideo.proxy.store.base import LEASE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +307,9 @@ class Invitations:
             )
             return
         try:
-            self._recorder = recordings.reopen(rid, saved.log, digest, holder_gone=saved.age >= LEASE_SECONDS)
+            self._recorder = recordings.reopen(
+                rid, saved.log, digest, holder_gone=saved.age >= self._settings.lease_seconds
+            )
         except MalformedId:
             log.error(
                 "request_id=%s: the stored recording id is malformed; the session goes on unrecorded", saved.request_id

@@ -28,10 +28,6 @@ from rtvideo.proxy.session.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
-#: how long the connection of an attached session has to answer a ping when a resume names it,
-#: here or at another replica (`drop_if_silent`), before it is taken for dropped
-RESUME_PROBE_SECONDS = 2.0
-
 
 class Attachments:
     """The coming and going of one session's participants. It reads the session's phase and

@@ -22,7 +22,6 @@ from rtvideo.core.errors import ProtocolError
 from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
-from rtvideo.proxy.session.attachments import RESUME_PROBE_SECONDS
 from rtvideo.proxy.session.session import ProxySession
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,7 @@ async def drop_silent_owner(features: Features, raw: str | bytes) -> None:
         session = features.resume_tokens.find(request.resume_token)
     except (ProtocolError, ResumeRefused):
         return
-    await session.drop_if_silent(RESUME_PROBE_SECONDS)
+    await session.drop_if_silent(features.settings.resume_probe_seconds)
 
 
 async def attach(features: Features, owner: Owner, raw: str | bytes) -> ProxySession:

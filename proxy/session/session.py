@@ -65,7 +65,7 @@ from rtvideo.proxy.phase import LIVE, Phase
 from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS
 from rtvideo.proxy.placement.streams import StreamSource
 from rtvideo.proxy.session.acks import ProxyAcks
-from rtvideo.proxy.session.attachments import RESUME_PROBE_SECONDS, Attachments
+from rtvideo.proxy.session.attachments import Attachments
 from rtvideo.proxy.session.dispatch import Dispatch
 from rtvideo.proxy.session.ending import Ending
 from rtvideo.proxy.session.ledger import Ledger
@@ -509,7 +509,7 @@ class ProxySession:
         """A resume at another replica asks for this session: it stays while its owner is attached
         and answers a ping (one controller at a time, docs/protocol.md §9.1); an owner that does not
         answer is taken for dropped (the session detaches) and the session is handed over."""
-        await self._attachments.drop_if_silent(RESUME_PROBE_SECONDS)
+        await self._attachments.drop_if_silent(self._settings.resume_probe_seconds)
         return self._life.attached
 
     async def check_held(self) -> None:

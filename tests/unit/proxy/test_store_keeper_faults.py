@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from rtvideo.core.resume import ResumeRefused, ResumeRequest
 from rtvideo.proxy.continuity.takeover import take_over
 from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.store.base import EVENT, FRAME, StoreRefusing
 from rtvideo.proxy.store.keeper import StoreKeeper, StoreState
 from rtvideo.proxy.store.memory import MemoryStore
@@ -286,7 +287,7 @@ def test_a_resume_the_record_cannot_serve_takes_no_lease_from_nobody() -> None:
         store._sessions[HELD].expires = 0.0  # its lease lapsed (its holder cut off)
         request = ResumeRequest(token, 7)  # the client read chunks 2..7, which the store never got
         try:
-            await take_over(store, request, lambda _: None, lambda _: None, "b", 30.0, ProxyMetrics())  # type: ignore[arg-type, return-value]
+            await take_over(store, request, lambda _: None, lambda _: None, "b", ProxySettings(), ProxyMetrics())  # type: ignore[arg-type, return-value]
         except ResumeRefused as exc:
             refused = exc.message
         else:

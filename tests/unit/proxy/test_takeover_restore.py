@@ -113,7 +113,7 @@ def test_a_resume_older_than_what_the_store_keeps_is_refused_and_changes_nothing
         from rtvideo.proxy.continuity.takeover import _check  # the refusal before anything is built
 
         try:
-            _check(stored, stored, token_hash(token), -1, 30.0)
+            _check(stored, stored, token_hash(token), -1, ProxySettings())
         except ResumeRefused as exc:
             return exc.message
         return ""
@@ -189,7 +189,7 @@ def test_a_resume_ahead_of_the_store_by_the_chunks_in_flight_goes_on_without_a_r
         store.lag = False
         from rtvideo.proxy.continuity.takeover import _check
 
-        saved = _check(stored, stored, token_hash(token), 2, 30.0)  # ahead by the unkept tail: taken
+        saved = _check(stored, stored, token_hash(token), 2, ProxySettings())  # ahead by the unkept tail: taken
         b, conn_b, bridge_b, keeper = replica(store, "b")
         lease = await store.acquire(SID, "b")
         assert lease is not None
@@ -227,7 +227,7 @@ def test_a_resume_further_ahead_than_the_chunks_in_flight_is_refused() -> None:
         from rtvideo.proxy.continuity.takeover import UNKEPT_TAIL_CHUNKS, _check
 
         try:
-            _check(stored, stored, token_hash(token), 1 + UNKEPT_TAIL_CHUNKS + 1, 30.0)
+            _check(stored, stored, token_hash(token), 1 + UNKEPT_TAIL_CHUNKS + 1, ProxySettings())
         except ResumeRefused as exc:
             return exc.message
         return ""
