@@ -1,0 +1,184 @@
+"""Every path the docs name exists: a module's dotted name (`rtvideo.proxy.session.upstream`, which
+may end in a class, a function or a class's member), a file or folder from the repository's root
+(`proxy/session/upstream.py`, `tests/e2e/test_resume.py`, `scripts/test.sh`) and a shorter file
+path in backticks (`session/upstream.py`), read from docs/*.md and README.md. Found by reading the
+source (ast), never by importing it, so it runs without torch or Triton."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from functools import cache
+from pathlib import Path
+
+from tests.support.paths import REPO_ROOT
+
+#: the documents whose paths are checked
+DOCS = (*sorted((REPO_ROOT / "docs").glob("*.md")), REPO_ROOT / "README.md")
+
+#: the source folder of each installed package prefix (pyproject.toml's package-dir), longest first
+PACKAGES = (("rtvideo.proxy", "proxy"), ("rtvideo.client", "client"), ("rtvideo", "rtvideo"))
+
+#: folders at the repository's root that a path in the docs may start from
+ROOT_FOLDERS = ("proxy", "rtvideo", "client", "tests", "scripts", "benchmarks", "deploy", "model_repository")
+
+#: files the docs name that are not in this repository: what a store or a broadcast writes, a
+#: model's own index, Triton's configuration inside a container, a file of vLLM-Omni's tree
+NOT_OURS = frozenset(
+    {
+        "live.json",
+        "broadcast.json",
+        "model_index.json",
+        "configs/kubernetes.pbtxt",
+        "examples/online_serving/streaming_video_generation/streaming_video_client.py",
+    }
+)
+
+#: the installed name of the proxy's folder, which decisions.md says no folder holds
+NOT_FOLDERS = frozenset({"rtvideo/proxy/"})
+
+DOTTED = re.compile(r"(?<![\w./-])rtvideo(?:\.[A-Za-z_]\w*)+")
+ROOTED = re.compile(r"(?<![\w./-])(?:" + "|".join(ROOT_FOLDERS) + r")/[\w./-]*")
+SHORT = re.compile(r"`([\w.-]+(?:/[\w.-]+)*\.(?:py|md|js|html|css|sh|yaml|json|pbtxt|toml))`")
+
+
+def mentions(pattern: re.Pattern[str], group: int = 0) -> list[tuple[str, int, str]]:
+    """(document, line, text) of every match in the docs."""
+    found = []
+    for doc in DOCS:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            found += [(doc.name, number, m.group(group)) for m in pattern.finditer(line)]
+    return found
+
+
+@cache
+def repo_files() -> tuple[str, ...]:
+    skip = {".git", ".venv", "__pycache__", "node_modules", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+    found = []
+    for folder, subfolders, names in os.walk(REPO_ROOT):
+        subfolders[:] = [s for s in subfolders if s not in skip]
+        found += [(Path(folder) / name).relative_to(REPO_ROOT).as_posix() for name in names]
+    return tuple(found)
+
+
+def module_file(dotted: str) -> Path | None:
+    """The source file of the module `dotted` names (a package's __init__.py), or None."""
+    for prefix, folder in PACKAGES:
+        if dotted == prefix or dotted.startswith(prefix + "."):
+            base = REPO_ROOT / folder / Path(*dotted.removeprefix(prefix).lstrip(".").split("."))
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
+            return None
+    return None
+
+
+def defined_names(body: list[ast.stmt]) -> dict[str, ast.stmt]:
+    """The names a module's or class's body binds (under `if` and `try` too), each to its node."""
+    names: dict[str, ast.stmt] = {}
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names[node.name] = node
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                names.update({n.id: node for n in ast.walk(target) if isinstance(n, ast.Name)})
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
+            names[node.target.id] = node
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update({(a.asname or a.name).split(".")[0]: node for a in node.names})
+        elif isinstance(node, ast.If | ast.Try):
+            for block in (node.body, node.orelse, *(h.body for h in getattr(node, "handlers", ()))):
+                names.update(defined_names(block))
+    return names
+
+
+def dotted_problem(dotted: str) -> str | None:
+    """Why `dotted` names nothing: the longest prefix that is a module, then the rest defined
+    in it (a top-level name, then a member of that class)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        path = module_file(".".join(parts[:cut]))
+        if path is None:
+            continue
+        rest = parts[cut:]
+        if not rest:
+            return None
+        names = defined_names(ast.parse(path.read_text()).body)
+        if rest[0] not in names:
+            return f"{'.'.join(parts[:cut])} defines no {rest[0]}"
+        node = names[rest[0]]
+        if len(rest) > 1 and isinstance(node, ast.ClassDef) and rest[1] not in defined_names(node.body):
+            return f"{'.'.join(parts[: cut + 1])} has no member {rest[1]}"
+        return None
+    return "no such module"
+
+
+@cache
+def string_patterns() -> re.Pattern[str]:
+    """Every string literal in our source, an f-string's fields as words: a span attribute such as
+    `rtvideo.event_id` or `rtvideo.{field}_event_ids` is one."""
+    found: set[str] = set()
+    for _, folder in PACKAGES:
+        for path in (REPO_ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.JoinedStr):
+                    found.add(
+                        "".join(re.escape(v.value) if isinstance(v, ast.Constant) else r"\w+" for v in node.values)
+                    )
+                elif (
+                    isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("rtvideo.")
+                ):
+                    found.add(re.escape(node.value))
+    return re.compile("|".join(sorted(p for p in found if p.startswith("rtvideo"))))
+
+
+def test_every_dotted_module_path_exists() -> None:
+    """A dotted name is a module (and a name in it), a span attribute the code writes, or one of
+    the page's files (`rtvideo.js`)."""
+    static = {p.name for p in (REPO_ROOT / "proxy" / "static").iterdir()}
+    problems = []
+    for doc, line, dotted in mentions(DOTTED):
+        if dotted in static or string_patterns().fullmatch(dotted):
+            continue
+        if (why := dotted_problem(dotted)) is not None:
+            problems.append(f"{doc}:{line}: {dotted}: {why}")
+    assert problems == []
+
+
+def test_every_path_from_the_root_exists() -> None:
+    files = set(repo_files())
+    folders = {str(Path(f).parent) for f in files} | {str(p) for f in files for p in Path(f).parents}
+    problems = []
+    for doc, line, text in mentions(ROOTED):
+        path = text.rstrip(".")
+        if path in NOT_FOLDERS or path.rstrip("/") in files or path.rstrip("/") in folders:
+            continue
+        problems.append(f"{doc}:{line}: {text}")
+    assert problems == []
+
+
+def test_every_shorter_file_path_ends_a_file_of_ours() -> None:
+    """`session/upstream.py` names proxy/session/upstream.py: some file's path ends with it."""
+    files = repo_files()
+    problems = []
+    for doc, line, text in mentions(SHORT, 1):
+        if text in NOT_OURS or any(f == text or f.endswith("/" + text) for f in files):
+            continue
+        problems.append(f"{doc}:{line}: {text}")
+    assert problems == []
+
+
+def test_the_check_itself() -> None:
+    """A module, a name in it and a class's member resolve; a missing one of each is named."""
+    assert dotted_problem("rtvideo.proxy.session.upstream") is None
+    assert dotted_problem("rtvideo.proxy.session.upstream.Upstream") is None
+    assert dotted_problem("rtvideo.proxy.session.upstream.Upstream.send") is None
+    assert dotted_problem("rtvideo.core") is None
+    assert (
+        dotted_problem("rtvideo.proxy.session.upstream.Nothing") == "rtvideo.proxy.session.upstream defines no Nothing"
+    )
+    assert dotted_problem("rtvideo.proxy.session.upstream.Upstream.nothing") == (
+        "rtvideo.proxy.session.upstream.Upstream has no member nothing"
+    )
+    assert dotted_problem("rtvideo.nowhere.at_all") == "rtvideo defines no nowhere"
