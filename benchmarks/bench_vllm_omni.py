@@ -86,9 +86,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtvideo.backend.loading.catalog import vllm_omni_preset
 from rtvideo.backend.vllm_omni import device_memory, interaction_rules, model_rules
 from rtvideo.backend.vllm_omni.model_rules import FirstFrame, ModelRules
+from rtvideo.backend.vllm_omni.presets import vllm_omni_preset
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.triton.access import generate_key
 from rtvideo.triton.command import TritonConfig
@@ -419,7 +419,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--extra-params",
         default="auto",
-        help="vllm_omni_extra_params: a JSON object, or auto (the model's real-time preset, catalog.VLLM_OMNI_PRESETS)",
+        help="vllm_omni_extra_params: a JSON object, or auto (the model's real-time preset, vllm_omni/presets.py VLLM_OMNI_PRESETS)",
     )
     parser.add_argument("--size", default=None, help="WxH of the sessions (default: the model's, from its rules)")
     parser.add_argument("--fps", type=int, default=None, help="the sessions' fps (default: the model's documented one)")

@@ -10,7 +10,7 @@ here always has an access key (`--triton-key` / `RTVIDEO_TRITON_KEY`, else one g
 and known only to this process and its proxy; docs/security.md); bound elsewhere than loopback
 it must be given one.
 
-`rtvideo triton`: one keyed Triton alone (`rtvideo.triton.standalone`); `rtvideo replicas`: one
+`rtvideo triton`: one keyed Triton alone (`rtvideo.standalone`); `rtvideo replicas`: one
 Triton, several proxies, Redis and HAProxy on this machine, to try replicas (`rtvideo.replicas`).
 
 `rtvideo record`: a WebSocket client that records one session (`rtvideo.client.record`).
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
-    from rtvideo.triton import standalone
+    from rtvideo import standalone
 
     standalone.add_arguments(
         commands.add_parser(
@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return record.main(args)
     if args.command == "triton":
-        from rtvideo.triton import standalone
+        from rtvideo import standalone
 
         return standalone.main(args)
     if args.command == "replicas":

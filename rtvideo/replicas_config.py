@@ -10,7 +10,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from rtvideo.triton.standalone import write_private as write_new_private
+from rtvideo.standalone import write_private as write_new_private
 
 
 def free_port() -> int:

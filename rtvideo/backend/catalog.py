@@ -1,16 +1,15 @@
 """The generators this backend can run and what each can produce and use, without importing them.
 
 The settings check runs at model load before any generator is built (and imports no
-torch), so each generator's entry lives here and the generator reads it too.
+torch), so each generator's entry lives here, below the generators (`builtin`, `vllm_omni`)
+and the loader that assembles them (`loading`), and each generator reads its own entry here.
+A vLLM-Omni model's preset and request-frame cap are the engine's facts: `vllm_omni/presets.py`.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from typing import Any
 
-from rtvideo.backend.vllm_omni import model_rules
 from rtvideo.core.conditioning import INTERPOLATIONS, LINEAR
 from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.session_config import GeneratorLimits
@@ -75,7 +74,7 @@ GENERATORS: dict[str, GeneratorEntry] = {
         ),
     ),
     # as vLLM-Omni's streaming endpoint does: every sampling field and every extra_params key of
-    # a start is passed on to the engine, over the model's preset (VLLM_OMNI_PRESETS)
+    # a start is passed on to the engine, over the model's preset (`vllm_omni/presets.py`)
     "vllm_omni": GeneratorEntry(
         limits=VLLM_OMNI,
         sampling_fields=frozenset(SAMPLING_FIELDS),
@@ -89,38 +88,6 @@ GENERATORS: dict[str, GeneratorEntry] = {
         interactions=PROMPT_ONLY,
     ),
 }
-
-#: vLLM-Omni engine model id → its real-time preset: sampling fields (`start_request.SAMPLING_FIELDS`)
-#: and `extra_params` (the engine's `extra_args`), from the model rule table
-#: (`vllm_omni/model_rules.py`). Used when the deployer sets no `vllm_omni_extra_params`
-#: ("auto"); a start's own values are merged over it. Helios-Distilled: vLLM-Omni's streaming
-#: example runs it this way; without it Helios runs stage 1 only, 50 steps, guidance 5.0.
-VLLM_OMNI_PRESETS: dict[str, dict[str, Any]] = {
-    model_id: rules.preset_copy() for rules in model_rules.MODELS for model_id in rules.model_ids
-}
-
-
-def vllm_omni_preset(model: str, rules: model_rules.ModelRules | None = None) -> dict[str, Any]:
-    """A copy of the preset of `rules`, else of `model` (`{"extra_params": {}}` for a model without one)."""
-    if rules is not None:
-        return rules.preset_copy()
-    preset = copy.deepcopy(VLLM_OMNI_PRESETS.get(model, {}))
-    preset.setdefault("extra_params", {})
-    return preset
-
-
-# --- GPU memory of one vLLM-Omni engine request (docs/vllm-omni.md, "GPU memory") -------------
-#: In step mode Helios keeps every decoded frame of a request on the GPU (`history_video`, the
-#: VAE's float32 output, concatenated each chunk: pipeline_helios.py), so one request holds
-#: width x height x 3 channels x 4 bytes per frame for all its frames until it ends, and twice
-#: that while a chunk is concatenated (`model_rules.MemoryRule.DECODED_HISTORY`).
-HELIOS_WIDTH, HELIOS_HEIGHT = 640, 384
-#: 2,949,120 bytes (2.8 MiB) per 640x384 frame
-HELIOS_FRAME_BYTES = HELIOS_WIDTH * HELIOS_HEIGHT * model_rules.FLOAT32_RGB_BYTES
-#: `vllm_omni_max_request_frames` by default: a peak of 8 GiB / (2 x 2,949,120 B) = 1456 frames,
-#: cut to whole 33-frame chunks (a Helios request runs whole chunks): 44 chunks, 1452 frames
-#: (90.75 s at 16 fps; 4 GiB of history held, 8 GiB at its peak)
-DEFAULT_MAX_REQUEST_FRAMES = model_rules.HELIOS_DISTILLED.history_cap(HELIOS_WIDTH, HELIOS_HEIGHT)
 
 #: `generator` parameter value → what it can produce
 LIMITS: dict[str, GeneratorLimits] = {name: entry.limits for name, entry in GENERATORS.items()}

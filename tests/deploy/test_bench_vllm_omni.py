@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from rtvideo.backend.loading.catalog import vllm_omni_preset
 from rtvideo.backend.vllm_omni import model_rules
 from rtvideo.backend.vllm_omni.model_rules import FirstFrame
+from rtvideo.backend.vllm_omni.presets import vllm_omni_preset
 from tests.support.paths import REPO_ROOT, STANDIN_ENGINE
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]

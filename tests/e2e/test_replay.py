@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from rtvideo import cli
+from rtvideo.backend import catalog
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from rtvideo.backend.loading import catalog
 from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.backend.replay.regenerate import FrameRenderer, ReplayError, load_recording, replay_frames, session_config
 from rtvideo.backend.runtime.sources import GeneratorChunkSource

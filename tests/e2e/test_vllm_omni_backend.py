@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rtvideo.backend.loading.catalog import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.backend.vllm_omni.model_rules import HELIOS_DISTILLED, LINGBOT_WORLD
+from rtvideo.backend.vllm_omni.presets import DEFAULT_MAX_REQUEST_FRAMES
 from tests.support.omni_standin import colour
 from tests.support.omni_triton import (
     DYING,

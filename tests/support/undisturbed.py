@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from rtvideo.backend import catalog
 from rtvideo.backend.builtin.generator import BuiltinGenerator
-from rtvideo.backend.loading import catalog
 from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.backend.replay.regenerate import replay_frames
 from rtvideo.core.session_log import read_log

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rtvideo.backend import catalog
 from rtvideo.backend.builtin import conditioning as resolved
 from rtvideo.backend.builtin.scene.camera import is_start_pose
 from rtvideo.backend.builtin.scene.concepts import ConceptVocabulary, SceneWeights
@@ -35,7 +36,6 @@ from rtvideo.backend.builtin.scene.layout import SceneLayout
 from rtvideo.backend.builtin.scene.parameters import scene_parameters
 from rtvideo.backend.builtin.scene.textures import TextureBank
 from rtvideo.backend.builtin.text_encoder import EMBEDDING_DIM, PromptEncoder
-from rtvideo.backend.loading import catalog
 from rtvideo.backend.runtime.ports import GeneratorSession, VideoGenerator
 from rtvideo.core.conditioning import Conditioning, Interp
 from rtvideo.core.pose import Pose

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from rtvideo.backend.loading import catalog
+from rtvideo.backend import catalog
 from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime.capacity import RealtimeCapacity
 from rtvideo.backend.runtime.cpu_threads import limit_cpu_threads, resolve_device

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtvideo import settings_text
-from rtvideo.backend.loading import catalog
+from rtvideo.backend import catalog
 from rtvideo.backend.media.image_reference import MediaPolicy
 from rtvideo.backend.runtime import capacity
-from rtvideo.backend.vllm_omni import engine_limits, interaction_rules, model_rules
+from rtvideo.backend.vllm_omni import engine_limits, interaction_rules, model_rules, presets
 from rtvideo.backend.vllm_omni.model_rules import ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES
 from rtvideo.core.interaction.refusal import PipelineInteractions
@@ -107,10 +107,10 @@ class BackendSettings:
     vllm_omni_extra_params: str = setting(
         "auto",
         "vllm_omni: the model's preset extra_params (its extra_args), a JSON object; "
-        "auto: the real-time preset of vllm_omni_model (catalog.VLLM_OMNI_PRESETS)",
+        "auto: the real-time preset of vllm_omni_model (vllm_omni/presets.py VLLM_OMNI_PRESETS)",
     )
     vllm_omni_max_request_frames: int = setting(
-        catalog.DEFAULT_MAX_REQUEST_FRAMES,
+        presets.DEFAULT_MAX_REQUEST_FRAMES,
         "vllm_omni: the longest session in frames (one engine request; its decoded frames stay on "
         "the GPU: docs/vllm-omni.md, GPU memory)",
     )
@@ -211,13 +211,13 @@ class BackendSettings:
     def extra_params(self) -> dict[str, Any]:
         """`vllm_omni_extra_params` as a dict; `auto`: the preset's of the model ({} without one)."""
         if self.vllm_omni_extra_params.strip() == "auto":
-            return catalog.vllm_omni_preset(self.vllm_omni_model, self._table_rules())["extra_params"]
+            return presets.vllm_omni_preset(self.vllm_omni_model, self._table_rules())["extra_params"]
         return _json_object("vllm_omni_extra_params", self.vllm_omni_extra_params)
 
     def sampling_preset(self) -> dict[str, Any]:
         """What a `vllm_omni` session samples with unless its start says otherwise: the preset of
         the model (its sampling fields), with `extra_params` from `vllm_omni_extra_params`."""
-        preset = catalog.vllm_omni_preset(self.vllm_omni_model, self._table_rules())
+        preset = presets.vllm_omni_preset(self.vllm_omni_model, self._table_rules())
         return {**preset, "extra_params": self.extra_params()}
 
     def _check_model_rules(self) -> None:

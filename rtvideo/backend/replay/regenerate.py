@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rtvideo.backend.loading import catalog
+from rtvideo.backend import catalog
 from rtvideo.backend.runtime.ports import GeneratorSession, VideoGenerator
 from rtvideo.backend.runtime.sources import GeneratorChunkSource, RenderedChunk
 from rtvideo.core.conditioning import LINEAR, Conditioning

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rtvideo.backend.loading.catalog import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.backend.runtime.ports import ChunkEncoder, EncoderFactory
 from rtvideo.backend.runtime.sources import FailedEvent, Interaction, LazyEncoder, PlayerIdle, SourceChunk
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineHost, EngineRequest
 from rtvideo.backend.vllm_omni.frames import output_video, rgb_frames, stream_metadata
 from rtvideo.backend.vllm_omni.model_rules import FirstFrameAt, ModelRules
 from rtvideo.backend.vllm_omni.output_queue import DEFAULT_OUTPUT_QUEUE_BYTES, OVERFLOW, OutputQueue
+from rtvideo.backend.vllm_omni.presets import DEFAULT_MAX_REQUEST_FRAMES
 from rtvideo.core.camera import CameraMode, chunk_lists, merge_ids
 from rtvideo.core.interaction.types import PROMPT
 from rtvideo.core.session_config import SessionConfig

@@ -1,7 +1,7 @@
 """What interactions a generator takes, as one table a client is told (`video.start`
 `config.interactions`, `GET /v1/models`) and the model enforces (docs/protocol.md §2.2).
 
-Pure. Each generator's entry lives in `rtvideo.backend.loading.catalog.GENERATORS`; the model's
+Pure. Each generator's entry lives in `rtvideo.backend.catalog.GENERATORS`; the model's
 settings narrow the kinds to the deployed pipeline's (`BackendSettings.interactions`).
 What the parser accepts is wider (every field any generator takes): an event that sets a
 field, or an interpolation, the active generator does not take is acked and then fails with

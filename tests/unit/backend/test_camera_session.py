@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rtvideo.backend.loading import catalog
+from rtvideo.backend import catalog
 from rtvideo.backend.loading.settings import BackendSettings
 from rtvideo.backend.runtime.manager import SessionManager
 from rtvideo.backend.runtime.session import Limits

@@ -14,9 +14,8 @@ import re
 import pytest
 import yaml
 
-from rtvideo.backend.loading import catalog
 from rtvideo.backend.loading.settings import BackendSettings
-from rtvideo.backend.vllm_omni import interaction_rules, model_rules
+from rtvideo.backend.vllm_omni import interaction_rules, model_rules, presets
 from rtvideo.backend.vllm_omni.model_rules import HELIOS, HELIOS_DISTILLED, LINGBOT_WORLD, FirstFrame, FirstFrameAt
 from rtvideo.backend.vllm_omni.source import EngineSources
 from rtvideo.core.errors import ErrorCode, ProtocolError
@@ -101,7 +100,7 @@ def test_helios_chunks_are_33_frames_and_a_request_runs_whole_chunks() -> None:
         assert rules.frames_per_chunk == (latent - 1) * temporal + 1 == 33
         assert rules.frame_modulus == 1  # any count: the engine rounds up to whole chunks
     # so the cap is whole chunks: 1456 would run 45 chunks, past the memory bound
-    assert HELIOS_DISTILLED.largest_frames(1456) == 1452 == catalog.DEFAULT_MAX_REQUEST_FRAMES
+    assert HELIOS_DISTILLED.largest_frames(1456) == 1452 == presets.DEFAULT_MAX_REQUEST_FRAMES
     assert HELIOS_DISTILLED.chunk_frames(1452) == [33] * 44 and HELIOS_DISTILLED.chunk_frames(1456) == [33] * 45
 
 
@@ -304,7 +303,7 @@ def test_lingbots_model_id_is_the_checkpoint_its_pipeline_takes() -> None:
     assert "for the LingBot World v2 checkpoint" in transformer
     assert LINGBOT_WORLD.model_ids == ("robbyant/lingbot-world-v2-14b-causal-fast-diffusers",)
     assert model_rules.find("robbyant/lingbot-world-v2-14b-causal-fast-diffusers", None) is LINGBOT_WORLD
-    preset = catalog.VLLM_OMNI_PRESETS["robbyant/lingbot-world-v2-14b-causal-fast-diffusers"]
+    preset = presets.VLLM_OMNI_PRESETS["robbyant/lingbot-world-v2-14b-causal-fast-diffusers"]
     assert preset["num_inference_steps"] == 4
 
 
@@ -512,7 +511,7 @@ def test_each_models_table_is_the_rules_tables(rules: model_rules.ModelRules) ->
     assert "not run" in table["first chunk"]
     memory = table["memory at its cap"]
     width, height = rules.default_size
-    frames = rules.frame_cap(width, height, catalog.DEFAULT_MAX_REQUEST_FRAMES)
+    frames = rules.frame_cap(width, height, presets.DEFAULT_MAX_REQUEST_FRAMES)
     assert f"{rules.weights_bytes / 1e9:.1f} GB" in memory
     if rules.memory is model_rules.MemoryRule.DECODED_HISTORY:
         assert f"{rules.memory_peak_bytes(width, height, frames) / 2**30:.1f} GiB at its peak" in memory

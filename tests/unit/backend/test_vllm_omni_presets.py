@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from rtvideo.backend.loading import catalog
 from rtvideo.backend.loading.settings import BackendSettings
+from rtvideo.backend.vllm_omni import presets
 from rtvideo.backend.vllm_omni.engine import EngineHost, EngineRequest, engine_prompt
 from rtvideo.backend.vllm_omni.output_queue import OutputQueue
 from rtvideo.backend.vllm_omni.source import EngineSources
@@ -98,7 +98,7 @@ def engine_params(config: SessionConfig, num_frames: int, preset: dict[str, Any]
 
 # --- real-time defaults, the start's sampling honoured -------------------------------
 def test_the_helios_preset_uses_names_the_wheels_helios_pipeline_reads() -> None:
-    preset = catalog.VLLM_OMNI_PRESETS[HELIOS]
+    preset = presets.VLLM_OMNI_PRESETS[HELIOS]
     assert preset == {"guidance_scale": 1.0, "extra_params": HELIOS_PRESET_EXTRA}
     pipeline = ast.parse(wheel_source("vllm_omni/diffusion/models/helios/pipeline_helios.py"))
     read = {  # extra.get("KEY", ...) and extra["KEY"] in the pipeline
@@ -210,11 +210,11 @@ def test_the_builtin_generator_still_reports_sampling_fields_as_ignored() -> Non
 
 # --- bounded GPU memory --------------------------------------------------------------
 def test_the_default_cap_comes_from_the_stated_memory_bound() -> None:
-    assert catalog.HELIOS_FRAME_BYTES == 640 * 384 * 3 * 4 == 2_949_120
+    assert presets.HELIOS_FRAME_BYTES == 640 * 384 * 3 * 4 == 2_949_120
     # 4 GiB / 2,949,120 B = 1456 frames, cut to whole 33-frame chunks: a Helios request runs
     # ceil(num_frames / 33) chunks, so 1456 would run 45 (1485 frames, past the bound)
     assert 4 * 2**30 // 2_949_120 == 1456
-    assert catalog.DEFAULT_MAX_REQUEST_FRAMES == 44 * 33 == 1452
+    assert presets.DEFAULT_MAX_REQUEST_FRAMES == 44 * 33 == 1452
     assert BackendSettings().vllm_omni_max_request_frames == 1452
     assert read_parameters()["vllm_omni_max_request_frames"] == "1452"
     with pytest.raises(ValueError, match="vllm_omni_max_request_frames"):

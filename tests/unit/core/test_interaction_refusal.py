@@ -15,7 +15,7 @@ from rtvideo.core.interaction.refusal import PipelineInteractions, Refusal, inte
 from rtvideo.core.interaction.support import InteractionSupport
 from rtvideo.core.interaction.types import InteractionRequest
 
-#: the built-in generator's and vLLM-Omni's entries, as `rtvideo.backend.loading.catalog` has them
+#: the built-in generator's and vLLM-Omni's entries, as `rtvideo.backend.catalog` has them
 BUILTIN = InteractionSupport(("prompt", "blend", "camera"), ("prompt", "prompts", "multi_modal_data"), INTERPOLATIONS)
 ENGINE = InteractionSupport(None, ("prompt", "multi_modal_data"), (LINEAR,))
 HELIOS = PipelineInteractions("HeliosPyramidPipeline", frozenset({"prompt"}))

@@ -1,4 +1,4 @@
-"""Where `rtvideo triton` takes its key from (rtvideo/triton/standalone.py): the environment,
+"""Where `rtvideo triton` takes its key from (rtvideo/standalone.py): the environment,
 else a key file its owner alone reads, else a new key written to one (0600)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rtvideo.standalone import key_source
 from rtvideo.triton.access import KEY_ENV
-from rtvideo.triton.standalone import key_source
 
 
 @pytest.fixture(autouse=True)
