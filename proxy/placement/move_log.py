@@ -27,19 +27,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.approximation import approximate_start
 from rtvideo.core.chunks import EVENT_FRAME_OFFSETS, MEDIA
 from rtvideo.core.errors import ErrorCode, ProtocolError
-from rtvideo.core.event_book import EventBook
 from rtvideo.core.interaction.parse import parse_interaction
 from rtvideo.core.interaction.types import InteractionRequest
 from rtvideo.core.rebuild import REBUILD, Rebuild, ScriptedEvent, interaction_message, parse_rebuild
 
 #: `config` fields only a generator whose state cannot be rebuilt reports (docs/protocol.md §3.2)
 _ENGINE_CONFIG = ("sampling", "model_rules")
+
+
+class Admitted(Protocol):
+    """What the move log reads of the session's event book (a read-only view of it)."""
+
+    def holds(self, event_id: str, fingerprint: bytes) -> bool:
+        """Whether `event_id` was admitted with this payload (`EventBook.holds`)."""
+        ...
 
 
 class Unmovable(Exception):
@@ -49,7 +56,7 @@ class Unmovable(Exception):
 class MoveLog:
     """One session's start and effective events, as a move needs them (module docstring)."""
 
-    def __init__(self, start: Mapping[str, Any], book: EventBook | None = None, max_bytes: int | None = None) -> None:
+    def __init__(self, start: Mapping[str, Any], book: Admitted | None = None, max_bytes: int | None = None) -> None:
         self._book = book  # the session's admissions (None: every parsed interaction is kept)
         self._max_bytes = max_bytes  # None: unbounded
         self._bytes = 0  # the canonical size of the payloads kept in `_sent`

@@ -7,9 +7,10 @@ nothing, and after a move the new model may never have heard of it. The
 decision is the model's rule on the model's inputs: validation is the one core parser
 (`rtvideo.core.interaction.parse.parse_interaction`) and admission is the session's `EventBook.admit` (the
 idempotency rule and the event bound), fed the same interactions in the same order (a retry
-changes neither book). What the proxy cannot decide alone (an invalid interaction, a conflict,
-the session's event limit, an id the book knows only from an ack it observed) is forwarded
-unacked and answered by the model.
+changes neither book). The acks admit through the book's one writer, the session's `Ledger`
+(the `Admissions` seam), and never write the book themselves. What the proxy cannot decide
+alone (an invalid interaction, a conflict, the session's event limit, an id the book knows
+only from an ack it observed) is forwarded unacked and answered by the model.
 
 An interaction acked here that the model refuses (it raced the session's end) needs no
 repair: it is an acked event that no chunk started, so every `session.done` the client gets
@@ -26,11 +27,11 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rtvideo.core import protocol
 from rtvideo.core.errors import ProtocolError
-from rtvideo.core.event_book import EventBook, UnknownPayload
+from rtvideo.core.event_book import UnknownPayload
 from rtvideo.core.interaction.parse import parse_interaction
 from rtvideo.core.rebuild import interaction_message
 
@@ -52,11 +53,23 @@ class Answer(enum.Enum):
     REFUSED = enum.auto()  # acked here, refused there (the session had ended): drop it; done lists it
 
 
+class Admissions(Protocol):
+    """Where the acks admit their events: the session's event book, through its one writer
+    (rtvideo.proxy.session.ledger's `Ledger`)."""
+
+    def admit(self, event_id: str, fingerprint: bytes) -> bool:
+        """True: a new event, now recorded; False: a retry (`EventBook.admit`, which it raises)."""
+        ...
+
+    def retract(self, event_id: str) -> None:
+        """An admission that did not hold: as if never made (`EventBook.retract`)."""
+
+
 @dataclass
 class ProxyAcks:
-    """One session's acks: decided on its `EventBook`, matched to the model's answers."""
+    """One session's acks: decided on its event book (`admissions`), matched to the model's answers."""
 
-    book: EventBook = field(default_factory=EventBook)
+    admissions: Admissions
     _due: dict[str, str] = field(default_factory=dict)  # request tag → event id acked here, model's answer due
 
     def decide(self, message: Mapping[str, Any], raw: bytes) -> Ack | None:
@@ -73,14 +86,14 @@ class ProxyAcks:
         if len(canonical) > protocol.MAX_MESSAGE_BYTES:
             return None  # the id would take it over the model's size limit: the model names it
         try:
-            new = self.book.admit(filled.event_id, filled.fingerprint)
+            new = self.admissions.admit(filled.event_id, filled.fingerprint)
         except (ProtocolError, UnknownPayload):
             return None  # a conflict, the session's limit, or a payload unknown here: the model answers
         return Ack(filled.event_id, canonical, new)
 
     def unkept(self, ack: Ack) -> None:
         """A new event the store could not keep: refused, never forwarded; as if never admitted."""
-        self.book.retract(ack.event_id)
+        self.admissions.retract(ack.event_id)
 
     def restored(self, raw: bytes) -> None:
         """An interaction another proxy admitted (and stored before its ack left) is admitted
@@ -91,7 +104,7 @@ class ProxyAcks:
             return
         if request.event_id is not None:
             with contextlib.suppress(ProtocolError, UnknownPayload):
-                self.book.admit(request.event_id, request.fingerprint)
+                self.admissions.admit(request.event_id, request.fingerprint)
 
     def forwarded(self, tag: str, ack: Ack) -> None:
         """The acked interaction went to the model as request `tag`."""

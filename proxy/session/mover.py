@@ -29,7 +29,6 @@ from typing import Any
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.chunks import MEDIA, TRAILER
 from rtvideo.core.errors import ProtocolError
-from rtvideo.core.event_book import EventBook
 from rtvideo.core.fmp4 import Continuation, ContinuationError, FragmentCursor, split_init
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.phase import Phase, SessionPhase
@@ -38,6 +37,7 @@ from rtvideo.proxy.placement.first_frame import NoFrame, image_url, last_frame
 from rtvideo.proxy.placement.move_log import MoveLog, Unmovable
 from rtvideo.proxy.placement.splice import Coordinates, Splice, SpliceState
 from rtvideo.proxy.placement.streams import StreamSource
+from rtvideo.proxy.session.ledger import BookView
 from rtvideo.proxy.session.upstream import Upstream
 from rtvideo.triton.wire import Reply
 
@@ -64,7 +64,7 @@ class Mover:
         streams: StreamSource,
         patience: float,
         metrics: ProxyMetrics,
-        book: EventBook | None = None,
+        book: BookView,
         log_bytes: int | None = None,
     ) -> None:
         self._streams = streams
@@ -171,13 +171,13 @@ class Mover:
             self._moving = None
             self._metrics.session_moved(reason.value, time.monotonic() - since)
 
-    def move(self, reason: MoveReason, life: SessionPhase, upstream: Upstream, book: EventBook) -> bool:
+    def move(self, reason: MoveReason, life: SessionPhase, upstream: Upstream) -> bool:
         """Go on with a new stream, placed on an endpoint with room (waiting up to the patience
         for one); False, the reason logged and counted, when the session cannot move. A
         detached session's generator is paused there too."""
         if life.phase not in (Phase.STREAMING, Phase.DETACHED):
             return False  # not started, ending or ended: nothing to move
-        unstarted = book.outcome(acked_only=True).unapplied
+        unstarted = self._book.outcome(acked_only=True).unapplied
         try:
             start, resend = self._plan(reason, life.request_id, unstarted)
         except Unmovable as exc:

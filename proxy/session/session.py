@@ -116,8 +116,8 @@ class ProxySession:
         self._owner_has_through: int | None = None
         self._life = Lifecycle()
         self.tasks = TaskSet()
-        self.ledger = Ledger()  # what the owner was handed; holds the session's EventBook
-        self._acks = ProxyAcks(self.ledger.book)
+        self.ledger = Ledger()  # what the owner was handed; its EventBook's one writer
+        self._acks = ProxyAcks(self.ledger)
         self._seat = OwnerSeat(owner, metrics, self._taken)
         self._handouts = Handouts()
         self._invites = Invitations(features, settings, metrics)
@@ -134,7 +134,7 @@ class ProxySession:
         times = UpstreamTimes(KEEPALIVE_SECONDS, PING_FORWARD_SECONDS, END_GRACE_SECONDS)
         # rtvideo.proxy.session.mover: its log keeps the admitted events, within the session's bound
         self._mover = Mover(
-            bridge, settings.move_patience_seconds, metrics, self._acks.book, settings.session_store_bytes
+            bridge, settings.move_patience_seconds, metrics, self.ledger.book, settings.session_store_bytes
         )
         self.upstream = Upstream(
             self._life, settings, times, self.tasks, self.on_reply, self._stream_broke, self._mover.forwarded
@@ -332,7 +332,7 @@ class ProxySession:
     def move(self, reason: MoveReason) -> bool:
         """Go on on another Triton (rtvideo.proxy.session.mover); its participants, event book and
         replay buffer stay. False when it cannot: it is not live, or its state cannot be rebuilt."""
-        return self._mover.move(reason, self._life, self.upstream, self.ledger.book)
+        return self._mover.move(reason, self._life, self.upstream)
 
     def streams_on(self, streams: Collection[object]) -> bool:
         """Whether this session's Triton stream is one of `streams` (an endpoint's, to drain it)."""
@@ -398,7 +398,7 @@ class ProxySession:
         )
 
     def told_guest(self, message: Mapping[str, Any], guest: Guest) -> None:
-        self.ledger.book.observe(message)
+        self.ledger.told_guest(message)
         self._invites.told(message, guest)
 
     def _taken(self, frame: Frame) -> Frame | None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
 from rtvideo.core import protocol, server_messages
+from rtvideo.core.event_book import EventBook
 from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.session.acks import Answer, ProxyAcks
 from rtvideo.proxy.session.ledger import Ledger
@@ -45,7 +46,7 @@ def decide(acks: ProxyAcks, message: dict[str, Any]) -> Any:
 
 # --- the decisions -------------------------------------------------------------------------------
 def test_a_valid_interaction_is_acked_here_and_its_retry_again() -> None:
-    acks = ProxyAcks()
+    acks = ProxyAcks(Ledger())
     first = decide(acks, interaction("e1"))
     assert first is not None and first.event_id == "e1" and first.new
     assert json.loads(first.raw) == interaction("e1")  # forwarded as the client sent it
@@ -54,23 +55,24 @@ def test_a_valid_interaction_is_acked_here_and_its_retry_again() -> None:
 
 
 def test_what_only_the_model_may_answer_is_not_acked_nor_recorded() -> None:
-    acks = ProxyAcks()
+    ledger = Ledger(EventBook(max_events=1))
+    acks = ProxyAcks(ledger)
     assert decide(acks, interaction("e1", prompt="  ")) is None  # invalid_interaction
     assert decide(acks, interaction("e1", bogus=1)) is None
-    assert len(acks.book) == 0
+    assert len(ledger.book) == 0
     assert decide(acks, interaction("e1")) is not None
     assert decide(acks, interaction("e1", prompt="another")) is None  # event_id_conflict
     retry = decide(acks, interaction("e1"))
     assert retry is not None and not retry.new  # the original is untouched
-    acks.book.max_events = 1
-    assert decide(acks, interaction("e2")) is None  # the session's limit
-    acks = ProxyAcks()
-    acks.book.observe(server_messages.queued("r", "seen"))  # the model's ack for one the proxy left to it
+    assert decide(acks, interaction("e2")) is None  # the session's limit (one event)
+    ledger = Ledger()
+    acks = ProxyAcks(ledger)
+    ledger.taken(frame(server_messages.queued("r", "seen")))  # the model's ack for one the proxy left to it
     assert decide(acks, interaction("seen")) is None  # its payload is unknown here: the model judges a retry
 
 
 def test_a_missing_event_id_is_generated_here_and_sent_on_to_the_model() -> None:
-    acks = ProxyAcks()
+    acks = ProxyAcks(Ledger())
     message = interaction(None, transition_chunks=2)
     ack = decide(acks, message)
     assert ack is not None and ack.new and ack.event_id
@@ -83,14 +85,15 @@ def test_a_missing_event_id_is_generated_here_and_sent_on_to_the_model() -> None
 
 
 def test_an_id_that_would_take_a_message_over_the_size_limit_is_left_to_the_model() -> None:
-    acks = ProxyAcks()
+    ledger = Ledger()
+    acks = ProxyAcks(ledger)
     message = interaction(None)  # an engine's modality (kept as sent) fills the message
     message["interaction"]["event"]["multi_modal_data"] = {"depth": {"data": ""}}
     filler = protocol.MAX_MESSAGE_BYTES - len(server_messages.encode(message)) - 30  # room for "mine", not a UUID
     message["interaction"]["event"]["multi_modal_data"]["depth"]["data"] = "x" * filler
     raw = server_messages.encode(message).encode()
     assert len(raw) <= protocol.MAX_MESSAGE_BYTES  # within the limit as sent, not with a UUID added
-    assert acks.decide(message, raw) is None and len(acks.book) == 0
+    assert acks.decide(message, raw) is None and len(ledger.book) == 0
     message["interaction"]["event_id"] = "mine"
     assert acks.decide(message, server_messages.encode(message).encode()) is not None  # as sent: acked here
 
@@ -99,7 +102,7 @@ def test_what_goes_on_is_the_parsed_interaction_never_the_clients_frame() -> Non
     """A field the parser ignores (a 100 kB pad beside `interaction`, a null prompt) is neither
     forwarded to the model nor stored: the ack carries the canonical frame, whose size is the
     parsed request's, and it parses back to the same request (a takeover rebuilds exactly)."""
-    acks = ProxyAcks()
+    acks = ProxyAcks(Ledger())
     message = {**interaction("e1", transition_chunks=3), "pad": "x" * 100_000}
     message["interaction"]["event"]["prompts"] = None
     raw = server_messages.encode(message).encode()
@@ -110,7 +113,7 @@ def test_what_goes_on_is_the_parsed_interaction_never_the_clients_frame() -> Non
         "type": "session.interaction",
         "interaction": {"event_id": "e1", "event": {"prompt": "a lighthouse"}, "transition_chunks": 3},
     }
-    replica = ProxyAcks()
+    replica = ProxyAcks(Ledger())
     replica.restored(ack.raw)  # as a takeover reads it back: the same admission
     retry = replica.decide(message, raw)
     assert retry is not None and not retry.new and retry.raw == ack.raw
@@ -124,7 +127,7 @@ def test_an_event_the_model_never_admitted_is_in_its_done() -> None:
     """The model's done lists what its session admitted; the done the client gets has the
     proxy's book's lists, so an event acked here that the model refused is unapplied there."""
     ledger = Ledger()
-    acks = ProxyAcks(ledger.book)
+    acks = ProxyAcks(ledger)
     for tag, event_id in (("m1", "shown"), ("m2", "listed"), ("m3", "late"), ("m4", "admitted")):
         ack = decide(acks, interaction(event_id))
         acks.forwarded(tag, ack)
@@ -153,7 +156,7 @@ def test_a_done_names_no_event_whose_ack_never_reached_the_client() -> None:
     """Admitted here, its ack never handed out (the session ended first): the client never heard
     of it, so no done names it; the same holds for the done the proxy writes itself."""
     ledger = Ledger()
-    acks = ProxyAcks(ledger.book)
+    acks = ProxyAcks(ledger)
     for event_id in ("told", "untold"):
         acks.forwarded(event_id, decide(acks, interaction(event_id)))
     ledger.taken(frame({"type": "video.start", "request_id": "r"}))
@@ -201,7 +204,7 @@ def test_the_proxy_acks_exactly_what_the_model_acks(manager: Any, messages: list
     start = Recorder()
     manager.on_request(corrid, START.encode(), start=True, end=False, channel=start, secret=SECRET)
     request_id = start.sent[0][0]["request_id"]
-    acks = ProxyAcks()
+    acks = ProxyAcks(Ledger())
     try:
         for message in messages:
             ack = decide(acks, message)

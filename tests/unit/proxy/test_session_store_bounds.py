@@ -22,6 +22,7 @@ from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.continuity.writer import Continuity
 from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.session.acks import ProxyAcks
+from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.store.base import SessionStore
 from rtvideo.proxy.store.keeper import StoreKeeper, StoreState
 from rtvideo.proxy.store.redis_store import PREFIX, RedisStore
@@ -90,7 +91,7 @@ def test_padded_interactions_and_a_rate_limited_flood_leave_only_the_parsed_sess
         await store.drop(sid)
         continuity = Continuity(keeper(store, sid))
         continuity.opened(START)
-        acks = ProxyAcks()
+        acks = ProxyAcks(Ledger())
         for i in range(INTERACTIONS):
             message, raw = padded(f"e{i}")
             if not pad:
