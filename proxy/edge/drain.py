@@ -28,8 +28,18 @@ log = logging.getLogger(__name__)
 PATH = r"/v1/endpoints/([^/]+)/drain"
 
 
+class OnStream(Protocol):
+    """A session's Triton side (rtvideo.proxy.session.upstream's `Upstream`)."""
+
+    @property
+    def stream(self) -> object | None: ...
+
+
 class Movable(Protocol):
-    def streams_on(self, streams: Any) -> bool: ...
+    """A session, as a drain finds and moves it."""
+
+    @property
+    def upstream(self) -> OnStream: ...
 
     def move(self, reason: MoveReason) -> bool: ...
 
@@ -67,7 +77,7 @@ class DrainHandler(tornado.web.RequestHandler):
         if streams is None:
             self._json(404, {"error": f"no Triton endpoint {endpoint}"})
             return
-        there = [s for s in self._sessions() if s.streams_on(streams)]
+        there = [s for s in self._sessions() if s.upstream.stream in streams]
         moving = sum(s.move(MoveReason.DRAIN) for s in there)
         log.warning("endpoint %s drained: %d of %d session(s) there moving", endpoint, moving, len(there))
         self._json(200, {"endpoint": endpoint, "draining": True, "sessions": len(there), "moving": moving})

@@ -208,11 +208,11 @@ class WatchHandler(_GuestDoor[Watchable]):
         return self.context.features.watch_tokens
 
     def refusal(self, session: Watchable) -> str | None:
-        return session.watch_refusal()
+        return session.attachments.watch_refusal()
 
     def join(self) -> None:
         assert self.session is not None
-        self.watcher = self.session.attach_watcher(self)
+        self.watcher = self.session.attachments.attach_watcher(self)
         if self.watcher is None:  # the session ended since the upgrade was granted
             self.close(1000)
 
@@ -259,11 +259,11 @@ class SteerHandler(_GuestDoor[Steerable]):
         return self.context.features.steer_tokens
 
     def refusal(self, session: Steerable) -> str | None:
-        return session.steer_refusal()
+        return session.attachments.steer_refusal()
 
     def join(self) -> None:
         assert self.session is not None
-        self.steerer = self.session.attach_steerer(self, str(self.request.remote_ip))
+        self.steerer = self.session.attachments.attach_steerer(self, str(self.request.remote_ip))
         if self.steerer is None:  # the session ended (or filled up) since the upgrade was granted
             self.close(1000, "the session has ended or has no room for a steerer")
 
@@ -271,7 +271,7 @@ class SteerHandler(_GuestDoor[Steerable]):
         if self.steerer is None or self.steerer.over or self.session is None:
             return None
         # counted by the steering, which knows a playhead report from a steer
-        return self.session.steer(self.steerer, message, isinstance(message, bytes))
+        return self.session.steering.frame(self.steerer, message, isinstance(message, bytes))
 
     def leave(self) -> None:
         if self.steerer is not None:

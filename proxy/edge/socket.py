@@ -250,7 +250,7 @@ class RealtimeVideoHandler(WebSocketHandler):
         """Tornado reads the next frame only once an awaitable returned here is done."""
         binary = isinstance(message, bytes)
         if self.session is not None:
-            return self.session.on_frame(message, binary)
+            return self.session.steering.frame(self.session.owner, message, binary)
         if self.phase is not ConnectionPhase.WAITING or self.owner is None:
             return None  # refused: what was sent behind the refused message is not read
         if resume.is_resume(message, binary=binary):

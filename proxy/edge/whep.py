@@ -168,7 +168,8 @@ class WhepHandler(_WhepBase):
 
     def _no_room(self, kind: str, session: Any) -> bool:
         """The session's (and proxy's) room for one more participant of `kind` (503; True: refused)."""
-        why = session.watch_refusal() if kind == "watch" else session.steer_refusal()
+        doors = session.attachments
+        why = doors.watch_refusal() if kind == "watch" else doors.steer_refusal()
         if why is None:
             return False
         log.info("peer=%s whep (%s) refused: %s", self.request.remote_ip, kind, why)
@@ -233,7 +234,8 @@ class WhepHandler(_WhepBase):
             live = find() is session
         except ResumeRefused:
             live = False
-        why = (session.watch_refusal() if kind == "watch" else session.steer_refusal()) if live else None
+        doors = session.attachments
+        why = (doors.watch_refusal() if kind == "watch" else doors.steer_refusal()) if live else None
         if why is not None:  # filled by others while the answer was made
             viewer.end("no room once its answer was made")
             await viewer.closed()  # its peer connection is gone before the refusal is
@@ -243,9 +245,9 @@ class WhepHandler(_WhepBase):
         if not live:
             participant = None
         elif kind == "watch":
-            participant = session.attach_watcher(viewer.link)
+            participant = doors.attach_watcher(viewer.link)
         else:
-            participant = session.attach_steerer(viewer.link, str(self.request.remote_ip))
+            participant = doors.attach_steerer(viewer.link, str(self.request.remote_ip))
         if participant is None:  # the session ended (or filled up) while the answer was made
             viewer.end("the session ended before it joined")
             await viewer.closed()

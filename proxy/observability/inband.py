@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rtvideo.core import protocol
+from rtvideo.core.event_book import Outcome
 from rtvideo.core.start_request import METRICS
 
 #: at most one session.metrics per this many seconds
@@ -29,18 +30,27 @@ MAX_IN_FLIGHT = 256
 Answer = Callable[[Callable[[], Mapping[str, Any]]], None]
 
 
-class InbandSource(Protocol):
-    """What the figures read of their session (`ProxySession`)."""
+class Named(Protocol):
+    """The session's phase, as the figures read it (rtvideo.proxy.phase's `SessionPhase`)."""
 
     @property
     def request_id(self) -> str | None: ...
+
+
+class Buffered(Protocol):
+    """The session's playhead timing (rtvideo.proxy.observability.session_timing's `PlayheadTiming`)."""
+
     @property
     def buffered_seconds(self) -> float | None:
         """The player's buffer from its latest report."""
 
-    @property
-    def queued_events(self) -> int:
-        """Acked events that no chunk has started yet."""
+
+class Unapplied(Protocol):
+    """The session's event book, read-only (rtvideo.proxy.session.ledger's `BookView`)."""
+
+    def outcome(self, *, acked_only: bool = False) -> Outcome:
+        """The events with no visible end yet: its `unapplied` are those no chunk has started."""
+        ...
 
 
 class InbandMetrics:
@@ -49,11 +59,15 @@ class InbandMetrics:
     def __init__(
         self,
         answer: Answer,
-        source: InbandSource,
+        life: Named,
+        playhead: Buffered,
+        book: Unapplied,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._answer = answer
-        self._source = source
+        self._life = life
+        self._playhead = playhead
+        self._book = book
         self._clock = clock
         self._on = False
         self._arrived: dict[int, float] = {}  # transport index → when the chunk reached the proxy
@@ -111,11 +125,11 @@ class InbandMetrics:
 
     def message(self) -> dict[str, Any]:
         """The `session.metrics` of the last media chunk handed out (built when it is written)."""
-        buffered = self._source.buffered_seconds
+        buffered = self._playhead.buffered_seconds
         return {
             "type": protocol.METRICS,
-            "request_id": self._source.request_id,
+            "request_id": self._life.request_id,
             **(self._latest or {}),
             "buffered_seconds": None if buffered is None else round(buffered, 3),
-            "queued_events": self._source.queued_events,
+            "queued_events": len(self._book.outcome(acked_only=True).unapplied),  # acked, no chunk started yet
         }

@@ -6,9 +6,10 @@ attach as the new owner) and `"watchable": true` (a watch token: read-only watch
 attach) and `"steerable": true` (a steer token: guest steerers may attach). The proxy takes
 these options out before forwarding the start (`take_options`); the model never sees them.
 A token names a session through the Protocol of what may be done with it (`Resumable`,
-`Watchable`, `Steerable`), so that the doors (rtvideo.proxy.session.resume,
-rtvideo.proxy.edge.guest_doors, rtvideo.proxy.edge.guest_doors) depend on these seams, not on the
-session's class.
+`Watchable`, `Steerable`): each names the session's part a door reaches (its attachments, as
+`OwnerProbe`, `WatchDoor` or `SteerDoor`; its steering, as `SteeringFrames`), so that the doors
+(rtvideo.proxy.session.resume, rtvideo.proxy.edge.guest_doors, rtvideo.proxy.edge.whep) depend on
+these seams, not on the session's class, and the session passes nothing through for them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.proxy.broadcasts.service import Broadcasts
-from rtvideo.proxy.participants.links import Link, Owner
+from rtvideo.proxy.participants.links import Link, Owner, Steerer
 from rtvideo.proxy.participants.steerers import GuestSteerer, SteerCensus
 from rtvideo.proxy.participants.tokens import TokenBook
 from rtvideo.proxy.participants.watchers import Watcher, WatcherCensus
@@ -31,21 +32,16 @@ from rtvideo.proxy.settings import ProxySettings
 PROXY_START_OPTIONS = ("resumable", "watchable", "steerable", "record", "broadcast")
 
 
-class Resumable(Protocol):
-    """A session a resume token opens: a new owner attaches to it."""
+class OwnerProbe(Protocol):
+    """The session's attachments, as a resume finds them: an owner that went silent is let go."""
 
     async def drop_if_silent(self, timeout: float) -> None:
         """Its attached owner, if it does not answer a ping within `timeout`, is taken for dropped."""
         ...
 
-    def attach_owner(self, owner: Owner, last: int, token: str) -> None:
-        """`owner` takes the session over from the pair `last` on (`token`: the resume token it
-        used); ResumeRefused (rtvideo.proxy.participants.tokens) when it cannot."""
-        ...
 
-
-class Watchable(Protocol):
-    """A session a watch token opens: read-only watchers attach to it."""
+class WatchDoor(Protocol):
+    """The session's attachments, as a watch token opens them."""
 
     def watch_refusal(self) -> str | None:
         """Why no watcher may attach now (None: one may)."""
@@ -56,8 +52,8 @@ class Watchable(Protocol):
         ...
 
 
-class Steerable(Protocol):
-    """A session a steer token opens: guest steerers attach to it and steer it."""
+class SteerDoor(Protocol):
+    """The session's attachments, as a steer token opens them."""
 
     def steer_refusal(self) -> str | None:
         """Why no steerer may attach now (None: one may)."""
@@ -67,9 +63,42 @@ class Steerable(Protocol):
         """A steerer on `conn`, attached; None when the session has ended or its steering was revoked."""
         ...
 
-    def steer(self, steerer: GuestSteerer, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
+
+class SteeringFrames(Protocol):
+    """The session's steering, where a steering participant's frames go."""
+
+    def frame(self, steerer: Steerer, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
         """One frame of `steerer` (an awaitable: read its next frame only once it is done)."""
         ...
+
+
+class Resumable(Protocol):
+    """A session a resume token opens: a new owner attaches to it."""
+
+    @property
+    def attachments(self) -> OwnerProbe: ...
+
+    def attach_owner(self, owner: Owner, last: int, token: str) -> None:
+        """`owner` takes the session over from the pair `last` on (`token`: the resume token it
+        used); ResumeRefused (rtvideo.proxy.participants.tokens) when it cannot."""
+        ...
+
+
+class Watchable(Protocol):
+    """A session a watch token opens: read-only watchers attach to it."""
+
+    @property
+    def attachments(self) -> WatchDoor: ...
+
+
+class Steerable(Protocol):
+    """A session a steer token opens: guest steerers attach to it and steer it."""
+
+    @property
+    def attachments(self) -> SteerDoor: ...
+
+    @property
+    def steering(self) -> SteeringFrames: ...
 
 
 @dataclass

@@ -25,7 +25,7 @@ FrameTap = Callable[[Frame], None]
 
 
 class RecordingSink(Protocol):
-    """Where a recording of a session attaches (`ProxySession.record_to`): every frame the owner
+    """Where a recording of a session attaches (`Handouts.record_to`): every frame the owner
     is handed, in order, as the socket takes it (video.start, acks, errors, chunk pairs, the
     session.done with its lists: the session's event log), then the end. A sink must not
     block: it is called on the event loop, in the owner's write path."""

@@ -27,9 +27,17 @@ from rtvideo.proxy.broadcasts.writer import BroadcastWriter
 from rtvideo.proxy.continuity.record import SavedFrame, SavedSession, token_hash
 from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.features import Features, Resumable, Steerable, Watchable, take_options
+from rtvideo.proxy.participants.features import (
+    Features,
+    OwnerProbe,
+    Resumable,
+    SteerDoor,
+    SteeringFrames,
+    WatchDoor,
+    take_options,
+)
 from rtvideo.proxy.participants.handouts import Handouts
-from rtvideo.proxy.participants.links import Guest
+from rtvideo.proxy.participants.links import Guest, Owner
 from rtvideo.proxy.participants.replay import ReplayBuffer, ReplayGap
 from rtvideo.proxy.participants.steerers import SteerHub
 from rtvideo.proxy.participants.watchers import WatchHub
@@ -42,8 +50,20 @@ from rtvideo.proxy.settings import ProxySettings
 log = logging.getLogger(__name__)
 
 
-class Joinable(Resumable, Watchable, Steerable, Protocol):
-    """A session its tokens open."""
+class Attachable(OwnerProbe, WatchDoor, SteerDoor, Protocol):
+    """The session's attachments, as its tokens open them."""
+
+
+class Joinable(Protocol):
+    """A session its tokens open (`Resumable`, `Watchable` and `Steerable` at once)."""
+
+    @property
+    def attachments(self) -> Attachable: ...
+
+    @property
+    def steering(self) -> SteeringFrames: ...
+
+    def attach_owner(self, owner: Owner, last: int, token: str) -> None: ...
 
 
 class Invitations:
@@ -386,7 +406,7 @@ class Invitations:
         except ReplayGap as exc:
             raise ResumeRefused(str(exc), exc.oldest) from None
 
-    def taken_up(self, session: Joinable, used: str) -> dict[str, str]:
+    def taken_up(self, session: Resumable, used: str) -> dict[str, str]:
         """A resume attached a new owner with the token `used`: the grace stops, and the tokens
         its video.start carries (a fresh resume token: each is used once)."""
         assert self._features is not None

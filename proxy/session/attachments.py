@@ -17,8 +17,9 @@ import logging
 from collections.abc import Callable
 
 from rtvideo.core.resume import ResumeRefused
+from rtvideo.proxy.participants.features import Resumable
 from rtvideo.proxy.participants.handouts import Handouts
-from rtvideo.proxy.participants.invitations import Invitations, Joinable
+from rtvideo.proxy.participants.invitations import Invitations
 from rtvideo.proxy.participants.links import Link, Owner
 from rtvideo.proxy.participants.seat import OwnerSeat
 from rtvideo.proxy.participants.steerers import GuestSteerer
@@ -35,14 +36,14 @@ class Attachments:
 
     def __init__(
         self,
-        session: Joinable,
+        session: Resumable,
         life: SessionPhase,
         seat: OwnerSeat,
         invites: Invitations,
         handouts: Handouts,
         upstream: Upstream,
     ) -> None:
-        self._session = session  # what its tokens name
+        self._session = session  # what a fresh resume token names
         self._life = life
         self._seat = seat
         self._invites = invites

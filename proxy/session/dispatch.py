@@ -28,10 +28,12 @@ from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming
+from rtvideo.proxy.participants.invitations import Invitations
 from rtvideo.proxy.participants.links import Guest
 from rtvideo.proxy.participants.seat import OwnerSeat
 from rtvideo.proxy.phase import SessionPhase
 from rtvideo.proxy.session.acks import Answer, ProxyAcks
+from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.session.ordering import OutboundOrder, Send
 from rtvideo.triton.wire import START_TAG, Reply
 
@@ -73,11 +75,6 @@ class DispatchedSession(Protocol):
     def slow_consumer(self) -> None:
         """The owner reads too slowly: more than the outbound bound waits."""
 
-    def told_guest(self, message: Mapping[str, Any], guest: Guest) -> None:
-        """A message written to a guest steerer, not the owner: the session's book sees it as
-        the owner's ledger sees what the owner is handed (acks, interaction_failed), and the
-        recording hears it."""
-
 
 class Dispatch:
     """One session's outbound ordering, its ack-wait timer, and the bound on early answers."""
@@ -92,6 +89,9 @@ class Dispatch:
         metrics: ProxyMetrics,
         playhead: PlayheadTiming,
         session: DispatchedSession,
+        *,
+        ledger: Ledger,
+        invites: Invitations,
     ) -> None:
         self._life = life
         self._order: OutboundOrder[Item] = OutboundOrder(ack_wait=ack_wait)
@@ -101,6 +101,8 @@ class Dispatch:
         self._metrics = metrics
         self._playhead = playhead
         self._session = session
+        self._ledger = ledger  # the event book's writer: it sees what a guest steerer is told
+        self._invites = invites  # the recording hears what a guest steerer is told
         self._ack_due: dict[str, float] = {}  # request tag → when its interaction arrived (the model acks it)
         self._routes: dict[str, Guest] = {}  # request tag → the guest steerer that sent it
         self._senders: dict[str, Guest | None] = {}  # event id → whom it was first acked to (None: owner)
@@ -215,7 +217,8 @@ class Dispatch:
     def _aside(self, to: Guest, message: Mapping[str, Any], text: str | None = None, tag: str | None = None) -> None:
         """A message for a guest steerer alone; the session's book sees it (its acks count)."""
         self._note_sender(message, to)
-        self._session.told_guest(message, to)
+        self._ledger.told_guest(message)  # the book sees it as it sees what the owner is handed
+        self._invites.told(message, to)
         to.answer(message, text)
         received = self._ack_due.pop(tag, None) if tag is not None else None
         if received is not None and message.get("type") == protocol.QUEUED:

@@ -35,7 +35,7 @@ async def drop_silent_owner(features: Features, raw: str | bytes) -> None:
         session = features.resume_tokens.find(request.resume_token)
     except (ProtocolError, ResumeRefused):
         return
-    await session.drop_if_silent(features.settings.resume_probe_seconds)
+    await session.attachments.drop_if_silent(features.settings.resume_probe_seconds)
 
 
 async def attach(features: Features, owner: Owner, raw: str | bytes) -> ProxySession:

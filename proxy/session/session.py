@@ -7,25 +7,38 @@ dropped connection or a move to another Triton, each part in its own module:
 - its `Lifecycle` (rtvideo.proxy.session.lifecycle): the `Phase`, and the model's request_id;
 - its `Upstream` (rtvideo.proxy.session.upstream): the Triton stream and what is in flight on it;
   a move to another Triton (`move`, rtvideo.proxy.session.mover) takes the stream over, nothing else;
-- its event book, kept by its `Ledger` (rtvideo.proxy.session.ledger) and decided on by its
-  `ProxyAcks` (rtvideo.proxy.session.acks): every `session.done` a client gets has that book's lists;
+- its event book, written by its `Ledger` alone (rtvideo.proxy.session.ledger) and decided on by
+  its `ProxyAcks` (rtvideo.proxy.session.acks): every `session.done` a client gets has that book's lists;
 - its `Dispatch` (rtvideo.proxy.session.dispatch): replies written to the owner, in the order
   rtvideo.proxy.session.ordering keeps;
 - its `Handouts` (rtvideo.proxy.participants.handouts): what the owner was handed, followed by the replay
-  buffer, the watchers and any recording sink (`record_to`);
+  buffer, the watchers and any recording sink (`Handouts.record_to`);
 - its `Invitations` (rtvideo.proxy.participants.invitations): the resume and watch tokens, the grace.
+- its `Steering` (rtvideo.proxy.session.steering): what a steering participant's frames do;
+- its `Attachments` (rtvideo.proxy.session.attachments): participants coming and going;
 - its `Ending` (rtvideo.proxy.session.ending): the ends the proxy reports itself, and the close.
 
 Its participants (rtvideo.proxy.participants.links) each hold one link, with its outbox and its
-bounds: the `Owner`, whose frames steer the session (rtvideo.proxy.session.steering) and who is
-handed every reply, read-only watchers (rtvideo.proxy.participants.watchers), and guest steerers
-(rtvideo.proxy.participants.steerers), whose frames also go to `steer`. A resume attaches a new
-owner (`attach_owner`), a watch a watcher (`attach_watcher`), a steer link a steerer.
+bounds: the `Owner`, whose frames steer the session and who is handed every reply, read-only
+watchers (rtvideo.proxy.participants.watchers), and guest steerers
+(rtvideo.proxy.participants.steerers), whose frames steer it too.
 
-A session is made by a connection's `session.start` (rtvideo.proxy.edge.socket), or by a resume
-of a session another replica held (rtvideo.proxy.continuity.takeover).
+The session owns its phase and wires its parts once, here; it passes nothing through. A door
+reaches the part it needs through a typed read-only property: the owner's and a guest
+steerer's frames go to `steering.frame` (rtvideo.proxy.edge.socket, rtvideo.proxy.edge.guest_doors),
+a watch or steer link attaches through `attachments` (the seams `WatchDoor`, `SteerDoor` of
+rtvideo.proxy.participants.features, which its tokens open), and a recording sink follows
+`handouts`. What moves the phase stays a method of the session: `begin`, `attach_owner` (a
+resume), `take_over`, `move`, the ends. A session is made by a connection's `session.start`
+(rtvideo.proxy.edge.socket), or by a resume of a session another replica held
+(rtvideo.proxy.continuity.takeover).
+
 Its phase and request id are written here alone (`Lifecycle`); its parts read them and tell
-it what happened by their return values or the `SteeredSession` and `InbandSource` seams.
+it what happened by their return values or a narrow typed seam that names what they use
+(`SteeredSession`: stop, the wait for the store, paced; `DispatchedSession`: video.start,
+the model's done, a slow consumer). Parts that need each other's state get the part at
+wiring time (the figures of `InbandMetrics` read the phase, the playhead and the event book;
+steering shares through the invitations' hubs), not through the session.
 
 Each session ends exactly once: the model's `session.done`, or an end the proxy reports
 itself (`start_timeout`, `invalid_start`, `slow_consumer`, `backend_unavailable`,
@@ -41,10 +54,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rtvideo.core import server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
 from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.continuity.record import SavedSession
@@ -55,12 +67,10 @@ from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming, StreamTiming
 from rtvideo.proxy.observability.tracing import session_trace
 from rtvideo.proxy.participants.features import Features
-from rtvideo.proxy.participants.handouts import Handouts, RecordingSink
+from rtvideo.proxy.participants.handouts import Handouts
 from rtvideo.proxy.participants.invitations import Invitations
-from rtvideo.proxy.participants.links import Guest, Link, Owner, Steerer
+from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.participants.seat import OwnerSeat
-from rtvideo.proxy.participants.steerers import GuestSteerer
-from rtvideo.proxy.participants.watchers import Watcher
 from rtvideo.proxy.phase import LIVE, Phase
 from rtvideo.proxy.placement.bridge import END_GRACE_SECONDS
 from rtvideo.proxy.placement.streams import StreamSource
@@ -129,7 +139,16 @@ class ProxySession:
         self._playhead = PlayheadTiming(metrics, on_shown=self._trace.on_screen)  # on-screen latency and lead
         bound = settings.outbound_buffer_bytes
         self._dispatch = Dispatch(
-            self._life, ACK_WAIT_SECONDS, bound, self._seat, self._acks, metrics, self._playhead, self
+            self._life,
+            ACK_WAIT_SECONDS,
+            bound,
+            self._seat,
+            self._acks,
+            metrics,
+            self._playhead,
+            self,
+            ledger=self.ledger,
+            invites=self._invites,
         )
         times = UpstreamTimes(KEEPALIVE_SECONDS, PING_FORWARD_SECONDS, END_GRACE_SECONDS)
         # rtvideo.proxy.session.mover: its log keeps the admitted events, within the session's bound
@@ -140,9 +159,19 @@ class ProxySession:
             self._life, settings, times, self.tasks, self.on_reply, self._stream_broke, self._mover.forwarded
         )
         # session.metrics, when the start asks (rtvideo.proxy.observability.inband)
-        self._inband = InbandMetrics(self._dispatch.answer, self)
+        self._inband = InbandMetrics(self._dispatch.answer, self._life, self._playhead, self.ledger.book)
         self._steering = Steering(
-            self, self._life, settings, self.upstream, self._acks, self._dispatch, self._playhead, metrics, self._trace
+            self,
+            self._life,
+            settings,
+            self.upstream,
+            self._acks,
+            self._dispatch,
+            self._playhead,
+            metrics,
+            invites=self._invites,
+            continuity=self._continuity,
+            trace=self._trace,
         )
         self._ending = Ending(self._life, self.tasks, self._seat, self.ledger, self.upstream)
         self._attachments = Attachments(self, self._life, self._seat, self._invites, self._handouts, self.upstream)
@@ -179,25 +208,24 @@ class ProxySession:
     def detached(self) -> bool:
         return self._life.phase is Phase.DETACHED
 
-    # --- what InbandMetrics reads (InbandSource) ----------------------------------------------
+    # --- the parts the doors reach (the seams of rtvideo.proxy.participants.features) ---------
     @property
-    def buffered_seconds(self) -> float | None:
-        return self._playhead.buffered_seconds
+    def steering(self) -> Steering:
+        """Where a steering participant's frames go: the owner's (rtvideo.proxy.edge.socket), and
+        a guest steerer's (rtvideo.proxy.edge.guest_doors)."""
+        return self._steering
 
     @property
-    def queued_events(self) -> int:
-        return len(self.ledger.book.outcome(acked_only=True).unapplied)
+    def attachments(self) -> Attachments:
+        """How participants come and go: what a resume, a watch or a steer token opens."""
+        return self._attachments
+
+    @property
+    def handouts(self) -> Handouts:
+        """What the owner is handed, and what follows it (a recording sink, `Handouts.record_to`)."""
+        return self._handouts
 
     # --- participants → Triton ----------------------------------------------------------------
-    def on_frame(self, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
-        """A frame from the owner after its start; an awaitable when Tornado should read the next
-        one only later."""
-        return self.steer(self._seat.owner, raw, binary)
-
-    def steer(self, steerer: Steerer, raw: str | bytes, binary: bool) -> Awaitable[None] | None:
-        """A frame of a steering participant, once the sequence is open (rtvideo.proxy.session.steering)."""
-        return self._steering.frame(steerer, raw, binary)
-
     def begin(self, first: dict[str, Any], raw: bytes) -> Awaitable[None] | None:
         """The session.start that made this session (parsed and bounded by the connection); a
         branch (`from_recording`) reads its recording first, and the next frame is read only once
@@ -241,6 +269,7 @@ class ProxySession:
         if self._life.live:
             (kept if ok else refused)()
 
+    # --- the sequence: opened, held by this replica, taken over, moved -------------------------
     async def _watch_lease(self) -> None:
         """Another replica holds the session now: this one stops driving it. Its owner is closed
         with 1012 (Service Restart) and resumes there; its sequence here is ended."""
@@ -263,30 +292,6 @@ class ProxySession:
         self._seat.owner.close(1012, "continued by another proxy; resume")
         if self._seat.gone:
             self.on_disconnect()
-
-    def revoke_steering(self) -> int:
-        revoked = self._invites.revoke_steering()
-        self._continuity.tokens(self._invites.token_hashes(), gone=("steer",))  # never adopted again
-        return revoked
-
-    def end_broadcast(self) -> asyncio.Future[str] | None:
-        return self._invites.end_broadcast()
-
-    def heard(self, message: Mapping[str, Any], sender: Guest | None) -> None:
-        self._invites.heard(message, sender)
-
-    def share(self, notice: Mapping[str, Any], sender: Guest | None) -> None:
-        """`session.interaction.shared` to everyone but its sender (docs/protocol.md §9.4): the
-        owner in the session's order (it never precedes video.start), steerers and watchers ahead
-        of their queued video."""
-        if sender is not None:
-            self._dispatch.answer(lambda: notice)
-        hubs = (self._invites.steer_hub, self._invites.hub)
-        if any(hub is not None and len(hub) for hub in hubs):
-            frame = Frame(server_messages.encode(notice), notice)
-            for hub in hubs:
-                if hub is not None:
-                    hub.share(frame, sender)
 
     def _open(self, start: bytes) -> None:
         self._continuity.opened(start, durable=self._invites.asks_resume)
@@ -333,14 +338,6 @@ class ProxySession:
         """Go on on another Triton (rtvideo.proxy.session.mover); its participants, event book and
         replay buffer stay. False when it cannot: it is not live, or its state cannot be rebuilt."""
         return self._mover.move(reason, self._life, self.upstream)
-
-    def streams_on(self, streams: Collection[object]) -> bool:
-        """Whether this session's Triton stream is one of `streams` (an endpoint's, to drain it)."""
-        return self.upstream.stream in streams
-
-    def record_to(self, sink: RecordingSink) -> None:
-        """`sink` follows every frame the owner is handed from now on, and hears the end."""
-        self._handouts.record_to(sink)
 
     # --- Triton → the owner -------------------------------------------------------------------
     def on_reply(self, reply: Reply) -> None:
@@ -396,10 +393,6 @@ class ProxySession:
             ErrorCode.SLOW_CONSUMER,
             f"the client reads too slowly: more than {self._settings.outbound_buffer_bytes} bytes are waiting",
         )
-
-    def told_guest(self, message: Mapping[str, Any], guest: Guest) -> None:
-        self.ledger.told_guest(message)
-        self._invites.told(message, guest)
 
     def _taken(self, frame: Frame) -> Frame | None:
         """A frame handed to the owner's socket; returns what is written (a done with the book's
@@ -502,9 +495,6 @@ class ProxySession:
         await self._ending.closed_within(timeout)
 
     # --- attaching participants (rtvideo.proxy.session.attachments) ------------------------------------
-    async def drop_if_silent(self, timeout: float) -> None:
-        await self._attachments.drop_if_silent(timeout)
-
     async def _keeps_owner(self) -> bool:
         """A resume at another replica asks for this session: it stays while its owner is attached
         and answers a ping (one controller at a time, docs/protocol.md §9.1); an owner that does not
@@ -541,15 +531,3 @@ class ProxySession:
             log.info("request_id=%s not resumed within the grace: ending", self._life.request_id)
             self._invites.expire()
             self.on_disconnect()
-
-    def watch_refusal(self) -> str | None:
-        return self._attachments.watch_refusal()
-
-    def attach_watcher(self, conn: Link) -> Watcher | None:
-        return self._attachments.attach_watcher(conn)
-
-    def steer_refusal(self) -> str | None:
-        return self._attachments.steer_refusal()
-
-    def attach_steerer(self, conn: Link, peer: str) -> GuestSteerer | None:
-        return self._attachments.attach_steerer(conn, peer)

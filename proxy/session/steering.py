@@ -17,7 +17,7 @@ guest's well-formed `session.playback` is dropped (only the owner's playhead pac
 and not counted among its messages.
 
 Every participant sees the same story (docs/protocol.md §9.4): an interaction acked here for
-the first time is told to the session's other participants (`share`: the owner, the other
+the first time is told to the session's other participants (`_tell_others`: the owner, the other
 steerers, the watchers) as `session.interaction.shared`, before its sender's ack goes out, so
 their chunk lists name an event they already know.
 """
@@ -31,10 +31,13 @@ from typing import Any, Protocol
 
 from rtvideo.core import protocol, server_messages
 from rtvideo.core.errors import ErrorCode, ProtocolError
+from rtvideo.proxy.continuity.writer import Continuity
+from rtvideo.proxy.frames import Frame
 from rtvideo.proxy.limits import event_id_in, over_rate_stop, refused_event_id
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.session_timing import PlayheadTiming
 from rtvideo.proxy.observability.tracing import NO_TRACE, SessionTrace
+from rtvideo.proxy.participants.invitations import Invitations
 from rtvideo.proxy.participants.links import Guest, Steerer
 from rtvideo.proxy.participants.steerers import in_flight_share
 from rtvideo.proxy.phase import Phase, SessionPhase
@@ -50,7 +53,9 @@ OVER_RATE_READ_PAUSE_SECONDS = 0.001
 
 
 class SteeredSession(Protocol):
-    """What steering asks of the session it steers (`ProxySession`)."""
+    """What steering asks of the session it steers (`ProxySession`): what moves its phase, the
+    wait for the session store (on the session's tasks, while it is live), and what the model's
+    video.start said of it."""
 
     def stop(self) -> None:
         """The owner's session.stop: sequence_end goes to Triton once, and the session moves on."""
@@ -60,19 +65,6 @@ class SteeredSession(Protocol):
         one), after the writes before it (`raw` None: nothing to write); `refused` (default
         `kept`) when the store cannot take it: an event is stored before its ack leaves, so a
         replica continuing the session knows it."""
-
-    def revoke_steering(self) -> int:
-        """Ends every guest's steer link; returns how many there were."""
-
-    def end_broadcast(self) -> asyncio.Future[str] | None:
-        """Ends the session's broadcast (the session goes on); its URL once the ended playlist is
-        written, None when it has none."""
-
-    def heard(self, message: Mapping[str, Any], sender: Guest | None) -> None:
-        """Every message parsed, with its sender (None: the owner): for the recording."""
-
-    def share(self, notice: Mapping[str, Any], sender: Guest | None) -> None:
-        """A new event acked to `sender`, told to every other participant (docs/protocol.md §9.4)."""
 
     @property
     def paced(self) -> bool:
@@ -92,9 +84,14 @@ class Steering:
         dispatch: Dispatch,
         playhead: PlayheadTiming,
         metrics: ProxyMetrics,
+        *,
+        invites: Invitations,
+        continuity: Continuity,
         trace: SessionTrace = NO_TRACE,
     ) -> None:
         self._session = session
+        self._invites = invites  # the hubs a new event is shared with, the broadcast, the recording
+        self._continuity = continuity  # the tokens the store binds (a revoked steer token goes)
         self._trace = trace  # the session's trace (rtvideo.proxy.observability.tracing): received, forwarded
         self._life = life
         self._settings = settings
@@ -135,7 +132,7 @@ class Steering:
                 self._metrics.steer_messages.inc()
             self._dispatch.reject(exc.code, exc.message, to=guest)
             return
-        self._session.heard(message, guest)
+        self._invites.heard(message, guest)  # every message parsed, with its sender: for the recording
         kind = message["type"]
         if guest is not None and kind != protocol.PLAYBACK:  # a report steers nothing: not counted
             self._metrics.steer_messages.inc()
@@ -144,7 +141,7 @@ class Steering:
         elif kind == protocol.BROADCAST:
             self._broadcast(message)
         elif kind == protocol.REVOKE_STEERING:
-            revoked, life = self._session.revoke_steering(), self._life
+            revoked, life = self._revoke(), self._life
             self._dispatch.answer(lambda: server_messages.steering_revoked(life.request_id, revoked))
         elif kind == protocol.STOP:
             self._session.stop()  # a repeated stop is harmless
@@ -182,7 +179,7 @@ class Steering:
         except ProtocolError as exc:
             self._dispatch.reject(exc.code, exc.message)
             return
-        ended, life = self._session.end_broadcast(), self._life
+        ended, life = self._invites.end_broadcast(), self._life
         if ended is None:
             self._dispatch.reject(
                 ErrorCode.INVALID_MESSAGE, 'the session has no broadcast (start with "broadcast": true)'
@@ -241,7 +238,7 @@ class Steering:
                 guest.forwarded(tag)  # its model ack is dropped, but it counts in flight until it comes
             # told to the others before its sender's ack: no chunk can name it ahead of this
             sender = "owner" if guest is None else "steerer"
-            self._session.share(
+            self._tell_others(
                 server_messages.interaction_shared(life.request_id, event_id, sender, message["interaction"]), guest
             )
         # vLLM-Omni 0.32's ingress stamp on a paced session's acks, on the wall clock
@@ -265,6 +262,26 @@ class Steering:
             event_id=ack.event_id,
             to=guest,
         )
+
+    def _tell_others(self, notice: Mapping[str, Any], sender: Guest | None) -> None:
+        """`session.interaction.shared` to everyone but its sender (docs/protocol.md §9.4): the
+        owner in the session's order (it never precedes video.start), steerers and watchers ahead
+        of their queued video."""
+        if sender is not None:
+            self._dispatch.answer(lambda: notice)
+        hubs = (self._invites.steer_hub, self._invites.hub)
+        if any(hub is not None and len(hub) for hub in hubs):
+            frame = Frame(server_messages.encode(notice), notice)
+            for hub in hubs:
+                if hub is not None:
+                    hub.share(frame, sender)
+
+    def _revoke(self) -> int:
+        """The owner's session.revoke_steering: every guest's steer link ends, and the steer token
+        is never adopted again (the store forgets it). Returns how many links there were."""
+        revoked = self._invites.revoke_steering()
+        self._continuity.tokens(self._invites.token_hashes(), gone=("steer",))
+        return revoked
 
     def _open_to(self, guest: Guest | None) -> bool:
         """Whether an interaction whose store write was awaited may still go on (the session is

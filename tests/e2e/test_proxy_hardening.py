@@ -336,13 +336,13 @@ def test_requests_in_flight_to_triton_are_bounded() -> None:
         begin(s)
         s.on_reply(VIDEO_START)
         for i in range(5):
-            s.on_frame(interaction(i), False)
-        s.on_frame(PING, False)  # answered here; not forwarded while the bound is reached
+            s.steering.frame(s.owner, interaction(i), False)
+        s.steering.frame(s.owner, PING, False)  # answered here; not forwarded while the bound is reached
         stream = bridge.streams[0]
         assert [json.loads(raw)["type"] for raw, _, _ in stream.sent] == ["session.start"] + ["session.interaction"] * 3
         s.on_reply(unit_reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e0"}))
-        s.on_frame(interaction(5), False)  # one answer came: room for one more
-        s.on_frame(json.dumps({"type": "session.stop"}), False)  # never counted, never refused
+        s.steering.frame(s.owner, interaction(5), False)  # one answer came: room for one more
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)  # never counted, never refused
         sent = [(json.loads(raw).get("interaction", {}).get("event_id"), end) for raw, _, end in stream.sent]
         await unit_ended(s, conn)
         return sent, conn.texts()
@@ -363,23 +363,23 @@ def test_pings_are_answered_here_and_coalesced(monkeypatch) -> None:
     async def body() -> tuple[list[str], list[Any]]:
         s, conn, bridge = unit_session(**GENEROUS)
         begin(s)
-        s.on_frame(PING, False)  # before video.start: the pong waits behind it
+        s.steering.frame(s.owner, PING, False)  # before video.start: the pong waits behind it
         s.on_reply(VIDEO_START)
         stream = bridge.streams[0]
         for _ in range(9):
-            s.on_frame(PING, False)
+            s.steering.frame(s.owner, PING, False)
 
         def forwarded() -> list[int]:
             return [tag for tag, (raw, _, _) in enumerate(stream.sent) if json.loads(raw)["type"] == "session.ping"]
 
         assert forwarded() == [1]
         await asyncio.sleep(0.25)
-        s.on_frame(PING, False)  # the first is still unanswered: nothing more goes on
+        s.steering.frame(s.owner, PING, False)  # the first is still unanswered: nothing more goes on
         assert forwarded() == [1]
         s.on_reply(unit_reply("m2", {"type": "session.pong"}))  # the model's pong: dropped
-        s.on_frame(PING, False)
+        s.steering.frame(s.owner, PING, False)
         assert forwarded() == [1, 2]
-        s.on_frame(PING, False)  # too soon after the last
+        s.steering.frame(s.owner, PING, False)  # too soon after the last
         assert forwarded() == [1, 2]
         s.on_reply(unit_reply("m3", {"type": "session.pong"}))
         await asyncio.sleep(0.01)
@@ -398,12 +398,12 @@ def test_the_rate_limit_answers_and_lets_a_stop_through() -> None:
         begin(s)  # the start is not counted
         s.on_reply(VIDEO_START)
         for _ in range(5):
-            s.on_frame(PING, False)
-        s.on_frame(b"\x00" * 100_000, True)  # refused before it is even looked at
+            s.steering.frame(s.owner, PING, False)
+        s.steering.frame(s.owner, b"\x00" * 100_000, True)  # refused before it is even looked at
         await asyncio.sleep(1.2)  # one token back (a second one only 0.8 s later)
-        s.on_frame(interaction(1), False)
-        s.on_frame(interaction(2), False)
-        s.on_frame(json.dumps({"type": "session.stop"}), False)  # over the rate, yet a stop
+        s.steering.frame(s.owner, interaction(1), False)
+        s.steering.frame(s.owner, interaction(2), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)  # over the rate, yet a stop
         await unit_ended(s, conn)
         return conn.texts(), bridge.streams[0].sent
 

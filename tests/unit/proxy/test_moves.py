@@ -60,10 +60,10 @@ async def moved_session() -> tuple[Any, FakeConnection, Any]:
     s, conn, bridge = session()
     begin(s)
     s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
-    s.on_frame(interaction("p1", "a storm"), False)
+    s.steering.frame(s.owner, interaction("p1", "a storm"), False)
     s.on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "p1"}))
     s.on_reply(media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",)))
-    s.on_frame(interaction("p2", "a desert"), False)
+    s.steering.frame(s.owner, interaction("p2", "a desert"), False)
     await settle()
     bridge.streams[0].cancel()  # the stream ends under the live session: Triton is gone
     await settle()
@@ -89,7 +89,7 @@ def test_the_new_model_rebuilds_the_session_and_its_stream_continues_the_old() -
         )
         new._replies.put_nowait(media("r2", 0, 1, fresh.encode_chunk(frames(1)), ("p2",)))
         await settle()
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
         return conn.frames, conn.texts(), s.metrics  # type: ignore[return-value]
 
@@ -180,8 +180,8 @@ def test_a_superseded_event_retried_after_a_move_is_acked_and_never_reaches_the_
         s, conn, bridge = session()
         begin(s)
         s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
-        s.on_frame(interaction("p0", "a fog"), False)
-        s.on_frame(interaction("p1", "a storm"), False)
+        s.steering.frame(s.owner, interaction("p0", "a fog"), False)
+        s.steering.frame(s.owner, interaction("p1", "a storm"), False)
         chunk = media("r", 0, 0, FragmentedMp4Encoder(64, 48, 16).encode_chunk(frames(0)), ("p1",))
         s.on_reply(reply(START_TAG, {**chunk.message, "superseded_event_ids": ["p0"]}, chunk.data))
         await settle()
@@ -190,14 +190,14 @@ def test_a_superseded_event_retried_after_a_move_is_acked_and_never_reaches_the_
         await settle()
         new = bridge.streams[1]
         before = list(new.sent)
-        s.on_frame(interaction("p0", "a fog"), False)
-        s.on_frame(interaction("p1", "a storm"), False)
+        s.steering.frame(s.owner, interaction("p0", "a fog"), False)
+        s.steering.frame(s.owner, interaction("p1", "a storm"), False)
         await settle()
         after = list(new.sent)
         assert after == before, "a retry went to the new model"
         new._replies.put_nowait(reply(START_TAG, {"type": "video.start", "request_id": "r2", "config": CONFIG}))
         await settle()
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
         return old_sent, before, conn.texts()
 

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rtvideo.backend.runtime import metrics as model_metrics
 from rtvideo.core.chunks import chunk_timing, realtime_factor
+from rtvideo.core.event_book import Outcome
 from rtvideo.proxy.observability.inband import InbandMetrics
 from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.observability.playback_metrics import LateChunks, Underrun, UnderrunDetector
@@ -117,10 +118,12 @@ def test_the_timings_export_underruns_late_chunks_and_ack_to_screen() -> None:
 
 
 @dataclass(frozen=True)
-class _Figures:  # what InbandMetrics reads of its session
+class _Figures:  # what InbandMetrics reads of its session's phase, playhead and event book
     request_id: str = "video_stream-" + "0" * 32
     buffered_seconds: float = 0.75
-    queued_events: int = 2
+
+    def outcome(self, *, acked_only: bool = False) -> Outcome:
+        return Outcome(unapplied=("e1", "e2"), unfinished=())  # two queued events
 
 
 def test_session_metrics_go_out_at_most_once_a_second_and_only_when_asked() -> None:
@@ -130,6 +133,8 @@ def test_session_metrics_go_out_at_most_once_a_second_and_only_when_asked() -> N
         for asked in (True, False):
             inband = InbandMetrics(
                 lambda build, asked=asked: out[asked].append(dict(build())),
+                _Figures(),
+                _Figures(),
                 _Figures(),
                 clock=lambda: now[0],
             )

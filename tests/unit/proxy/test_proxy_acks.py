@@ -234,11 +234,15 @@ def test_an_ack_goes_out_before_the_model_answers_and_its_answer_is_dropped() ->
     async def body() -> list[dict[str, Any]]:
         s, conn, _bridge = unit_session()
         begin(s)
-        s.on_frame(json.dumps(interaction("early")), False)  # before video.start: its ack waits behind it
+        s.steering.frame(
+            s.owner, json.dumps(interaction("early")), False
+        )  # before video.start: its ack waits behind it
         assert conn.texts() == []
         s.on_reply(VIDEO_START)
-        s.on_frame(json.dumps(interaction("e1")), False)
-        s.on_frame(json.dumps(interaction("e1", prompt="another")), False)  # a conflict: the model answers
+        s.steering.frame(s.owner, json.dumps(interaction("e1")), False)
+        s.steering.frame(
+            s.owner, json.dumps(interaction("e1", prompt="another")), False
+        )  # a conflict: the model answers
         await settle()  # the writer hands them to the socket
         assert [m["type"] for m in conn.texts()] == [
             "video.start",
@@ -279,9 +283,9 @@ def test_an_interaction_that_raced_the_end_is_unapplied_in_the_done() -> None:
         s, conn, _bridge = unit_session()
         begin(s)
         s.on_reply(VIDEO_START)
-        s.on_frame(json.dumps(interaction("applied")), False)
+        s.steering.frame(s.owner, json.dumps(interaction("applied")), False)
         s.on_reply(reply("m2", server_messages.queued("r", "applied")))
-        s.on_frame(json.dumps(interaction("late")), False)
+        s.steering.frame(s.owner, json.dumps(interaction("late")), False)
         s.on_reply(
             reply(
                 START_TAG,

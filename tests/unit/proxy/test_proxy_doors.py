@@ -133,10 +133,12 @@ def test_after_a_stop_bad_json_is_invalid_json_and_a_message_invalid_message() -
         begin(s)
         s.on_reply(VIDEO_START)
         bridge.streams[0].auto_done = False  # the model has not answered the stop yet
-        s.on_frame('{"type": "session.stop"}', False)
-        s.on_frame("{", False)
-        s.on_frame('{"type": "session.interaction", "interaction": {"event": {"prompt": "late"}}}', False)
-        s.on_frame('{"type": "session.stop"}', False)  # a repeated stop: ignored
+        s.steering.frame(s.owner, '{"type": "session.stop"}', False)
+        s.steering.frame(s.owner, "{", False)
+        s.steering.frame(
+            s.owner, '{"type": "session.interaction", "interaction": {"event": {"prompt": "late"}}}', False
+        )
+        s.steering.frame(s.owner, '{"type": "session.stop"}', False)  # a repeated stop: ignored
         await settle()
         frames = kinds(conn.frames)
         conn.close(1000)

@@ -45,9 +45,9 @@ def test_a_quiet_live_sequence_gets_keepalives_whose_pongs_never_reach_the_clien
             s.on_reply(reply(f"m{index + 1}", {"type": "session.pong"}))
         await settle()
         # The bounds are the client's: a keep-alive counted in neither, so one message still passes.
-        s.on_frame(json.dumps({"type": "session.ping"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.ping"}), False)
         await settle()
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
         return conn.frames, stream.sent, s
 
@@ -69,10 +69,10 @@ def test_forwarded_requests_put_the_keepalive_off(monkeypatch: pytest.MonkeyPatc
         s.on_reply(VIDEO_START)
         stream = bridge.streams[0]
         for _ in range(8):  # a client ping every 0.1 s, each forwarded: the sequence is never quiet
-            s.on_frame(json.dumps({"type": "session.ping"}), False)
+            s.steering.frame(s.owner, json.dumps({"type": "session.ping"}), False)
             await asyncio.sleep(0.1)
             s.on_reply(reply(f"m{len(stream.sent)}", {"type": "session.pong"}))
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
         return stream.sent
 
@@ -91,7 +91,7 @@ def test_no_keepalive_after_the_stop(monkeypatch: pytest.MonkeyPatch) -> None:
         s.on_reply(VIDEO_START)
         stream = bridge.streams[0]
         stream.auto_done = False  # the model takes its time to end
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
         await asyncio.sleep(0.3)
         stream_sent = list(stream.sent)
         s.on_reply(reply(START_TAG, {"type": "session.done", "request_id": "r", "chunks": 0, "stopped": True}))

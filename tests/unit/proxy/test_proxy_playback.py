@@ -24,11 +24,11 @@ def test_reports_are_forwarded_never_answered_and_not_in_flight() -> None:
         begin(s)
         s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": {"fps": 16}}))
         for n in range(10):
-            s.on_frame(playback(n * 0.25, buffered_seconds=0.5), False)
-        s.on_frame(playback(-1), False)  # malformed: the only report answered
+            s.steering.frame(s.owner, playback(n * 0.25, buffered_seconds=0.5), False)
+        s.steering.frame(s.owner, playback(-1), False)  # malformed: the only report answered
         await settle()
         in_flight = s.upstream.in_flight
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
         return conn.frames, bridge.streams[0].sent, in_flight, value(s.metrics.reported_lead_seconds, "_count")
 
@@ -46,9 +46,9 @@ def test_reports_over_the_rate_are_rate_limited_like_any_message() -> None:
         begin(s)
         s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": {"fps": 16}}))
         for n in range(3):
-            s.on_frame(playback(n), False)
+            s.steering.frame(s.owner, playback(n), False)
         await settle()
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
         return conn.frames
 

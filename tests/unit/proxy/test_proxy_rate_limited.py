@@ -63,15 +63,15 @@ def test_rate_limited_answers_name_the_refused_interaction() -> None:
         s, conn, _ = session(max_messages_per_second=0.01, message_burst=3, max_requests_in_flight=1)
         begin(s)
         s.on_reply(VIDEO_START)
-        s.on_frame(json.dumps(interaction("first")), False)  # within the rate: acked, in flight
-        s.on_frame(json.dumps(interaction("second")), False)  # within the rate, over the bound in flight
-        s.on_frame(json.dumps({"type": "session.ping"}), False)  # the last token
-        s.on_frame(json.dumps(interaction("third")), False)  # over the rate
-        s.on_frame(json.dumps(interaction(3)), False)
-        s.on_frame('{"type": "session.interaction", "interaction": {"event_id": "fourth"', False)
-        s.on_frame(json.dumps(interaction("e", pad="x" * protocol.MAX_MESSAGE_BYTES)), False)
-        s.on_frame(json.dumps(interaction("fifth")).encode(), True)
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s.steering.frame(s.owner, json.dumps(interaction("first")), False)  # within the rate: acked, in flight
+        s.steering.frame(s.owner, json.dumps(interaction("second")), False)  # within the rate, over the bound in flight
+        s.steering.frame(s.owner, json.dumps({"type": "session.ping"}), False)  # the last token
+        s.steering.frame(s.owner, json.dumps(interaction("third")), False)  # over the rate
+        s.steering.frame(s.owner, json.dumps(interaction(3)), False)
+        s.steering.frame(s.owner, '{"type": "session.interaction", "interaction": {"event_id": "fourth"', False)
+        s.steering.frame(s.owner, json.dumps(interaction("e", pad="x" * protocol.MAX_MESSAGE_BYTES)), False)
+        s.steering.frame(s.owner, json.dumps(interaction("fifth")).encode(), True)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
         return conn.texts()
 

@@ -70,12 +70,13 @@ def test_answers_never_overtake_video_start() -> None:
     async def body() -> FakeConnection:
         s, conn, _ = session()
         begin(s)
-        s.on_frame(
+        s.steering.frame(
+            s.owner,
             json.dumps({"type": "session.interaction", "interaction": {"event_id": "e1", "event": {"prompt": "b"}}}),
             False,
         )
         s.on_reply(reply("m2", {"type": "session.interaction.queued", "request_id": "r", "event_id": "e1"}))
-        s.on_frame(b"binary", True)  # answered by the proxy itself
+        s.steering.frame(s.owner, b"binary", True)  # answered by the proxy itself
         await settle()
         assert conn.frames == [], "an answer went out before video.start"
         s.on_reply(VIDEO_START)
@@ -156,10 +157,10 @@ def test_a_local_answer_that_does_not_fit_ends_the_session(monkeypatch, answer: 
         await settle()
         if answer == "pong":
             bridge.streams[0].auto_done = False  # the model has not confirmed the stop yet
-            s.on_frame(json.dumps({"type": "session.stop"}), False)
-            s.on_frame(json.dumps({"type": "session.ping"}), False)  # answered by the proxy itself
+            s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
+            s.steering.frame(s.owner, json.dumps({"type": "session.ping"}), False)  # answered by the proxy itself
         else:
-            s.on_frame(b"binary", True)
+            s.steering.frame(s.owner, b"binary", True)
         conn.resume()
         await ended(s, conn)
         return conn

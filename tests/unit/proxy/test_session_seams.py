@@ -59,7 +59,7 @@ def test_a_recording_sink_sees_every_frame_handed_out_and_the_end_once() -> None
     async def body() -> Recording:
         s, conn, _ = session()
         sink = Recording()
-        s.record_to(sink)
+        s.handouts.record_to(sink)
         begin(s)
         s.on_reply(VIDEO_START)
         s.on_reply(chunk(0, 10))
@@ -82,14 +82,14 @@ def test_a_replaced_stream_carries_the_session_on() -> None:
         begin(s)
         s.on_reply(VIDEO_START)
         await settle()
-        s.on_frame(json.dumps({"type": "session.interaction", "interaction": {"prompt": "x"}}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.interaction", "interaction": {"prompt": "x"}}), False)
         assert s.upstream.in_flight == 1
         moved = bridge.open_stream()
         s.upstream.take_over(moved, lambda raw: raw)
         in_flight = s.upstream.in_flight
         await moved._replies.put(chunk(0, 10))
         await settle()
-        s.on_frame(json.dumps({"type": "session.stop"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.stop"}), False)
         await ended(s, conn)
         return conn.frames, bridge.streams[0].sent, moved.sent, in_flight
 
@@ -145,9 +145,9 @@ def test_a_watcher_attaches_and_follows_the_pairs() -> None:
         await settle()
         token = owner.texts()[0]["watch_token"]
         session_for_watch = features.watch_tokens.find(token)
-        assert session_for_watch.watch_refusal() is None
+        assert session_for_watch.attachments.watch_refusal() is None
         link = FakeConnection()
-        assert session_for_watch.attach_watcher(link) is not None
+        assert session_for_watch.attachments.attach_watcher(link) is not None
         s.on_reply(chunk(0, 10))
         s.on_reply(reply(START_TAG, DONE))
         await ended(s, owner)

@@ -41,9 +41,9 @@ def _steerable(**settings: Any) -> tuple[ProxySession, FakeConnection, FakeBridg
 async def _join(s: ProxySession, owner: FakeConnection, features: Features) -> tuple[FakeConnection, GuestSteerer]:
     await settle()
     session = features.steer_tokens.find(owner.texts()[0]["steer_token"])
-    assert session.steer_refusal() is None
+    assert session.attachments.steer_refusal() is None
     link = FakeConnection()
-    steerer = session.attach_steerer(link, "guest")
+    steerer = session.attachments.attach_steerer(link, "guest")
     assert steerer is not None
     return link, steerer
 
@@ -56,11 +56,11 @@ def test_answers_go_to_their_sender_only() -> None:
     async def body() -> tuple[FakeConnection, FakeConnection, FakeBridge]:
         s, owner, bridge, features = _steerable()
         link, steerer = await _join(s, owner, features)
-        s.steer(steerer, _interaction("g1"), False)
-        s.steer(steerer, json.dumps({"type": "session.ping"}), False)
-        s.on_frame(_interaction("o1"), False)
+        s.steering.frame(steerer, _interaction("g1"), False)
+        s.steering.frame(steerer, json.dumps({"type": "session.ping"}), False)
+        s.steering.frame(s.owner, _interaction("o1"), False)
         bad = json.dumps({"type": "session.interaction", "interaction": {"event_id": "g2", "event": {}}})
-        s.steer(steerer, bad, False)  # invalid: forwarded, the model answers it
+        s.steering.frame(steerer, bad, False)  # invalid: forwarded, the model answers it
         tag = bridge.streams[0].sent[-1]
         assert b'"g2"' in tag[0]
         await settle()
@@ -102,12 +102,12 @@ def test_only_the_owner_stops_or_revokes_and_a_revoke_is_final() -> None:
         s, owner, bridge, features = _steerable()
         link, steerer = await _join(s, owner, features)
         for kind in ("session.stop", "session.revoke_steering"):
-            s.steer(steerer, json.dumps({"type": kind}), False)
-        s.steer(steerer, json.dumps({"type": "session.playback", "position_seconds": 1.0}), False)  # dropped
+            s.steering.frame(steerer, json.dumps({"type": kind}), False)
+        s.steering.frame(steerer, json.dumps({"type": "session.playback", "position_seconds": 1.0}), False)  # dropped
         await settle()
         assert not any(end for _, _, end in bridge.streams[0].sent)  # no sequence_end went
-        s.on_frame(json.dumps({"type": "session.revoke_steering"}), False)
-        s.on_frame(json.dumps({"type": "session.revoke_steering"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.revoke_steering"}), False)
+        s.steering.frame(s.owner, json.dumps({"type": "session.revoke_steering"}), False)
         await settle()
         return owner, link, bridge, features, owner.texts()[0]["steer_token"]
 
@@ -126,8 +126,8 @@ def test_a_steerer_has_its_own_share_of_the_requests_in_flight() -> None:
         s, owner, _, features = _steerable(max_requests_in_flight=8)  # a share of 2
         link, steerer = await _join(s, owner, features)
         for i in range(3):  # the model answers none of them
-            s.steer(steerer, _interaction(f"g{i}"), False)
-        s.on_frame(_interaction("o1"), False)  # the owner is within the session's bound
+            s.steering.frame(steerer, _interaction(f"g{i}"), False)
+        s.steering.frame(s.owner, _interaction("o1"), False)  # the owner is within the session's bound
         await settle()
         answers = [m.get("event_id") for m in owner.texts()[1:] if m["type"] != "session.interaction.shared"]
         assert answers == ["o1"]
@@ -151,7 +151,7 @@ def test_bounds_per_session_and_steerable_off() -> None:
         s, owner, _, features = _steerable(max_steerers_per_session=1)
         await _join(s, owner, features)
         session = features.steer_tokens.find(owner.texts()[0]["steer_token"])
-        full = session.steer_refusal()
+        full = session.attachments.steer_refusal()
         _s2, owner2, _, _ = _steerable(max_steerers_per_session=0)
         await settle()
         return full, owner2.texts()[0].get("steer_token")

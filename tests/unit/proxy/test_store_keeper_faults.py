@@ -224,11 +224,11 @@ def test_a_session_answers_store_unavailable_forwards_nothing_and_takes_the_retr
         s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
         await until(lambda: keeper.kept)
         store.refusing = True
-        s.on_frame(interaction("p1", "a storm"), False)
+        s.steering.frame(s.owner, interaction("p1", "a storm"), False)
         await until(lambda: any(m.get("event_id") == "p1" for m in conn.texts()))
         store.refusing = False
         await until(lambda: keeper.kept)
-        s.on_frame(interaction("p1", "a storm"), False)
+        s.steering.frame(s.owner, interaction("p1", "a storm"), False)
         await until(lambda: any(m["type"] == "session.interaction.queued" for m in conn.texts()))
         await settle()
         sent = [json.loads(raw)["interaction"]["event_id"] for raw, start, _ in bridge.streams[0].sent if not start]

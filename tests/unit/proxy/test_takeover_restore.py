@@ -55,11 +55,11 @@ async def held_session(store: MemoryStore, **settings: Any) -> tuple[ProxySessio
     s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
     encoder = FragmentedMp4Encoder(64, 48, 16)
     payloads = [encoder.encode_chunk(frames(k)) for k in range(2)]
-    s.on_frame(interaction("p1", "a storm"), False)
+    s.steering.frame(s.owner, interaction("p1", "a storm"), False)
     await settle()
     s.on_reply(media("r", 0, 0, payloads[0], ("p1",)))
     s.on_reply(media("r", 1, 1, payloads[1]))
-    s.on_frame(interaction("p2", "a desert"), False)
+    s.steering.frame(s.owner, interaction("p2", "a desert"), False)
     await settle()
     return s, conn, payloads
 
