@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 PLAYLIST = "index.m3u8"
 INIT = "init.mp4"
-#: the broadcast's own record on the store (its times, not served): see rtvideo.proxy.broadcasts.store
+#: the broadcast's own record on the store (its times, not served): written by
+#: rtvideo.proxy.broadcasts.writer (`marker`), read by the sweep in rtvideo.proxy.broadcasts.service
 MARKER = "broadcast.json"
 #: what the proxy serves of a broadcast's folder: the playlist, the init segment, the segments
 SERVED = re.compile(r"index\.m3u8|init\.mp4|[0-9]{1,18}\.m4s")

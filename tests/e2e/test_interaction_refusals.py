@@ -1,7 +1,7 @@
 """One owner for "why is this interaction refused": the same refused interaction sent through the
 proxy (a WebSocket client, the real Tornado proxy) and over direct gRPC (tritonclient's stream,
 `rtvideo.client.triton_stream`) to a real tritonserver gets the same error, code and message,
-and they are what `rtvideo.core.interaction.interaction_refusal` returns for the model's own
+and they are what `rtvideo.core.interaction.refusal.interaction_refusal` returns for the model's own
 settings (its `config.pbtxt` parameters).
 
 The built-in generator and the vLLM-Omni generator (the stand-in engine, tests/support/omni_standin.py,

@@ -78,7 +78,7 @@ class PlayerReports(Protocol):
 @dataclass(frozen=True)
 class FailedEvent:
     """An acked event that will not be applied: refused at admission (`EventDesk.admit`, by
-    `rtvideo.core.interaction.interaction_refusal`), or refused by the engine after it was
+    `rtvideo.core.interaction.refusal.interaction_refusal`), or refused by the engine after it was
     forwarded (the source has dropped it from its open events). The session reports it with
     `code` and `why`."""
 

@@ -11,7 +11,7 @@ the inline worker's `OmniDiffusionConfig`); where the engine does not expose it 
 out-of-process stage), what it was built from: the `max_num_seqs` engine argument (or its
 legacy name `max_batch_size`), else the deploy config's stage, else the wheel's default
 (`OmniDiffusionConfig.max_num_seqs`, 1 in 0.30.0: `diffusion/data.py`, checked by
-tests/unit/backend/test_vllm_omni_engine_limits.py).
+tests/unit/backend/test_realtime_capacity.py).
 
 That number is only reached by requests that batch. In step mode the scheduler admits a waiting
 request beside a running one only when their batching keys are equal (`_can_schedule_waiting`

@@ -100,7 +100,7 @@ class EngineChunkSource:
 
     def admit_event(self, interaction: Interaction) -> None:
         """An event the model did not refuse (what the pipeline does not register never gets here:
-        `rtvideo.core.interaction.interaction_refusal`), forwarded as sent (`multi_modal_data`
+        `rtvideo.core.interaction.refusal.interaction_refusal`), forwarded as sent (`multi_modal_data`
         unchanged); what the engine still refuses comes back as `event_failed`. One with a prompt is
         translated as a prompt update (its N resolved); one without (a camera command) keeps
         the engine's own lists."""

@@ -7,7 +7,7 @@ at once (compiled alone from `entrypoints/async_omni.py`), and the worker later
 the wheel's whole interaction package: `InteractionCoordinator.enqueue_parts`, the registry, the
 handlers), whose refusal comes back through `generate()` and aborts the request. The product
 refuses beforehand, at admission, what either would: the parser (`invalid_interaction`) what
-`submit_interaction_async` refuses, and `rtvideo.core.interaction.interaction_refusal` with the
+`submit_interaction_async` refuses, and `rtvideo.core.interaction.refusal.interaction_refusal` with the
 model rule table's data (`interaction_failed`, the session goes on) what the worker refuses of a
 valid event. The stand-in must refuse exactly what the wheel refuses, in its words.
 """
