@@ -62,9 +62,6 @@ class GuestRules:
     closed: str  # why nobody joins a closed hub
     gauge: Gauge  # the guests of this kind connected now, on this proxy
     buffer_bytes: int  # each guest's outbox bound (--watcher-buffer-bytes)
-    #: the guest's first frames (video.start, the init pair) go ahead of queued video, as its
-    #: answers do, so that nothing urgent overtakes them (steerers); else in video's order
-    urgent_start: bool = False
 
 
 class HubGuest:
@@ -117,10 +114,11 @@ class GuestHub(ABC, Generic[G]):
     def _admit(self, guest: G, start: dict[str, Any], init: Frame | None) -> G:
         """`guest` joins (the caller checked `room`): it gets `start` (the owner's video.start,
         marked) and the init pair first, then every pair from now on."""
-        urgent = self._rules.urgent_start
-        guest.put(Frame(server_messages.encode(start), start), urgent=urgent, force=True)
+        # urgent: a share (or a steerer's answer) queued right after the join is urgent too, and
+        # must not overtake the guest's first frames (video.start is every client's first message)
+        guest.put(Frame(server_messages.encode(start), start), urgent=True, force=True)
         if init is not None:
-            guest.put(init, urgent=urgent, force=True)
+            guest.put(init, urgent=True, force=True)
         self._guests.append(guest)
         self._census.count += 1
         self._rules.gauge.inc()

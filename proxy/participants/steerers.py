@@ -101,9 +101,6 @@ class SteerHub(GuestHub[GuestSteerer]):
             closed="the session has ended or its steering was revoked",
             gauge=metrics.steerers,
             buffer_bytes=settings.watcher_buffer_bytes,
-            # an answer to a message sent right after the upgrade must not overtake them (urgent
-            # frames keep their order, and go before queued video)
-            urgent_start=True,
         )
         super().__init__(rules, census, metrics)
         self._settings = settings

@@ -131,3 +131,27 @@ def test_a_share_skips_its_sender_and_goes_ahead_of_queued_video() -> None:
         assert [m["type"] for m in other_link.texts()] == [protocol.VIDEO_START, shared, chunk, chunk]
 
     run(body())
+
+
+@pytest.mark.parametrize("kind", ["watcher", "steerer"])
+def test_a_share_right_after_a_join_never_precedes_the_guests_video_start(kind: str) -> None:
+    """video.start is every client's first message: a share queued before the guest's first
+    frames were written (no turn of the loop between) comes after them."""
+
+    async def body() -> None:
+        settings, metrics = ProxySettings(), ProxyMetrics()
+        link = FakeConnection()
+        if kind == "watcher":
+            hub: WatchHub | SteerHub = WatchHub(settings, GuestCensus(), metrics)
+            hub.join(link, START, None)
+        else:
+            hub = SteerHub(settings, GuestCensus(), metrics)
+            hub.join(link, "guest", START, None)
+        hub.publish(_chunk(0, 10))
+        notice = {"type": protocol.INTERACTION_SHARED, "interaction": {"event_id": "e1"}}
+        hub.share(Frame(server_messages.encode(notice), notice), None)
+        await settle()
+        shared, chunk = protocol.INTERACTION_SHARED, protocol.CHUNK_METADATA
+        assert [m["type"] for m in link.texts()] == [protocol.VIDEO_START, shared, chunk]
+
+    run(body())
