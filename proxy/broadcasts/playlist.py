@@ -45,10 +45,6 @@ class Listing:
     ended: bool
     target: int
 
-    @property
-    def next_sequence(self) -> int:
-        return self.segments[-1].sequence + 1 if self.segments else 0
-
 
 def target_duration(segments: Sequence[Segment], at_least: int = 1) -> int:
     """`EXT-X-TARGETDURATION`: every segment's duration, rounded to the nearest integer, is at

@@ -101,11 +101,6 @@ class PlayheadTiming:
         self.buffered_seconds: float | None = None
         self._starts: dict[str, float] = {}  # event id → media start of its first chunk
 
-    @property
-    def tracked(self) -> tuple[int, int]:
-        """How many events' update times and first-chunk times are held (each bounded)."""
-        return len(self._sent_at), len(self._starts)
-
     def sent(self, event_id: str, at: float) -> None:
         if event_id in self._sent_at:
             return  # a retry: the first send counts

@@ -9,8 +9,8 @@ chunks that mention them, because that is the order they were handed out in.
 
 Bounded in bytes: the oldest frames go first, always a whole *unit* at a time (the frames
 up to and including one pair), so the buffer always starts right after a pair and a resume
-from that pair's index or later is complete. `oldest_resumable` names the smallest `K` it
-can serve.
+from that pair's index or later is complete; a resume from before it is refused with the
+smallest `K` it can serve (`ReplayGap.oldest`).
 
 Pure (no I/O): the session feeds it and reads it.
 """
@@ -71,11 +71,6 @@ class ReplayBuffer:
         whose payload the store no longer kept; -1: none)."""
         assert not self._units
         self._evicted_through = self.last_index = index
-
-    @property
-    def oldest_resumable(self) -> int:
-        """The smallest `last_transport_chunk_index` a resume can give (-1: from the start)."""
-        return self._evicted_through
 
     @property
     def size(self) -> int:

@@ -95,11 +95,6 @@ class MoveLog:
         self._sizes[event_id] = size
         self._bytes += size
 
-    @property
-    def kept_bytes(self) -> int:
-        """The canonical size of the event payloads kept (within `max_bytes`)."""
-        return self._bytes
-
     def arrived(self, message: Mapping[str, Any]) -> None:
         """A message from Triton, on the session's coordinates (after any splice)."""
         kind = message.get("type")

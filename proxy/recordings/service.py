@@ -42,7 +42,7 @@ REOPEN_WAITERS = 2
 
 
 class NoRoom(Exception):
-    """No recording may begin: the live ones fill the store (`RecordingStore.room_for_new`)."""
+    """No recording may begin: the live ones fill the store (`RecordingStore.reserve`)."""
 
 
 class BranchesBusy(Exception):

@@ -178,15 +178,10 @@ class RecordingStore:
             return False
         return self._live_total + (self._reserved + more) * self.per_recording <= self.limits.max_bytes
 
-    def room_for_new(self) -> bool:
-        """Whether a new recording may begin: the live ones (and those admitted) leave room for
-        it at its cap and in the count (finished ones can be evicted to make it)."""
-        with self._lock:
-            return self._room(1)
-
     def reserve(self) -> bool:
-        """A new recording admitted, when there is room for it (`room_for_new`): counted until it
-        begins (`begin`) or is let go without a trace (`release`)."""
+        """A new recording admitted, when there is room for it (the live ones and those admitted
+        leave room for it at its cap and in the count; finished ones can be evicted): counted
+        until it begins (`begin`) or is let go without a trace (`release`)."""
         with self._lock:
             if not self._room(1):
                 return False

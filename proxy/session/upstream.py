@@ -95,10 +95,6 @@ class Upstream:
         """Whether request `tag` is still in flight on the current stream (its answer is due)."""
         return tag in self._in_flight
 
-    @property
-    def keepalives_unanswered(self) -> int:
-        return len(self._keepalive_tags)
-
     def answers_stop(self, tag: str) -> bool:
         """Whether `tag` is the request that carried sequence_end (its answer is the trailer and done)."""
         return tag == self._stop_tag

@@ -161,9 +161,10 @@ def run_session(model: Path) -> dict[str, Any]:
     patch_cpu_platform()
     from vllm_omni import AsyncOmni
 
-    from rtvideo.backend.runtime.sources import FailedEvent, Interaction
+    from rtvideo.backend.runtime.sources import FailedEvent
     from rtvideo.backend.vllm_omni.engine import EngineHost, is_start_notice
     from rtvideo.backend.vllm_omni.source import EngineSources
+    from tests.support.probes import prompt_update
     from tests.support.session_configs import session_config
 
     raw: list[dict[str, Any]] = []
@@ -216,10 +217,10 @@ def run_session(model: Path) -> dict[str, Any]:
     try:
         source = sources.open(config, "cpu-session")
         source.admit_event(
-            Interaction.prompt_update("early", "lanterns", 1)
+            prompt_update("early", "lanterns", 1)
         )  # before the first output: held by the host until the engine admits the request
         source.admit_event(
-            Interaction.prompt_update("empty", "", 1)
+            prompt_update("empty", "", 1)
         )  # the parser refuses it from a client; forwarded here, the engine itself refuses it
         while len(chunks) < CHUNKS:
             item = source.next_chunk(FRAMES_PER_CHUNK)
@@ -246,9 +247,7 @@ def run_session(model: Path) -> dict[str, Any]:
                 except Exception as exc:  # noqa: BLE001 - reported
                     refusal = f"{type(exc).__name__}: {exc}"
             if "early" in plan.started:
-                source.admit_event(
-                    Interaction.prompt_update("late", "snow", 0)
-                )  # reaches the engine during the next chunk
+                source.admit_event(prompt_update("late", "snow", 0))  # reaches the engine during the next chunk
         source.close()
     finally:
         sources.close()

@@ -224,8 +224,3 @@ class Interaction(_Parts):
         chunks = {kind: resolve_chunks(kind, sent, prompt_default) for kind in request.kinds}
         interpolation = request.interpolation or interpolation_default
         return cls(event_id, request.event, request.parts, chunks, sent, received_at, interpolation)
-
-    @classmethod
-    def prompt_update(cls, event_id: str, prompt: str, chunks: int, received_at: float = 0.0) -> Interaction:
-        """A prompt-only event with its N resolved (what most callers outside a session admit)."""
-        return cls(event_id, {"prompt": prompt}, (PromptPart(prompt),), {PROMPT: chunks}, chunks, received_at)

@@ -30,7 +30,6 @@ import pytest
 import torch
 
 from rtvideo.backend.loading.settings import BackendSettings
-from rtvideo.backend.runtime.sources import Interaction
 from rtvideo.backend.vllm_omni import model_rules
 from rtvideo.backend.vllm_omni.engine import EngineError, EngineRequest
 from rtvideo.backend.vllm_omni.interaction_rules import pipeline_class
@@ -41,6 +40,7 @@ from rtvideo.core.interaction.refusal import NOTHING_APPLIED, interaction_refusa
 from rtvideo.core.session_config import resolve_session_config
 from rtvideo.core.start_request import validate_start
 from tests.support.omni_standin import StandInAsyncOmni, StandInSamplingParams
+from tests.support.probes import prompt_update
 from tests.support.vllm_omni_wheel import Sampling, StepRequestState, load_interaction, wheel_source
 
 ASYNC_OMNI = "vllm_omni/entrypoints/async_omni.py"
@@ -317,7 +317,7 @@ def test_an_error_through_generate_ends_the_session_naming_the_event() -> None:
     assert host.sink is not None
     host.sink.put("output", _output(), 0.0)
     source.next_chunk(4)
-    source.admit_event(Interaction.prompt_update("e1", "a lantern", 1))
+    source.admit_event(prompt_update("e1", "a lantern", 1))
     assert [i["event_id"] for i in host.interactions] == ["e1"]
     host.sink.put("error", RuntimeError("Failed interaction for request r: boom"), 0.0)
     with pytest.raises(EngineError, match=r"event\(s\) 'e1' not yet started.*Failed interaction"):

@@ -20,6 +20,7 @@ from rtvideo.proxy.recordings import ids
 from rtvideo.proxy.recordings.backing import backing_for
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.redaction import CAPABILITY_PATHS, redact_path
+from tests.support.probes import next_sequence
 
 START = {"type": "video.start", "request_id": "video_stream-1", "config": {"fps": 16}}
 
@@ -69,7 +70,7 @@ def test_the_playlist_is_cmaf_hls_and_reads_back() -> None:
     ]
     assert text.rstrip().endswith("#EXT-X-ENDLIST") and "5.m4s" in text
     listing = playlist.parse(text)
-    assert listing.ended and listing.next_sequence == 7 and [s.sequence for s in listing.segments] == [5, 6]
+    assert listing.ended and next_sequence(listing) == 7 and [s.sequence for s in listing.segments] == [5, 6]
     assert playlist.target_duration([Segment(0, 2.4)], at_least=1) == 3
     with pytest.raises(ValueError):
         playlist.parse("#EXTM3U\n#EXTINF:1,\n../etc/passwd\n")

@@ -16,6 +16,7 @@ from rtvideo.core.errors import ErrorCode
 from rtvideo.core.event_book import EventBook
 from rtvideo.proxy.placement.move_log import MoveLog, Unmovable
 from rtvideo.proxy.session.acks import ProxyAcks
+from tests.support.probes import kept_bytes
 
 START = {"type": "session.start", "prompt": "a harbour", "width": 64, "height": 48}
 CONFIG = {"seed": 7, "fps": 16, "width": 64, "height": 48, "frames_per_chunk": 9}
@@ -45,7 +46,7 @@ def test_refused_events_are_not_kept_and_the_memory_stays_bounded_under_a_flood(
     log, acks = log_and_acks()
     for i in range(3):
         sent(acks, log, message(f"e{i}"))
-    kept = log.kept_bytes
+    kept = kept_bytes(log)
     assert 0 < kept < 3 * 200  # as parsed: the 100 kB pad beside `interaction` is not kept
     tracemalloc.start()
     try:
@@ -56,7 +57,7 @@ def test_refused_events_are_not_kept_and_the_memory_stays_bounded_under_a_flood(
         grown = sum(stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(before, "filename"))
     finally:
         tracemalloc.stop()
-    assert log.kept_bytes == kept
+    assert kept_bytes(log) == kept
     assert grown < 1_000_000  # not one refused event held (each is over 100 kB as sent)
 
 
@@ -66,9 +67,9 @@ def test_an_event_refused_after_its_ack_is_forgotten_unless_it_started() -> None
     sent(acks, log, message("e1", negative_prompt="blurry"))  # acked; the model then refuses it
     sent(acks, log, message("e2"))
     failed = {"type": protocol.ERROR, "code": ErrorCode.INTERACTION_FAILED.value, "event_id": "e1"}
-    before = log.kept_bytes
+    before = kept_bytes(log)
     log.arrived(failed)
-    assert log.kept_bytes < before
+    assert kept_bytes(log) < before
     assert log.resend(["e0", "e1", "e2"]) == [log.resend(["e0"])[0], log.resend(["e2"])[0]]
     chunk = {"type": protocol.CHUNK_METADATA, "kind": "media", "generation_chunk_index": 0, "started_event_ids": ["e2"]}
     log.arrived(chunk)
@@ -80,12 +81,12 @@ def test_an_event_refused_after_its_ack_is_forgotten_unless_it_started() -> None
 def test_past_its_bound_the_log_keeps_nothing_and_says_why_it_cannot_move() -> None:
     log, acks = log_and_acks(max_bytes=250)
     sent(acks, log, message("e0"))
-    assert log.movable() is None and log.kept_bytes > 0
+    assert log.movable() is None and kept_bytes(log) > 0
     sent(acks, log, message("e1", prompt="p" * 300))
-    assert log.kept_bytes == 0
+    assert kept_bytes(log) == 0
     assert "exceed the bound of 250 bytes" in (log.movable() or "")
     with pytest.raises(Unmovable, match="250 bytes"):
         log.start_at(1)
     sent(acks, log, message("e2"))
-    assert log.kept_bytes == 0 and log.resend(["e0", "e2"]) == []
+    assert kept_bytes(log) == 0 and log.resend(["e0", "e2"]) == []
     assert json.loads(json.dumps(START))  # the start itself is untouched

@@ -23,6 +23,7 @@ from rtvideo.proxy.placement.supervisor import BackendState, Supervisor
 from rtvideo.proxy.session import session as proxy_session
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import VIDEO_START, begin, chunk, ended, kinds, reply, run, session, settle
+from tests.support.probes import keepalives_unanswered
 
 
 # --- the keep-alive ---------------------------------------------------------------------------------
@@ -56,7 +57,7 @@ def test_a_quiet_live_sequence_gets_keepalives_whose_pongs_never_reach_the_clien
     assert not any(k == ("error", "rate_limited") for k in kinds(frames))
     assert all(not start and not end for raw, start, end in sent if raw == KEEPALIVE)
     assert (STOP, False, True) in sent
-    assert not s.upstream.keepalives_unanswered
+    assert not keepalives_unanswered(s.upstream)
 
 
 def test_forwarded_requests_put_the_keepalive_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from rtvideo.proxy.observability.metrics import ProxyMetrics, value
 from rtvideo.proxy.observability.session_timing import MAX_TRACKED_EVENTS, PlayheadTiming
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import begin, chunk, ended, kinds, reply, run, session, settle
+from tests.support.probes import tracked
 
 
 def playback(position: float, **more: Any) -> str:
@@ -97,7 +98,7 @@ def test_playhead_timing_stays_bounded_and_silent_without_reports() -> None:
     for n in range(MAX_TRACKED_EVENTS * 3):
         timing.sent(f"e{n}", 1.0)
         timing.taken(media(n, [f"e{n}"]))
-    assert max(timing.tracked) <= MAX_TRACKED_EVENTS
+    assert max(tracked(timing)) <= MAX_TRACKED_EVENTS
     assert (
         value(metrics.interaction_visible_seconds, "_count") == 0
         and value(metrics.reported_lead_seconds, "_count") == 0

@@ -17,6 +17,7 @@ from rtvideo.proxy.recordings import ids, recorder
 from rtvideo.proxy.recordings.backing import BLOCK_BYTES, LocalBacking, backing_for
 from rtvideo.proxy.recordings.recorder import RecordingState, SessionRecorder
 from rtvideo.proxy.recordings.store import LEFTOVER_QUIET_SECONDS, Limits, RecordingStore
+from tests.support.probes import room_for_new
 
 START = {
     "type": "video.start",
@@ -187,7 +188,7 @@ def test_live_recordings_never_take_the_store_past_its_bound(tmp_path: Path) -> 
     one = folder_bytes_of_one(tmp_path / "probe")
     store = RecordingStore(LocalBacking(tmp_path / "rec"), Limits(max_bytes=2 * one, max_age=0, per_recording=one))
     first = record(store, stream())
-    assert first.state is RecordingState.COMPLETE and store.room_for_new()
+    assert first.state is RecordingState.COMPLETE and room_for_new(store)
     writer = ThreadPoolExecutor(max_workers=1)
     live = [
         SessionRecorder(store, ids.new_id(), writer, ProxyMetrics(recordings=True), received_at=0.0) for _ in range(2)
@@ -198,7 +199,7 @@ def test_live_recordings_never_take_the_store_past_its_bound(tmp_path: Path) -> 
     writer.shutdown(wait=True)
     assert store.manifest(first.rid) is None  # the finished one went first
     assert folder_bytes(tmp_path / "rec") <= 2 * one
-    assert not store.room_for_new()  # the live ones leave no room for a third at its cap
+    assert not room_for_new(store)  # the live ones leave no room for a third at its cap
 
 
 def folder_bytes_of_one(root: Path) -> int:
