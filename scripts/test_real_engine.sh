@@ -19,10 +19,18 @@
 # runs) and runs the checks after: building the ~9.3 GB environment from nothing took 5.2
 # minutes here and a run about 3 (docs/vllm-omni.md, "The real engine inside Triton").
 #
-# The environment, .venv-real-engine/ (git-ignored; RTVIDEO_REAL_ENGINE_ENV moves it), is built
-# once from deploy/gpu/requirements.lock, hash-checked, for CPython 3.12 (the lock's Python;
-# PYTHON312 names one, else python3.12 on PATH, else pyenv's), then reused while the lock and this script are
-# unchanged (a stamp of both). Differences from the GPU image, all in that env only:
+# The environment is built once from deploy/gpu/requirements.lock, hash-checked, for CPython 3.12
+# (the lock's Python; PYTHON312 names one, else python3.12 on PATH, else pyenv's), and reused by
+# every checkout while its inputs are unchanged: the lock, this script's install section and the
+# pins it installs beside the lock, and the interpreter (a sha256 of all of them). It lives in the
+# user's cache, ${RTVIDEO_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/rtvideo}/real-engine-<hash>, and
+# the checkout's .venv-real-engine (git-ignored) is a link to it, so a fresh clone (CI's) builds
+# nothing when an earlier run on the machine built the same inputs. A stamp written after the last
+# install step marks it complete: an interrupted build is removed and built again, never reused; a
+# lock (flock) keeps two checkouts from building or running on one environment at once; entries
+# unused for 14 days are removed when a new one is built. RTVIDEO_REAL_ENGINE_ENV=DIR builds and
+# keeps it in DIR instead (no cache, no link), as does a cache directory that cannot be made.
+# Differences from the GPU image, all in that env only:
 #  - numpy 1.26.4 instead of the lock's 2.3.5: the pip Triton's stub (nvidia-pytriton 0.7.0,
 #    Triton 2.51) decodes BYTES tensors wrongly under numpy 2 (NGC's stub does not); so scipy
 #    1.16.3 instead of 1.18.1, whose import fails under numpy 1 (vLLM-Omni imports it through
@@ -61,7 +69,6 @@ while [ $# -gt 0 ]; do  # leading flags of this script, in any order
   esac
 done
 
-ENV_DIR=${RTVIDEO_REAL_ENGINE_ENV:-$DEFAULT_ENV_DIR}
 say() { echo "test_real_engine: $*" >&2; }
 
 # What this machine lacks for the run: with --if-possible (scripts/test.sh) a clear "not run"
@@ -85,19 +92,44 @@ find_python312() {  # $PYTHON312, else a working python3.12 on PATH, else pyenv'
     fi
   done
 }
-want=$( (cat "$LOCK"; sed -n '/^# --- install/,/^# --- end install/p' "$0") | sha256sum | cut -d' ' -f1)
+PY312=$(find_python312)
+[ -n "$PY312" ] || cannot_run "needs CPython 3.12, the lock's Python: set PYTHON312 or put python3.12 on PATH"
+want=$( (cat "$LOCK"; echo "$OVERRIDES $PYTRITON $PYTEST"; sed -n '/^# --- install/,/^# --- end install/p' "$0"
+  "$PY312" -c 'import sys; print(sys.version, sys.base_prefix)') | sha256sum | cut -d' ' -f1)
+
+LINK=""  # the checkout's link to the cached environment, when it is in the cache
+if [ -n "${RTVIDEO_REAL_ENGINE_ENV:-}" ]; then
+  ENV_DIR=$RTVIDEO_REAL_ENGINE_ENV
+else
+  CACHE=${RTVIDEO_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/nonexistent}/.cache}/rtvideo}
+  if mkdir -p "$CACHE" 2>/dev/null && [ -w "$CACHE" ]; then
+    ENV_DIR=$CACHE/real-engine-${want:0:16}
+    LINK=$DEFAULT_ENV_DIR
+  else
+    say "no cache directory ($CACHE cannot be made): the environment is built in the checkout"
+    ENV_DIR=$DEFAULT_ENV_DIR
+  fi
+fi
+if [ -n "$LINK" ] && command -v flock >/dev/null 2>&1; then
+  exec 9>"$ENV_DIR.lock"  # held until this script exits: one build or run on it at a time
+  flock 9
+fi
+
 if [ -f "$ENV_DIR/.real-engine-stamp" ] && [ "$(cat "$ENV_DIR/.real-engine-stamp")" = "$want" ]; then
   say "environment $ENV_DIR is up to date (reused)"
+  touch "$ENV_DIR/.real-engine-stamp"  # its last use, for the clean-up of unused entries
 else
 # --- install: what the stamp covers
-  PY312=$(find_python312)
-  [ -n "$PY312" ] || cannot_run "needs CPython 3.12, the lock's Python: set PYTHON312 or put python3.12 on PATH"
+  if [ -n "$LINK" ] && [ -e "$ENV_DIR" ]; then  # a cached build that never finished
+    say "removing $ENV_DIR (an interrupted build)"
+    rm -rf "$ENV_DIR"
+  fi
   parent=$(dirname "$ENV_DIR")
   free_gb=$(df -Pk "$parent" | awk 'NR==2 {print int($4 / 1048576)}')
   [ "$free_gb" -ge "$NEEDED_GB" ] || cannot_run "needs ${NEEDED_GB} GB free for its environment, $parent has ${free_gb} GB"
   t0=$(date +%s)
   say "building $ENV_DIR from $LOCK (first run: ~9 GB)"
-  [ -x "$ENV_DIR/bin/python" ] || "$PY312" -m venv "$ENV_DIR"  # a changed lock: pip brings the env to it
+  [ -x "$ENV_DIR/bin/python" ] || "$PY312" -m venv "$ENV_DIR"  # in place, a changed lock: pip brings the env to it
   # the lock without the overridden packages, hashes checked, no resolver: the GPU image's install
   names=$(for o in $OVERRIDES; do printf '%s|' "${o%%==*}"; done)
   awk -v names="^(${names%|})==" 'BEGIN{skip=0} $0 ~ names {skip=1; next} skip && /^[ \t]/{next} {skip=0; print}' \
@@ -110,13 +142,28 @@ else
   echo "$want" > "$ENV_DIR/.real-engine-stamp"
   say "environment built in $(( $(date +%s) - t0 )) s ($(du -sh "$ENV_DIR" | cut -f1))"
 # --- end install
+  if [ -n "$LINK" ]; then  # entries of the cache unused for 14 days (another lock, older inputs)
+    find "$CACHE" -maxdepth 2 -path "$CACHE/real-engine-*/.real-engine-stamp" -mtime +14 | while read -r old; do
+      say "removing $(dirname "$old") (unused for 14 days)"
+      rm -rf "$(dirname "$old")" "$(dirname "$old").lock"
+    done
+  fi
+fi
+if [ -n "$LINK" ] && [ "$(readlink "$LINK" 2>/dev/null)" != "$ENV_DIR" ]; then
+  if [ -d "$LINK" ] && [ ! -L "$LINK" ]; then
+    say "removing $LINK (built in the checkout by an earlier version of this script; now in $CACHE)"
+    rm -rf "$LINK"
+  fi
+  ln -sfn "$ENV_DIR" "$LINK"
 fi
 # the CPU platform, refreshed each run (not part of the stamp: an edit needs no rebuild)
 site=$("$ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 cp tests/real_engine/cpu_platform.py "$site/rtvideo_real_engine_cpu.py"
 echo "import rtvideo_real_engine_cpu; rtvideo_real_engine_cpu.install()" > "$site/rtvideo_real_engine_cpu.pth"
-# rtvideo from this checkout (editable, no dependencies: the lock has them), as the image installs it
-if ! "$ENV_DIR/bin/python" -c 'import os, sys, rtvideo.proxy; sys.exit(not rtvideo.__file__.startswith(os.getcwd() + "/"))' 2>/dev/null; then
+# rtvideo from this checkout (editable, no dependencies: the lock has them), as the image installs it;
+# a cached environment another checkout used points at that one's (-I: not this directory's
+# rtvideo/ by way of the current directory, the installed one)
+if ! "$ENV_DIR/bin/python" -I -c 'import sys, rtvideo.proxy; sys.exit(not rtvideo.proxy.__file__.startswith(sys.argv[1] + "/"))' "$PWD" 2>/dev/null; then
   "$ENV_DIR/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
 fi
 [ $install_only = 1 ] && exit 0
@@ -125,7 +172,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # rtvideo and tests/ from t
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 t0=$(date +%s)
 set +e
-"$ENV_DIR/bin/python" -m tests.real_engine.drive "$@"
+"$ENV_DIR/bin/python" -m tests.real_engine.drive "$@" 9>&-  # the lock stays with this script
 rc=$?
 set -e
 say "run took $(( $(date +%s) - t0 )) s"

@@ -1,4 +1,5 @@
-"""One real tritonserver for the whole test session, serving models derived from the real one,
+"""One real tritonserver for the whole test session (under parallel workers, `pytest -n N`: one
+per worker, each worker being a test session of its own), serving models derived from the real one,
 real proxies in front of it (`proxies`, one host per module), two more tritonservers for the
 tests of many endpoints (`pair`, `host`), a real redis-server (`redis_url`), and the markers
 that say what a test needs (registered in pyproject.toml)."""
@@ -17,6 +18,14 @@ from tests.support.proxy_host import ProxyHost
 from tests.support.redis_server import serve_redis
 from tests.support.streams import FAST_MODEL, FAST_MODEL_NAMES, PACED_MODEL
 from tests.support.triton_pair import Host, Pair
+
+
+def worker_path(path: Path) -> Path:
+    """`path` for this test session: under pytest-xdist each worker (`gw0`, `gw1`, ...) is a session
+    of its own with its own servers, so a file named from outside (an environment variable) gets the
+    worker's name in it (`triton-gw1.log`) instead of being written by several at once."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return path if not worker else path.with_name(f"{path.stem}-{worker}{path.suffix}")
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +51,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         },
     )
     derive_model(repo, PACED_MODEL, {"max_sessions": "2"})
-    log = Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log")))
+    log = worker_path(Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log"))))
     # Keyed as `rtvideo serve` keys its own Triton; the key in the environment for the whole test
     # session, where TritonStreamSession, the proxies here and `rtvideo serve` subprocesses read it.
     key = generate_key()
