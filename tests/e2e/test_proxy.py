@@ -23,8 +23,7 @@ from rtvideo.core.protocol import MAX_MESSAGE_BYTES, MAX_START_BYTES
 from rtvideo.proxy.app import ProxyServer
 from rtvideo.proxy.edge.access import origin_allowed
 from rtvideo.proxy.frames import Frame
-from rtvideo.proxy.observability.metrics import ProxyMetrics, by_label
-from rtvideo.proxy.participants.links import Owner
+from rtvideo.proxy.observability.metrics import by_label
 from rtvideo.proxy.placement import bridge as bridge_module
 from rtvideo.proxy.placement.bridge import TritonBridge
 from rtvideo.proxy.session import session as proxy_session
@@ -32,6 +31,7 @@ from rtvideo.proxy.session.ledger import Ledger
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.server import free_port
 from rtvideo.triton.wire import START_TAG, Reply
+from tests.support.fake_bridge import build
 from tests.support.proxy_client import Ws, first_message_answers, is_error, status_of, ws
 from tests.support.proxy_host import run, wait_idle
 from tests.support.streams import (
@@ -205,22 +205,6 @@ def test_ack_precedes_first_mention_under_load(proxies) -> None:
     assert len(t.of_type("session.interaction.queued")) == 40
 
 
-class FakeConnection:
-    """Records what a ProxySession writes (text frames as dicts)."""
-
-    def __init__(self) -> None:
-        self.frames: list[Any] = []
-
-    def write_message(self, message: str | bytes, binary: bool = False) -> asyncio.Future[None]:
-        self.frames.append(message if binary else json.loads(message))
-        future = asyncio.get_running_loop().create_future()
-        future.set_result(None)
-        return future
-
-    def close(self, code: int | None = None, reason: str | None = None) -> None:
-        pass
-
-
 def test_session_forwards_a_mention_only_after_its_ack(monkeypatch) -> None:
     """Replies interleaved the wrong way round on the gRPC stream still reach the client in order."""
     # long enough that the ack, 0.05 s behind chunk 0, is not overtaken by the bound on a loaded machine
@@ -242,12 +226,8 @@ def test_session_forwards_a_mention_only_after_its_ack(monkeypatch) -> None:
         return reply(START_TAG, meta, b"abc")
 
     async def body() -> list[Any]:
-        conn = FakeConnection()
-        settings = ProxySettings(triton_url="127.0.0.1:1")
-        metrics = ProxyMetrics()
-        bridge = TritonBridge(settings.triton_url, settings.model)
-        owner = Owner(conn, "test", settings, metrics)  # type: ignore[arg-type]
-        s = proxy_session.ProxySession(owner, bridge, settings, metrics, lambda _: None)
+        bridge = TritonBridge("127.0.0.1:1", ProxySettings().model)
+        s, conn, _, _, _ = build(bridge=bridge, triton_url="127.0.0.1:1")
         s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r"}))
         s.on_reply(chunk(0, ["e1"]))  # overtook its ack
         s.on_reply(chunk(1, []))  # and must stay behind it

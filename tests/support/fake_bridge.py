@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from rtvideo.core.start_request import check_first_message
 from rtvideo.proxy.observability.metrics import ProxyMetrics
+from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.session import session as proxy_session
 from rtvideo.proxy.settings import ProxySettings
+from rtvideo.proxy.store.base import SessionStore
+from rtvideo.proxy.store.keeper import StoreKeeper
 from rtvideo.triton.wire import START_TAG, Reply
 
 T = TypeVar("T")
@@ -122,12 +125,49 @@ def chunk(index: int, size: int, kind: str = "media") -> Reply:
 VIDEO_START = reply(START_TAG, {"type": "video.start", "request_id": "r"})
 
 
-def session(**settings: Any) -> tuple[proxy_session.ProxySession, FakeConnection, FakeBridge]:
-    conn, bridge = FakeConnection(), FakeBridge()
+class Built(NamedTuple):
+    """A session built by hand (`build`), and what it is wired to."""
+
+    session: proxy_session.ProxySession
+    conn: FakeConnection  # its owner's link
+    bridge: FakeBridge
+    features: Features | None  # its resume, watch and steer tokens (None: a proxy without them)
+    keeper: StoreKeeper | None  # its writes to a shared session store (None: one proxy alone)
+
+
+def build(
+    peer: str = "test",
+    *,
+    guests: bool = False,
+    store: SessionStore | None = None,
+    sid: str = "s-test",
+    holder: str = "a",
+    bridge: Any = None,
+    **settings: Any,
+) -> Built:
+    """The one builder of a `ProxySession` in tests: its owner on a `FakeConnection` at `peer`, a
+    `FakeBridge` for its Triton (or `bridge`), `ProxySettings(**settings)`. `guests`: with the
+    proxy's `Features` (resume, watch and steer tokens), as the app gives every session. `store`:
+    held by replica `holder` as `sid` in that shared store (its tokens the store's cluster's;
+    guests implied). Closing the owner's link ends the session, as the socket handler does."""
+    conn, bridge = FakeConnection(), FakeBridge() if bridge is None else bridge
     config, metrics = ProxySettings(**settings), ProxyMetrics()
-    owner = Owner(conn, "test", config, metrics)  # type: ignore[arg-type]
-    s = proxy_session.ProxySession(owner, bridge, config, metrics, lambda _: None)  # type: ignore[arg-type]
+    features = Features(config, shared=True) if store is not None else Features(config) if guests else None
+    keeper = None
+    if store is not None:
+        assert features is not None
+        for book in (features.resume_tokens, features.watch_tokens, features.steer_tokens):
+            book.instance = store.cluster
+        keeper = StoreKeeper(store, sid, holder, metrics.store_call, payload_bytes=config.replay_buffer_bytes)
+    owner = Owner(conn, peer, config, metrics)  # type: ignore[arg-type]
+    s = proxy_session.ProxySession(owner, bridge, config, metrics, lambda _: None, features, keeper)
     conn.on_close = s.on_disconnect
+    return Built(s, conn, bridge, features, keeper)
+
+
+def session(**settings: Any) -> tuple[proxy_session.ProxySession, FakeConnection, FakeBridge]:
+    """`build` without guests: the session, its owner's link and its Triton."""
+    s, conn, bridge, _, _ = build(**settings)
     return s, conn, bridge
 
 

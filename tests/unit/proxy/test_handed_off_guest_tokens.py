@@ -15,15 +15,11 @@ import pytest
 
 from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.edge.relay import Where, locate
-from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
-from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.session.session import ProxySession
-from rtvideo.proxy.settings import ProxySettings
-from rtvideo.proxy.store.keeper import StoreKeeper
 from rtvideo.proxy.store.memory import MemoryStore
 from rtvideo.triton.wire import START_TAG
-from tests.support.fake_bridge import FakeBridge, FakeConnection, begin, reply, run
+from tests.support.fake_bridge import FakeConnection, begin, build, reply, run
 from tests.unit.proxy.test_moves import CONFIG
 
 SID = "s-guests"
@@ -34,14 +30,8 @@ START = json.dumps(
 
 async def guested(store: MemoryStore) -> tuple[ProxySession, FakeConnection, Features, dict[str, str]]:
     """A watchable, steerable session held by replica "a", and its guests' tokens."""
-    config, metrics = ProxySettings(), ProxyMetrics()
-    features = Features(config, shared=True)
-    for book in (features.resume_tokens, features.watch_tokens, features.steer_tokens):
-        book.instance = store.cluster
-    conn = FakeConnection()
-    keeper = StoreKeeper(store, SID, "a", metrics.store_call, payload_bytes=config.replay_buffer_bytes)
-    owner = Owner(conn, "test", config, metrics)  # type: ignore[arg-type]
-    s = ProxySession(owner, FakeBridge(), config, metrics, lambda _: None, features, keeper)  # type: ignore[arg-type]
+    s, conn, _, features, _ = build(store=store, sid=SID, holder="a")
+    assert features is not None
     begin(s, START)
     s.on_reply(reply(START_TAG, {"type": "video.start", "request_id": "r", "config": CONFIG}))
     for _ in range(20):

@@ -7,17 +7,14 @@ import json
 from typing import Any
 
 from rtvideo.proxy.frames import Frame
-from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.features import Features
 from rtvideo.proxy.participants.links import Owner
-from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import (
     VIDEO_START,
-    FakeBridge,
     FakeConnection,
     begin,
+    build,
     chunk,
     ended,
     kinds,
@@ -42,17 +39,6 @@ class Recording:
 
     def session_ended(self) -> None:
         self.ended += 1
-
-
-def _joinable(**settings: Any) -> tuple[ProxySession, FakeConnection, FakeBridge, Features]:
-    conn, bridge = FakeConnection(), FakeBridge()
-    config = ProxySettings(**settings)
-    features = Features(config)
-    metrics = ProxyMetrics()
-    owner = Owner(conn, "first", config, metrics)  # type: ignore[arg-type]
-    s = ProxySession(owner, bridge, config, metrics, lambda _: None, features)  # type: ignore[arg-type]
-    conn.on_close = s.on_disconnect
-    return s, conn, bridge, features
 
 
 def test_a_recording_sink_sees_every_frame_handed_out_and_the_end_once() -> None:
@@ -103,7 +89,8 @@ def test_a_replaced_stream_carries_the_session_on() -> None:
 
 def test_a_resume_attaches_a_new_owner_with_what_the_old_one_lost() -> None:
     async def body() -> tuple[FakeConnection, FakeConnection, list[Any]]:
-        s, first, bridge, features = _joinable(resume_grace_seconds=30)
+        s, first, bridge, features, _ = build("first", guests=True, resume_grace_seconds=30)
+        assert features is not None
         begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "resumable": True}))
         s.on_reply(VIDEO_START)
         s.on_reply(chunk(0, 10))
@@ -139,7 +126,8 @@ def test_a_resume_attaches_a_new_owner_with_what_the_old_one_lost() -> None:
 
 def test_a_watcher_attaches_and_follows_the_pairs() -> None:
     async def body() -> FakeConnection:
-        s, owner, _, features = _joinable()
+        s, owner, _, features, _ = build("first", guests=True)
+        assert features is not None
         begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "watchable": True}))
         s.on_reply(VIDEO_START)
         await settle()

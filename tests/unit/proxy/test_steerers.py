@@ -9,14 +9,11 @@ from typing import Any
 import pytest
 
 from rtvideo.core.resume import ResumeRefused
-from rtvideo.proxy.observability.metrics import ProxyMetrics
 from rtvideo.proxy.participants.features import Features
-from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.participants.steerers import REVOKED_CLOSE_CODE, GuestSteerer
 from rtvideo.proxy.session.session import ProxySession
-from rtvideo.proxy.settings import ProxySettings
 from rtvideo.triton.wire import START_TAG
-from tests.support.fake_bridge import VIDEO_START, FakeBridge, FakeConnection, begin, reply, run, settle
+from tests.support.fake_bridge import VIDEO_START, FakeBridge, FakeConnection, begin, build, reply, run, settle
 
 
 def _interaction(event_id: str, prompt: str = "a harbour") -> str:
@@ -26,13 +23,9 @@ def _interaction(event_id: str, prompt: str = "a harbour") -> str:
 
 
 def _steerable(**settings: Any) -> tuple[ProxySession, FakeConnection, FakeBridge, Features]:
-    conn, bridge = FakeConnection(), FakeBridge()
-    config = ProxySettings(**settings)
-    features = Features(config)
-    metrics = ProxyMetrics()
-    owner = Owner(conn, "owner", config, metrics)  # type: ignore[arg-type]
-    s = ProxySession(owner, bridge, config, metrics, lambda _: None, features)  # type: ignore[arg-type]
-    conn.on_close = s.on_disconnect
+    """A session built with guests (tests.support.fake_bridge `build`), started steerable."""
+    s, conn, bridge, features, _ = build("owner", guests=True, **settings)
+    assert features is not None
     begin(s, json.dumps({"type": "session.start", "prompt": "a harbour", "steerable": True}))
     s.on_reply(VIDEO_START)
     return s, conn, bridge, features

@@ -13,16 +13,13 @@ from rtvideo.backend.media.encoder import FragmentedMp4Encoder
 from rtvideo.core.fmp4 import FragmentCursor, split_init
 from rtvideo.core.resume import ResumeRefused
 from rtvideo.proxy.continuity.record import SavedFrame, SavedSession, token_hash
-from rtvideo.proxy.observability.metrics import ProxyMetrics
-from rtvideo.proxy.participants.features import Features
-from rtvideo.proxy.participants.links import Owner
 from rtvideo.proxy.participants.tokens import TokenBook
 from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.settings import ProxySettings
 from rtvideo.proxy.store.keeper import StoreKeeper
 from rtvideo.proxy.store.memory import MemoryStore
 from rtvideo.triton.wire import START_TAG
-from tests.support.fake_bridge import FakeBridge, FakeConnection, begin, reply, run
+from tests.support.fake_bridge import FakeBridge, FakeConnection, begin, build, reply, run
 from tests.unit.proxy.test_moves import CONFIG, frames, interaction, media
 
 SID = "s-restore"
@@ -31,15 +28,8 @@ SID = "s-restore"
 def replica(
     store: MemoryStore, holder: str, **settings: Any
 ) -> tuple[ProxySession, FakeConnection, FakeBridge, StoreKeeper]:
-    config, metrics = ProxySettings(**settings), ProxyMetrics()
-    features = Features(config, shared=True)
-    for book in (features.resume_tokens, features.watch_tokens, features.steer_tokens):
-        book.instance = store.cluster
-    conn, bridge = FakeConnection(), FakeBridge()
-    keeper = StoreKeeper(store, SID, holder, metrics.store_call, payload_bytes=config.replay_buffer_bytes)
-    owner = Owner(conn, "test", config, metrics)  # type: ignore[arg-type]
-    s = ProxySession(owner, bridge, config, metrics, lambda _: None, features, keeper)  # type: ignore[arg-type]
-    conn.on_close = s.on_disconnect
+    s, conn, bridge, _, keeper = build(store=store, sid=SID, holder=holder, **settings)
+    assert keeper is not None
     return s, conn, bridge, keeper
 
 
