@@ -169,6 +169,45 @@ def test_every_shorter_file_path_ends_a_file_of_ours() -> None:
     assert problems == []
 
 
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, code marks and punctuation dropped,
+    spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
+
+
+def anchors(doc: Path) -> set[str]:
+    """The anchors of a document's headings (outside code blocks); a repeated one gets `-1`, `-2`."""
+    seen: dict[str, int] = {}
+    found = set()
+    fenced = False
+    for line in doc.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and (m := re.match(r"#+\s+(.*)", line)):
+            anchor = slug(m.group(1))
+            found.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
+            seen[anchor] = seen.get(anchor, 0) + 1
+    return found
+
+
+def test_every_link_names_a_file_and_heading_that_exist() -> None:
+    """`[text](decisions.md#rooms-in-order-round-6)`: the file, and the heading the anchor names."""
+    problems = []
+    for doc, line, target in mentions(LINK, 1):
+        if re.match(r"(https?|mailto):", target):
+            continue
+        path, _, anchor = target.partition("#")
+        source = next(d for d in DOCS if d.name == doc)
+        file = (source.parent / path).resolve() if path else source
+        if not file.exists():
+            problems.append(f"{doc}:{line}: {target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            problems.append(f"{doc}:{line}: {target}: no such heading")
+    assert problems == []
+
+
 def test_the_check_itself() -> None:
     """A module, a name in it and a class's member resolve; a missing one of each is named."""
     assert dotted_problem("rtvideo.proxy.session.upstream") is None
@@ -182,3 +221,7 @@ def test_the_check_itself() -> None:
         "rtvideo.proxy.session.upstream.Upstream has no member nothing"
     )
     assert dotted_problem("rtvideo.nowhere.at_all") == "rtvideo defines no nowhere"
+    assert slug("Broadcasts: a live window, the owner's to end (issue 49)") == (
+        "broadcasts-a-live-window-the-owners-to-end-issue-49"
+    )
+    assert slug("9.6 Broadcasts: HLS for spectators") == "96-broadcasts-hls-for-spectators"
