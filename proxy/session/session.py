@@ -23,8 +23,10 @@ bounds: the `Owner`, whose frames steer the session and who is handed every repl
 watchers (rtvideo.proxy.participants.watchers), and guest steerers
 (rtvideo.proxy.participants.steerers), whose frames steer it too.
 
-The session owns its phase and wires its parts once, here; it passes nothing through. A door
-reaches the part it needs through a typed read-only property: the owner's and a guest
+The session owns its phase and wires its parts once, here; it holds no pass-through for a
+door (what it keeps that reads a part is the session's own: `move` gives the mover its phase
+and stream; `peer`, `owner`, `request_id` and `closed` are what the handler reads of it). A
+door reaches the part it needs through a typed read-only property: the owner's and a guest
 steerer's frames go to `steering.frame` (rtvideo.proxy.edge.socket, rtvideo.proxy.edge.guest_doors),
 a watch or steer link attaches through `attachments` (the seams `WatchDoor`, `SteerDoor` of
 rtvideo.proxy.participants.features, which its tokens open), and a recording sink follows
