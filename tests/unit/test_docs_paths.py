@@ -208,6 +208,29 @@ def test_every_link_names_a_file_and_heading_that_exist() -> None:
     assert problems == []
 
 
+def test_the_owners_architecture_md_names_define_what_it_says() -> None:
+    """docs/architecture.md "Who owns what": each name a row gives (`Lifecycle`, `take_over`,
+    `ProxySession._watch_lease`) is defined in a module that row names, at its top or in a class."""
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("## Who owns what", 1)[1].split("\n## ", 1)[0]
+    problems = []
+    for row in (line for line in table.splitlines() if line.startswith("| ") and "`" in line):
+        cells = row.strip("|").split("|")
+        paths = re.findall(r"`((?:proxy|rtvideo)/[\w/]+\.py)`", "|".join(cells[1:]))
+        names = [n for n in re.findall(r"`([A-Za-z_][\w.]*)`", "|".join(cells[1:])) if not n.endswith(".py")]
+        defined: set[str] = set()
+        for path in paths:
+            body = defined_names(ast.parse((REPO_ROOT / path).read_text()).body)
+            defined |= set(body)
+            for name, node in body.items():
+                if isinstance(node, ast.ClassDef):
+                    defined |= {f"{name}.{member}" for member in defined_names(node.body)} | set(
+                        defined_names(node.body)
+                    )
+        problems += [f"{cells[0].strip()}: {name}" for name in names if name not in defined]
+    assert problems == []
+
+
 def test_the_check_itself() -> None:
     """A module, a name in it and a class's member resolve; a missing one of each is named."""
     assert dotted_problem("rtvideo.proxy.session.upstream") is None
