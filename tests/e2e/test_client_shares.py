@@ -1,4 +1,4 @@
-"""Shared limits per client (docs/security.md "Per-client bounds"), tried through real proxies,
+"""Shared limits per client (docs/security.md "What one client may cost the others"), tried through real proxies,
 the session's real Triton, real WebSocket clients and, across replicas, a real Redis:
 
 - the waiting share is held per client: one address flooding upgrades that never start does

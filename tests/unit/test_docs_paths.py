@@ -231,6 +231,41 @@ def test_the_owners_architecture_md_names_define_what_it_says() -> None:
     assert problems == []
 
 
+SECTION = re.compile(r'(?:docs/)?([\w-]+\.md)[,:]?\s+"([^"\n]+)"')
+
+#: the folders whose files may cite a section of the docs (`docs/operations.md "Health"`)
+CITING = ("proxy", "rtvideo", "client", "tests", "scripts", "benchmarks", "deploy", "docs")
+
+
+def sections(doc: Path) -> list[str]:
+    """A document's headings (outside code blocks) and the bold leads of its paragraphs."""
+    found = []
+    fenced = False
+    for line in doc.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and (m := re.match(r"#+\s+(.*)", line)):
+            found.append(m.group(1).replace("`", ""))
+        found += re.findall(r"\*\*([^*]+?)\.?\*\*", line)
+    return [s.lower() for s in found]
+
+
+def test_every_cited_section_exists() -> None:
+    """`docs/operations.md "Health"` in a docstring, a comment or a doc: that document has a
+    heading (or a paragraph's bold lead) holding the words."""
+    known = {doc.name: sections(doc) for doc in DOCS}
+    problems = []
+    for file in repo_files():
+        if file.split("/")[0] not in CITING and file != "README.md":
+            continue
+        if not file.endswith((".py", ".md", ".sh", ".yaml", ".js", ".html")):
+            continue
+        for number, line in enumerate((REPO_ROOT / file).read_text(errors="replace").splitlines(), 1):
+            for doc, section in SECTION.findall(line):
+                if doc in known and not any(section.lower() in s for s in known[doc]):
+                    problems.append(f'{file}:{number}: {doc} "{section}"')
+    assert problems == []
+
+
 def test_the_check_itself() -> None:
     """A module, a name in it and a class's member resolve; a missing one of each is named."""
     assert dotted_problem("rtvideo.proxy.session.upstream") is None

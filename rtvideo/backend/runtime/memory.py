@@ -1,4 +1,4 @@
-"""The generator's memory, for the model's gauges (docs/operations.md, "Model metrics").
+"""The generator's memory, for the model's gauges (docs/operations.md, "Playback and model health metrics").
 
 In all: the GPU's used bytes when torch.cuda is available (the device the model runs on; a
 KIND_GPU instance has its GPU), else the resident bytes of the model's process and every

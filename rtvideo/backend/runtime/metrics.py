@@ -6,7 +6,7 @@ times a second. Histograms (`HISTOGRAMS`) are buffered as their observations, bo
 (`MAX_PENDING_OBSERVATIONS` per family between flushes; beyond, the oldest are dropped).
 
 The realtime factor is measured here, not in the proxy: only the model knows how long a chunk
-took to make apart from the pacing waits (docs/operations.md, "Model metrics").
+took to make apart from the pacing waits (docs/operations.md, "Playback and model health metrics").
 """
 
 from __future__ import annotations
