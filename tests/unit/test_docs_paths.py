@@ -1,8 +1,10 @@
 """Every path the docs name exists: a module's dotted name (`rtvideo.proxy.session.upstream`, which
 may end in a class, a function or a class's member), a file or folder from the repository's root
 (`proxy/session/upstream.py`, `tests/e2e/test_resume.py`, `scripts/test.sh`) and a shorter file
-path in backticks (`session/upstream.py`), read from docs/*.md and README.md. Found by reading the
-source (ast), never by importing it, so it runs without torch or Triton."""
+path in backticks (`session/upstream.py`), read from docs/*.md and README.md; every link's file
+and heading; every section a file cites (`docs/operations.md "Health"`); and the names
+docs/architecture.md's "Who owns what" gives, defined where it says. Found by reading the source
+(ast), never by importing it, so it runs without torch or Triton."""
 
 from __future__ import annotations
 
@@ -54,7 +56,18 @@ def mentions(pattern: re.Pattern[str], group: int = 0) -> list[tuple[str, int, s
 
 @cache
 def repo_files() -> tuple[str, ...]:
-    skip = {".git", ".venv", "__pycache__", "node_modules", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+    """The repository's files, less what tools and builds leave (a stale build/ would hold moved files)."""
+    skip = {
+        ".git",
+        ".venv",
+        "__pycache__",
+        "node_modules",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".pytest_cache",
+        "build",
+        "dist",
+    }
     found = []
     for folder, subfolders, names in os.walk(REPO_ROOT):
         subfolders[:] = [s for s in subfolders if s not in skip]
