@@ -16,7 +16,16 @@ import pytest
 from rtvideo.triton.model_repo import derive_model
 from tests.support.proxy_host import ProxyHost
 from tests.support.redis_server import serve_redis
-from tests.support.streams import FAST_MODEL, FAST_MODEL_NAMES, PACED_MODEL
+from tests.support.streams import (
+    FAST_MODEL,
+    FAST_MODEL_NAMES,
+    IDLE_MODEL,
+    IDLE_MODEL_SECONDS,
+    PACED_MODEL,
+    SLOTS_MODEL,
+    SLOTS_MODEL_OPTIONS,
+    SLOTS_MODEL_SLOTS,
+)
 from tests.support.triton_pair import Host, Pair
 
 
@@ -51,6 +60,12 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         },
     )
     derive_model(repo, PACED_MODEL, {"max_sessions": "2"})
+    # two small models that tests/e2e/test_late_probe.py and test_sequence_slots.py fill and read
+    # the slot gauges of, each to itself: served here rather than by a tritonserver of their own
+    batcher = {"max_candidate_sequences": SLOTS_MODEL_SLOTS}
+    derive_model(repo, SLOTS_MODEL, SLOTS_MODEL_OPTIONS, sequence_batching=batcher)
+    idle = {**batcher, "max_sequence_idle_microseconds": int(IDLE_MODEL_SECONDS * 1e6)}
+    derive_model(repo, IDLE_MODEL, SLOTS_MODEL_OPTIONS, sequence_batching=idle)
     log = worker_path(Path(os.environ.get("RTVIDEO_TEST_TRITON_LOG", str(repo / "triton.log"))))
     # Keyed as `rtvideo serve` keys its own Triton; the key in the environment for the whole test
     # session, where TritonStreamSession, the proxies here and `rtvideo serve` subprocesses read it.

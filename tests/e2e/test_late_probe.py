@@ -15,45 +15,29 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from rtvideo.proxy.placement.heartbeat import HELD_METRIC, SLOTS_METRIC, slots_full_in
-from rtvideo.triton.access import generate_key
-from rtvideo.triton.command import TritonConfig
-from rtvideo.triton.model_repo import derive_model
-from rtvideo.triton.server import TritonServer, free_port
+from rtvideo.triton.access import key_from_env
+from rtvideo.triton.server import TritonServer
 from tests.support.http_calls import metric_values
 from tests.support.proxy_client import Ws, ws
 from tests.support.proxy_host import ProxyHost
+from tests.support.streams import SLOTS_MODEL as MODEL
+from tests.support.streams import SLOTS_MODEL_SLOTS
 
-MODEL = "realtime_video"
-SLOTS = 8
-SMALL = {"width": "64", "height": "64", "render_workers": "0", "max_sessions": "4"}
+#: the session's Triton serves this model (tests/conftest.py) to these tests alone
+SLOTS = SLOTS_MODEL_SLOTS
 
 
-@pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonServer, str]]:
-    tmp = tmp_path_factory.mktemp("late_probe")
-    derive_model(tmp / "repo", MODEL, SMALL, sequence_batching={"max_candidate_sequences": SLOTS})
-    key = generate_key()
-    server = TritonServer(
-        TritonConfig(
-            model_repository=tmp / "repo",
-            grpc_port=free_port(),
-            http_port=free_port(),
-            metrics_port=free_port(),
-            key=key,
-        ),
-        stdout=tmp / "triton.log",
-    )
-    server.start(timeout=300)
-    try:
-        yield server, key
-    finally:
-        server.stop()
+@pytest.fixture
+def served(triton: TritonServer) -> tuple[TritonServer, str]:
+    """The session's Triton and its key (where `rtvideo serve` and the proxies read it)."""
+    key = key_from_env()
+    assert key, "the session's Triton is keyed"
+    return triton, key
 
 
 def _metrics_text(server: TritonServer) -> str:
@@ -87,10 +71,10 @@ def _health(port: int) -> tuple[int, dict[str, Any]]:
         return err.code, json.loads(err.read())
 
 
-def test_the_model_reports_its_sequence_slots(triton: tuple[TritonServer, str]) -> None:
+def test_the_model_reports_its_sequence_slots(served: tuple[TritonServer, str]) -> None:
     """The gauges the proxy decides on, from the real model: none held when idle, one per live
     session, none again once it ended (its sequence_end frees the slot)."""
-    server, key = triton
+    server, key = served
     host = ProxyHost(server.grpc_url)
     try:
         proxy = host.server(model=MODEL, triton_key=key, triton_metrics_port=0)
@@ -116,12 +100,12 @@ def test_the_model_reports_its_sequence_slots(triton: tuple[TritonServer, str]) 
 
 
 def test_every_probe_late_with_free_slots_is_late_and_new_sessions_are_served(
-    triton: tuple[TritonServer, str],
+    served: tuple[TritonServer, str],
 ) -> None:
     """Probes whose deadline (1 ms) is shorter than any answer: each times out while the model's
     heartbeat moves and it has free slots: late, never busy or down; /healthz 200 and says so;
     a new session is admitted and streams (before this, busy: 503 "Video backend busy")."""
-    server, key = triton
+    server, key = served
     host = ProxyHost(server.grpc_url)
     try:
         proxy = host.server(

@@ -27,22 +27,21 @@ from websockets.exceptions import InvalidStatus
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.proxy.session import session as proxy_session
-from rtvideo.triton.access import generate_key
-from rtvideo.triton.command import TritonConfig
+from rtvideo.triton.access import generate_key, key_from_env
 from rtvideo.triton.model_repo import derive_model
-from rtvideo.triton.server import TritonServer, free_port
+from rtvideo.triton.server import TritonServer
 from tests.support.http_calls import metric_values
 from tests.support.processes import stop_serve
 from tests.support.proxy_client import Ws, ws
 from tests.support.proxy_host import ProxyHost
 from tests.support.serve_session import Served, serve, triton_pids
-from tests.support.streams import metric, wait_for_metric
+from tests.support.streams import IDLE_MODEL, IDLE_MODEL_SECONDS, SLOTS_MODEL_SLOTS, metric, wait_for_metric
 
 MODEL = "realtime_video"
 #: the batcher's slots in these tests' models (the shipped model has 64)
-SLOTS = 8
-#: the idle timeout of the first test's model (the shipped one is 120 s)
-IDLE_SECONDS = 8.0
+SLOTS = SLOTS_MODEL_SLOTS
+#: the idle timeout of the first test's model, served by the session's Triton (the shipped one is 120 s)
+IDLE_SECONDS = IDLE_MODEL_SECONDS
 #: the model's watch loop period (SessionManager's watchdog_interval)
 WATCH_SECONDS = 0.5
 #: room for a loaded machine on top of the documented bound
@@ -59,8 +58,8 @@ def _model_repo(root: Path, max_sessions: int, idle_seconds: float | None) -> Pa
     return root
 
 
-def _direct(url: str, key: str, prompt: str) -> TritonStreamSession:
-    session = TritonStreamSession(url, MODEL, key=key)
+def _direct(url: str, key: str, prompt: str, model: str = MODEL) -> TritonStreamSession:
+    session = TritonStreamSession(url, model, key=key)
     session.start(prompt, seed=7)
     return session
 
@@ -71,17 +70,19 @@ def _first(session: TritonStreamSession, timeout: float = 20.0) -> dict[str, Any
     return message
 
 
-def _fill(url: str, key: str, accepted: int, refused: int) -> tuple[list[TritonStreamSession], list[str]]:
+def _fill(
+    url: str, key: str, accepted: int, refused: int, model: str = MODEL
+) -> tuple[list[TritonStreamSession], list[str]]:
     """`accepted` starts that get their video.start, then `refused` ones answered server_busy (the
     model full), none of them ever ended; returns the sessions and the codes of the refusals (a
     refusal that never came means the start waits in Triton's backlog: the batcher is full)."""
     sessions = []
     for n in range(accepted):
-        sessions.append(_direct(url, key, f"held {n}"))
+        sessions.append(_direct(url, key, f"held {n}", model))
         assert _first(sessions[-1])["type"] == "video.start"
     codes = []
     for n in range(refused):
-        sessions.append(_direct(url, key, f"refused {n}"))
+        sessions.append(_direct(url, key, f"refused {n}", model))
         try:
             error = _first(sessions[-1], timeout=3.0)
         except Exception:  # noqa: BLE001 - no answer: waiting for a slot, so every slot is held
@@ -139,39 +140,25 @@ class _Live:
 
 # --- Triton's idle timeout, the model's idle_timeout, the proxy's keep-alives ------------------------
 @pytest.fixture(scope="module")
-def short_idle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonServer, ProxyHost, str]]:
-    """A tritonserver (with a key) whose model has SLOTS slots, an IDLE_SECONDS idle timeout and 4
-    sessions; an in-process proxy host whose keep-alive is scaled to that timeout (2 s for 8 s, as
-    the shipped 30 s is for 120 s)."""
-    tmp = tmp_path_factory.mktemp("short_idle")
-    key = generate_key()
-    server = TritonServer(
-        TritonConfig(
-            model_repository=_model_repo(tmp / "repo", max_sessions=4, idle_seconds=IDLE_SECONDS),
-            grpc_port=free_port(),
-            http_port=free_port(),
-            metrics_port=free_port(),
-            key=key,
-        ),
-        stdout=tmp / "triton.log",
-    )
-    server.start(timeout=300)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(proxy_session, "KEEPALIVE_SECONDS", 2.0)
-            host = ProxyHost(server.grpc_url)
-            try:
-                yield server, host, key
-            finally:
-                host.close()
-    finally:
-        server.stop()
+def short_idle(triton: TritonServer) -> Iterator[tuple[TritonServer, ProxyHost, str]]:
+    """The session's Triton (with its key), whose IDLE_MODEL has SLOTS slots, an IDLE_SECONDS idle
+    timeout and 4 sessions (tests/conftest.py); an in-process proxy host whose keep-alive is scaled
+    to that timeout (2 s for 8 s, as the shipped 30 s is for 120 s)."""
+    key = key_from_env()
+    assert key, "the session's Triton is keyed"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(proxy_session, "KEEPALIVE_SECONDS", 2.0)
+        host = ProxyHost(triton.grpc_url)
+        try:
+            yield triton, host, key
+        finally:
+            host.close()
 
 
 def test_abandoned_sequences_free_their_slots_and_a_live_session_plays_on(short_idle) -> None:
     server, host, key = short_idle
     proxy = host.server(
-        model=MODEL,
+        model=IDLE_MODEL,
         triton_key=key,
         triton_metrics_port=server.config.metrics_port,
         probe_interval=1.0,
@@ -206,7 +193,7 @@ def test_abandoned_sequences_free_their_slots_and_a_live_session_plays_on(short_
             # Slots 2-8: one session left silent, two cancelled (the model frees them, Triton's
             # slots stay held), and four starts refused with server_busy, none ever ended.
             silent_since = time.perf_counter()  # the clock of Reply.received
-            held, codes = await asyncio.to_thread(_fill, url, key, 3, 4)
+            held, codes = await asyncio.to_thread(_fill, url, key, 3, 4, IDLE_MODEL)
             filled = time.monotonic()
             found["refusals"] = codes
             silent, cancelled, refused = held[0], held[1:3], held[3:]
@@ -215,7 +202,7 @@ def test_abandoned_sequences_free_their_slots_and_a_live_session_plays_on(short_
             assert "server_busy" in codes and set(codes) <= {"server_busy", "waiting"}, codes
 
             # A new session waits in Triton's backlog until the idle timeout frees a slot.
-            newcomer = TritonStreamSession(url, MODEL, key=key)
+            newcomer = TritonStreamSession(url, IDLE_MODEL, key=key)
             asked = time.monotonic()
             newcomer.start("a newcomer", seed=3)
             first = await asyncio.to_thread(_first, newcomer, IDLE_SECONDS + WATCH_SECONDS + MARGIN_SECONDS + 5)
@@ -235,7 +222,9 @@ def test_abandoned_sequences_free_their_slots_and_a_live_session_plays_on(short_
             kinds = [r.message["type"] for r in replies if r.message and r.message["type"] != "video.chunk_metadata"]
             error = next(r.message for r in replies if r.message and r.message["type"] == "error")
             assert kinds[-2:] == ["error", "session.done"] and error["code"] == "idle_timeout", kinds
-            await asyncio.to_thread(wait_for_metric, server, "rtvideo_active_sessions", MODEL, 2, 10)  # live + newcomer
+            await asyncio.to_thread(
+                wait_for_metric, server, "rtvideo_active_sessions", IDLE_MODEL, 2, 10
+            )  # live + newcomer
             await asyncio.to_thread(newcomer.close)  # (left silent, it too would end with idle_timeout)
 
             # The live session plays on past the idle timeout (twice over) on keep-alives alone.
@@ -265,8 +254,8 @@ def test_abandoned_sequences_free_their_slots_and_a_live_session_plays_on(short_
     assert all(status == 200 for _, status, backend in seen if backend == "busy"), seen
     assert found.get("upgrade") == 503, found
     assert states[-1] == "up", states
-    wait_for_metric(server, "rtvideo_active_sessions", MODEL, 0, 15)
-    ends = metric(server, "rtvideo_session_ends_total", MODEL, 'reason="idle_timeout"')
+    wait_for_metric(server, "rtvideo_active_sessions", IDLE_MODEL, 0, 15)
+    ends = metric(server, "rtvideo_session_ends_total", IDLE_MODEL, 'reason="idle_timeout"')
     assert ends == 1, ends
 
 

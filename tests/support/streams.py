@@ -23,6 +23,16 @@ FAST_MODEL = "realtime_video"  # unpaced, so tests run at generator speed
 HELIOS_ID = "BestWishYsh/Helios-Distilled"
 FAST_MODEL_NAMES = (FAST_MODEL, HELIOS_ID)
 PACED_MODEL = "realtime_video_paced"  # the shipped pacing, two sessions at most
+#: small and in-process, 4 sessions on a sequence batcher of SLOTS_MODEL_SLOTS slots: the model
+#: whose slot gauges tests/e2e/test_late_probe.py reads (no other test uses it, so what it holds
+#: is that test's), served by the session's Triton rather than one of its own
+SLOTS_MODEL = "realtime_video_slots"
+SLOTS_MODEL_SLOTS = 8
+SLOTS_MODEL_OPTIONS = {"width": "64", "height": "64", "render_workers": "0", "max_sessions": "4"}
+#: as SLOTS_MODEL, with Triton's idle timeout (max_sequence_idle_microseconds) at IDLE_MODEL_SECONDS
+#: (the shipped one is 120 s): tests/e2e/test_sequence_slots.py fills its batcher and waits it out
+IDLE_MODEL = "realtime_video_idle"
+IDLE_MODEL_SECONDS = 8.0
 #: a media chunk's lists of the events that ended in it (docs/protocol.md §6)
 ENDS = ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
 
