@@ -11,7 +11,15 @@ import re
 import time
 from typing import Any
 
-from tests.support.execution_trace import Call, Trace, files_in_order, prompt_update_walk, takeover_walk
+from tests.support.execution_trace import (
+    OURS,
+    Call,
+    Trace,
+    files_in_order,
+    in_repo,
+    prompt_update_walk,
+    takeover_walk,
+)
 from tests.support.paths import REPO_ROOT
 from tests.support.proxy_client import Ws, ws
 from tests.support.proxy_host import ProxyHost, run, wait_idle
@@ -153,11 +161,10 @@ def test_the_model_side_of_a_prompt_update() -> None:
     from tests.support.recorder import Recorder
 
     calls: list[tuple[float, str, str, str]] = []
-    root = str(REPO_ROOT / "rtvideo") + "/"
 
     def hook(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_filename.startswith(root):
-            file = frame.f_code.co_filename[len(str(REPO_ROOT)) + 1 :]
+        if event == "call" and frame.f_code.co_filename.startswith(OURS):
+            file = in_repo(frame.f_code.co_filename)
             calls.append((time.monotonic(), threading.current_thread().name, file, frame.f_code.co_qualname))
 
     named = threading.Event()

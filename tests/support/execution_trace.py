@@ -10,13 +10,26 @@ import itertools
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tests.support.paths import REPO_ROOT
+import rtvideo
+import rtvideo.proxy
 
-#: the folders whose files a walk names
-OURS = tuple(str(REPO_ROOT / folder) + "/" for folder in ("proxy", "rtvideo"))
+#: where the packages a walk names were imported from, the proxy's first (it may sit inside
+#: rtvideo's folder when installed), and the folder each is in this repository
+PLACES = (
+    (str(Path(rtvideo.proxy.__file__).parent) + "/", "proxy/"),
+    (str(Path(rtvideo.__file__).parent) + "/", "rtvideo/"),
+)
+OURS = tuple(place for place, _ in PLACES)
+
+
+def in_repo(filename: str) -> str:
+    """A file of ours as the repository names it (`proxy/session/upstream.py`), wherever it was
+    imported from (the checkout, or an installed copy)."""
+    return next(folder + filename[len(place) :] for place, folder in PLACES if filename.startswith(place))
 
 
 @dataclass(frozen=True)
@@ -58,7 +71,7 @@ class Trace:
                 text = str(frame.f_locals.get(local, ""))[:100_000]
                 if all(n in text for n in needles):
                     marked = label
-        rel = code.co_filename[len(str(REPO_ROOT)) + 1 :]
+        rel = in_repo(code.co_filename)
         if task is not None:
             self._tasks.append(task)
         with self._lock:
