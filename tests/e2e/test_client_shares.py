@@ -27,7 +27,6 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.proxy.app import ProxyServer
-from rtvideo.proxy.edge import socket as handler
 from rtvideo.proxy.observability.metrics import by_label
 from tests.support.proxy_client import ws
 from tests.support.proxy_host import run, wait_idle
@@ -133,16 +132,15 @@ def test_an_address_flooding_upgrades_does_not_refuse_another_address(proxies, t
     wait_idle(triton)
 
 
-def test_a_burst_of_clients_that_each_start_at_once_is_not_refused(proxies, triton, monkeypatch) -> None:
+def test_a_burst_of_clients_that_each_start_at_once_is_not_refused(proxies, triton) -> None:
     """40 clients of one address connect at once and each sends its start at once (the capacity
     benchmark's way in): none is refused at the upgrade (before: 11 x 503 awaiting_start); each
     start is answered by the model (video.start, or its own server_busy past its slots). The
     upgrades beyond the address's part wait for the earlier ones' starts: how long a held upgrade
     may wait is raised here, so that a loaded machine's slower reads are not what is tested."""
     wait_idle(triton)
-    server = proxies.server(max_sessions_per_client=40)
+    server = proxies.server(max_sessions_per_client=40, awaiting_place_seconds=120.0)
     assert server.settings.awaiting_start_per_client == 4  # a tenth of the burst
-    monkeypatch.setattr(handler, "AWAITING_PLACE_SECONDS", 120.0)
     before = awaiting_start_refusals(server)
 
     async def body() -> list[dict[str, Any] | str]:
@@ -168,10 +166,10 @@ def test_an_upgrade_whose_client_leaves_while_it_is_held_leaves_the_queue(proxie
     """A client's third upgrade (its part is 2, both idle) is held; its client closes the TCP
     connection meanwhile: the held upgrade leaves the queue at once (not at the end of its wait),
     nothing is answered on the closed connection, and the client's next upgrade is held in turn."""
-    server = proxies.server(max_awaiting_start_per_client=2, max_sessions_per_client=4)
+    # awaiting_place_seconds: only the close can end the wait
+    server = proxies.server(max_awaiting_start_per_client=2, max_sessions_per_client=4, awaiting_place_seconds=3600.0)
     share = server.context.waiting
     monkeypatch.setattr(share, "grace", 3600.0)  # nobody is displaced
-    monkeypatch.setattr(handler, "AWAITING_PLACE_SECONDS", 3600.0)  # only the close can end the wait
 
     def eventually(check: Any, what: str) -> None:
         deadline = time.monotonic() + 30

@@ -26,7 +26,6 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtvideo.client.triton_stream import TritonStreamSession
 from rtvideo.process.shm import stub_region
-from rtvideo.proxy.edge import socket as handler
 from rtvideo.proxy.observability.metrics import by_label
 from rtvideo.triton.server import free_port
 from tests.support.processes import RTVIDEO, descendants, stop_serve
@@ -124,10 +123,10 @@ def test_connections_that_never_start_cannot_lock_the_others_out(proxies, monkey
     live session streams on; a waiting connection that starts leaves the share at once; with the
     share full, one that waited past the grace gives its place to a new client (before: one
     address's upgrades held every place, and every other client got 503)."""
-    server = proxies.server(max_connections=8, max_sessions_per_client=8)
+    # awaiting_place_seconds: how long an upgrade over its part is held
+    server = proxies.server(max_connections=8, max_sessions_per_client=8, awaiting_place_seconds=1.0)
     share = server.context.waiting
     assert (share.bound, share.part) == (server.settings.awaiting_start_bound, 2) == (4, 2)
-    monkeypatch.setattr(handler, "AWAITING_PLACE_SECONDS", 1.0)  # how long an upgrade over its part is held
     monkeypatch.setattr(share, "grace", 3600.0)  # nobody is displaced until the test says so
 
     def refused() -> int:

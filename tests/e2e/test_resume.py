@@ -477,8 +477,9 @@ def test_a_detached_session_leaves_room_for_its_own_resume(proxies, triton) -> N
 def test_a_silent_connection_gives_way_to_its_resume(proxies, triton) -> None:
     """A network change leaves the old connection open but silent (no FIN, no RST): TCP would
     not see it gone for minutes. A resume naming the session makes the proxy ping that
-    connection: no pong within RESUME_PROBE_SECONDS and it is taken for dropped, so the resume
-    is taken at once instead of being refused as attached until the keep-alive notices."""
+    connection: no pong within its resume_probe_seconds (2 s as shipped, kept here) and it is
+    taken for dropped, so the resume is taken at once instead of being refused as attached until
+    the keep-alive notices."""
     wait_idle(triton)
     url = proxies.url()
 
