@@ -20,7 +20,7 @@ from rtvideo.proxy.session.session import ProxySession
 from rtvideo.proxy.store.memory import MemoryStore
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import FakeConnection, begin, build, reply, run
-from tests.unit.proxy.test_moves import CONFIG
+from tests.unit.proxy.session.test_moves import CONFIG
 
 SID = "s-guests"
 START = json.dumps(

@@ -20,9 +20,9 @@ from rtvideo.proxy.store.keeper import StoreKeeper, StoreState
 from rtvideo.proxy.store.memory import MemoryStore
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import begin, reply
-from tests.unit.proxy.test_moves import CONFIG, interaction
-from tests.unit.proxy.test_takeover_restore import SID as HELD
-from tests.unit.proxy.test_takeover_restore import held_session, replica, settle
+from tests.unit.proxy.continuity.test_takeover_restore import SID as HELD
+from tests.unit.proxy.continuity.test_takeover_restore import held_session, replica, settle
+from tests.unit.proxy.session.test_moves import CONFIG, interaction
 
 T = TypeVar("T")
 SID = "s-faults"

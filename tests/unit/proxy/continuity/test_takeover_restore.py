@@ -20,7 +20,7 @@ from rtvideo.proxy.store.keeper import StoreKeeper
 from rtvideo.proxy.store.memory import MemoryStore
 from rtvideo.triton.wire import START_TAG
 from tests.support.fake_bridge import FakeBridge, FakeConnection, begin, build, reply, run
-from tests.unit.proxy.test_moves import CONFIG, frames, interaction, media
+from tests.unit.proxy.session.test_moves import CONFIG, frames, interaction, media
 
 SID = "s-restore"
 

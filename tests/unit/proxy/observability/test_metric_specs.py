@@ -12,7 +12,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from rtvideo.proxy.observability.metrics import DECLARED, MetricSpec, ProxyMetrics, by_label, value
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 #: the docs whose tables list the proxy's metrics (the recordings' are with the recordings)
 DOCS = (ROOT / "docs" / "operations.md", ROOT / "docs" / "recordings.md")
 KINDS = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}

@@ -1,0 +1,1 @@
+"""Unit tests of HLS broadcasts (rtvideo.proxy.broadcasts)."""

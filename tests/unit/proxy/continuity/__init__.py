@@ -1,0 +1,1 @@
+"""Unit tests of what a takeover writes and reads (rtvideo.proxy.continuity)."""

@@ -1,0 +1,1 @@
+"""Unit tests of the proxy's doors (rtvideo.proxy.edge)."""

@@ -1,0 +1,1 @@
+"""Unit tests of metrics, timing, tracing (rtvideo.proxy.observability)."""

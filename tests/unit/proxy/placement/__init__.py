@@ -1,0 +1,1 @@
+"""Unit tests of Tritons and streams (rtvideo.proxy.placement)."""

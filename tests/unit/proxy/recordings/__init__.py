@@ -1,0 +1,1 @@
+"""Unit tests of recordings (rtvideo.proxy.recordings)."""

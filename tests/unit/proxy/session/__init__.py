@@ -1,0 +1,1 @@
+"""Unit tests of one session's parts (rtvideo.proxy.session)."""
