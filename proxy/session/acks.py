@@ -22,7 +22,6 @@ Pure (no I/O): the session feeds it and acts on what it returns.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 from collections.abc import Mapping
@@ -95,16 +94,21 @@ class ProxyAcks:
         """A new event the store could not keep: refused, never forwarded; as if never admitted."""
         self.admissions.retract(ack.event_id)
 
-    def restored(self, raw: bytes) -> None:
+    def restored(self, raw: bytes) -> str | None:
         """An interaction another proxy admitted (and stored before its ack left) is admitted
-        here too, so a retry of it is acked again and not applied twice (a takeover)."""
+        here too, so a retry of it is acked again and not applied twice (a takeover). Returns
+        its event id once admitted (None: it could not be read or admitted)."""
         try:
             request = parse_interaction(json.loads(raw))
         except (ValueError, ProtocolError):
-            return
-        if request.event_id is not None:
-            with contextlib.suppress(ProtocolError, UnknownPayload):
-                self.admissions.admit(request.event_id, request.fingerprint)
+            return None
+        if request.event_id is None:
+            return None
+        try:
+            self.admissions.admit(request.event_id, request.fingerprint)
+        except (ProtocolError, UnknownPayload):
+            return None
+        return request.event_id
 
     def forwarded(self, tag: str, ack: Ack) -> None:
         """The acked interaction went to the model as request `tag`."""

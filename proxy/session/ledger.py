@@ -66,6 +66,16 @@ class Ledger:
         """An admission that did not hold (`EventBook.retract`)."""
         self._book.retract(event_id)
 
+    def stored(self, event_id: str) -> None:
+        """An event admitted from the record of a session taken over (rtvideo.proxy.session.restore):
+        the replica before wrote it to the store before it forwarded it and before its ack could
+        leave, so it counts as acked, whether or not the store got the ack's frame too (that frame
+        is written after the ack, and a holder cut off from the store or gone may never write it).
+        A move then sends it again if no chunk the store kept started it, and every `session.done`
+        accounts for it: an ack the owner may hold is never lost (docs/decisions.md "The session
+        store under faults")."""
+        self._book.acked(event_id)
+
     def told_guest(self, message: Mapping[str, Any]) -> None:
         """A message written to a guest steerer alone (its ack, an interaction_failed): the book
         sees it as it sees what the owner is handed."""

@@ -2,8 +2,9 @@
 
 `restore_log` feeds a saved session's log (rtvideo.proxy.continuity.record) into the parts of the
 session that takes it over, in the order it happened: the move log and the event book see every
-interaction and every frame, the ledger the position; the frames after the last pair whose
-payload the store no longer keeps are returned, for the replay buffer.
+interaction and every frame, the ledger the position; every interaction in the log counts as
+acked (it was stored before its ack left, whose own frame the store may lack); the frames after
+the last pair whose payload the store no longer keeps are returned, for the replay buffer.
 
 It restores the session's own parts (its ledger, mover and acks), so it is the session's; what
 the session writes for a takeover, and the format, are the continuity room's
@@ -32,7 +33,10 @@ def restore_log(saved: SavedSession, ledger: Ledger, mover: Mover, acks: ProxyAc
     cut, recent = -1, list[Frame]()
     for entry in saved.log:
         if not isinstance(entry, SavedFrame):
-            acks.restored(entry.raw)  # admitted first: the move log keeps what the book admitted
+            # admitted first (the move log keeps what the book admitted), and acked: its ack may
+            # have left though the store never got the ack's frame (Ledger.stored)
+            if (event_id := acks.restored(entry.raw)) is not None:
+                ledger.stored(event_id)
             mover.forwarded(entry.raw)
             continue
         mover.restored(entry.message, entry.data)
