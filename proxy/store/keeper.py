@@ -115,6 +115,8 @@ class _Recover:
 
 
 _RECOVER = _Recover()
+#: restores of one recovery while the record changes under it (a resume's recheck meets the writer)
+_RESTORE_TRIES = 3
 _FAILED = object()  # a store call that failed (the keeper went AWAY)
 _GONE = object()  # a renewal that found the session gone from the store (the keeper went AWAY)
 
@@ -159,6 +161,7 @@ class StoreKeeper:
         self._unheld_timer: asyncio.TimerHandle | None = None
         self._recovering = False  # a recovery is queued
         self._recovery = asyncio.Lock()
+        self._mirrored = 0  # writes mirrored into the record: a restore sees whether it changed meanwhile
         self._keeps_owner: Callable[[], Awaitable[bool]] | None = None  # asked at a handoff request
         self._asking: asyncio.Future[None] | None = None  # a handoff request being answered
         self._session_bytes = session_bytes  # the bound on its fields and log (None: none)
@@ -366,6 +369,7 @@ class StoreKeeper:
                     self._away("a write was refused (the lease lapsed, was taken, or the store lost the session)")
             if ok or not item.event:
                 item.mirror(self._record)
+                self._mirrored += 1
             if item.done is not None and not item.done.done():
                 item.done.set_result(ok and self.state is not StoreState.LOST)
 
@@ -422,11 +426,22 @@ class StoreKeeper:
         if lease is None:
             return
         record = self._record
-        restored = await self._call(
-            "restore", lambda: self._store.restore(self.sid, lease, record.fields, record.log, record.payloads)
-        )
-        if restored is not True:
-            return  # the store went away again, or the lease lapsed meanwhile: the next period tries again
+        for _ in range(_RESTORE_TRIES):
+            # What the record holds now: a resume's `recheck` restores while the writer goes on
+            # mirroring what the session hands out (unwritten: not KEPT yet), and a restore
+            # reads its record over several calls. Written again until nothing changed meanwhile,
+            # so the store never misses what this keeper holds once it is KEPT.
+            seen = self._mirrored
+            restore = functools.partial(
+                self._store.restore, self.sid, lease, dict(record.fields), list(record.log), dict(record.payloads)
+            )
+            restored = await self._call("restore", restore)
+            if restored is not True:
+                return  # the store went away again, or the lease lapsed meanwhile: the next period tries again
+            if self._mirrored == seen:
+                break
+        else:
+            return  # it changed during every try: the next period tries again (the writer's, between writes)
         for kind, token_hash in list(record.tokens):
             if await self._call("bind", functools.partial(self._bound, kind, token_hash, lease)) is _FAILED:
                 return
