@@ -1,15 +1,41 @@
 """The README's test command builds vLLM-Omni's real-engine environment before pytest, so that
 tests/unit/backend/test_vllm_omni_real_engine_cpu.py finds it and runs instead of being skipped
-in every CI run; the checks inside Triton run after pytest."""
+in every CI run; the checks inside Triton run after pytest. pytest runs in parallel workers,
+whole files to a worker, each a test session with servers of its own."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from tests.conftest import worker_path
 from tests.support.paths import REPO_ROOT
 
 
+def _lines() -> list[str]:
+    return (REPO_ROOT / "scripts" / "test.sh").read_text().splitlines()
+
+
 def test_the_real_engine_environment_is_built_before_pytest() -> None:
-    lines = (REPO_ROOT / "scripts" / "test.sh").read_text().splitlines()
+    lines = _lines()
     build = next(i for i, line in enumerate(lines) if "test_real_engine.sh --if-possible --install-only" in line)
     pytest_run = next(i for i, line in enumerate(lines) if line.startswith(".venv/bin/python -m pytest"))
     checks = next(i for i, line in enumerate(lines) if line.strip() == "bash scripts/test_real_engine.sh --if-possible")
     assert build < pytest_run < checks
+
+
+def test_pytest_runs_in_workers_a_whole_file_to_each_and_the_arguments_come_last() -> None:
+    """A module's fixtures (its proxies, a server it starts) stay in one worker (`--dist loadfile`);
+    the caller's arguments come after the defaults, so `-n 0` or a path given to test.sh wins."""
+    (line,) = (line for line in _lines() if line.startswith(".venv/bin/python -m pytest"))
+    assert ' -n "${RTVIDEO_TEST_WORKERS:-' in line and " --dist loadfile " in line
+    assert line.endswith(' "$@"')
+    extra = (REPO_ROOT / "pyproject.toml").read_text()
+    assert '"pytest-xdist>=' in extra
+
+
+def test_a_file_named_from_outside_gets_the_workers_name(monkeypatch) -> None:
+    """RTVIDEO_TEST_TRITON_LOG names one file; each worker's Triton writes its own."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert worker_path(Path("/tmp/triton.log")) == Path("/tmp/triton.log")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert worker_path(Path("/tmp/triton.log")) == Path("/tmp/triton-gw1.log")
