@@ -385,7 +385,7 @@ class _StrictTextProtocol(WebSocketProtocol13):
     `get_websocket_protocol` chose (`params`), so the message-size bound, ping interval and
     timeout set on the application apply unchanged. Every other frame, a compressed one
     included, takes Tornado's path. pyproject.toml pins tornado to the major version tested;
-    tests/unit/proxy/test_tornado_boundary.py reads each internal named here in the installed
+    tests/unit/proxy/edge/test_tornado_boundary.py reads each internal named here in the installed
     Tornado and drives a bad frame through this class, so a release that changes them fails
     there."""
 

@@ -2,8 +2,8 @@
 
 Every metric is declared once, as a `MetricSpec` in `ProxyMetrics`'s body (name, type, help,
 labels, buckets); the registry is built from those declarations, and
-tests/unit/proxy/test_metric_specs.py checks docs/operations.md's tables and the dashboards and
-alerts in deploy/ against them. On an instance each declaration reads as its metric object:
+tests/unit/proxy/observability/test_metric_specs.py checks docs/operations.md's tables and the
+dashboards and alerts in deploy/ against them. On an instance each declaration reads as its metric object:
 callers update it themselves (`metrics.errors.labels(code).inc()`); the few methods here do
 more (two series together, every series of an endpoint). An attribute is named as its metric,
 less `rtvideo_proxy_` (or `rtvideo_`).
