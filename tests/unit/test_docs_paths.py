@@ -11,10 +11,12 @@ from __future__ import annotations
 import ast
 import os
 import re
+import zipfile
 from functools import cache
 from pathlib import Path
 
 from tests.support.paths import REPO_ROOT
+from tests.support.vllm_omni_wheel import rc_wheel_path, wheel_path
 
 #: the documents whose paths are checked
 DOCS = (*sorted((REPO_ROOT / "docs").glob("*.md")), REPO_ROOT / "README.md")
@@ -25,12 +27,14 @@ PACKAGES = (("rtvideo.proxy", "proxy"), ("rtvideo.client", "client"), ("rtvideo"
 #: folders at the repository's root that a path in the docs may start from
 ROOT_FOLDERS = ("proxy", "rtvideo", "client", "tests", "scripts", "benchmarks", "deploy", "model_repository")
 
-#: files the docs name that are not in this repository: what a store or a broadcast writes, a
-#: model's own index, Triton's configuration inside a container, a file of vLLM-Omni's tree
+#: files the docs name that are not in this repository: what a store, a recording or a broadcast
+#: writes, a model's own index, Triton's configuration inside a container, a file of vLLM-Omni's
+#: tree outside its wheel (the wheel's own files are checked against the wheel: `wheel_files`)
 NOT_OURS = frozenset(
     {
         "live.json",
         "broadcast.json",
+        "manifest.json",
         "model_index.json",
         "configs/kubernetes.pbtxt",
         "examples/online_serving/streaming_video_generation/streaming_video_client.py",
@@ -59,7 +63,6 @@ def repo_files() -> tuple[str, ...]:
     """The repository's files, less what tools and builds leave (a stale build/ would hold moved files)."""
     skip = {
         ".git",
-        ".venv",
         "__pycache__",
         "node_modules",
         ".mypy_cache",
@@ -70,7 +73,8 @@ def repo_files() -> tuple[str, ...]:
     }
     found = []
     for folder, subfolders, names in os.walk(REPO_ROOT):
-        subfolders[:] = [s for s in subfolders if s not in skip]
+        # .venv, .venv-real-engine: environments (one holds vLLM-Omni's tree only on some machines)
+        subfolders[:] = [s for s in subfolders if s not in skip and not s.startswith(".venv")]
         found += [(Path(folder) / name).relative_to(REPO_ROOT).as_posix() for name in names]
     return tuple(found)
 
@@ -171,9 +175,21 @@ def test_every_path_from_the_root_exists() -> None:
     assert problems == []
 
 
+@cache
+def wheel_files() -> tuple[str, ...]:
+    """The files of the vLLM-Omni wheels the tests read (scripts/setup.sh downloads both), which
+    docs/vllm-omni.md and docs/protocol.md cite by their path in vLLM-Omni's tree."""
+    found: list[str] = []
+    for wheel in (wheel_path(), rc_wheel_path()):
+        with zipfile.ZipFile(wheel) as archive:
+            found += archive.namelist()
+    return tuple(found)
+
+
 def test_every_shorter_file_path_ends_a_file_of_ours() -> None:
-    """`session/upstream.py` names proxy/session/upstream.py: some file's path ends with it."""
-    files = repo_files()
+    """`session/upstream.py` names proxy/session/upstream.py: some file's path ends with it (or
+    a file of the vLLM-Omni wheel's, `diffusion/diffusion_engine.py`)."""
+    files = repo_files() + wheel_files()
     problems = []
     for doc, line, text in mentions(SHORT, 1):
         if text in NOT_OURS or any(f == text or f.endswith("/" + text) for f in files):
