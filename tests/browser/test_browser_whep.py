@@ -87,7 +87,9 @@ def test_chromium_watches_a_session_over_whep(demo_proxy, triton, tmp_path: Path
             time.sleep(0.1)
         with browser() as chromium:
             page = chromium.open(f"http://127.0.0.1:{demo_proxy.port}/recordings.html")
-            page.wait("document.readyState === 'complete'")
+            # the page's own document, loaded: a new target starts on about:blank, whose
+            # readyState is already 'complete' before the navigation commits
+            page.wait("location.pathname === '/recordings.html' && document.readyState === 'complete'")
             assert page.eval(WHEP_CLIENT % json.dumps(tokens[0]), timeout=60) == "ok"
             assert len(demo_proxy.whep_viewers) == 1
             try:
