@@ -38,7 +38,7 @@ fi
 # cores. RTVIDEO_TEST_WORKERS sets their number; a later `-n 0` in the arguments runs in this
 # process, serially (for --pdb, or to read one test's output). The 25 slowest tests are printed
 # at the end: where the suite's time goes.
-.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-3}" --dist loadfile --durations=25 "$@"
+.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
 if [ "$#" -eq 0 ]; then
   bash scripts/test_real_engine.sh --if-possible
 fi

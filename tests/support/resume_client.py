@@ -87,7 +87,11 @@ class Leg:
         """The next message; a metadata message's payload is read too, unless `payload` is False
         (the drop "between a metadata message and its payload"). A reading task stops at its
         `cancel()`, whenever it comes (`within`)."""
-        frame = await within(self.conn.recv(), timeout)
+        try:
+            frame = await within(self.conn.recv(), timeout)
+        except ConnectionClosed as exc:  # a failure says what the server said last
+            exc.add_note(f"the last messages on this connection: {self.messages[-3:]}")
+            raise
         assert isinstance(frame, str), "a binary frame without its metadata"
         message = json.loads(frame)
         self.messages.append(message)
