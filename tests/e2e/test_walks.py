@@ -28,6 +28,8 @@ from tests.support.resume_client import Leg
 from tests.support.streams import PACED_MODEL
 
 MARK = "walk-prompt-5b1e"
+#: what runs only when something logs
+LOGGING = frozenset({"rtvideo/logsetup.py", "rtvideo/redaction.py"})
 DOC = REPO_ROOT / "docs" / "architecture.md"
 
 
@@ -209,5 +211,7 @@ def test_the_model_side_of_a_prompt_update() -> None:
     first = {"MainThread": 0, "request-dispatch": 1}
     during = [c for c in calls if times["sent"] <= c[0] <= times["chunk"]]
     during.sort(key=lambda c: (first.get(c[1], 2), c[0]))
-    window = [Call(0, 0, file, function) for _, _, file, function in during]
+    # a log line (a chunk late on a loaded machine) runs the log format and redaction: not the
+    # update's path, and only sometimes, so left out of the walk
+    window = [Call(0, 0, file, function) for _, _, file, function in during if file not in LOGGING]
     keep("prompt update, model", window, "rtvideo/")
