@@ -31,14 +31,12 @@ fi
 if [ "$#" -eq 0 ]; then
   bash scripts/test_real_engine.sh --if-possible --install-only
 fi
-# pytest in parallel workers (pytest-xdist), whole files to a worker (a module's fixtures, its
-# proxies, stay in one process); each worker is a test session of its own, with its own Triton,
-# Redis and browser. Many tests wait in real time (paced streams, leases, sockets), so workers
-# overlap their waits; each also starts its own Triton, so more is not always faster on CI's 2
-# cores. RTVIDEO_TEST_WORKERS sets their number; a later `-n 0` in the arguments runs in this
-# process, serially (for --pdb, or to read one test's output). The 25 slowest tests are printed
-# at the end: where the suite's time goes.
-.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
+# pytest serially by default; RTVIDEO_TEST_WORKERS=N runs N parallel workers (pytest-xdist), whole
+# files to a worker (a module's fixtures, its proxies, stay in one process), each a test session
+# with its own Triton, Redis and browser. Serial by default because on CI's 2 cores workers
+# starve the tests that wait in real time (README, "Parallel workers"). The 25 slowest tests are
+# printed at the end: where the suite's time goes.
+.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-0}" --dist loadfile --durations=25 "$@"
 if [ "$#" -eq 0 ]; then
   bash scripts/test_real_engine.sh --if-possible
 fi
