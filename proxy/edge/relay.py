@@ -72,13 +72,30 @@ class Whereabouts:
     url: str | None = None  # the holder's advertised address (ELSEWHERE)
 
 
+#: how long a token no session is bound to is looked for again before it counts as unknown: its
+#: holder binds a session's tokens in the store just after its video.start went out, so a guest
+#: that came straight to another replica may ask a moment before the binding lands
+UNBOUND_SETTLE_SECONDS = 2.0
+_SETTLE_STEP_SECONDS = 0.1
+
+
 async def locate(
-    store: SessionStore, kind: str, token: str, here: str, grace: float, lease: float = LEASE_SECONDS
+    store: SessionStore,
+    kind: str,
+    token: str,
+    here: str,
+    grace: float,
+    lease: float = LEASE_SECONDS,
+    settle: float = UNBOUND_SETTLE_SECONDS,
 ) -> Whereabouts:
     """Where the session the `kind` token opens is (`here`: this replica's holder id; `grace`:
     how long a session without a holder waits for its owner's resume, once the `lease` its
-    holder had ran out). StoreUnavailable passes."""
-    sid = await store.find(kind, token_hash(token))
+    holder had ran out; `settle`: how long an unbound token is looked for again).
+    StoreUnavailable passes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settle
+    while (sid := await store.find(kind, token_hash(token))) is None and loop.time() < deadline:
+        await asyncio.sleep(_SETTLE_STEP_SECONDS)
     holding = None if sid is None else await store.holding(sid)
     if holding is None:
         return Whereabouts(Where.NOWHERE)

@@ -47,6 +47,8 @@ class Leg:
     conn: ClientConnection
     messages: list[dict[str, Any]] = field(default_factory=list)
     pairs: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)
+    #: every message this connection sent, in order
+    sent: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     async def open(cls, url: str) -> Leg:
@@ -67,6 +69,7 @@ class Leg:
         return leg, answer
 
     async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
         await self.conn.send(json.dumps(message))
 
     async def start(self, prompt: str, **fields: Any) -> dict[str, Any]:

@@ -61,11 +61,11 @@ def test_a_guest_door_finds_where_its_session_is(store_spec: str) -> None:
     async def body(store: SessionStore) -> None:
         sid = f"s-{secrets.token_hex(4)}"
         token = f"wv1.{store.cluster}.{secrets.token_urlsafe(32)}"
-        assert (await locate(store, "watch", token, "replica-b", 30)).where is Where.NOWHERE
+        assert (await locate(store, "watch", token, "replica-b", 30, settle=0)).where is Where.NOWHERE
         lease = await store.acquire(sid, "replica-a", ttl=5)
         assert lease is not None and await store.put(sid, lease, {"request_id": "r"})
         await store.bind_token("watch", token_hash(token), sid)
-        assert (await locate(store, "steer", token, "replica-b", 30)).where is Where.NOWHERE  # another kind
+        assert (await locate(store, "steer", token, "replica-b", 30, settle=0)).where is Where.NOWHERE  # another kind
         assert (await locate(store, "watch", token, "replica-a", 30)).where is Where.HERE
         assert (await locate(store, "watch", token, "replica-b", 30)).where is Where.MOVING  # no address yet
         await store.advertise("replica-a", "http://127.0.0.1:9001", 5)
@@ -76,7 +76,7 @@ def test_a_guest_door_finds_where_its_session_is(store_spec: str) -> None:
         # its owner had the grace to resume it, and the lease's length besides: over, it is gone
         assert (await locate(store, "watch", token, "replica-b", -LEASE_SECONDS - 1)).where is Where.NOWHERE
         await store.drop(sid)
-        assert (await locate(store, "watch", token, "replica-b", 30)).where is Where.NOWHERE
+        assert (await locate(store, "watch", token, "replica-b", 30, settle=0)).where is Where.NOWHERE
         await store.advertise("replica-a", "", 0)
 
     with_store(store_spec, body)
@@ -89,3 +89,34 @@ def test_the_hop_goes_to_the_same_door_at_the_advertised_address() -> None:
     assert hop_url("https://[fd00::5]:8443/", "/v1/realtime/video/steer", "steer_token=x").startswith(
         "wss://[fd00::5]:8443/v1/realtime/video/steer?"
     )
+
+
+def test_a_token_bound_a_moment_after_the_guest_asked_is_found(store_spec: str) -> None:
+    """The holder binds a session's tokens just after its video.start went out: a guest at another
+    replica that asks first is looked for again for a moment, not refused as unknown; a token
+    still unbound after the moment is unknown."""
+
+    async def body(store: SessionStore) -> None:
+        sid = f"s-{secrets.token_hex(4)}"
+        token = f"wv1.{store.cluster}.{secrets.token_urlsafe(32)}"
+        lease = await store.acquire(sid, "replica-a", ttl=5)
+        assert lease is not None and await store.put(sid, lease, {"request_id": "r"})
+        await store.advertise("replica-a", "http://127.0.0.1:9001", 5)
+
+        async def bind_late() -> None:
+            await asyncio.sleep(0.3)
+            await store.bind_token("watch", token_hash(token), sid)
+
+        binding = asyncio.ensure_future(bind_late())
+        found = await locate(store, "watch", token, "replica-b", 30, settle=5)
+        await binding
+        assert found.where is Where.ELSEWHERE and found.url == "http://127.0.0.1:9001"
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        unbound = f"wv1.{store.cluster}.{secrets.token_urlsafe(32)}"
+        assert (await locate(store, "watch", unbound, "replica-b", 30, settle=0.3)).where is Where.NOWHERE
+        assert loop.time() - began >= 0.3  # looked for again until the moment was over
+        await store.drop(sid)
+        await store.advertise("replica-a", "", 0)
+
+    with_store(store_spec, body)
