@@ -36,7 +36,7 @@ fi
 # with its own Triton, Redis and browser. Serial by default because on CI's 2 cores workers
 # starve the tests that wait in real time (README, "Parallel workers"). The 25 slowest tests are
 # printed at the end: where the suite's time goes.
-.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-0}" --dist loadfile --durations=25 "$@"
+.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-0}" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
 if [ "$#" -eq 0 ]; then
   bash scripts/test_real_engine.sh --if-possible
 fi

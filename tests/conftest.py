@@ -103,18 +103,49 @@ def proxies(triton) -> Iterator[ProxyHost]:
 _TRITON_FOLDERS = ("e2e", "browser")
 
 
+#: session fixtures that start servers of their own (`omni`: a tritonserver of the vLLM-Omni
+#: stand-ins; `pair`: two tritonservers): the files that use any of them run on one worker, which
+#: starts them once, instead of on every worker that ran one of those files
+_SHARED_SERVERS = ("omni", "pair")
+_SHARED_GROUP = "shared-servers"
+#: the order in which parallel workers take files: the group above, then the folders whose tests
+#: start servers and wait in real time, then the unit tests, short ones that fill the last gaps
+_FOLDER_ORDER = ("deploy", "browser", "e2e")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (it suffixes the node ids)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test by what it needs: `triton` (the session's server, or one it starts),
     `browser` (headless Chromium), `redis` (the session's redis-server). `pytest -m "not triton"`
-    then runs the fast part alone."""
+    then runs the fast part alone.
+
+    Under parallel workers (`--dist loadgroup`, scripts/test.sh) each test also gets its group, the
+    unit a worker takes whole: its file, so that a module's fixtures stay in one process, or
+    `_SHARED_GROUP`; and the groups are ordered longest first, so that no worker is left with a
+    long file at the end while the other idles."""
     for item in items:
         parts = Path(str(item.fspath)).parts
+        fixtures = getattr(item, "fixturenames", ())
         if "browser" in parts:
             item.add_marker(pytest.mark.browser)
-        if any(folder in parts for folder in _TRITON_FOLDERS) or "triton" in getattr(item, "fixturenames", ()):
+        if any(folder in parts for folder in _TRITON_FOLDERS) or "triton" in fixtures:
             item.add_marker(pytest.mark.triton)
-        if "redis_url" in getattr(item, "fixturenames", ()):
+        if "redis_url" in fixtures:
             item.add_marker(pytest.mark.redis)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # a serial run keeps the collection's order
+        return
+    shared = {str(i.fspath) for i in items if set(_SHARED_SERVERS) & set(getattr(i, "fixturenames", ()))}
+    groups = {item: _SHARED_GROUP if str(item.fspath) in shared else str(item.fspath) for item in items}
+    for item, group in groups.items():
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: _rank(item, groups[item]))
+
+
+def _rank(item: pytest.Item, group: str) -> int:
+    if group == _SHARED_GROUP:
+        return 0
+    parts = Path(str(item.fspath)).parts
+    return next((1 + n for n, folder in enumerate(_FOLDER_ORDER) if folder in parts), 1 + len(_FOLDER_ORDER))
 
 
 @pytest.fixture(scope="session")
