@@ -33,6 +33,8 @@ AWAITING_PLACE_SECONDS = 2 * AWAITING_START_GRACE_SECONDS
 TAKEOVER_MARGIN_SECONDS = 2.0
 #: connections to the health listener idle this long are closed (a probe sends one request)
 HEALTH_IDLE_SECONDS = 5.0
+#: a WHEP viewer's ICE must connect within this long of its answer (`whep_connect_seconds`)
+WHEP_CONNECT_SECONDS = 30.0
 #: the longest --resume-grace-seconds: below the model's MAX_PAUSE_SECONDS, so a detached session's
 #: generator stays paused for all of it
 MAX_RESUME_GRACE_SECONDS = 300.0
@@ -202,6 +204,12 @@ class ProxySettings:
     )
     replay_buffer_bytes: int = setting(
         8 * MiB, "per resumable session, bytes of sent frames kept for a resume (the oldest go first)"
+    )
+    whep_connect_seconds: float = setting(
+        WHEP_CONNECT_SECONDS,
+        "a WHEP viewer whose ICE has not connected this long after its answer is ended and its place "
+        "freed (an offer nobody follows up)",
+        cli=False,
     )
     max_watchers_per_session: int = setting(16, "read-only watchers of one session (HTTP 503 beyond)")
     max_watchers: int = setting(256, "read-only watchers on this proxy, all sessions together (HTTP 503 beyond)")

@@ -211,7 +211,7 @@ class WhepHandler(_WhepBase):
             self.refuse(503, "No room for a viewer: this server has as many WebRTC viewers as it takes", "5")
             return
         ice = IceServers(s.ice_servers, s.ice_username, s.ice_credential)
-        viewer = WhepViewer(self.viewers, kind, ice, ctx.holder)
+        viewer = WhepViewer(self.viewers, kind, ice, ctx.holder, s.whep_connect_seconds)
         self.viewers.add(viewer)
         try:
             answer = await viewer.answer(offer)

@@ -51,8 +51,6 @@ RTP_CLOCK = 90_000
 MAX_QUEUED_SECONDS = 3.0
 #: a connection that stays `disconnected` this long is ended (a `failed` one at once)
 DISCONNECTED_SECONDS = 10.0
-#: a viewer whose ICE does not connect within this long is ended (an offer nobody follows up)
-CONNECT_SECONDS = 30.0
 #: an access unit more than this late re-anchors the clock instead of bursting to catch up
 LATE_SECONDS = 1.0
 
@@ -391,7 +389,7 @@ async def _reap_connect_tasks(pc: Any) -> None:
 class WhepViewer:
     """One WHEP resource: a peer connection that receives nothing and sends the session's video."""
 
-    def __init__(self, viewers: WhepViewers, kind: str, ice: IceServers, holder: str) -> None:
+    def __init__(self, viewers: WhepViewers, kind: str, ice: IceServers, holder: str, connect_seconds: float) -> None:
         from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 
         # `holder.random`: a replica that gets the DELETE of another's viewer knows where it lives
@@ -415,6 +413,7 @@ class WhepViewer:
         self.pc = RTCPeerConnection(configuration=config)
         self.pc.on("connectionstatechange", self._state_changed)
         self._watchdog: asyncio.Task[None] | None = None
+        self._connect_seconds = connect_seconds  # ended unless its ICE connects within this long
         self._closing: asyncio.Task[None] | None = None
         self._finishing: asyncio.Task[None] | None = None
 
@@ -448,7 +447,7 @@ class WhepViewer:
         if self.phase is ViewerPhase.ENDED:  # ended (the proxy stopped) while the answer was made
             await _reap_connect_tasks(self.pc)  # the one setLocalDescription just started
             raise ViewerEnded(self.ended_because)
-        self._watchdog = asyncio.ensure_future(self._watch(CONNECT_SECONDS))
+        self._watchdog = asyncio.ensure_future(self._watch(self._connect_seconds))
         return str(self.pc.localDescription.sdp)
 
     def joined(self, leave: Callable[[], None]) -> None:

@@ -16,7 +16,13 @@ from rtvideo.proxy.settings import (
 )
 from rtvideo.proxy.store.base import LEASE_SECONDS
 
-WAITS = ("lease_seconds", "resume_probe_seconds", "awaiting_start_grace_seconds", "awaiting_place_seconds")
+WAITS = (
+    "lease_seconds",
+    "resume_probe_seconds",
+    "awaiting_start_grace_seconds",
+    "awaiting_place_seconds",
+    "whep_connect_seconds",
+)
 
 
 def test_the_defaults_are_the_documented_figures() -> None:
@@ -24,6 +30,7 @@ def test_the_defaults_are_the_documented_figures() -> None:
     assert (s.lease_seconds, s.resume_probe_seconds) == (LEASE_SECONDS, 2.0) == (3.0, 2.0)
     assert (s.awaiting_start_grace_seconds, s.awaiting_place_seconds) == (AWAITING_START_GRACE_SECONDS, 4.0)
     assert AWAITING_PLACE_SECONDS == 4.0
+    assert s.whep_connect_seconds == 30.0  # docs/protocol.md: ICE not connected 30 s after the answer
     assert s.takeover_wait_seconds == LEASE_SECONDS + TAKEOVER_MARGIN_SECONDS == 5.0
     assert s.store_keep_seconds == s.resume_grace_seconds + LEASE_SECONDS
 
