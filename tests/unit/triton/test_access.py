@@ -19,6 +19,21 @@ from rtvideo.triton.install import TritonInstall
 from rtvideo.triton.server import TritonServer, is_affected
 
 
+@pytest.fixture(autouse=True)
+def _root_logging_kept() -> Any:
+    """`cli.main` sets the root handler up on the sys.stderr of its moment, here pytest's capture
+    of one test, closed after it: put the handlers back, or every later log line of this process
+    (a proxy's thread) fails with "I/O operation on closed file"."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
 def test_the_restriction_covers_every_group_but_health() -> None:
     groups = {"health", "metadata", "inference", "shared-memory", "model-config", "model-repository"}
     groups |= {"statistics", "trace", "logging"}  # Triton 2.51's list (tritonserver --help)
