@@ -23,11 +23,14 @@ def test_the_real_engine_environment_is_built_before_pytest() -> None:
     assert build < pytest_run < checks
 
 
-def test_pytest_runs_in_workers_a_whole_file_to_each_and_the_arguments_come_last() -> None:
-    """A module's fixtures (its proxies, a server it starts) stay in one worker (`--dist loadfile`);
-    the caller's arguments come after the defaults, so `-n 0` or a path given to test.sh wins."""
+def test_pytest_runs_in_workers_a_whole_group_to_each_and_the_arguments_come_last() -> None:
+    """A module's fixtures (its proxies, a server it starts) stay in one worker: a worker takes a
+    whole group (`--dist loadgroup`; tests/conftest.py gives each test its file's group, or the
+    group of the files that share servers), in the order conftest.py sorts them
+    (`--no-loadscope-reorder`); the caller's arguments come after the defaults, so `-n 0` or a
+    path given to test.sh wins."""
     (line,) = (line for line in _lines() if line.startswith(".venv/bin/python -m pytest"))
-    assert ' -n "${RTVIDEO_TEST_WORKERS:-' in line and " --dist loadfile " in line
+    assert ' -n "${RTVIDEO_TEST_WORKERS:-' in line and " --dist loadgroup --no-loadscope-reorder " in line
     assert line.endswith(' "$@"')
     extra = (REPO_ROOT / "pyproject.toml").read_text()
     assert '"pytest-xdist>=' in extra
