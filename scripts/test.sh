@@ -26,17 +26,35 @@ if [ "$#" -eq 0 ]; then
 fi
 # The whole run builds vLLM-Omni's real-engine environment (~9 GB, once; docs/vllm-omni.md, "The
 # real engine inside Triton") before pytest, whose tests/unit/backend/test_vllm_omni_real_engine_cpu.py
-# drives that engine through the adapter and is skipped without it; after pytest it drives the
-# engine inside a real Triton. A machine that cannot build it says "real-engine: not run" and passes.
+# drives that engine through the adapter and is skipped without it; then, beside pytest, it drives
+# the engine inside a real Triton (its own process group, its output printed after pytest's; most
+# of its minutes are waits for its servers, which pytest's workers fill). A machine that cannot
+# build it says "real-engine: not run" and passes.
+real_engine=""
 if [ "$#" -eq 0 ]; then
   bash scripts/test_real_engine.sh --if-possible --install-only
+  real_engine_log=$(mktemp "${TMPDIR:-/tmp}/rtvideo-real-engine.XXXXXX")
+  setsid -w bash scripts/test_real_engine.sh --if-possible >"$real_engine_log" 2>&1 &
+  real_engine=$!
+  # an interrupted run leaves none of it running (its servers are in its process group)
+  trap 'kill -TERM -- "-$real_engine" 2>/dev/null || true; rm -f "$real_engine_log"' EXIT
 fi
-# pytest serially by default; RTVIDEO_TEST_WORKERS=N runs N parallel workers (pytest-xdist), whole
-# files to a worker (a module's fixtures, its proxies, stay in one process), each a test session
-# with its own Triton, Redis and browser. Serial by default because on CI's 2 cores workers
-# starve the tests that wait in real time (README, "Parallel workers"). The 25 slowest tests are
+# pytest in RTVIDEO_TEST_WORKERS parallel workers (pytest-xdist; default 2, 0 runs it in this
+# process), each a test session with its own Triton, Redis and browser. A worker takes a whole
+# group (`--dist loadgroup`): a file, so a module's fixtures stay in one process, or the files
+# that share servers of their own (tests/conftest.py), longest folders first (its order, kept by
+# `--no-loadscope-reorder`). docs/testing.md, "Parallel workers". The 25 slowest tests are
 # printed at the end: where the suite's time goes.
-.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-0}" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
-if [ "$#" -eq 0 ]; then
-  bash scripts/test_real_engine.sh --if-possible
+set +e
+.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
+status=$?
+set -e
+if [ -n "$real_engine" ]; then
+  set +e
+  wait "$real_engine"
+  real_status=$?
+  set -e
+  cat "$real_engine_log"
+  [ "$status" -ne 0 ] || status=$real_status
 fi
+exit "$status"

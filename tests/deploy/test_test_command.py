@@ -1,7 +1,8 @@
 """The README's test command builds vLLM-Omni's real-engine environment before pytest, so that
 tests/unit/backend/test_vllm_omni_real_engine_cpu.py finds it and runs instead of being skipped
-in every CI run; the checks inside Triton run after pytest. pytest runs in parallel workers,
-whole files to a worker, each a test session with servers of its own."""
+in every CI run; the checks inside Triton run beside pytest, and their failure fails the run.
+pytest runs in parallel workers, a whole group to a worker, each a test session with servers of
+its own."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ def _lines() -> list[str]:
     return (REPO_ROOT / "scripts" / "test.sh").read_text().splitlines()
 
 
-def test_the_real_engine_environment_is_built_before_pytest() -> None:
-    lines = _lines()
+def test_the_real_engine_environment_is_built_before_pytest_and_its_checks_count() -> None:
+    lines = [line.strip() for line in _lines()]
     build = next(i for i, line in enumerate(lines) if "test_real_engine.sh --if-possible --install-only" in line)
+    checks = next(i for i, line in enumerate(lines) if line.startswith("setsid -w bash scripts/test_real_engine.sh"))
     pytest_run = next(i for i, line in enumerate(lines) if line.startswith(".venv/bin/python -m pytest"))
-    checks = next(i for i, line in enumerate(lines) if line.strip() == "bash scripts/test_real_engine.sh --if-possible")
-    assert build < pytest_run < checks
+    assert build < checks < pytest_run
+    assert lines[checks].endswith(" &")  # beside pytest, in a process group of its own
+    assert 'wait "$real_engine"' in lines and '[ "$status" -ne 0 ] || status=$real_status' in lines
+    assert lines[-1] == 'exit "$status"'
 
 
 def test_pytest_runs_in_workers_a_whole_group_to_each_and_the_arguments_come_last() -> None:
