@@ -39,14 +39,15 @@ if [ "$#" -eq 0 ]; then
   # an interrupted run leaves none of it running (its servers are in its process group)
   trap 'kill -TERM -- "-$real_engine" 2>/dev/null || true; rm -f "$real_engine_log"' EXIT
 fi
-# pytest in RTVIDEO_TEST_WORKERS parallel workers (pytest-xdist; default 2, 0 runs it in this
-# process), each a test session with its own Triton, Redis and browser. A worker takes a whole
-# group (`--dist loadgroup`): a file, so a module's fixtures stay in one process, or the files
-# that share servers of their own (tests/conftest.py), longest folders first (its order, kept by
-# `--no-loadscope-reorder`). docs/testing.md, "Parallel workers". The 25 slowest tests are
-# printed at the end: where the suite's time goes.
+# pytest serially by default; RTVIDEO_TEST_WORKERS=N runs N parallel workers (pytest-xdist), each
+# a test session with its own Triton, Redis and browser. A worker takes a whole group (`--dist
+# loadgroup`): a file, so a module's fixtures stay in one process, or the files that share servers
+# of their own (tests/conftest.py), longest folders first (its order, kept by
+# `--no-loadscope-reorder`). Serial by default: under two workers' load on 2 cores a session
+# tritonserver aborted in one run of three (docs/testing.md, "Parallel workers"). The 25 slowest
+# tests are printed at the end: where the suite's time goes.
 set +e
-.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
+.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-0}" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
 status=$?
 set -e
 if [ -n "$real_engine" ]; then
