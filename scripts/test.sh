@@ -26,18 +26,22 @@ if [ "$#" -eq 0 ]; then
 fi
 # The whole run builds vLLM-Omni's real-engine environment (~9 GB, once; docs/vllm-omni.md, "The
 # real engine inside Triton") before pytest, whose tests/unit/backend/test_vllm_omni_real_engine_cpu.py
-# drives that engine through the adapter and is skipped without it; then, beside pytest, it drives
-# the engine inside a real Triton (its own process group, its output printed after pytest's; most
-# of its minutes are waits for its servers, which pytest's workers fill). A machine that cannot
-# build it says "real-engine: not run" and passes.
+# drives that engine through the adapter and is skipped without it; then it drives the engine
+# inside a real Triton: after pytest, or beside pytest's parallel workers (its own process group,
+# its output printed after pytest's; most of its minutes are waits for its servers, which the
+# workers fill; beside a serial run, its start slowed the browser tests' real-time checks). A
+# machine that cannot build it says "real-engine: not run" and passes.
+workers=${RTVIDEO_TEST_WORKERS:-0}
 real_engine=""
 if [ "$#" -eq 0 ]; then
   bash scripts/test_real_engine.sh --if-possible --install-only
-  real_engine_log=$(mktemp "${TMPDIR:-/tmp}/rtvideo-real-engine.XXXXXX")
-  setsid -w bash scripts/test_real_engine.sh --if-possible >"$real_engine_log" 2>&1 &
-  real_engine=$!
-  # an interrupted run leaves none of it running (its servers are in its process group)
-  trap 'kill -TERM -- "-$real_engine" 2>/dev/null || true; rm -f "$real_engine_log"' EXIT
+  if [ "$workers" != 0 ]; then
+    real_engine_log=$(mktemp "${TMPDIR:-/tmp}/rtvideo-real-engine.XXXXXX")
+    setsid -w bash scripts/test_real_engine.sh --if-possible >"$real_engine_log" 2>&1 &
+    real_engine=$!
+    # an interrupted run leaves none of it running (its servers are in its process group)
+    trap 'kill -TERM -- "-$real_engine" 2>/dev/null || true; rm -f "$real_engine_log"' EXIT
+  fi
 fi
 # pytest serially by default; RTVIDEO_TEST_WORKERS=N runs N parallel workers (pytest-xdist), each
 # a test session with its own Triton, Redis and browser. A worker takes a whole group (`--dist
@@ -47,7 +51,7 @@ fi
 # tritonserver aborted in one run of three (docs/testing.md, "Parallel workers"). The 25 slowest
 # tests are printed at the end: where the suite's time goes.
 set +e
-.venv/bin/python -m pytest -q -n "${RTVIDEO_TEST_WORKERS:-0}" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
+.venv/bin/python -m pytest -q -n "$workers" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
 status=$?
 set -e
 if [ -n "$real_engine" ]; then
@@ -57,5 +61,10 @@ if [ -n "$real_engine" ]; then
   set -e
   cat "$real_engine_log"
   [ "$status" -ne 0 ] || status=$real_status
+elif [ "$#" -eq 0 ] && [ "$status" -eq 0 ]; then
+  set +e
+  bash scripts/test_real_engine.sh --if-possible
+  status=$?
+  set -e
 fi
 exit "$status"

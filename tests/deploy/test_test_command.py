@@ -1,6 +1,7 @@
 """The README's test command builds vLLM-Omni's real-engine environment before pytest, so that
 tests/unit/backend/test_vllm_omni_real_engine_cpu.py finds it and runs instead of being skipped
-in every CI run; the checks inside Triton run beside pytest, and their failure fails the run.
+in every CI run; the checks inside Triton run after a serial pytest or beside its workers, and
+their failure fails the run.
 pytest runs in parallel workers, a whole group to a worker, each a test session with servers of
 its own."""
 
@@ -17,13 +18,16 @@ def _lines() -> list[str]:
 
 
 def test_the_real_engine_environment_is_built_before_pytest_and_its_checks_count() -> None:
+    """Built before pytest; its checks beside pytest's workers, or after a serial pytest."""
     lines = [line.strip() for line in _lines()]
     build = next(i for i, line in enumerate(lines) if "test_real_engine.sh --if-possible --install-only" in line)
-    checks = next(i for i, line in enumerate(lines) if line.startswith("setsid -w bash scripts/test_real_engine.sh"))
+    beside = next(i for i, line in enumerate(lines) if line.startswith("setsid -w bash scripts/test_real_engine.sh"))
     pytest_run = next(i for i, line in enumerate(lines) if line.startswith(".venv/bin/python -m pytest"))
-    assert build < checks < pytest_run
-    assert lines[checks].endswith(" &")  # beside pytest, in a process group of its own
+    after = next(i for i, line in enumerate(lines) if line == "bash scripts/test_real_engine.sh --if-possible")
+    assert build < beside < pytest_run < after
+    assert 'if [ "$workers" != 0 ]; then' in lines[build:beside] and lines[beside].endswith(" &")
     assert 'wait "$real_engine"' in lines and '[ "$status" -ne 0 ] || status=$real_status' in lines
+    assert lines[after - 2] == 'elif [ "$#" -eq 0 ] && [ "$status" -eq 0 ]; then'
     assert lines[-1] == 'exit "$status"'
 
 
@@ -34,7 +38,8 @@ def test_pytest_runs_in_workers_a_whole_group_to_each_and_the_arguments_come_las
     (`--no-loadscope-reorder`); the caller's arguments come after the defaults, so `-n 0` or a
     path given to test.sh wins."""
     (line,) = (line for line in _lines() if line.startswith(".venv/bin/python -m pytest"))
-    assert ' -n "${RTVIDEO_TEST_WORKERS:-' in line and " --dist loadgroup --no-loadscope-reorder " in line
+    assert ' -n "$workers" --dist loadgroup --no-loadscope-reorder ' in line
+    assert "workers=${RTVIDEO_TEST_WORKERS:-0}" in _lines()  # serial unless asked (docs/testing.md)
     assert line.endswith(' "$@"')
     extra = (REPO_ROOT / "pyproject.toml").read_text()
     assert '"pytest-xdist>=' in extra
