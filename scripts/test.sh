@@ -29,7 +29,7 @@ fi
 # drives that engine through the adapter and is skipped without it; then it drives the engine
 # inside a real Triton: after pytest, or beside pytest's parallel workers (its own process group,
 # its output printed after pytest's; most of its minutes are waits for its servers, which the
-# workers fill; beside a serial run, its start slowed the browser tests' real-time checks). A
+# workers fill; beside a serial run its start came with the browser tests, one of which failed). A
 # machine that cannot build it says "real-engine: not run" and passes.
 workers=${RTVIDEO_TEST_WORKERS:-0}
 real_engine=""
