@@ -74,7 +74,8 @@ class Whereabouts:
 
 #: how long a token no session is bound to is looked for again before it counts as unknown: its
 #: holder binds a session's tokens in the store just after its video.start went out, so a guest
-#: that came straight to another replica may ask a moment before the binding lands
+#: that came straight to another replica may ask a moment before the binding lands (looked up
+#: again after 0.1 s, then after twice the wait each time)
 UNBOUND_SETTLE_SECONDS = 2.0
 _SETTLE_STEP_SECONDS = 0.1
 
@@ -93,9 +94,11 @@ async def locate(
     holder had ran out; `settle`: how long an unbound token is looked for again).
     StoreUnavailable passes."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + settle
+    deadline, step = loop.time() + settle, _SETTLE_STEP_SECONDS
     while (sid := await store.find(kind, token_hash(token))) is None and loop.time() < deadline:
-        await asyncio.sleep(_SETTLE_STEP_SECONDS)
+        # doubling: a flood of unknown tokens costs the store a handful of lookups each, not 20
+        await asyncio.sleep(min(step, max(0.0, deadline - loop.time())))
+        step *= 2
     holding = None if sid is None else await store.holding(sid)
     if holding is None:
         return Whereabouts(Where.NOWHERE)
