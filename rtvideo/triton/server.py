@@ -166,6 +166,11 @@ class TritonServer:
     def is_alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def exit_code(self) -> int | None:
+        """How the last run ended (``-6``: aborted by SIGABRT); None while it runs or before a spawn."""
+        return self._proc.poll() if self._proc is not None else None
+
     def process_pids(self) -> list[int]:
         """Live pids of the server's process group: tritonserver and its backend stubs."""
         return _live_group_members(self._proc.pid) if self._proc is not None else []
