@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,14 @@ OVERFLOW = """(() => {
 })()"""
 
 
+#: what DevTools answers to an evaluation that a navigation interrupted or ran before
+_NAVIGATED = ("Inspected target navigated or closed", "Execution context was destroyed", "Cannot find context")
+
+
+class Navigated(Exception):
+    """The page navigated while (or before) an evaluation ran in it: its old document is gone."""
+
+
 class Page:
     """One open page: evaluate JavaScript in it, wait for a condition, take its picture."""
 
@@ -77,6 +85,9 @@ class Page:
         while True:
             reply = json.loads(self._conn.recv(max(0.1, deadline - time.monotonic())))
             if reply.get("id") == self._next:
+                message = str(reply.get("error", {}).get("message", ""))
+                if any(gone in message for gone in _NAVIGATED):
+                    raise Navigated(message)
                 assert "error" not in reply, reply
                 return reply["result"]
 
@@ -88,11 +99,20 @@ class Page:
         assert "exceptionDetails" not in found, found["exceptionDetails"]
         return found["result"].get("value")
 
+    def leave_by(self, expression: str) -> None:
+        """Evaluate `expression`, which starts a navigation (a link clicked): the answer may be
+        that the page navigated before it came, which is what was asked. `wait` for the new page."""
+        with suppress(Navigated):
+            self.eval(expression)
+
     def wait(self, expression: str, timeout: float = 60.0, every: float = 0.25) -> Any:
         """Poll `expression` until it is truthy; returns its value (AssertionError after `timeout`)."""
         deadline = time.monotonic() + timeout
         while True:
-            value = self.eval(expression)
+            try:
+                value = self.eval(expression)
+            except Navigated:  # a page that navigates (a link clicked) has no answer until it loads
+                value = None
             if value:
                 return value
             assert time.monotonic() < deadline, f"not within {timeout} s: {expression}"

@@ -127,7 +127,7 @@ def test_record_list_play_and_branch_from_the_pages(triton, tmp_path: Path) -> N
                 f"document.getElementById('branch-seconds').value = '{BRANCH_SECONDS}';"
                 "document.getElementById('branch-seconds').dispatchEvent(new Event('input'))"
             )
-            page.eval(f"document.querySelector('#chunks a[data-chunk=\"{branch_at}\"]').click()")
+            page.leave_by(f"document.querySelector('#chunks a[data-chunk=\"{branch_at}\"]').click()")
             page.wait("location.pathname.endsWith('/') && window.rtvideoDemo && window.rtvideoDemo.session", timeout=30)
             page.wait(
                 f"document.getElementById('caption').textContent.includes('at chunk {branch_at} (exact)')", timeout=30
