@@ -17,12 +17,12 @@ if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# The whole run (no arguments) first checks lint, format and types (config: pyproject.toml).
+# The whole run (no arguments) first checks lint and format, in seconds (config: pyproject.toml);
+# the types are checked beside pytest (below).
 if [ "$#" -eq 0 ]; then
-  echo "ruff check, ruff format --check, mypy (scripts/typecheck.sh)"
+  echo "ruff check, ruff format --check"
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .
-  bash scripts/typecheck.sh
 fi
 # The whole run builds vLLM-Omni's real-engine environment (~9 GB, once; docs/vllm-omni.md, "The
 # real engine inside Triton") before pytest, whose tests/unit/backend/test_vllm_omni_real_engine_cpu.py
@@ -33,15 +33,21 @@ fi
 # machine that cannot build it says "real-engine: not run" and passes.
 workers=${RTVIDEO_TEST_WORKERS:-0}
 real_engine=""
+mypy=""
 if [ "$#" -eq 0 ]; then
   bash scripts/test_real_engine.sh --if-possible --install-only
+  beside=$(mktemp -d "${TMPDIR:-/tmp}/rtvideo-beside.XXXXXX")
+  # mypy (scripts/typecheck.sh, about a minute of one core) runs beside pytest; its report is
+  # printed after pytest's, and a type error fails the run as a test does
+  echo "mypy (scripts/typecheck.sh), beside pytest"
+  bash scripts/typecheck.sh >"$beside/mypy.log" 2>&1 &
+  mypy=$!
   if [ "$workers" != 0 ]; then
-    real_engine_log=$(mktemp "${TMPDIR:-/tmp}/rtvideo-real-engine.XXXXXX")
-    setsid -w bash scripts/test_real_engine.sh --if-possible >"$real_engine_log" 2>&1 &
+    setsid -w bash scripts/test_real_engine.sh --if-possible >"$beside/real-engine.log" 2>&1 &
     real_engine=$!
-    # an interrupted run leaves none of it running (its servers are in its process group)
-    trap 'kill -TERM -- "-$real_engine" 2>/dev/null || true; rm -f "$real_engine_log"' EXIT
   fi
+  # an interrupted run leaves none of them running (the real engine's servers are in its group)
+  trap 'kill -TERM "$mypy" 2>/dev/null || true; [ -z "$real_engine" ] || kill -TERM -- "-$real_engine" 2>/dev/null || true; rm -rf "$beside"' EXIT
 fi
 # pytest serially by default; RTVIDEO_TEST_WORKERS=N runs N parallel workers (pytest-xdist), each
 # a test session with its own Triton, Redis and browser. A worker takes a whole group (`--dist
@@ -54,12 +60,20 @@ set +e
 .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
 status=$?
 set -e
+if [ -n "$mypy" ]; then
+  set +e
+  wait "$mypy"
+  mypy_status=$?
+  set -e
+  cat "$beside/mypy.log"
+  [ "$status" -ne 0 ] || status=$mypy_status
+fi
 if [ -n "$real_engine" ]; then
   set +e
   wait "$real_engine"
   real_status=$?
   set -e
-  cat "$real_engine_log"
+  cat "$beside/real-engine.log"
   [ "$status" -ne 0 ] || status=$real_status
 elif [ "$#" -eq 0 ] && [ "$status" -eq 0 ]; then
   set +e

@@ -31,6 +31,17 @@ def test_the_real_engine_environment_is_built_before_pytest_and_its_checks_count
     assert lines[-1] == 'exit "$status"'
 
 
+def test_the_types_are_checked_beside_pytest_and_their_errors_fail_the_run() -> None:
+    """ruff before pytest (seconds); mypy beside it, its report after pytest's, its failure the run's."""
+    lines = [line.strip() for line in _lines()]
+    ruff = lines.index(".venv/bin/ruff check .")
+    mypy = next(i for i, line in enumerate(lines) if line.startswith("bash scripts/typecheck.sh "))
+    pytest_run = next(i for i, line in enumerate(lines) if line.startswith(".venv/bin/python -m pytest"))
+    waited = lines.index('wait "$mypy"')
+    assert ruff < mypy < pytest_run < waited and lines[mypy].endswith(" &")
+    assert lines[waited + 3 : waited + 5] == ['cat "$beside/mypy.log"', '[ "$status" -ne 0 ] || status=$mypy_status']
+
+
 def test_pytest_runs_in_workers_a_whole_group_to_each_and_the_arguments_come_last() -> None:
     """A module's fixtures (its proxies, a server it starts) stay in one worker: a worker takes a
     whole group (`--dist loadgroup`; tests/conftest.py gives each test its file's group, or the
