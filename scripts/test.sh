@@ -53,8 +53,9 @@ fi
 # test session with its own Triton, Redis and browser. A worker takes a whole group (`--dist
 # loadgroup`): a file, so a module's fixtures stay in one process, or the files that share servers
 # of their own (tests/conftest.py), longest folders first (its order, kept by
-# `--no-loadscope-reorder`). Two, not three: on 2 cores three took as long (docs/testing.md,
-# "Parallel workers"). The 25 slowest tests are printed at the end: where the suite's time goes.
+# `--no-loadscope-reorder`). Two, not three: under three on 2 cores the render workers'
+# SCHED_IDLE got no CPU (docs/testing.md, "Parallel workers"). The 25 slowest tests are printed
+# at the end: where the suite's time goes.
 set +e
 .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
 status=$?

@@ -22,7 +22,6 @@ from tests.support.streams import (
     IDLE_MODEL,
     IDLE_MODEL_SECONDS,
     PACED_MODEL,
-    RENDER_BESIDE_OTHER_WORK,
     SLOTS_MODEL,
     SLOTS_MODEL_OPTIONS,
     SLOTS_MODEL_SLOTS,
@@ -60,7 +59,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             "served_model_names": ",".join(FAST_MODEL_NAMES),
         },
     )
-    derive_model(repo, PACED_MODEL, {"max_sessions": "2", **RENDER_BESIDE_OTHER_WORK})
+    derive_model(repo, PACED_MODEL, {"max_sessions": "2"})
     # two small models that tests/e2e/test_late_probe.py and test_sequence_slots.py fill and read
     # the slot gauges of, each to itself: served here rather than by a tritonserver of their own
     batcher = {"max_candidate_sequences": SLOTS_MODEL_SLOTS}

@@ -18,7 +18,6 @@ from tests.support.processes import descendants, policies, stub_pid
 from tests.support.streams import (
     FAST_MODEL,
     PACED_MODEL,
-    RENDER_BESIDE_OTHER_WORK,
     Transcript,
     check_stream_rules,
     decode,
@@ -355,17 +354,13 @@ def test_readme_tritonclient_example(triton, tmp_path: Path) -> None:
 def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocking(triton) -> None:
     """The shipped model renders in worker processes. Killing them ends their sessions with
     generation_failed and session.done; a start meanwhile is answered at once (it does not
-    wait seconds for a worker to load); once replaced, sessions play again. Every worker, and
-    every replacement, runs at the model's `render_priority` (the tests' nice value: see
-    RENDER_BESIDE_OTHER_WORK; SCHED_IDLE, the shipped one, in tests/unit/backend/test_render_pool.py)."""
+    wait seconds for a worker to load); once replaced, sessions play again."""
     import os
     import signal
 
-    priority = {(os.SCHED_OTHER, int(RENDER_BESIDE_OTHER_WORK["render_priority"]))}
-
     def workers() -> set[int]:
         """Workers past their launcher (which has the worker's command in its own, and sets the
-        priority just before it execs: a replacement caught there did not have it yet)."""
+        priority just before it execs: a replacement caught there was not SCHED_IDLE yet)."""
         found = set()
         for p in descendants(stub_pid(triton, PACED_MODEL)):
             try:
@@ -379,7 +374,7 @@ def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocki
     wait_for_metric(triton, "rtvideo_active_sessions", PACED_MODEL, 0)
     before = workers()
     assert len(before) == 2, f"the shipped model runs 2 render workers, found {before}"
-    assert all(policies(p) == priority for p in before), "render workers run at the model's render_priority"
+    assert all(policies(p) == {(os.SCHED_IDLE, 0)} for p in before), "render workers run under SCHED_IDLE"
     with TritonStreamSession(triton.grpc_url, PACED_MODEL) as victim:
         victim.start("a lighthouse in a storm", seed=3)
         next_media(victim, Transcript())
@@ -403,7 +398,7 @@ def test_a_killed_render_worker_fails_its_session_and_is_replaced_without_blocki
     # Against the reload itself, not a fixed time: a loaded machine slows both alike.
     reloaded = time.monotonic() - killed
     assert started < reloaded / 2, f"a start waited for a render worker to load: {started:.2f} s, {reloaded:.2f} s"
-    assert all(policies(p) == priority for p in now), "replacements run at the model's render_priority too"
+    assert all(policies(p) == {(os.SCHED_IDLE, 0)} for p in now), "replacements run under SCHED_IDLE too"
     with TritonStreamSession(triton.grpc_url, PACED_MODEL) as after:
         after.start("a calm sea after the storm", seed=5)
         assert next_media(after, Transcript())["kind"] == "media"

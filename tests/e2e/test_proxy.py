@@ -37,7 +37,6 @@ from tests.support.proxy_host import run, wait_idle
 from tests.support.streams import (
     FAST_MODEL,
     PACED_MODEL,
-    RENDER_BESIDE_OTHER_WORK,
     Transcript,
     check_stream_rules,
     decode,
@@ -697,7 +696,7 @@ def test_triton_dying_mid_session(proxies, tmp_path) -> None:
     from rtvideo.triton.model_repo import derive_model
     from rtvideo.triton.server import TritonServer
 
-    derive_model(tmp_path, FAST_MODEL, {"pacing_lead_chunks": "1.0", "max_sessions": "1", **RENDER_BESIDE_OTHER_WORK})
+    derive_model(tmp_path, FAST_MODEL, {"pacing_lead_chunks": "1.0", "max_sessions": "1"})
     doomed = TritonServer(
         TritonConfig(tmp_path, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()),
         stdout=tmp_path / "triton.log",

@@ -27,7 +27,7 @@ from rtvideo.triton.shm_files import clean_stale_shm, shm_prefix_of
 from tests.support.processes import alive, descendants, stop_serve
 from tests.support.proxy_client import NO_KEEPALIVE
 from tests.support.serve_session import Served, cmdline, serve, triton_pids
-from tests.support.streams import FAST_MODEL, RENDER_BESIDE_OTHER_WORK, metric, wait_for_metric
+from tests.support.streams import FAST_MODEL, metric, wait_for_metric
 from tests.support.tcp_relay import TcpRelay
 
 
@@ -150,7 +150,7 @@ def test_probes_leave_the_model_free_to_unload(tmp_path: Path) -> None:
     from rtvideo.triton.server import TritonServer
 
     repo = tmp_path / "repo"
-    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off", **RENDER_BESIDE_OTHER_WORK})
+    derive_model(repo, FAST_MODEL, {"pacing_lead_chunks": "off"})
     log = tmp_path / "triton.log"
     server = TritonServer(
         TritonConfig(model_repository=repo, grpc_port=free_port(), metrics_port=free_port()), stdout=log

@@ -33,14 +33,6 @@ SLOTS_MODEL_OPTIONS = {"width": "64", "height": "64", "render_workers": "0", "ma
 #: (the shipped one is 120 s): tests/e2e/test_sequence_slots.py fills its batcher and waits it out
 IDLE_MODEL = "realtime_video_idle"
 IDLE_MODEL_SECONDS = 8.0
-#: for the models whose chunks render in worker processes (`render_workers`, shipped 2): their
-#: workers at nice 1 instead of the shipped SCHED_IDLE (`render_priority`; 1, not a default
-#: process's 0, so that tests/e2e/test_model_grpc.py sees the setting reach each worker). The tests run other
-#: CPU-heavy work beside each Triton (parallel workers, mypy, the real engine), the case
-#: docs/triton-model.md gives a nice value for: under SCHED_IDLE a worker got no CPU for minutes
-#: and the session's Triton did not load in 300 s under three workers. SCHED_IDLE itself is tested
-#: in tests/unit/backend/test_render_pool.py.
-RENDER_BESIDE_OTHER_WORK = {"render_priority": "1"}
 #: a media chunk's lists of the events that ended in it (docs/protocol.md §6)
 ENDS = ("completed_event_ids", "superseded_event_ids", "interrupted_event_ids")
 

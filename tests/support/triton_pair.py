@@ -23,7 +23,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.support.proxy_client import NO_KEEPALIVE, Ws
-from tests.support.streams import RENDER_BESIDE_OTHER_WORK
 
 T = TypeVar("T")
 MODEL = "realtime_video"  # max_sessions 2 at the shipped pacing
@@ -49,10 +48,8 @@ class Pair:
         from rtvideo.triton.server import TritonServer, free_port
 
         repo = tmp / "repo"
-        # the shipped pacing: sessions stay live
-        derive_model(repo, MODEL, {"max_sessions": "2", **RENDER_BESIDE_OTHER_WORK})
-        # room for every session of a move
-        derive_model(repo, ROOMY_MODEL, {"max_sessions": "8", **RENDER_BESIDE_OTHER_WORK})
+        derive_model(repo, MODEL, {"max_sessions": "2"})  # the shipped pacing: sessions stay live
+        derive_model(repo, ROOMY_MODEL, {"max_sessions": "8"})  # room for every session of a move
         while not port_free_on(port := free_port(), "127.0.0.1", "127.0.0.2"):
             pass
         self.port = port
