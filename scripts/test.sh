@@ -60,21 +60,19 @@ set +e
 .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
 status=$?
 set -e
-if [ -n "$mypy" ]; then
+# collect PID LOG: a check that ran beside pytest; its report after pytest's, and its failure the
+# run's when pytest passed
+collect() {
   set +e
-  wait "$mypy"
-  mypy_status=$?
+  wait "$1"
+  local code=$?
   set -e
-  cat "$beside/mypy.log"
-  [ "$status" -ne 0 ] || status=$mypy_status
-fi
+  cat "$2"
+  [ "$status" -ne 0 ] || status=$code
+}
+[ -z "$mypy" ] || collect "$mypy" "$beside/mypy.log"
 if [ -n "$real_engine" ]; then
-  set +e
-  wait "$real_engine"
-  real_status=$?
-  set -e
-  cat "$beside/real-engine.log"
-  [ "$status" -ne 0 ] || status=$real_status
+  collect "$real_engine" "$beside/real-engine.log"
 elif [ "$#" -eq 0 ] && [ "$status" -eq 0 ]; then
   set +e
   bash scripts/test_real_engine.sh --if-possible

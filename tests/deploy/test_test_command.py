@@ -26,7 +26,7 @@ def test_the_real_engine_environment_is_built_before_pytest_and_its_checks_count
     after = next(i for i, line in enumerate(lines) if line == "bash scripts/test_real_engine.sh --if-possible")
     assert build < beside < pytest_run < after
     assert 'if [ "$workers" != 0 ]; then' in lines[build:beside] and lines[beside].endswith(" &")
-    assert 'wait "$real_engine"' in lines and '[ "$status" -ne 0 ] || status=$real_status' in lines
+    assert 'collect "$real_engine" "$beside/real-engine.log"' in lines
     assert lines[after - 2] == 'elif [ "$#" -eq 0 ] && [ "$status" -eq 0 ]; then'
     assert lines[-1] == 'exit "$status"'
 
@@ -37,9 +37,10 @@ def test_the_types_are_checked_beside_pytest_and_their_errors_fail_the_run() -> 
     ruff = lines.index(".venv/bin/ruff check .")
     mypy = next(i for i, line in enumerate(lines) if line.startswith("bash scripts/typecheck.sh "))
     pytest_run = next(i for i, line in enumerate(lines) if line.startswith(".venv/bin/python -m pytest"))
-    waited = lines.index('wait "$mypy"')
+    waited = lines.index('[ -z "$mypy" ] || collect "$mypy" "$beside/mypy.log"')
     assert ruff < mypy < pytest_run < waited and lines[mypy].endswith(" &")
-    assert lines[waited + 3 : waited + 5] == ['cat "$beside/mypy.log"', '[ "$status" -ne 0 ] || status=$mypy_status']
+    collect = lines[lines.index("collect() {") : lines.index("collect() {") + 8]
+    assert collect[2] == 'wait "$1"' and collect[5:7] == ['cat "$2"', '[ "$status" -ne 0 ] || status=$code']
 
 
 def test_pytest_runs_in_workers_a_whole_group_to_each_and_the_arguments_come_last() -> None:
