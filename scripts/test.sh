@@ -31,7 +31,7 @@ fi
 # its output printed after pytest's; most of its minutes are waits for its servers, which the
 # workers fill; beside a serial run its start came with the browser tests, one of which failed). A
 # machine that cannot build it says "real-engine: not run" and passes.
-workers=${RTVIDEO_TEST_WORKERS:-2}
+workers=${RTVIDEO_TEST_WORKERS:-0}
 real_engine=""
 mypy=""
 if [ "$#" -eq 0 ]; then
@@ -49,11 +49,12 @@ if [ "$#" -eq 0 ]; then
   # an interrupted run leaves none of them running (the real engine's servers are in its group)
   trap 'kill -TERM "$mypy" 2>/dev/null || true; [ -z "$real_engine" ] || kill -TERM -- "-$real_engine" 2>/dev/null || true; rm -rf "$beside"' EXIT
 fi
-# pytest in RTVIDEO_TEST_WORKERS parallel workers (pytest-xdist; default 2, 0 = serially), each a
-# test session with its own Triton, Redis and browser. A worker takes a whole group (`--dist
-# loadgroup`): a file, so a module's fixtures stay in one process, or the files that share servers
-# of their own (tests/conftest.py), longest folders first (its order, kept by
-# `--no-loadscope-reorder`). Two, not three: under three on 2 cores the render workers'
+# pytest serially, or in RTVIDEO_TEST_WORKERS parallel workers (pytest-xdist; 2 is the number that
+# pays on 2 cores, not yet the default: under their load a test of the session store failed once
+# and a Triton aborted once; docs/testing.md), each a test session with its own Triton, Redis and
+# browser. A worker takes a whole group (`--dist loadgroup`): a file, so a module's fixtures stay
+# in one process, or the files that share servers of their own (tests/conftest.py), longest
+# folders first (its order, kept by `--no-loadscope-reorder`). Two, not three: under three on 2 cores the render workers'
 # SCHED_IDLE got no CPU (docs/testing.md, "Parallel workers"). The 25 slowest tests are printed
 # at the end: where the suite's time goes.
 set +e

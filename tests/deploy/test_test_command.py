@@ -51,7 +51,7 @@ def test_pytest_runs_in_workers_a_whole_group_to_each_and_the_arguments_come_las
     path given to test.sh wins."""
     (line,) = (line for line in _lines() if line.startswith(".venv/bin/python -m pytest"))
     assert ' -n "$workers" --dist loadgroup --no-loadscope-reorder ' in line
-    assert "workers=${RTVIDEO_TEST_WORKERS:-2}" in _lines()  # two unless asked (docs/testing.md)
+    assert "workers=${RTVIDEO_TEST_WORKERS:-0}" in _lines()  # serial unless asked (docs/testing.md)
     assert line.endswith(' "$@"')
     extra = (REPO_ROOT / "pyproject.toml").read_text()
     assert '"pytest-xdist>=' in extra
