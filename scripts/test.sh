@@ -54,9 +54,9 @@ fi
 # and a Triton aborted once; docs/testing.md), each a test session with its own Triton, Redis and
 # browser. A worker takes a whole group (`--dist loadgroup`): a file, so a module's fixtures stay
 # in one process, or the files that share servers of their own (tests/conftest.py), longest
-# folders first (its order, kept by `--no-loadscope-reorder`). Two, not three: under three on 2 cores the render workers'
-# SCHED_IDLE got no CPU (docs/testing.md, "Parallel workers"). The 25 slowest tests are printed
-# at the end: where the suite's time goes.
+# folders first (its order, kept by `--no-loadscope-reorder`). Two, not three: under three on 2
+# cores the render workers' SCHED_IDLE got no CPU (docs/testing.md, "Parallel workers"). The 25
+# slowest tests are printed at the end: where the suite's time goes.
 set +e
 .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
 status=$?
